@@ -1,0 +1,263 @@
+//! Argument parsing for every command. Input is the raw argv as byte slices
+//! (argv[0] is the command name, argv[1] the key); output is typed values or
+//! a [`LockError`] that names the problem. Nothing is allocated on success.
+
+use super::error::{show_arg, LockError};
+use super::lock::MAX_TOKEN_LEN;
+
+/// `LOCK.ACQUIRE key token ttl-ms`
+#[derive(Debug, PartialEq, Eq)]
+pub struct AcquireArgs<'a> {
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+}
+
+/// `LOCK.EXTEND key token ttl-ms`
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExtendArgs<'a> {
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+}
+
+/// `LOCK._SET key token fence deadline-ms`: the replicated effect of a grant
+/// or renewal, with an absolute deadline (Unix ms).
+#[derive(Debug, PartialEq, Eq)]
+pub struct SetArgs<'a> {
+    pub token: &'a [u8],
+    pub fence: i64,
+    pub deadline_ms: i64,
+}
+
+/// Why a string is not an i64, so errors can tell "abc" from "9e99".
+#[derive(Debug, PartialEq, Eq)]
+pub enum IntError {
+    NotInteger,
+    OutOfRange,
+}
+
+/// Parses a decimal i64 exactly as Redis's `string2ll` does: optional '-',
+/// digits, no leading zeros, no spaces, no '+'.
+pub fn parse_i64(s: &[u8]) -> Result<i64, IntError> {
+    let (negative, digits) = match s.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return Err(IntError::NotInteger);
+    }
+    if digits.len() > 1 && digits[0] == b'0' || negative && digits == b"0" {
+        return Err(IntError::NotInteger);
+    }
+    let mut value: i64 = 0;
+    for d in digits {
+        let d = i64::from(d - b'0');
+        value = value
+            .checked_mul(10)
+            .and_then(|v| {
+                if negative {
+                    v.checked_sub(d)
+                } else {
+                    v.checked_add(d)
+                }
+            })
+            .ok_or(IntError::OutOfRange)?;
+    }
+    Ok(value)
+}
+
+pub fn parse_ttl(arg: &[u8]) -> Result<i64, LockError> {
+    match parse_i64(arg) {
+        Ok(ttl) if ttl > 0 => Ok(ttl),
+        Ok(_) => Err(LockError::TtlNotPositive(show_arg(arg))),
+        // "-99999999999999999999" is out of range but it is also negative:
+        // say the more useful thing.
+        Err(IntError::OutOfRange) if arg.first() == Some(&b'-') => {
+            Err(LockError::TtlNotPositive(show_arg(arg)))
+        }
+        Err(IntError::OutOfRange) => Err(LockError::TtlTooLarge(show_arg(arg))),
+        Err(IntError::NotInteger) => Err(LockError::TtlNotInteger(show_arg(arg))),
+    }
+}
+
+pub fn parse_token(arg: &[u8]) -> Result<&[u8], LockError> {
+    match arg.len() {
+        0 => Err(LockError::TokenEmpty),
+        n if n > MAX_TOKEN_LEN => Err(LockError::TokenTooLong(n)),
+        _ => Ok(arg),
+    }
+}
+
+fn arity(argv: &[&[u8]], min: usize, max: usize, name: &'static str) -> Result<(), LockError> {
+    if argv.len() < min || argv.len() > max {
+        return Err(LockError::WrongArity(name));
+    }
+    Ok(())
+}
+
+pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError> {
+    if argv.len() < 4 {
+        return Err(LockError::WrongArity("lock.acquire"));
+    }
+    let token = parse_token(argv[2])?;
+    let ttl_ms = parse_ttl(argv[3])?;
+    if let Some(option) = argv.get(4) {
+        return Err(LockError::UnknownOption(show_arg(option)));
+    }
+    Ok(AcquireArgs { token, ttl_ms })
+}
+
+pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
+    arity(argv, 3, 3, "lock.release")?;
+    parse_token(argv[2])
+}
+
+pub fn parse_extend<'a>(argv: &[&'a [u8]]) -> Result<ExtendArgs<'a>, LockError> {
+    arity(argv, 4, 4, "lock.extend")?;
+    Ok(ExtendArgs {
+        token: parse_token(argv[2])?,
+        ttl_ms: parse_ttl(argv[3])?,
+    })
+}
+
+/// `LOCK.FENCE key [token]`
+pub fn parse_fence<'a>(argv: &[&'a [u8]]) -> Result<Option<&'a [u8]>, LockError> {
+    arity(argv, 2, 3, "lock.fence")?;
+    argv.get(2).map(|t| parse_token(t)).transpose()
+}
+
+/// `LOCK.INFO key`
+pub fn parse_info(argv: &[&[u8]]) -> Result<(), LockError> {
+    arity(argv, 2, 2, "lock.info")
+}
+
+pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
+    arity(argv, 5, 5, "lock._set")?;
+    let token = parse_token(argv[2])?;
+    let fence = match parse_i64(argv[3]) {
+        Ok(f) if f > 0 => f,
+        _ => return Err(LockError::BadInternalArgument("fence")),
+    };
+    let deadline_ms = match parse_i64(argv[4]) {
+        Ok(d) if d >= 0 => d,
+        _ => return Err(LockError::BadInternalArgument("deadline-ms")),
+    };
+    Ok(SetArgs {
+        token,
+        fence,
+        deadline_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_i64_follows_redis_string2ll() {
+        assert_eq!(parse_i64(b"0"), Ok(0));
+        assert_eq!(parse_i64(b"1500"), Ok(1500));
+        assert_eq!(parse_i64(b"-7"), Ok(-7));
+        assert_eq!(parse_i64(b"9223372036854775807"), Ok(i64::MAX));
+        assert_eq!(parse_i64(b"-9223372036854775808"), Ok(i64::MIN));
+        assert_eq!(parse_i64(b"9223372036854775808"), Err(IntError::OutOfRange));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"+5",
+            b" 5",
+            b"5 ",
+            b"1.5",
+            b"1e3",
+            b"0x10",
+            b"007",
+            b"-0",
+            b"abc",
+        ] {
+            assert_eq!(parse_i64(bad), Err(IntError::NotInteger), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ttl_must_be_a_positive_64_bit_integer() {
+        assert_eq!(parse_ttl(b"1"), Ok(1));
+        assert!(matches!(parse_ttl(b"0"), Err(LockError::TtlNotPositive(_))));
+        assert!(matches!(
+            parse_ttl(b"-5"),
+            Err(LockError::TtlNotPositive(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b"-99999999999999999999"),
+            Err(LockError::TtlNotPositive(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b"1.5"),
+            Err(LockError::TtlNotInteger(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b" 100"),
+            Err(LockError::TtlNotInteger(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b"abc"),
+            Err(LockError::TtlNotInteger(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b"99999999999999999999"),
+            Err(LockError::TtlTooLarge(_))
+        ));
+        let msg = parse_ttl(b"abc").unwrap_err().to_string();
+        assert!(msg.contains("ttl-ms") && msg.contains("'abc'"), "{msg}");
+    }
+
+    #[test]
+    fn token_is_1_to_512_binary_bytes() {
+        assert_eq!(parse_token(b"\0\xff"), Ok(&b"\0\xff"[..]));
+        assert_eq!(parse_token(&[7; 512]).map(<[u8]>::len), Ok(512));
+        assert_eq!(parse_token(b""), Err(LockError::TokenEmpty));
+        assert_eq!(parse_token(&[7; 513]), Err(LockError::TokenTooLong(513)));
+    }
+
+    #[test]
+    fn acquire_takes_key_token_ttl_and_no_unknown_options() {
+        let ok = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100"]).unwrap();
+        assert_eq!(
+            ok,
+            AcquireArgs {
+                token: b"t",
+                ttl_ms: 100
+            }
+        );
+        assert_eq!(
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t"]),
+            Err(LockError::WrongArity("lock.acquire"))
+        );
+        assert_eq!(
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"]),
+            Err(LockError::UnknownOption("'NX'".into()))
+        );
+    }
+
+    #[test]
+    fn fixed_arity_commands_reject_missing_and_extra_arguments() {
+        assert!(parse_release(&[b"r", b"k"]).is_err());
+        assert!(parse_release(&[b"r", b"k", b"t", b"x"]).is_err());
+        assert_eq!(parse_release(&[b"r", b"k", b"t"]), Ok(&b"t"[..]));
+        assert!(parse_extend(&[b"e", b"k", b"t"]).is_err());
+        assert!(parse_extend(&[b"e", b"k", b"t", b"0"]).is_err());
+        assert_eq!(parse_fence(&[b"f", b"k"]), Ok(None));
+        assert_eq!(parse_fence(&[b"f", b"k", b"t"]), Ok(Some(&b"t"[..])));
+        assert!(parse_fence(&[b"f", b"k", b"t", b"u"]).is_err());
+        assert!(parse_fence(&[b"f", b"k", b""]).is_err());
+        assert!(parse_info(&[b"i", b"k"]).is_ok());
+        assert!(parse_info(&[b"i"]).is_err());
+    }
+
+    #[test]
+    fn internal_set_validates_fence_and_deadline() {
+        let ok = parse_set(&[b"s", b"k", b"t", b"42", b"1700000000000"]).unwrap();
+        assert_eq!((ok.fence, ok.deadline_ms), (42, 1_700_000_000_000));
+        assert!(parse_set(&[b"s", b"k", b"t", b"0", b"1"]).is_err());
+        assert!(parse_set(&[b"s", b"k", b"t", b"1", b"-1"]).is_err());
+        assert!(parse_set(&[b"s", b"k", b"t", b"1"]).is_err());
+    }
+}

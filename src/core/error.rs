@@ -1,0 +1,122 @@
+//! Every error the module can reply with. The first word of each message is
+//! its error code, as Redis clients expect (`ERR`, `WRONGTYPE`, `TRYAGAIN`).
+
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockError {
+    /// Wrong number of arguments for the named command (lower case, as Redis
+    /// itself prints it).
+    WrongArity(&'static str),
+    /// ttl-ms is not a plain decimal integer (letters, a fraction, spaces...).
+    TtlNotInteger(String),
+    /// ttl-ms is zero or negative.
+    TtlNotPositive(String),
+    /// ttl-ms does not fit in a signed 64-bit integer.
+    TtlTooLarge(String),
+    /// now + ttl-ms does not fit in the clock.
+    TtlOverflowsClock,
+    TokenEmpty,
+    TokenTooLong(usize),
+    UnknownOption(String),
+    /// An internal-command argument that is not what the module writes.
+    BadInternalArgument(&'static str),
+    /// Internal commands are only accepted from the master link or the AOF.
+    InternalCommand(&'static str),
+    WrongType,
+    /// restart-delay-ms is in force: no new grants for this many more ms.
+    GrantsPaused(i64),
+    /// The node-wide fencing counter reached i64::MAX.
+    FencesExhausted,
+    /// A bug was caught at the module boundary instead of crashing Redis.
+    Internal,
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use LockError::*;
+        match self {
+            WrongArity(cmd) => write!(f, "ERR wrong number of arguments for '{cmd}' command"),
+            TtlNotInteger(v) => write!(
+                f,
+                "ERR invalid ttl-ms {v}: must be a positive integer of milliseconds"
+            ),
+            TtlNotPositive(v) => write!(f, "ERR invalid ttl-ms {v}: must be greater than 0"),
+            TtlTooLarge(v) => write!(f, "ERR invalid ttl-ms {v}: out of range"),
+            TtlOverflowsClock => write!(f, "ERR invalid ttl-ms: now + ttl-ms overflows the clock"),
+            TokenEmpty => write!(f, "ERR invalid token: must not be empty"),
+            TokenTooLong(n) => write!(
+                f,
+                "ERR invalid token: {n} bytes, the limit is {} bytes",
+                crate::core::lock::MAX_TOKEN_LEN
+            ),
+            UnknownOption(o) => write!(f, "ERR unknown option {o}"),
+            BadInternalArgument(what) => write!(f, "ERR invalid {what}"),
+            InternalCommand(cmd) => write!(
+                f,
+                "ERR {cmd} is internal: only the master link and AOF loading may send it"
+            ),
+            WrongType => write!(
+                f,
+                "WRONGTYPE Operation against a key holding the wrong kind of value"
+            ),
+            GrantsPaused(ms) => write!(
+                f,
+                "TRYAGAIN new locks are paused for {ms} more ms after restart or promotion (lock.restart-delay-ms)"
+            ),
+            FencesExhausted => write!(f, "ERR fencing tokens exhausted on this node"),
+            Internal => write!(f, "ERR internal error in the lock module (see the server log)"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {}
+
+/// How a user-supplied argument is shown inside an error: quoted when it is
+/// short printable ASCII, otherwise only its length, so that binary or huge
+/// input never ends up in an error line.
+pub fn show_arg(arg: &[u8]) -> String {
+    if arg.len() <= 40 && arg.iter().all(|b| (0x20..0x7f).contains(b) && *b != b'\'') {
+        format!("'{}'", String::from_utf8_lossy(arg))
+    } else {
+        format!("({} bytes)", arg.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_starts_with_its_code() {
+        let all = [
+            LockError::WrongArity("lock.acquire"),
+            LockError::TtlNotInteger("'x'".into()),
+            LockError::TtlNotPositive("'0'".into()),
+            LockError::TtlTooLarge("'9'".into()),
+            LockError::TtlOverflowsClock,
+            LockError::TokenEmpty,
+            LockError::TokenTooLong(513),
+            LockError::UnknownOption("'X'".into()),
+            LockError::BadInternalArgument("fence"),
+            LockError::InternalCommand("LOCK._SET"),
+            LockError::FencesExhausted,
+            LockError::Internal,
+        ];
+        for e in all {
+            assert!(e.to_string().starts_with("ERR "), "{e}");
+        }
+        assert!(LockError::WrongType.to_string().starts_with("WRONGTYPE "));
+        assert!(LockError::GrantsPaused(5)
+            .to_string()
+            .starts_with("TRYAGAIN "));
+    }
+
+    #[test]
+    fn show_arg_quotes_only_short_printable_input() {
+        assert_eq!(show_arg(b"abc"), "'abc'");
+        assert_eq!(show_arg(b"a\r\nb"), "(4 bytes)");
+        assert_eq!(show_arg(&[b'x'; 41]), "(41 bytes)");
+        assert_eq!(show_arg(b"it's"), "(4 bytes)");
+    }
+}

@@ -1,0 +1,15 @@
+//! redis-lock: native `LOCK.*` commands for Redis with fencing tokens.
+//!
+//! Where things are:
+//! * the command table ............ `redis::commands::COMMANDS`
+//! * the lock state machine ....... `core::lock`
+//! * fencing rules ................ `core::fence`
+//! * argument parsing ............. `core::args`
+//! * the persistence format ....... `redis::datatype`
+//! * module options, start-up ..... this file
+
+pub mod core;
+#[cfg(not(test))]
+mod module;
+#[cfg_attr(test, allow(dead_code))]
+mod redis;

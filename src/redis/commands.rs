@@ -1,0 +1,257 @@
+//! The command table and one handler per command. Handlers parse with the
+//! core parsers, open the key, run the core state machine, count, and return
+//! a [`Reply`]; `ffi::run_command` sends it (or the error) and keeps panics
+//! out of Redis.
+
+use std::ffi::CStr;
+use std::os::raw::c_int;
+
+use redis_module::raw;
+
+use super::ffi::{api, context_flags, log_warning, run_command, Argv, Ctx, RString, Reply, Value};
+use super::node::{self, count, NodeFences, STATS};
+use super::slot::RedisSlot;
+use crate::core::args;
+use crate::core::error::LockError;
+use crate::core::lock::{self, Acquired, Lock, LockSlot};
+
+type Callback = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
+
+/// One row of the command table.
+pub struct Command {
+    pub name: &'static CStr,
+    callback: Callback,
+    /// Redis command flags (`write`, `readonly`, `fast`, `deny-oom`, ...).
+    pub flags: &'static CStr,
+    /// Redis arity: N exactly, or -N for at least N (the name counts).
+    pub arity: c_int,
+    /// Key-spec flags for the key at argv[1] (ACL key permissions).
+    key_flags: u64,
+    summary: &'static CStr,
+}
+
+macro_rules! callback {
+    ($handler:path) => {{
+        unsafe extern "C" fn callback(ctx: Ctx, argv: *mut RString, argc: c_int) -> c_int {
+            run_command(ctx, argv, argc, $handler)
+        }
+        callback as Callback
+    }};
+}
+
+const RW: u64 = raw::REDISMODULE_CMD_KEY_RW as u64;
+const RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
+const OW: u64 = raw::REDISMODULE_CMD_KEY_OW as u64;
+const ACCESS: u64 = raw::REDISMODULE_CMD_KEY_ACCESS as u64;
+const UPDATE: u64 = raw::REDISMODULE_CMD_KEY_UPDATE as u64;
+const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
+
+/// Every command the module adds. The key is always argv[1].
+pub static COMMANDS: [Command; 6] = [
+    Command {
+        name: c"lock.acquire",
+        callback: callback!(acquire),
+        flags: c"write deny-oom fast",
+        arity: -4,
+        key_flags: RW | ACCESS | UPDATE,
+        summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it.",
+    },
+    Command {
+        name: c"lock.release",
+        callback: callback!(release),
+        flags: c"write fast",
+        arity: 3,
+        key_flags: RW | DELETE,
+        summary: c"Frees the lock if token holds it; replies 1 if it did, 0 otherwise.",
+    },
+    Command {
+        name: c"lock.extend",
+        callback: callback!(extend),
+        flags: c"write fast",
+        arity: 4,
+        key_flags: RW | UPDATE,
+        summary: c"Resets the lease of the lock to ttl-ms from now if token holds it; replies 1 if it did, 0 otherwise.",
+    },
+    Command {
+        name: c"lock.fence",
+        callback: callback!(fence),
+        flags: c"readonly fast",
+        arity: -2,
+        key_flags: RO | ACCESS,
+        summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil.",
+    },
+    Command {
+        name: c"lock.info",
+        callback: callback!(info),
+        flags: c"readonly fast",
+        arity: 2,
+        key_flags: RO | ACCESS,
+        summary: c"Replies with token, fence, ttl and waiters of a held lock, or nil.",
+    },
+    Command {
+        name: c"lock._set",
+        callback: callback!(set),
+        flags: c"write",
+        arity: 5,
+        key_flags: OW | UPDATE,
+        summary: c"Internal: the replicated and AOF form of a grant or renewal. Refused from ordinary clients.",
+    },
+];
+
+fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let a = args::parse_acquire(argv.bytes())?;
+    let now = node::now_ms();
+    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+    let paused = node::grants_paused_ms(now);
+    let acquired = lock::acquire(&mut slot, &mut NodeFences, a.token, a.ttl_ms, now, paused)?;
+    Ok(match acquired {
+        Acquired::Granted(fence) => {
+            count(&STATS.grants);
+            Reply::Integer(fence)
+        }
+        Acquired::Renewed(fence) => {
+            count(&STATS.extends);
+            Reply::Integer(fence)
+        }
+        Acquired::Contended => {
+            count(&STATS.contended);
+            Reply::Null
+        }
+    })
+}
+
+fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let token = args::parse_release(argv.bytes())?;
+    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+    let released = lock::release(&mut slot, token, node::now_ms());
+    if released {
+        count(&STATS.releases);
+    }
+    Ok(Reply::Integer(released.into()))
+}
+
+fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let a = args::parse_extend(argv.bytes())?;
+    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+    let extended = lock::extend(&mut slot, a.token, a.ttl_ms, node::now_ms())?;
+    if extended {
+        count(&STATS.extends);
+    }
+    Ok(Reply::Integer(extended.into()))
+}
+
+fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let token = args::parse_fence(argv.bytes())?;
+    let slot = RedisSlot::open(ctx, argv.key(), false)?;
+    Ok(match lock::fence(&slot, token, node::now_ms()) {
+        Some(fence) => Reply::Integer(fence),
+        None => Reply::Null,
+    })
+}
+
+fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    args::parse_info(argv.bytes())?;
+    let slot = RedisSlot::open(ctx, argv.key(), false)?;
+    let now = node::now_ms();
+    Ok(match slot.live(now) {
+        None => Reply::Null,
+        Some(held) => Reply::Map(vec![
+            ("token", Value::Bytes(held.token.to_vec())),
+            ("fence", Value::Integer(held.fence)),
+            ("ttl", Value::Integer(held.remaining_ms(now))),
+            ("waiters", Value::Integer(0)),
+        ]),
+    })
+}
+
+/// `LOCK._SET key token fence deadline-ms`: applies a grant or renewal made
+/// by the master (replication stream) or logged earlier (AOF).
+fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
+    if context_flags(ctx) & trusted == 0 {
+        return Err(LockError::InternalCommand("LOCK._SET"));
+    }
+    let a = args::parse_set(argv.bytes())?;
+    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+    slot.write(Lock {
+        fence: a.fence,
+        deadline_ms: a.deadline_ms,
+        token: a.token.into(),
+    });
+    node::observe_fence(a.fence);
+    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    Ok(Reply::Ok)
+}
+
+/// Creates every command of the table, with arity, key spec and summary where
+/// the server supports command info (7.0+).
+pub fn register(ctx: Ctx) -> Result<(), String> {
+    let create = unsafe { raw::RedisModule_CreateCommand }
+        .ok_or("RedisModule_CreateCommand is not available")?;
+    for c in &COMMANDS {
+        let ok = unsafe {
+            create(
+                ctx,
+                c.name.as_ptr(),
+                Some(c.callback),
+                c.flags.as_ptr(),
+                1,
+                1,
+                1,
+            )
+        };
+        if ok != raw::REDISMODULE_OK as c_int {
+            return Err(format!("could not create command {:?}", c.name));
+        }
+        if let Err(e) = set_command_info(ctx, c) {
+            log_warning(&format!(
+                "lock: {:?}: {e}; arity and key flags are not declared",
+                c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
+    let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
+        raw::RedisModule_SetCommandInfo
+    }) else {
+        return Err("this server has no RedisModule_SetCommandInfo");
+    };
+    let command = unsafe { get_command(ctx, c.name.as_ptr()) };
+    if command.is_null() {
+        return Err("RedisModule_GetCommand found no such command");
+    }
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    // One key at argv[1]; the array ends with an all-zero spec.
+    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
+    key_specs[0].flags = c.key_flags;
+    key_specs[0].begin_search_type =
+        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    key_specs[0].bs.index.pos = 1;
+    key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    key_specs[0].fk.range.lastkey = 0;
+    key_specs[0].fk.range.keystep = 1;
+    key_specs[0].fk.range.limit = 0;
+    let info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: c.summary.as_ptr(),
+        complexity: c"O(1)".as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: std::ptr::null_mut(),
+        tips: std::ptr::null(),
+        arity: c.arity,
+        key_specs: key_specs.as_mut_ptr(),
+        args: std::ptr::null_mut(),
+    };
+    if unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
+        return Err("RedisModule_SetCommandInfo refused the command info");
+    }
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! The `redislock` data type and its persistence format.
+//!
+//! ## RDB value, encoding version 1
+//! | field       | RDB call            | meaning                              |
+//! |-------------|---------------------|--------------------------------------|
+//! | token       | SaveStringBuffer    | holder token, 1–512 bytes            |
+//! | fence       | SaveSigned          | fencing token of this grant, > 0     |
+//! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms   |
+//!
+//! ## RDB aux field (before the keyspace), encoding version 1
+//! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
+//!
+//! Loading refuses encoding versions newer than this build knows, and values
+//! that break the invariants above, rather than guessing.
+//!
+//! ## AOF rewrite
+//! Each lock is written as `LOCK._SET key token fence deadline-ms`, the same
+//! effect the master replicates, so an AOF without an RDB preamble restores
+//! both the lock and (through its fence) the high-water mark.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+
+use redis_module::raw;
+
+use super::ffi::{api, guard, log_warning};
+use super::node::{self, STATS};
+use crate::core::error::LockError;
+use crate::core::lock::{Lock, MAX_TOKEN_LEN};
+
+/// Native type names are exactly 9 characters.
+pub const TYPE_NAME: &std::ffi::CStr = c"redislock";
+pub const ENCODING_VERSION: i32 = 1;
+
+pub struct LockType(AtomicPtr<raw::RedisModuleType>);
+
+impl LockType {
+    pub fn get(&self) -> *mut raw::RedisModuleType {
+        self.0.load(Relaxed)
+    }
+}
+
+pub static LOCK_TYPE: LockType = LockType(AtomicPtr::new(std::ptr::null_mut()));
+
+pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
+    let mut methods = raw::RedisModuleTypeMethods {
+        // Version 2 has everything used here (aux fields) and loads on 7.0.
+        version: 2,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: Some(aux_load),
+        aux_save: Some(aux_save),
+        aux_save_triggers: raw::REDISMODULE_AUX_BEFORE_RDB as c_int,
+        free_effort: None,
+        unlink: None,
+        copy: None,
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    };
+    let create = unsafe { raw::RedisModule_CreateDataType }
+        .ok_or("RedisModule_CreateDataType is not available")?;
+    let t = unsafe { create(ctx, TYPE_NAME.as_ptr(), ENCODING_VERSION, &mut methods) };
+    if t.is_null() {
+        return Err("could not create the redislock data type");
+    }
+    LOCK_TYPE.0.store(t, Relaxed);
+    Ok(())
+}
+
+/// Allocates a lock value for the keyspace (freed by [`free`]).
+pub fn new_value(lock: Lock) -> *mut Lock {
+    STATS.locks.fetch_add(1, Relaxed);
+    Box::into_raw(Box::new(lock))
+}
+
+/// The lock stored at an open key: null for an empty key, WRONGTYPE for a key
+/// of another type.
+pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut Lock, LockError> {
+    let key_type = unsafe { api!(RedisModule_KeyType)(key) } as isize;
+    if key_type == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return Ok(std::ptr::null_mut());
+    }
+    let ours = key_type == raw::REDISMODULE_KEYTYPE_MODULE
+        && unsafe { api!(RedisModule_ModuleTypeGetType)(key) } == LOCK_TYPE.get();
+    if !ours {
+        return Err(LockError::WrongType);
+    }
+    Ok(unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }.cast())
+}
+
+extern "C" fn free(value: *mut c_void) {
+    guard("free", (), || {
+        if value.is_null() {
+            return;
+        }
+        let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
+        STATS.locks.fetch_sub(1, Relaxed);
+        if !lock.is_live(node::now_ms()) {
+            node::count(&STATS.expirations);
+        }
+    })
+}
+
+extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guard("rdb_save", (), || {
+        let lock = unsafe { &*value.cast::<Lock>() };
+        unsafe {
+            api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
+            api!(RedisModule_SaveSigned)(rdb, lock.fence);
+            api!(RedisModule_SaveSigned)(rdb, lock.deadline_ms);
+        }
+    })
+}
+
+extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard("rdb_load", std::ptr::null_mut(), || {
+        if encver < 1 || encver > ENCODING_VERSION {
+            log_warning(&format!(
+                "lock: cannot load a lock saved with encoding version {encver}; this build reads up to {ENCODING_VERSION}"
+            ));
+            return std::ptr::null_mut();
+        }
+        match load_v1(rdb) {
+            Some(lock) => {
+                node::observe_fence(lock.fence);
+                new_value(lock).cast()
+            }
+            None => {
+                log_warning("lock: a lock in the RDB is truncated or invalid; refusing to load it");
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+    let token = raw::load_string_buffer(rdb).ok()?;
+    let fence = raw::load_signed(rdb).ok()?;
+    let deadline_ms = raw::load_signed(rdb).ok()?;
+    let token = token.as_ref();
+    let valid = !token.is_empty() && token.len() <= MAX_TOKEN_LEN && fence > 0 && deadline_ms >= 0;
+    valid.then(|| Lock {
+        fence,
+        deadline_ms,
+        token: token.into(),
+    })
+}
+
+extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
+    guard("aux_save", (), || {
+        if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+            unsafe { api!(RedisModule_SaveSigned)(rdb, node::fence_hwm()) };
+        }
+    })
+}
+
+extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
+    guard("aux_load", raw::REDISMODULE_ERR as c_int, || {
+        if encver < 1
+            || encver > ENCODING_VERSION
+            || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int
+        {
+            log_warning(&format!(
+                "lock: unknown aux data (encoding version {encver}, when {when})"
+            ));
+            return raw::REDISMODULE_ERR as c_int;
+        }
+        match raw::load_signed(rdb) {
+            Ok(hwm) => {
+                node::observe_fence(hwm);
+                raw::REDISMODULE_OK as c_int
+            }
+            Err(_) => raw::REDISMODULE_ERR as c_int,
+        }
+    })
+}
+
+extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    guard("aof_rewrite", (), || {
+        let lock = unsafe { &*value.cast::<Lock>() };
+        unsafe {
+            api!(RedisModule_EmitAOF)(
+                aof,
+                c"LOCK._SET".as_ptr(),
+                c"sbll".as_ptr(),
+                key,
+                lock.token.as_ptr(),
+                lock.token.len(),
+                lock.fence,
+                lock.deadline_ms,
+            )
+        };
+    })
+}
+
+extern "C" fn mem_usage(value: *const c_void) -> usize {
+    guard("mem_usage", 0, || {
+        let lock = unsafe { &*value.cast::<Lock>() };
+        std::mem::size_of::<Lock>() + lock.token.len()
+    })
+}
+
+extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guard("digest", (), || {
+        let lock = unsafe { &*value.cast::<Lock>() };
+        unsafe {
+            api!(RedisModule_DigestAddStringBuffer)(
+                md,
+                lock.token.as_ptr().cast(),
+                lock.token.len(),
+            );
+            api!(RedisModule_DigestAddLongLong)(md, lock.fence);
+            api!(RedisModule_DigestAddLongLong)(md, lock.deadline_ms);
+            api!(RedisModule_DigestEndSequence)(md);
+        }
+    })
+}

@@ -1,0 +1,182 @@
+//! Small helpers over the raw module API: reading argv as bytes without
+//! allocating, sending replies, and the guard that keeps panics out of Redis.
+
+use std::os::raw::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw;
+
+use crate::core::error::LockError;
+
+pub type Ctx = *mut raw::RedisModuleCtx;
+pub type RString = *mut raw::RedisModuleString;
+
+/// Calls a module API function pointer. All the functions used through this
+/// exist on Redis 7.0 and later; if one is somehow missing, this panics, and
+/// the panic is turned into an error reply by [`run_command`].
+macro_rules! api {
+    ($name:ident) => {
+        redis_module::raw::$name.expect(concat!(stringify!($name), " is not available"))
+    };
+}
+pub(crate) use api;
+
+/// No command takes more than this many arguments; longer argvs are cut here
+/// and rejected by the parsers as wrong arity or unknown options.
+pub const MAX_ARGS: usize = 8;
+
+/// The command's arguments as byte slices borrowed from Redis's strings.
+pub struct Argv<'a> {
+    raw: &'a [RString],
+    bytes: [&'a [u8]; MAX_ARGS],
+    len: usize,
+}
+
+impl<'a> Argv<'a> {
+    /// # Safety
+    /// `argv` must point at `argc` valid strings that outlive `'a`.
+    unsafe fn new(argv: *mut RString, argc: c_int) -> Self {
+        let raw: &[RString] = if argv.is_null() || argc <= 0 {
+            &[]
+        } else {
+            std::slice::from_raw_parts(argv, argc as usize)
+        };
+        let mut bytes: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
+        let len = raw.len().min(MAX_ARGS);
+        for (slot, s) in bytes.iter_mut().zip(raw) {
+            *slot = string_bytes(*s);
+        }
+        Argv { raw, bytes, len }
+    }
+
+    pub fn bytes(&self) -> &[&'a [u8]] {
+        &self.bytes[..self.len]
+    }
+
+    /// The key name (argv[1]); the parsers have checked arity before this
+    /// is used.
+    pub fn key(&self) -> RString {
+        self.raw[1]
+    }
+}
+
+/// # Safety
+/// `s` must be a valid RedisModuleString that outlives `'a`.
+pub unsafe fn string_bytes<'a>(s: RString) -> &'a [u8] {
+    let mut len = 0usize;
+    let ptr = api!(RedisModule_StringPtrLen)(s, &mut len);
+    if ptr.is_null() || len == 0 {
+        return &[];
+    }
+    std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+}
+
+/// What a command answers. Built inside the guard, sent outside it, so that a
+/// panic can never leave half a reply on the wire.
+pub enum Reply {
+    Integer(i64),
+    Null,
+    /// Sent as a map in RESP3 and a flat field/value array in RESP2.
+    Map(Vec<(&'static str, Value)>),
+    Ok,
+}
+
+pub enum Value {
+    Integer(i64),
+    Bytes(Vec<u8>),
+}
+
+/// Runs one command: turns argv into bytes, calls `handler`, and turns an
+/// error or a panic into an error reply. Every command goes through here.
+///
+/// # Safety
+/// Called only from a Redis command callback with its own arguments.
+pub unsafe fn run_command(
+    ctx: Ctx,
+    argv: *mut RString,
+    argc: c_int,
+    handler: fn(Ctx, &Argv) -> Result<Reply, LockError>,
+) -> c_int {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let argv = Argv::new(argv, argc);
+        handler(ctx, &argv)
+    }))
+    .unwrap_or(Err(LockError::Internal));
+    match result {
+        Ok(reply) => send(ctx, &reply),
+        Err(err) => reply_error(ctx, &err),
+    }
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Runs a callback that is not a command (data type, events, info) and has
+/// nowhere to send an error: a panic is logged and `fallback` returned.
+pub fn guard<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        log_warning(&format!(
+            "lock: internal error in {what}; the server keeps running"
+        ));
+        fallback
+    })
+}
+
+pub fn log_warning(message: &str) {
+    if let Ok(msg) = std::ffi::CString::new(message) {
+        if let Some(log) = unsafe { raw::RedisModule_Log } {
+            unsafe {
+                log(
+                    std::ptr::null_mut(),
+                    c"warning".as_ptr(),
+                    c"%s".as_ptr(),
+                    msg.as_ptr(),
+                )
+            };
+        }
+    }
+}
+
+unsafe fn reply_error(ctx: Ctx, err: &LockError) {
+    // Messages never contain user bytes unquoted (see show_arg) and so never
+    // contain a NUL or a newline.
+    let msg = std::ffi::CString::new(err.to_string())
+        .unwrap_or_else(|_| c"ERR internal error".to_owned());
+    api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
+}
+
+unsafe fn send(ctx: Ctx, reply: &Reply) {
+    match reply {
+        Reply::Integer(n) => {
+            api!(RedisModule_ReplyWithLongLong)(ctx, *n);
+        }
+        Reply::Null => {
+            api!(RedisModule_ReplyWithNull)(ctx);
+        }
+        Reply::Ok => {
+            api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr());
+        }
+        Reply::Map(fields) => {
+            // ReplyWithMap is 7.0+; Redis itself flattens it for RESP2 clients.
+            match raw::RedisModule_ReplyWithMap {
+                Some(with_map) => with_map(ctx, fields.len() as _),
+                None => api!(RedisModule_ReplyWithArray)(ctx, (fields.len() * 2) as _),
+            };
+            for (name, value) in fields {
+                api!(RedisModule_ReplyWithStringBuffer)(ctx, name.as_ptr().cast(), name.len());
+                match value {
+                    Value::Integer(n) => api!(RedisModule_ReplyWithLongLong)(ctx, *n),
+                    Value::Bytes(b) => {
+                        api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len())
+                    }
+                };
+            }
+        }
+    }
+}
+
+/// The context flags of the running command (MULTI, Lua, replicated, ...).
+pub fn context_flags(ctx: Ctx) -> u32 {
+    match unsafe { raw::RedisModule_GetContextFlags } {
+        Some(f) => unsafe { f(ctx) as u32 },
+        None => 0,
+    }
+}

@@ -1,0 +1,33 @@
+//! The `INFO lock` section.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use redis_module::raw;
+
+use super::ffi::guard;
+use super::node::{self, STATS};
+
+pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
+    guard("INFO", (), || {
+        // A NULL section name is the module's own name: `INFO lock`. Field
+        // names get the module prefix: `lock_grants`, ...
+        raw::add_info_section(ctx, None);
+        let counters = [
+            ("grants", &STATS.grants),
+            ("contended", &STATS.contended),
+            ("releases", &STATS.releases),
+            ("extends", &STATS.extends),
+            ("expirations", &STATS.expirations),
+        ];
+        for (name, counter) in counters {
+            raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
+        }
+        raw::add_info_field_long_long(ctx, "locks", STATS.locks.load(Relaxed));
+        raw::add_info_field_long_long(ctx, "fence_hwm", node::fence_hwm());
+        raw::add_info_field_long_long(
+            ctx,
+            "grants_paused_ms",
+            node::grants_paused_ms(node::now_ms()),
+        );
+    })
+}

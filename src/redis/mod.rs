@@ -1,0 +1,18 @@
+//! The thin layer that binds the pure engine in `crate::core` to Redis.
+//!
+//! * `commands` — the command table and one handler per command
+//! * `slot`     — a key of the keyspace seen as a `core::lock::LockSlot`;
+//!   every change it makes is replicated as an absolute effect
+//! * `datatype` — the `redislock` data type: RDB/AOF persistence, digest,
+//!   memory usage (the persistence format is documented there)
+//! * `node`     — node-wide state: fence high-water mark, restart delay,
+//!   counters, server events (loading, promotion)
+//! * `info`     — the `INFO lock` section
+//! * `ffi`      — the few unsafe helpers everything above shares
+
+pub mod commands;
+pub mod datatype;
+pub mod ffi;
+pub mod info;
+pub mod node;
+pub mod slot;
