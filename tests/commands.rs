@@ -1,0 +1,609 @@
+//! Every command's replies, every bad-input case, key types, command
+//! metadata, RESP2/RESP3, MULTI/EXEC and Lua, on a real server.
+
+mod common;
+
+use common::*;
+use std::thread::sleep;
+use std::time::Duration;
+
+fn lock_info(c: &mut Connection, key: &str) -> Value {
+    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
+}
+
+#[test]
+fn acquire_grants_then_returns_same_fence_to_holder_and_nil_to_others() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "order:1", "a", 10_000).expect("granted");
+    assert!(f > 0);
+    assert_eq!(acquire(&mut c, "order:1", "b", 10_000), None);
+    assert_eq!(acquire(&mut c, "order:1", "a", 10_000), Some(f));
+}
+
+#[test]
+fn reacquire_by_the_holder_resets_the_lease() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 1_000).unwrap();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!(pttl > 50_000, "lease reset to 60 s, pttl {pttl}");
+}
+
+#[test]
+fn release_only_by_the_holder() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(release(&mut c, "k", "a"), 0, "free lock");
+    acquire(&mut c, "k", "a", 10_000).unwrap();
+    assert_eq!(release(&mut c, "k", "b"), 0, "other holder");
+    assert_eq!(fence(&mut c, "k").is_some(), true);
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    assert_eq!(fence(&mut c, "k"), None);
+    let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
+    assert_eq!(exists, 0, "a released lock keeps no memory");
+}
+
+#[test]
+fn extend_renews_only_the_live_holder_and_never_revives() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(extend(&mut c, "k", "a", 10_000), 0, "free lock");
+    acquire(&mut c, "k", "a", 200).unwrap();
+    assert_eq!(extend(&mut c, "k", "b", 10_000), 0, "other holder");
+    assert_eq!(extend(&mut c, "k", "a", 60_000), 1);
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!(pttl > 50_000);
+
+    acquire(&mut c, "short", "a", 50).unwrap();
+    sleep(Duration::from_millis(150));
+    assert_eq!(
+        extend(&mut c, "short", "a", 10_000),
+        0,
+        "expired: no revival"
+    );
+    assert_eq!(fence(&mut c, "short"), None);
+}
+
+#[test]
+fn fence_reads_the_holder_and_checks_a_token_when_given() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(fence(&mut c, "k"), None);
+    let f = acquire(&mut c, "k", "a", 10_000).unwrap();
+    assert_eq!(fence(&mut c, "k"), Some(f));
+    let mine: Option<i64> = redis::cmd("LOCK.FENCE")
+        .arg("k")
+        .arg("a")
+        .query(&mut c)
+        .unwrap();
+    let theirs: Option<i64> = redis::cmd("LOCK.FENCE")
+        .arg("k")
+        .arg("b")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((mine, theirs), (Some(f), None));
+}
+
+#[test]
+fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert_eq!(lock_info(&mut c, "k"), Value::Nil);
+    let f = acquire(&mut c, "k", "tok", 10_000).unwrap();
+
+    let Value::Array(items) = lock_info(&mut c, "k") else {
+        panic!("RESP2 LOCK.INFO must be an array");
+    };
+    assert_eq!(items.len(), 8);
+    let fields: Vec<(String, Value)> = items
+        .chunks(2)
+        .map(|p| {
+            (
+                redis::from_redis_value::<String>(&p[0]).unwrap(),
+                p[1].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fields[0],
+        ("token".into(), Value::BulkString(b"tok".to_vec()))
+    );
+    assert_eq!(fields[1], ("fence".into(), Value::Int(f)));
+    assert_eq!(fields[2].0, "ttl");
+    let Value::Int(ttl) = fields[2].1 else {
+        panic!()
+    };
+    assert!(ttl > 0 && ttl <= 10_000);
+    assert_eq!(fields[3], ("waiters".into(), Value::Int(0)));
+
+    let mut c3 = s.conn3();
+    let Value::Map(map) = lock_info(&mut c3, "k") else {
+        panic!("RESP3 LOCK.INFO must be a map");
+    };
+    assert_eq!(map.len(), 4);
+    assert_eq!(
+        map[1],
+        (Value::BulkString(b"fence".to_vec()), Value::Int(f))
+    );
+    // The other commands answer the same in RESP3.
+    assert_eq!(acquire(&mut c3, "k", "tok", 10_000), Some(f));
+    assert_eq!(acquire(&mut c3, "k", "other", 10_000), None);
+    assert_eq!(release(&mut c3, "k", "tok"), 1);
+    assert_eq!(lock_info(&mut c3, "k"), Value::Nil);
+}
+
+#[test]
+fn a_lock_is_free_the_instant_its_lease_ends() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Keep Redis from deleting the key itself: only the deadline decides.
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let f1 = acquire(&mut c, "k", "a", 100).unwrap();
+    sleep(Duration::from_millis(150));
+    assert_eq!(fence(&mut c, "k"), None);
+    let f2 = acquire(&mut c, "k", "b", 10_000).expect("granted right after expiry");
+    assert!(f2 > f1);
+}
+
+#[test]
+fn expired_locks_are_reclaimed_like_expired_keys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut pipe = redis::pipe();
+    for i in 0..50_000 {
+        pipe.cmd("LOCK.ACQUIRE")
+            .arg(format!("job:{i}"))
+            .arg("t")
+            .arg(20)
+            .ignore();
+    }
+    let _: () = pipe.query(&mut c).unwrap();
+    wait_until(Duration::from_secs(30), || {
+        let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        n == 0
+    });
+    assert_eq!(s.info_field("locks"), 0);
+    assert!(s.info_field("expirations") > 0);
+}
+
+#[test]
+fn tokens_are_binary_safe_up_to_512_bytes() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let token = [0u8, 0xff, b'\r', b'\n', 7];
+    let f: Option<i64> = redis::cmd("LOCK.ACQUIRE")
+        .arg("k")
+        .arg(&token[..])
+        .arg(10_000)
+        .query(&mut c)
+        .unwrap();
+    assert!(f.is_some());
+    let near: Option<i64> = redis::cmd("LOCK.FENCE")
+        .arg("k")
+        .arg(&token[..4])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(near, None, "a prefix of the token is another token");
+    let big = vec![b'x'; 512];
+    let f: Option<i64> = redis::cmd("LOCK.ACQUIRE")
+        .arg("k2")
+        .arg(&big)
+        .arg(10_000)
+        .query(&mut c)
+        .unwrap();
+    assert!(f.is_some());
+    let released: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg(&token[..])
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(released, 1);
+}
+
+#[test]
+fn fences_strictly_increase_across_release_expiry_del_and_flush() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut last = 0;
+    let mut check = |f: i64| {
+        assert!(f > last, "{f} after {last}");
+        last = f;
+    };
+    check(acquire(&mut c, "a", "t", 10_000).unwrap());
+    check(acquire(&mut c, "b", "t", 10_000).unwrap()); // node-wide, not per key
+    release(&mut c, "a", "t");
+    check(acquire(&mut c, "a", "t", 50).unwrap());
+    sleep(Duration::from_millis(100));
+    check(acquire(&mut c, "a", "u", 10_000).unwrap());
+    let _: () = redis::cmd("DEL").arg("a").query(&mut c).unwrap();
+    check(acquire(&mut c, "a", "v", 10_000).unwrap());
+    let _: () = redis::cmd("UNLINK").arg("a").query(&mut c).unwrap();
+    check(acquire(&mut c, "a", "w", 10_000).unwrap());
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    check(acquire(&mut c, "a", "x", 10_000).unwrap());
+    let _: () = redis::cmd("FLUSHDB").arg("ASYNC").query(&mut c).unwrap();
+    check(acquire(&mut c, "a", "y", 10_000).unwrap());
+    assert_eq!(s.info_field("fence_hwm"), last);
+}
+
+#[test]
+fn del_of_a_lock_key_is_an_administrative_release() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 10_000).unwrap();
+    let n: i64 = redis::cmd("DEL").arg("k").query(&mut c).unwrap();
+    assert_eq!(n, 1);
+    assert!(acquire(&mut c, "k", "b", 10_000).is_some());
+    assert_eq!(release(&mut c, "k", "a"), 0);
+}
+
+#[test]
+fn a_lock_is_its_own_type_and_other_types_are_left_untouched() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "lk", "a", 10_000).unwrap();
+    let t: String = redis::cmd("TYPE").arg("lk").query(&mut c).unwrap();
+    assert_eq!(t, "redislock");
+    assert!(run_err(&mut c, &["GET", "lk"]).starts_with("WRONGTYPE"));
+    assert!(run_err(&mut c, &["INCR", "lk"]).starts_with("WRONGTYPE"));
+
+    let _: () = redis::cmd("SET").arg("str").arg("v").query(&mut c).unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg("list")
+        .arg("v")
+        .query(&mut c)
+        .unwrap();
+    for key in ["str", "list"] {
+        for cmd in [
+            vec!["LOCK.ACQUIRE", key, "t", "1000"],
+            vec!["LOCK.RELEASE", key, "t"],
+            vec!["LOCK.EXTEND", key, "t", "1000"],
+            vec!["LOCK.FENCE", key],
+            vec!["LOCK.INFO", key],
+        ] {
+            assert!(run_err(&mut c, &cmd).starts_with("WRONGTYPE"), "{cmd:?}");
+        }
+    }
+    let v: String = redis::cmd("GET").arg("str").query(&mut c).unwrap();
+    assert_eq!(v, "v");
+    let ttl: i64 = redis::cmd("PTTL").arg("str").query(&mut c).unwrap();
+    assert_eq!(ttl, -1, "no expiry was set on the string");
+}
+
+/// Each bad input gets an error naming the problem and changes nothing.
+#[test]
+fn bad_input_is_rejected_with_a_named_error_and_changes_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "holder", 60_000).unwrap();
+    let before = digest(&mut c);
+    let big_token = "x".repeat(513);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["LOCK.ACQUIRE", "k", "t"], "wrong number of arguments"),
+        (vec!["LOCK.ACQUIRE", "k"], "wrong number of arguments"),
+        (vec!["LOCK.RELEASE", "k"], "wrong number of arguments"),
+        (
+            vec!["LOCK.RELEASE", "k", "t", "x"],
+            "wrong number of arguments",
+        ),
+        (vec!["LOCK.EXTEND", "k", "t"], "wrong number of arguments"),
+        (
+            vec!["LOCK.EXTEND", "k", "t", "1", "2"],
+            "wrong number of arguments",
+        ),
+        (vec!["LOCK.FENCE"], "wrong number of arguments"),
+        (
+            vec!["LOCK.FENCE", "k", "t", "u"],
+            "wrong number of arguments",
+        ),
+        (vec!["LOCK.INFO"], "wrong number of arguments"),
+        (vec!["LOCK.INFO", "k", "x"], "wrong number of arguments"),
+        (vec!["LOCK.ACQUIRE", "k", "t", "abc"], "ttl-ms"),
+        (vec!["LOCK.ACQUIRE", "k", "t", "0"], "ttl-ms"),
+        (vec!["LOCK.ACQUIRE", "k", "t", "-5"], "ttl-ms"),
+        (vec!["LOCK.ACQUIRE", "k", "t", "1.5"], "ttl-ms"),
+        (vec!["LOCK.ACQUIRE", "k", "t", " 100"], "ttl-ms"),
+        (vec!["LOCK.ACQUIRE", "k", "t", "100 "], "ttl-ms"),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "99999999999999999999"],
+            "ttl-ms",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "9223372036854775807"],
+            "overflows the clock",
+        ),
+        (vec!["LOCK.EXTEND", "k", "holder", "0"], "ttl-ms"),
+        (vec!["LOCK.EXTEND", "k", "holder", "x"], "ttl-ms"),
+        (
+            vec!["LOCK.EXTEND", "k", "holder", "9223372036854775807"],
+            "overflows the clock",
+        ),
+        (vec!["LOCK.ACQUIRE", "k", "", "100"], "token"),
+        (vec!["LOCK.ACQUIRE", "k", &big_token, "100"], "token"),
+        (vec!["LOCK.RELEASE", "k", ""], "token"),
+        (vec!["LOCK.RELEASE", "k", &big_token], "token"),
+        (vec!["LOCK.EXTEND", "k", "", "100"], "token"),
+        (vec!["LOCK.FENCE", "k", ""], "token"),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "100", "NX"],
+            "unknown option 'NX'",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "100", "FOO", "1"],
+            "unknown option 'FOO'",
+        ),
+    ];
+    for (cmd, needle) in cases {
+        let err = run_err(&mut c, &cmd);
+        assert!(err.starts_with("ERR "), "{cmd:?} -> {err}");
+        assert!(
+            err.contains(needle),
+            "{cmd:?} -> {err} (expected {needle:?})"
+        );
+    }
+    assert_eq!(digest(&mut c), before, "bad input changed the data");
+    assert_eq!(fence(&mut c, "k"), Some(f));
+    assert_eq!(s.info_field("fence_hwm"), f, "bad input issued a fence");
+}
+
+#[test]
+fn the_internal_command_is_refused_from_clients_multi_and_lua() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let err = run_err(&mut c, &["LOCK._SET", "k", "t", "5", "99999999999999"]);
+    assert!(err.contains("internal"), "{err}");
+    let err = run_err(
+        &mut c,
+        &[
+            "EVAL",
+            "return redis.call('LOCK._SET', KEYS[1], 't', 5, 1)",
+            "1",
+            "k",
+        ],
+    );
+    assert!(err.contains("internal"), "{err}");
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("LOCK._SET")
+        .arg("k")
+        .arg("t")
+        .arg(5)
+        .arg(1);
+    let r: redis::RedisResult<Value> = pipe.query(&mut c);
+    assert!(r.is_err() || format!("{r:?}").contains("internal"), "{r:?}");
+    let n: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn commands_work_inside_multi_exec() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let (f1, nil, f2, released): (i64, Option<i64>, i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.ACQUIRE")
+        .arg("k")
+        .arg("a")
+        .arg(10_000)
+        .cmd("LOCK.ACQUIRE")
+        .arg("k")
+        .arg("b")
+        .arg(10_000)
+        .cmd("LOCK.FENCE")
+        .arg("k")
+        .cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg("a")
+        .query(&mut c)
+        .unwrap();
+    assert!(f1 > 0);
+    assert_eq!(nil, None);
+    assert_eq!(f2, f1);
+    assert_eq!(released, 1);
+}
+
+#[test]
+fn commands_work_from_lua() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let script = r"
+        local f = redis.call('LOCK.ACQUIRE', KEYS[1], ARGV[1], 10000)
+        local again = redis.call('LOCK.ACQUIRE', KEYS[1], 'other', 10000)
+        local ext = redis.call('LOCK.EXTEND', KEYS[1], ARGV[1], 20000)
+        local fence = redis.call('LOCK.FENCE', KEYS[1])
+        return {f, tostring(again), ext, fence}
+    ";
+    let (f, again, ext, fence_now): (i64, String, i64, i64) = redis::cmd("EVAL")
+        .arg(script)
+        .arg(1)
+        .arg("k")
+        .arg("me")
+        .query(&mut c)
+        .unwrap();
+    assert!(f > 0);
+    assert_eq!(again, "false", "nil becomes false in Lua");
+    assert_eq!(ext, 1);
+    assert_eq!(fence_now, f);
+    let err = run_err(
+        &mut c,
+        &[
+            "EVAL",
+            "return redis.call('LOCK.ACQUIRE', KEYS[1], 't', 0)",
+            "1",
+            "k2",
+        ],
+    );
+    assert!(err.contains("ttl-ms"), "{err}");
+}
+
+#[test]
+fn command_metadata_declares_flags_arity_and_the_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("LOCK.ACQUIRE")
+        .arg("order:1")
+        .arg("t")
+        .arg(100)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, vec!["order:1"]);
+    let info: Vec<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("LOCK.ACQUIRE")
+        .arg("LOCK.FENCE")
+        .arg("LOCK.RELEASE")
+        .query(&mut c)
+        .unwrap();
+    let text = format!("{info:?}");
+    let flags_of = |v: &Value| -> (i64, Vec<String>) {
+        let Value::Array(parts) = v else {
+            panic!("{v:?}")
+        };
+        let arity = redis::from_redis_value(&parts[1]).unwrap();
+        let flags = redis::from_redis_value(&parts[2]).unwrap();
+        (arity, flags)
+    };
+    let (arity, flags) = flags_of(&info[0]);
+    assert_eq!(arity, -4, "{text}");
+    for f in ["write", "denyoom", "fast"] {
+        assert!(
+            flags.contains(&f.to_string()),
+            "acquire lacks {f}: {flags:?}"
+        );
+    }
+    let (arity, flags) = flags_of(&info[1]);
+    assert_eq!(arity, -2);
+    assert!(flags.contains(&"readonly".to_string()) && flags.contains(&"fast".to_string()));
+    let (arity, flags) = flags_of(&info[2]);
+    assert_eq!(arity, 3);
+    assert!(flags.contains(&"write".to_string()));
+}
+
+#[test]
+fn acl_key_patterns_apply_to_lock_commands() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "worker",
+            "on",
+            "nopass",
+            "~lock:*",
+            "%R~view:*",
+            "+lock.acquire",
+            "+lock.fence",
+            "+lock.release",
+        ])
+        .query(&mut admin)
+        .unwrap();
+    let mut w = s.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("worker")
+        .arg("x")
+        .query(&mut w)
+        .unwrap();
+    assert!(acquire(&mut w, "lock:1", "t", 10_000).is_some());
+    assert!(run_err(&mut w, &["LOCK.ACQUIRE", "other", "t", "1000"]).starts_with("NOPERM"));
+    acquire(&mut admin, "view:1", "t", 10_000).unwrap();
+    assert!(
+        fence(&mut w, "view:1").is_some(),
+        "read-only key pattern allows LOCK.FENCE"
+    );
+    assert!(run_err(&mut w, &["LOCK.ACQUIRE", "view:1", "t", "1000"]).starts_with("NOPERM"));
+    assert!(run_err(&mut w, &["LOCK.RELEASE", "view:1", "t"]).starts_with("NOPERM"));
+    assert!(run_err(&mut w, &["LOCK.EXTEND", "lock:1", "t", "1000"]).starts_with("NOPERM"));
+}
+
+#[test]
+fn info_lock_counts_what_happened() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "a", "t", 10_000).unwrap();
+    acquire(&mut c, "b", "t", 50).unwrap();
+    acquire(&mut c, "a", "u", 10_000);
+    acquire(&mut c, "a", "u", 10_000);
+    extend(&mut c, "a", "t", 10_000);
+    release(&mut c, "a", "t");
+    sleep(Duration::from_millis(100));
+    acquire(&mut c, "b", "t2", 10_000).unwrap(); // replaces the expired lease
+    assert_eq!(s.info_field("grants"), 3);
+    assert_eq!(s.info_field("contended"), 2);
+    assert_eq!(s.info_field("releases"), 1);
+    assert_eq!(s.info_field("extends"), 1);
+    assert_eq!(s.info_field("expirations"), 1);
+    assert_eq!(s.info_field("locks"), 1);
+    assert!(s.info_field("fence_hwm") > 0);
+    let text: String = redis::cmd("INFO").arg("lock").query(&mut c).unwrap();
+    assert!(text.contains("# lock"), "{text}");
+}
+
+#[test]
+fn memory_usage_and_digest_work_for_a_lock() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "some-token", 10_000).unwrap();
+    let bytes: i64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("k")
+        .query(&mut c)
+        .unwrap();
+    assert!(bytes > 10, "{bytes}");
+    let d1 = digest(&mut c);
+    assert_ne!(d1, "0".repeat(40));
+    extend(&mut c, "k", "some-token", 20_000);
+    assert_ne!(digest(&mut c), d1, "the deadline is part of the digest");
+}
+
+#[test]
+fn memory_stays_flat_under_a_flood_of_malformed_commands() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let used = |c: &mut Connection| -> i64 {
+        let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let flood = |c: &mut Connection| {
+        for _ in 0..10 {
+            let mut pipe = redis::pipe();
+            for i in 0..2_000 {
+                match i % 4 {
+                    0 => pipe.cmd("LOCK.ACQUIRE").arg("k").arg("t").arg("zz"),
+                    1 => pipe.cmd("LOCK.ACQUIRE").arg("k").arg("").arg(10),
+                    2 => pipe
+                        .cmd("LOCK.ACQUIRE")
+                        .arg("k")
+                        .arg("t")
+                        .arg(10)
+                        .arg("BAD"),
+                    _ => pipe.cmd("LOCK.EXTEND").arg("k").arg("t").arg(-1),
+                };
+            }
+            let r: redis::RedisResult<Value> = pipe.query(c);
+            assert!(r.is_err(), "every command in the flood is malformed");
+        }
+    };
+    flood(&mut c); // warm up allocator caches
+    let before = used(&mut c);
+    flood(&mut c);
+    let after = used(&mut c);
+    assert!(
+        after - before < 256 * 1024,
+        "used_memory grew {before} -> {after}"
+    );
+    let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(n, 0);
+}

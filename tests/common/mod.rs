@@ -1,0 +1,350 @@
+//! A real redis-server (or valkey-server) per test, on a free 127.0.0.1
+//! port, with the freshly built module loaded. Stopped (by PID) on drop.
+//!
+//! Environment:
+//! * `REDIS_SERVER`      — the server binary (default `redis-server`)
+//! * `REDIS_LOCK_MODULE` — the module (default `target/release/libredis_lock.so`)
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+pub use redis::{Connection, Value};
+
+static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+pub fn server_binary() -> String {
+    std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
+}
+
+pub fn module_path() -> PathBuf {
+    match std::env::var("REDIS_LOCK_MODULE") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_lock.so"),
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh, empty data directory, removed when the server is dropped.
+fn fresh_dir() -> PathBuf {
+    let n = NEXT_DIR.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("redis-lock-test-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+pub struct Server {
+    child: Option<Child>,
+    pub port: u16,
+    pub dir: PathBuf,
+    /// Server config arguments (`--name value` pairs) used at every start.
+    args: Vec<String>,
+    module_args: Vec<String>,
+}
+
+pub struct Builder {
+    args: Vec<String>,
+    module_args: Vec<String>,
+}
+
+impl Builder {
+    /// A server config option, e.g. `.config("appendonly", "yes")`.
+    pub fn config(mut self, name: &str, value: &str) -> Self {
+        self.args.push(format!("--{name}"));
+        self.args.push(value.into());
+        self
+    }
+
+    /// A module argument after the .so path, e.g. `.module_arg("restart-delay-ms", "500")`.
+    pub fn module_arg(mut self, name: &str, value: &str) -> Self {
+        self.module_args.push(name.into());
+        self.module_args.push(value.into());
+        self
+    }
+
+    pub fn start(self) -> Server {
+        let mut server = Server {
+            child: None,
+            port: free_port(),
+            dir: fresh_dir(),
+            args: self.args,
+            module_args: self.module_args,
+        };
+        server.boot();
+        server
+    }
+}
+
+impl Server {
+    /// No persistence unless a test asks for it.
+    pub fn builder() -> Builder {
+        Builder {
+            args: vec![],
+            module_args: vec![],
+        }
+        .config("save", "")
+        .config("appendonly", "no")
+    }
+
+    pub fn start() -> Server {
+        Server::builder().start()
+    }
+
+    fn boot(&mut self) {
+        for attempt in 0..3 {
+            if attempt > 0 {
+                // The port was taken between choosing and binding: pick another.
+                self.port = free_port();
+            }
+            let mut cmd = Command::new(server_binary());
+            cmd.arg("--port")
+                .arg(self.port.to_string())
+                .args(["--bind", "127.0.0.1", "--daemonize", "no"])
+                .args(["--enable-debug-command", "yes"])
+                .arg("--dir")
+                .arg(&self.dir)
+                .arg("--logfile")
+                .arg(self.dir.join("server.log"))
+                .args(&self.args)
+                .arg("--loadmodule")
+                .arg(module_path())
+                .args(&self.module_args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let child = cmd.spawn().expect("cannot start the server binary");
+            self.child = Some(child);
+            if self.wait_ready(Duration::from_secs(20)) {
+                return;
+            }
+            self.kill9();
+        }
+        panic!("server did not start; log:\n{}", self.log());
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false; // exited (bad config, port in use)
+            }
+            if let Ok(mut c) = self.try_conn() {
+                if let Ok(pong) = redis::cmd("PING").query::<String>(&mut c) {
+                    if pong == "PONG" {
+                        return true;
+                    }
+                }
+            }
+            sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    fn try_conn(&self) -> redis::RedisResult<Connection> {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
+        client.get_connection_with_timeout(Duration::from_secs(5))
+    }
+
+    /// A RESP2 connection.
+    pub fn conn(&self) -> Connection {
+        self.try_conn().expect("connect")
+    }
+
+    /// A RESP3 connection.
+    pub fn conn3(&self) -> Connection {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}/?protocol=resp3", self.port))
+                .unwrap();
+        client.get_connection().expect("connect resp3")
+    }
+
+    /// SIGKILL: no save, no AOF flush beyond what the fsync policy did.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A clean SHUTDOWN (saves if persistence is configured).
+    pub fn shutdown(&mut self) {
+        if let Ok(mut c) = self.try_conn() {
+            let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
+        }
+        if let Some(mut child) = self.child.take() {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port and data directory.
+    pub fn restart(&mut self) {
+        self.boot();
+    }
+
+    /// Replaces the data directory with an empty one (as after losing a disk).
+    pub fn wipe_data(&mut self) {
+        assert!(self.child.is_none(), "stop the server first");
+        let _ = std::fs::remove_dir_all(&self.dir);
+        std::fs::create_dir_all(&self.dir).unwrap();
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// `INFO lock` as (field, value) pairs, without the `lock_` prefix.
+    pub fn info_lock(&self) -> Vec<(String, String)> {
+        let text: String = redis::cmd("INFO")
+            .arg("lock")
+            .query(&mut self.conn())
+            .unwrap();
+        text.lines()
+            .filter_map(|l| l.strip_prefix("lock_"))
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+            .collect()
+    }
+
+    pub fn info_field(&self, name: &str) -> i64 {
+        self.info_lock()
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .unwrap_or_else(|| panic!("no lock_{name} in INFO lock"))
+            .1
+            .parse()
+            .unwrap()
+    }
+
+    /// Makes this server a replica of `master` and waits for the initial sync.
+    pub fn replicate_from(&self, master: &Server) {
+        let mut c = self.conn();
+        let _: () = redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.port)
+            .query(&mut c)
+            .unwrap();
+        wait_until(Duration::from_secs(20), || {
+            let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+            info.contains("master_link_status:up")
+        });
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_ref() {
+            // A paused server ignores SIGKILL until resumed? No, but resume
+            // anyway so nothing is left stopped.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .status();
+        }
+        self.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `cond` until it holds; panics after `limit`.
+pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < limit,
+            "condition not met within {limit:?}"
+        );
+        sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs a command and returns the raw reply (errors as `Err`).
+pub fn run(c: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd(std::str::from_utf8(args[0]).unwrap());
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(c)
+}
+
+/// Runs a command that must fail; returns the error text (code first).
+pub fn run_err(c: &mut Connection, args: &[&str]) -> String {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    match run(c, &args) {
+        Ok(v) => panic!("expected an error from {args:?}, got {v:?}"),
+        Err(e) => error_text(&e),
+    }
+}
+
+/// "CODE detail", the way redis-cli shows an error.
+pub fn error_text(e: &redis::RedisError) -> String {
+    match e.code() {
+        Some(code) => format!("{code} {}", e.detail().unwrap_or("")),
+        None => e.to_string(),
+    }
+}
+
+pub fn acquire(c: &mut Connection, key: &str, token: &str, ttl: i64) -> Option<i64> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(token)
+        .arg(ttl)
+        .query(c)
+        .unwrap()
+}
+
+pub fn release(c: &mut Connection, key: &str, token: &str) -> i64 {
+    redis::cmd("LOCK.RELEASE")
+        .arg(key)
+        .arg(token)
+        .query(c)
+        .unwrap()
+}
+
+pub fn extend(c: &mut Connection, key: &str, token: &str, ttl: i64) -> i64 {
+    redis::cmd("LOCK.EXTEND")
+        .arg(key)
+        .arg(token)
+        .arg(ttl)
+        .query(c)
+        .unwrap()
+}
+
+pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
+    redis::cmd("LOCK.FENCE").arg(key).query(c).unwrap()
+}
+
+pub fn digest(c: &mut Connection) -> String {
+    redis::cmd("DEBUG").arg("DIGEST").query(c).unwrap()
+}
