@@ -38,7 +38,7 @@ fn release_only_by_the_holder() {
     assert_eq!(release(&mut c, "k", "a"), 0, "free lock");
     acquire(&mut c, "k", "a", 10_000).unwrap();
     assert_eq!(release(&mut c, "k", "b"), 0, "other holder");
-    assert_eq!(fence(&mut c, "k").is_some(), true);
+    assert!(fence(&mut c, "k").is_some());
     assert_eq!(release(&mut c, "k", "a"), 1);
     assert_eq!(fence(&mut c, "k"), None);
     let exists: i64 = redis::cmd("EXISTS").arg("k").query(&mut c).unwrap();
