@@ -62,8 +62,7 @@ pub struct Builder {
 impl Builder {
     /// A server config option, e.g. `.config("appendonly", "yes")`.
     pub fn config(mut self, name: &str, value: &str) -> Self {
-        self.args.push(format!("--{name}"));
-        self.args.push(value.into());
+        set_arg(&mut self.args, name, value);
         self
     }
 
@@ -96,6 +95,8 @@ impl Server {
         }
         .config("save", "")
         .config("appendonly", "no")
+        // Replicas sync at once instead of after the default 5 s.
+        .config("repl-diskless-sync-delay", "0")
     }
 
     pub fn start() -> Server {
@@ -208,6 +209,43 @@ impl Server {
         self.boot();
     }
 
+    /// Changes a config option for the next start.
+    pub fn set_config(&mut self, name: &str, value: &str) {
+        set_arg(&mut self.args, name, value);
+    }
+
+    /// The newest incremental AOF file (Redis 7 multi-part AOF).
+    pub fn incr_aof(&self) -> PathBuf {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("appendonlydir"))
+            .expect("appendonlydir")
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with(".incr.aof"))
+            .collect();
+        files.sort_by_key(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            name.split('.')
+                .rev()
+                .nth(2)
+                .and_then(|n| n.parse::<u64>().ok())
+        });
+        files.pop().expect("an incr AOF file")
+    }
+
+    /// Waits until no AOF rewrite or BGSAVE is running or scheduled.
+    pub fn wait_persistence_idle(&self) {
+        let mut c = self.conn();
+        wait_until(Duration::from_secs(30), || {
+            let info: String = redis::cmd("INFO").arg("persistence").query(&mut c).unwrap();
+            [
+                "aof_rewrite_in_progress:0",
+                "aof_rewrite_scheduled:0",
+                "rdb_bgsave_in_progress:0",
+            ]
+            .iter()
+            .all(|f| info.contains(f))
+        });
+    }
+
     /// Replaces the data directory with an empty one (as after losing a disk).
     pub fn wipe_data(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
@@ -274,6 +312,15 @@ impl Drop for Server {
         }
         self.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sets `--name value` in a server argument list, replacing an earlier value.
+fn set_arg(args: &mut Vec<String>, name: &str, value: &str) {
+    let flag = format!("--{name}");
+    match args.iter().position(|a| *a == flag) {
+        Some(i) => args[i + 1] = value.into(),
+        None => args.extend([flag, value.into()]),
     }
 }
 

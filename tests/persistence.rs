@@ -1,0 +1,308 @@
+//! Locks and fencing tokens across RDB, AOF, DEBUG RELOAD, FLUSHALL and
+//! restarts with no persistence; and the restart delay.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+use std::thread::sleep;
+use std::time::Duration;
+
+fn info_of(c: &mut Connection, key: &str) -> Value {
+    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
+}
+
+/// (token, fence) of a held lock.
+fn holder(c: &mut Connection, key: &str) -> Option<(String, i64)> {
+    match info_of(c, key) {
+        Value::Nil => None,
+        Value::Array(v) => Some((
+            redis::from_redis_value(&v[1]).unwrap(),
+            redis::from_redis_value(&v[3]).unwrap(),
+        )),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[test]
+fn held_lock_survives_rdb_save_and_restart_with_its_token_and_fence() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "holder", 60_000).unwrap();
+    let d = digest(&mut c);
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(holder(&mut c, "k"), Some(("holder".into(), f)));
+    assert_eq!(digest(&mut c), d);
+    assert_eq!(acquire(&mut c, "k", "other", 1000), None);
+    assert!(acquire(&mut c, "k2", "t", 1000).unwrap() > f);
+    assert_eq!(release(&mut c, "k", "holder"), 1);
+}
+
+#[test]
+fn time_the_server_was_down_counts_against_the_lease() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "short", "t", 1_000).unwrap();
+    acquire(&mut c, "long", "t", 60_000).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.kill9();
+    sleep(Duration::from_millis(1_500));
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(fence(&mut c, "short"), None);
+    assert!(fence(&mut c, "long").is_some());
+}
+
+fn aof_server(fsync: &str, preamble: &str) -> Server {
+    Server::builder()
+        .config("appendonly", "yes")
+        .config("appendfsync", fsync)
+        .config("aof-use-rdb-preamble", preamble)
+        .start()
+}
+
+#[test]
+fn aof_always_restores_grants_extensions_and_releases() {
+    let mut s = aof_server("always", "yes");
+    let mut c = s.conn();
+    let f = acquire(&mut c, "kept", "a", 60_000).unwrap();
+    assert_eq!(extend(&mut c, "kept", "a", 120_000), 1);
+    acquire(&mut c, "gone", "b", 60_000).unwrap();
+    assert_eq!(release(&mut c, "gone", "b"), 1);
+    let d = digest(&mut c);
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(holder(&mut c, "kept"), Some(("a".into(), f)));
+    let pttl: i64 = redis::cmd("PTTL").arg("kept").query(&mut c).unwrap();
+    assert!(pttl > 60_000, "the extension was replayed: {pttl}");
+    assert_eq!(fence(&mut c, "gone"), None);
+    assert_eq!(digest(&mut c), d);
+    assert!(acquire(&mut c, "gone", "c", 1000).unwrap() > f);
+}
+
+#[test]
+fn aof_everysec_restores_a_held_lock_after_kill_9() {
+    let mut s = aof_server("everysec", "yes");
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    sleep(Duration::from_millis(2_500)); // past the once-a-second fsync
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(holder(&mut c, "k"), Some(("a".into(), f)));
+}
+
+fn aof_rewrite_round_trip(preamble: &str) {
+    let mut s = aof_server("always", preamble);
+    let mut c = s.conn();
+    let f = acquire(&mut c, "held", "a", 60_000).unwrap();
+    acquire(&mut c, "released", "b", 60_000).unwrap();
+    release(&mut c, "released", "b");
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    let d = digest(&mut c);
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(
+        holder(&mut c, "held"),
+        Some(("a".into(), f)),
+        "preamble {preamble}"
+    );
+    assert_eq!(fence(&mut c, "released"), None);
+    assert_eq!(digest(&mut c), d);
+    assert!(acquire(&mut c, "released", "c", 1000).unwrap() > f);
+}
+
+#[test]
+fn aof_rewrite_with_rdb_preamble_keeps_locks() {
+    aof_rewrite_round_trip("yes");
+}
+
+#[test]
+fn aof_rewrite_without_rdb_preamble_keeps_locks() {
+    aof_rewrite_round_trip("no");
+}
+
+#[test]
+fn no_persistence_restart_never_reissues_a_fence() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let mut last = 0;
+    for i in 0..100 {
+        last = acquire(&mut c, &format!("k{i}"), "t", 60_000).unwrap();
+    }
+    s.kill9();
+    s.wipe_data();
+    s.restart();
+    let mut c = s.conn();
+    let dbsize: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(dbsize, 0, "all data was lost");
+    assert!(acquire(&mut c, "k0", "t", 1000).unwrap() > last);
+}
+
+#[test]
+fn debug_reload_keeps_locks_and_fences() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let d = digest(&mut c);
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(holder(&mut c, "k"), Some(("a".into(), f)));
+    assert_eq!(digest(&mut c), d);
+    assert!(acquire(&mut c, "k2", "b", 1000).unwrap() > f);
+}
+
+#[test]
+fn flushall_then_restart_keeps_fences_increasing() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert!(acquire(&mut c, "k", "a", 1000).unwrap() > f);
+}
+
+/// RESP encoding of one command, as the AOF stores it.
+fn resp(args: &[&str]) -> String {
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out += &format!("${}\r\n{a}\r\n", a.len());
+    }
+    out
+}
+
+/// The fence mark is saved with the data, not derived from keys or the
+/// clock: a token far above the clock, applied from the AOF, keeps every
+/// later grant above it after its key is gone, through an AOF rewrite (RDB
+/// preamble) and an RDB restart.
+#[test]
+fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
+    const BIG: i64 = 4_000_000_000_000_000_000;
+    let mut s = aof_server("always", "yes");
+    let mut c = s.conn();
+    acquire(&mut c, "seed", "t", 60_000).unwrap();
+    s.shutdown();
+    let deadline = (now_ms() + 600_000).to_string();
+    let mut aof = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.incr_aof())
+        .unwrap();
+    aof.write_all(resp(&["LOCK._SET", "big", "old", &BIG.to_string(), &deadline]).as_bytes())
+        .unwrap();
+    drop(aof);
+
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(
+        holder(&mut c, "big"),
+        Some(("old".into(), BIG)),
+        "replayed from the AOF"
+    );
+    assert_eq!(acquire(&mut c, "a", "t", 60_000), Some(BIG + 1));
+    let _: () = redis::cmd("DEL").arg("big").arg("a").query(&mut c).unwrap();
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    s.kill9();
+
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(
+        acquire(&mut c, "b", "t", 60_000),
+        Some(BIG + 2),
+        "aux field in the preamble"
+    );
+    let _: () = redis::cmd("DEL").arg("b").query(&mut c).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.kill9();
+
+    s.set_config("appendonly", "no");
+    std::fs::remove_dir_all(s.dir.join("appendonlydir")).unwrap();
+    s.restart();
+    let mut c = s.conn();
+    let dbsize: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+    assert_eq!(dbsize, 1, "only the seed lock, from dump.rdb");
+    assert_eq!(
+        acquire(&mut c, "c", "t", 60_000),
+        Some(BIG + 3),
+        "aux field in dump.rdb"
+    );
+}
+
+#[test]
+fn restart_delay_refuses_new_grants_but_lets_restored_holders_continue() {
+    let mut s = Server::builder()
+        .module_arg("restart-delay-ms", "1500")
+        .start();
+    let mut c = s.conn();
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "k", "a", "60000"]);
+    assert!(err.starts_with("TRYAGAIN"), "{err}");
+    assert_eq!(s.info_field("fence_hwm") > 0, true);
+
+    // Grants resume when the delay is over (or is set to 0 at runtime).
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.restart-delay-ms")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    acquire(&mut c, "k2", "b", 60_000).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.kill9();
+
+    s.restart(); // the module argument sets the delay to 1500 ms again
+    let mut c = s.conn();
+    let delay: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("lock.restart-delay-ms")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(delay[1], "1500");
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "free", "x", "60000"]);
+    assert!(err.starts_with("TRYAGAIN"), "{err}");
+    assert_eq!(
+        acquire(&mut c, "k", "other", 60_000),
+        None,
+        "held: contended, not TRYAGAIN"
+    );
+    assert_eq!(
+        acquire(&mut c, "k", "a", 60_000),
+        Some(f),
+        "the holder may re-acquire"
+    );
+    assert_eq!(extend(&mut c, "k", "a", 60_000), 1);
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    assert_eq!(release(&mut c, "k2", "b"), 1);
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "k", "a", "60000"]);
+    assert!(
+        err.starts_with("TRYAGAIN"),
+        "released, so a new grant: {err}"
+    );
+
+    wait_until(Duration::from_secs(20), || {
+        let r: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
+            .arg("k")
+            .arg("a")
+            .arg(60_000)
+            .query(&mut c);
+        matches!(r, Ok(Some(_)))
+    });
+    assert!(fence(&mut c, "k").unwrap() > f);
+}

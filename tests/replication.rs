@@ -1,0 +1,207 @@
+//! A replica's lock state equals its master's; replicas refuse writes and
+//! never expire or grant on their own; a promoted replica never reissues a
+//! fencing token the old master gave out.
+
+mod common;
+
+use common::*;
+use std::thread::sleep;
+use std::time::Duration;
+
+fn wait_replicated(master: &mut Connection) {
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(master).unwrap();
+    assert_eq!(n, 1, "the replica acknowledged");
+}
+
+fn info_of(c: &mut Connection, key: &str) -> Value {
+    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
+}
+
+fn pair() -> (Server, Server) {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    (master, replica)
+}
+
+#[test]
+fn replica_follows_every_change_with_the_same_state() {
+    let (master, replica) = pair();
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    let same = |m: &mut Connection, r: &mut Connection| {
+        wait_replicated(m);
+        assert_eq!(digest(m), digest(r));
+        for key in ["a", "b", "c"] {
+            assert_eq!(fence(m, key), fence(r, key), "{key}");
+        }
+    };
+    let fa = acquire(&mut m, "a", "t1", 60_000).unwrap();
+    acquire(&mut m, "b", "t2", 60_000).unwrap();
+    same(&mut m, &mut r);
+    let Value::Array(fields) = info_of(&mut r, "a") else {
+        panic!()
+    };
+    assert_eq!(fields[1], Value::BulkString(b"t1".to_vec()));
+    assert_eq!(fields[3], Value::Int(fa));
+
+    assert_eq!(acquire(&mut m, "a", "t1", 90_000), Some(fa)); // lease reset
+    assert_eq!(extend(&mut m, "b", "t2", 120_000), 1);
+    same(&mut m, &mut r);
+    let pttl: i64 = redis::cmd("PTTL").arg("b").query(&mut r).unwrap();
+    assert!(pttl > 90_000, "absolute deadline replicated: {pttl}");
+
+    release(&mut m, "a", "t1");
+    let _: () = redis::cmd("DEL").arg("b").query(&mut m).unwrap();
+    acquire(&mut m, "c", "t3", 100).unwrap();
+    same(&mut m, &mut r);
+    sleep(Duration::from_millis(200));
+    assert!(
+        acquire(&mut m, "c", "t4", 60_000).is_some(),
+        "re-granted after expiry"
+    );
+    same(&mut m, &mut r);
+    let _: () = redis::cmd("FLUSHALL").query(&mut m).unwrap();
+    same(&mut m, &mut r);
+    let n: i64 = redis::cmd("DBSIZE").query(&mut r).unwrap();
+    assert_eq!(n, 0);
+}
+
+#[test]
+fn replica_fence_mark_follows_the_masters_grants() {
+    let (master, replica) = pair();
+    let mut m = master.conn();
+    let mut last = 0;
+    for i in 0..20 {
+        last = acquire(&mut m, &format!("k{i}"), "t", 60_000).unwrap();
+    }
+    wait_replicated(&mut m);
+    assert!(replica.info_field("fence_hwm") >= last);
+}
+
+#[test]
+fn replica_refuses_writes_but_answers_fence_and_info() {
+    let (master, replica) = pair();
+    let mut m = master.conn();
+    let f = acquire(&mut m, "k", "t", 60_000).unwrap();
+    wait_replicated(&mut m);
+    let mut r = replica.conn();
+    for cmd in [
+        vec!["LOCK.ACQUIRE", "k", "t", "1000"],
+        vec!["LOCK.ACQUIRE", "free", "t", "1000"],
+        vec!["LOCK.RELEASE", "k", "t"],
+        vec!["LOCK.EXTEND", "k", "t", "1000"],
+    ] {
+        let err = run_err(&mut r, &cmd);
+        assert!(err.starts_with("READONLY"), "{cmd:?}: {err}");
+    }
+    let err = run_err(&mut r, &["LOCK._SET", "k", "evil", "1", "99999999999999"]);
+    assert!(
+        err.starts_with("READONLY") || err.contains("internal"),
+        "{err}"
+    );
+    assert_eq!(fence(&mut r, "k"), Some(f));
+    assert_ne!(info_of(&mut r, "k"), Value::Nil);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}
+
+#[test]
+fn replica_never_expires_a_lock_on_its_own() {
+    let (master, replica) = pair();
+    let mut m = master.conn();
+    // The master deletes expired keys only when touched: nothing sends the
+    // replica a DEL until we ask.
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(0)
+        .query(&mut m)
+        .unwrap();
+    acquire(&mut m, "k", "t", 300).unwrap();
+    wait_replicated(&mut m);
+    sleep(Duration::from_millis(600));
+    let mut r = replica.conn();
+    assert_eq!(fence(&mut r, "k"), None, "reads see the lease has ended");
+    assert_eq!(info_of(&mut r, "k"), Value::Nil);
+    let n: i64 = redis::cmd("DBSIZE").query(&mut r).unwrap();
+    assert_eq!(
+        n, 1,
+        "but the replica keeps the key until its master deletes it"
+    );
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(1)
+        .query(&mut m)
+        .unwrap();
+    wait_until(Duration::from_secs(20), || {
+        let n: i64 = redis::cmd("DBSIZE").query(&mut r).unwrap();
+        n == 0
+    });
+}
+
+/// The replica is paused while the master grants; the master dies; the
+/// replica is promoted. It must not hand out any token the master issued.
+#[test]
+fn promoted_replica_never_reissues_a_fence_it_missed() {
+    let (mut master, replica) = pair();
+    let mut m = master.conn();
+    let kept = acquire(&mut m, "kept", "holder", 60_000).unwrap();
+    wait_replicated(&mut m);
+
+    let mut r = replica.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.restart-delay-ms")
+        .arg(1_000)
+        .query(&mut r)
+        .unwrap();
+    replica.signal("STOP");
+    // Drop the link too, or the grants below would still reach the paused
+    // replica through its socket buffer.
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut m)
+        .unwrap();
+    let mut missed = 0;
+    for i in 0..50 {
+        missed = acquire(&mut m, &format!("lost{i}"), "t", 60_000).unwrap();
+    }
+    master.kill9();
+    replica.signal("CONT");
+
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(
+        fence(&mut r, "lost0"),
+        None,
+        "the replica never saw these grants"
+    );
+    assert!(replica.info_field("fence_hwm") > missed);
+
+    // The restart delay also starts at promotion.
+    let err = run_err(&mut r, &["LOCK.ACQUIRE", "lost0", "t", "1000"]);
+    assert!(err.starts_with("TRYAGAIN"), "{err}");
+    assert_eq!(
+        extend(&mut r, "kept", "holder", 60_000),
+        1,
+        "a replicated holder continues"
+    );
+
+    wait_until(Duration::from_secs(20), || {
+        let got: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
+            .arg("lost0")
+            .arg("new")
+            .arg(60_000)
+            .query(&mut r);
+        matches!(got, Ok(Some(_)))
+    });
+    let f = fence(&mut r, "lost0").unwrap();
+    assert!(
+        f > missed && f > kept,
+        "{f} must exceed every token the old master issued ({missed})"
+    );
+}
