@@ -38,7 +38,24 @@ fn replica_follows_every_change_with_the_same_state() {
     };
     let fa = acquire(&mut m, "a", "t1", 60_000).unwrap();
     acquire(&mut m, "b", "t2", 60_000).unwrap();
+    let binary = [0u8, 0xff, b'\r', b'\n', b' '];
+    let fbin: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("bin")
+        .arg(&binary[..])
+        .arg(60_000)
+        .query(&mut m)
+        .unwrap();
     same(&mut m, &mut r);
+    let on_replica: Option<i64> = redis::cmd("LOCK.FENCE")
+        .arg("bin")
+        .arg(&binary[..])
+        .query(&mut r)
+        .unwrap();
+    assert_eq!(
+        on_replica,
+        Some(fbin),
+        "binary token replicated byte for byte"
+    );
     let Value::Array(fields) = info_of(&mut r, "a") else {
         panic!()
     };
