@@ -5,11 +5,13 @@
 use super::error::{show_arg, LockError};
 use super::lock::MAX_TOKEN_LEN;
 
-/// `LOCK.ACQUIRE key token ttl-ms`
+/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms]`
 #[derive(Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// `BLOCK timeout-ms`: wait up to this long (0 = no limit) when held.
+    pub block_ms: Option<i64>,
 }
 
 /// `LOCK.EXTEND key token ttl-ms`
@@ -100,10 +102,28 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError
     }
     let token = parse_token(argv[2])?;
     let ttl_ms = parse_ttl(argv[3])?;
-    if let Some(option) = argv.get(4) {
-        return Err(LockError::UnknownOption(show_arg(option)));
+    let mut block_ms = None;
+    let mut options = argv[4..].iter();
+    while let Some(option) = options.next() {
+        if !option.eq_ignore_ascii_case(b"BLOCK") || block_ms.is_some() {
+            return Err(LockError::UnknownOption(show_arg(option)));
+        }
+        let timeout = options.next().ok_or(LockError::MissingTimeout)?;
+        block_ms = Some(parse_timeout(timeout)?);
     }
-    Ok(AcquireArgs { token, ttl_ms })
+    Ok(AcquireArgs {
+        token,
+        ttl_ms,
+        block_ms,
+    })
+}
+
+/// BLOCK's timeout-ms: 0 (wait forever) or a positive integer.
+pub fn parse_timeout(arg: &[u8]) -> Result<i64, LockError> {
+    match parse_i64(arg) {
+        Ok(ms) if ms >= 0 => Ok(ms),
+        _ => Err(LockError::BadTimeout(show_arg(arg))),
+    }
 }
 
 pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
@@ -224,7 +244,8 @@ mod tests {
             ok,
             AcquireArgs {
                 token: b"t",
-                ttl_ms: 100
+                ttl_ms: 100,
+                block_ms: None,
             }
         );
         assert_eq!(
@@ -235,6 +256,33 @@ mod tests {
             parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"]),
             Err(LockError::UnknownOption("'NX'".into()))
         );
+    }
+
+    #[test]
+    fn acquire_takes_an_optional_block_timeout() {
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"block", b"0"]).unwrap();
+        assert_eq!(a.block_ms, Some(0));
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"BLOCK", b"2500"]).unwrap();
+        assert_eq!(a.block_ms, Some(2500));
+        let bad = |argv: &[&[u8]]| parse_acquire(argv).unwrap_err();
+        assert_eq!(
+            bad(&[b"A", b"k", b"t", b"100", b"BLOCK"]),
+            LockError::MissingTimeout
+        );
+        for t in [&b"-1"[..], b"1.5", b"x", b""] {
+            assert!(matches!(
+                bad(&[b"A", b"k", b"t", b"100", b"BLOCK", t]),
+                LockError::BadTimeout(_)
+            ));
+        }
+        assert!(matches!(
+            bad(&[b"A", b"k", b"t", b"100", b"BLOCK", b"1", b"BLOCK", b"2"]),
+            LockError::UnknownOption(_)
+        ));
+        assert!(matches!(
+            bad(&[b"A", b"k", b"t", b"100", b"BLOCK", b"1", b"X"]),
+            LockError::UnknownOption(_)
+        ));
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub enum LockError {
     TokenEmpty,
     TokenTooLong(usize),
     UnknownOption(String),
+    /// BLOCK without its timeout.
+    MissingTimeout,
+    /// BLOCK's timeout is not a non-negative integer.
+    BadTimeout(String),
     /// An internal-command argument that is not what the module writes.
     BadInternalArgument(&'static str),
     /// Internal commands are only accepted from the master link or the AOF.
@@ -51,6 +55,11 @@ impl fmt::Display for LockError {
                 crate::core::lock::MAX_TOKEN_LEN
             ),
             UnknownOption(o) => write!(f, "ERR unknown option {o}"),
+            MissingTimeout => write!(f, "ERR BLOCK needs a timeout-ms (0 waits forever)"),
+            BadTimeout(v) => write!(
+                f,
+                "ERR invalid timeout-ms {v}: must be 0 (no timeout) or a positive integer of milliseconds"
+            ),
             BadInternalArgument(what) => write!(f, "ERR invalid {what}"),
             InternalCommand(cmd) => write!(
                 f,
@@ -98,6 +107,8 @@ mod tests {
             LockError::TokenEmpty,
             LockError::TokenTooLong(513),
             LockError::UnknownOption("'X'".into()),
+            LockError::MissingTimeout,
+            LockError::BadTimeout("'x'".into()),
             LockError::BadInternalArgument("fence"),
             LockError::InternalCommand("LOCK._SET"),
             LockError::FencesExhausted,

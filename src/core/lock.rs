@@ -63,6 +63,29 @@ pub enum Acquired {
     Contended,
 }
 
+/// What a lock that has waiters needs next (see `hand_off_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandOff {
+    /// Held until this deadline (Unix ms): check again then.
+    HeldUntil(i64),
+    /// Free, but restart-delay-ms forbids grants for this many more ms.
+    PausedFor(i64),
+    /// Free: grant it to the first waiter now, in this same step.
+    GrantNow,
+}
+
+/// The hand-off rule. A lock with waiters is never left free: as soon as it
+/// is free (released, expired, deleted, flushed) the first waiter gets it.
+/// While grants are paused after a restart, waiters keep waiting: a grant
+/// lost in the crash may still be believed in by its holder.
+pub fn hand_off_state(slot: &impl LockSlot, now_ms: i64, grants_paused_ms: i64) -> HandOff {
+    match slot.live(now_ms) {
+        Some(held) => HandOff::HeldUntil(held.deadline_ms),
+        None if grants_paused_ms > 0 => HandOff::PausedFor(grants_paused_ms),
+        None => HandOff::GrantNow,
+    }
+}
+
 /// The absolute deadline of a lease of `ttl_ms` starting now.
 pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
     now_ms
@@ -255,6 +278,21 @@ pub mod tests {
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
         assert!(slot.0.is_none());
         assert_eq!(fences.hwm(), 0);
+    }
+
+    #[test]
+    fn hand_off_waits_for_the_deadline_then_grants() {
+        let (mut slot, mut fences) = fixture();
+        assert_eq!(hand_off_state(&slot, T0, 0), HandOff::GrantNow);
+        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
+        assert_eq!(
+            hand_off_state(&slot, T0 + 99, 0),
+            HandOff::HeldUntil(T0 + 100)
+        );
+        assert_eq!(hand_off_state(&slot, T0 + 100, 0), HandOff::GrantNow);
+        assert_eq!(hand_off_state(&slot, T0 + 100, 7), HandOff::PausedFor(7));
+        release(&mut slot, b"a", T0 + 1);
+        assert_eq!(hand_off_state(&slot, T0 + 2, 0), HandOff::GrantNow);
     }
 
     #[test]

@@ -8,3 +8,4 @@ pub mod args;
 pub mod error;
 pub mod fence;
 pub mod lock;
+pub mod queue;

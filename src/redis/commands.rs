@@ -8,6 +8,7 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
+use super::blocking;
 use super::ffi::{api, context_flags, log_warning, run_command, Argv, Ctx, RString, Reply, Value};
 use super::node::{self, count, NodeFences, STATS};
 use super::slot::RedisSlot;
@@ -54,7 +55,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"write deny-oom fast",
         arity: -4,
         key_flags: RW | ACCESS | UPDATE,
-        summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it.",
+        summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
     },
     Command {
         name: c"lock.release",
@@ -100,10 +101,20 @@ pub static COMMANDS: [Command; 6] = [
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_acquire(argv.bytes())?;
+    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
     let now = node::now_ms();
     let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
     let paused = node::grants_paused_ms(now);
     let acquired = lock::acquire(&mut slot, &mut NodeFences, a.token, a.ttl_ms, now, paused)?;
+    if let (Acquired::Contended, Some(timeout_ms)) = (acquired, a.block_ms) {
+        if may_block(ctx) {
+            let held_until = slot.stored().map_or(now, |l| l.deadline_ms);
+            drop(slot);
+            let key = blocking::key_of(ctx, argv.key_bytes());
+            blocking::block(ctx, key, a.token, a.ttl_ms, timeout_ms, held_until)?;
+            return Ok(Reply::Blocked);
+        }
+    }
     Ok(match acquired {
         Acquired::Granted(fence) => {
             count(&STATS.grants);
@@ -120,18 +131,32 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     })
 }
 
+/// Inside MULTI/EXEC and Lua, BLOCK answers at once, as BLPOP does there.
+fn may_block(ctx: Ctx) -> bool {
+    let no_blocking = raw::REDISMODULE_CTX_FLAGS_MULTI
+        | raw::REDISMODULE_CTX_FLAGS_LUA
+        | raw::REDISMODULE_CTX_FLAGS_DENY_BLOCKING;
+    context_flags(ctx) & no_blocking == 0
+}
+
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
-    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
-    let released = lock::release(&mut slot, token, node::now_ms());
+    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
+    let released = {
+        let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+        lock::release(&mut slot, token, node::now_ms())
+    };
     if released {
         count(&STATS.releases);
+        // The next waiter gets the lock in this same command.
+        blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
     }
     Ok(Reply::Integer(released.into()))
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_extend(argv.bytes())?;
+    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
     let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
     let extended = lock::extend(&mut slot, a.token, a.ttl_ms, node::now_ms())?;
     if extended {
@@ -159,7 +184,10 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             ("token", Value::Bytes(held.token.to_vec())),
             ("fence", Value::Integer(held.fence)),
             ("ttl", Value::Integer(held.remaining_ms(now))),
-            ("waiters", Value::Integer(0)),
+            (
+                "waiters",
+                Value::Integer(blocking::waiting_on(ctx, argv.key_bytes()) as i64),
+            ),
         ]),
     })
 }

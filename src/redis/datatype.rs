@@ -44,8 +44,8 @@ pub static LOCK_TYPE: LockType = LockType(AtomicPtr::new(std::ptr::null_mut()));
 
 pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     let mut methods = raw::RedisModuleTypeMethods {
-        // Version 2 has everything used here (aux fields) and loads on 7.0.
-        version: 2,
+        // Version 4 (Redis 7.0) has aux fields and unlink2.
+        version: 4,
         rdb_load: Some(rdb_load),
         rdb_save: Some(rdb_save),
         aof_rewrite: Some(aof_rewrite),
@@ -61,7 +61,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
         defrag: None,
         mem_usage2: None,
         free_effort2: None,
-        unlink2: None,
+        unlink2: Some(super::blocking::on_unlink),
         copy2: None,
         aux_save2: None,
     };

@@ -58,6 +58,10 @@ impl<'a> Argv<'a> {
     pub fn key(&self) -> RString {
         self.raw[1]
     }
+
+    pub fn key_bytes(&self) -> &'a [u8] {
+        self.bytes[1]
+    }
 }
 
 /// # Safety
@@ -79,6 +83,8 @@ pub enum Reply {
     /// Sent as a map in RESP3 and a flat field/value array in RESP2.
     Map(Vec<(&'static str, Value)>),
     Ok,
+    /// The client is blocked: the reply comes later, from `blocking`.
+    Blocked,
 }
 
 pub enum Value {
@@ -154,6 +160,7 @@ unsafe fn send(ctx: Ctx, reply: &Reply) {
         Reply::Ok => {
             api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr());
         }
+        Reply::Blocked => {}
         Reply::Map(fields) => {
             // ReplyWithMap is 7.0+; Redis itself flattens it for RESP2 clients.
             match raw::RedisModule_ReplyWithMap {

@@ -1,6 +1,7 @@
 //! The thin layer that binds the pure engine in `crate::core` to Redis.
 //!
 //! * `commands` — the command table and one handler per command
+//! * `blocking` — BLOCK: FIFO waiters per lock and the hand-off to them
 //! * `slot`     — a key of the keyspace seen as a `core::lock::LockSlot`;
 //!   every change it makes is replicated as an absolute effect
 //! * `datatype` — the `redislock` data type: RDB/AOF persistence, digest,
@@ -10,6 +11,7 @@
 //! * `info`     — the `INFO lock` section
 //! * `ffi`      — the few unsafe helpers everything above shares
 
+pub mod blocking;
 pub mod commands;
 pub mod datatype;
 pub mod ffi;

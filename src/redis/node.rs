@@ -97,8 +97,8 @@ pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Relaxed);
 }
 
-/// Server events: loading finished (start-up, DEBUG RELOAD, full sync) and
-/// replication role changes.
+/// Server events: loading finished (start-up, DEBUG RELOAD, full sync),
+/// replication role changes, and flushes (which hand locks to waiters).
 pub fn subscribe_to_server_events(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     let subscribe = unsafe { raw::RedisModule_SubscribeToServerEvent }
         .ok_or("RedisModule_SubscribeToServerEvent is not available")?;
@@ -108,6 +108,7 @@ pub fn subscribe_to_server_events(ctx: *mut raw::RedisModuleCtx) -> Result<(), &
             raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
             on_role_changed,
         ),
+        (raw::REDISMODULE_EVENT_FLUSHDB, super::blocking::on_flush),
     ];
     for (id, callback) in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
