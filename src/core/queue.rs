@@ -10,16 +10,32 @@ use std::hash::Hash;
 
 pub type WaiterId = u64;
 
+/// A scheduled hand-off check: when it runs, and the timer that runs it.
+pub type TimerId = u64;
+
 struct KeyQueue {
     order: VecDeque<WaiterId>,
     live: usize,
-    /// The earliest time a hand-off check is already scheduled for.
-    check_at_ms: Option<i64>,
+    /// The one hand-off check pending for this key, if any.
+    check: Option<(i64, TimerId)>,
+}
+
+/// What to do to have a hand-off check run at a given time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schedule {
+    /// Nobody waits, or a check no later than that is already pending.
+    NotNeeded,
+    /// Start a timer.
+    New,
+    /// Stop this (later) timer and start one for the earlier time.
+    Replace(TimerId),
 }
 
 pub struct WaitQueues<K, W> {
     queues: HashMap<K, KeyQueue>,
     waiters: HashMap<WaiterId, (K, W)>,
+    /// Timers of queues that emptied: the caller stops them.
+    orphaned_timers: Vec<TimerId>,
 }
 
 impl<K: Hash + Eq + Clone, W> Default for WaitQueues<K, W> {
@@ -27,6 +43,7 @@ impl<K: Hash + Eq + Clone, W> Default for WaitQueues<K, W> {
         WaitQueues {
             queues: HashMap::new(),
             waiters: HashMap::new(),
+            orphaned_timers: Vec::new(),
         }
     }
 }
@@ -41,7 +58,7 @@ impl<K: Hash + Eq + Clone, W> WaitQueues<K, W> {
         let queue = self.queues.entry(key.clone()).or_insert_with(|| KeyQueue {
             order: VecDeque::new(),
             live: 0,
-            check_at_ms: None,
+            check: None,
         });
         queue.order.push_back(id);
         queue.live += 1;
@@ -55,7 +72,7 @@ impl<K: Hash + Eq + Clone, W> WaitQueues<K, W> {
         if let Some(queue) = self.queues.get_mut(&key) {
             queue.live -= 1;
             if queue.live == 0 {
-                self.queues.remove(&key);
+                self.drop_queue(&key);
             } else if queue.order.len() > 2 * queue.live + 16 {
                 let waiters = &self.waiters;
                 queue.order.retain(|id| waiters.contains_key(id));
@@ -77,7 +94,7 @@ impl<K: Hash + Eq + Clone, W> WaitQueues<K, W> {
             }
         }
         if queue.live == 0 {
-            self.queues.remove(key);
+            self.drop_queue(key);
         }
         self.release_memory();
         found
@@ -96,26 +113,47 @@ impl<K: Hash + Eq + Clone, W> WaitQueues<K, W> {
         self.queues.keys()
     }
 
-    /// Records that a hand-off check for `key` will run at `at_ms`. Returns
-    /// true when the caller must schedule it, false when one is already
-    /// scheduled no later than that (or nobody waits on `key`).
-    pub fn schedule_check(&mut self, key: &K, at_ms: i64) -> bool {
-        match self.queues.get_mut(key) {
-            Some(q) if q.check_at_ms.is_none_or(|t| t > at_ms) => {
-                q.check_at_ms = Some(at_ms);
-                true
-            }
-            _ => false,
+    fn drop_queue(&mut self, key: &K) {
+        if let Some(KeyQueue {
+            check: Some((_, timer)),
+            ..
+        }) = self.queues.remove(key)
+        {
+            self.orphaned_timers.push(timer);
         }
     }
 
-    /// A scheduled check for `key` at `at_ms` is running now.
+    /// How to have a hand-off check for `key` run at `at_ms`. Each key has
+    /// at most one pending check, the earliest needed: when it runs it
+    /// schedules the next one itself.
+    pub fn plan_check(&self, key: &K, at_ms: i64) -> Schedule {
+        match self.queues.get(key).map(|q| q.check) {
+            None => Schedule::NotNeeded,
+            Some(None) => Schedule::New,
+            Some(Some((pending_at, _))) if pending_at <= at_ms => Schedule::NotNeeded,
+            Some(Some((_, timer))) => Schedule::Replace(timer),
+        }
+    }
+
+    /// A timer was started for the check planned at `at_ms`.
+    pub fn check_scheduled(&mut self, key: &K, at_ms: i64, timer: TimerId) {
+        if let Some(q) = self.queues.get_mut(key) {
+            q.check = Some((at_ms, timer));
+        }
+    }
+
+    /// The check planned for `at_ms` is running now.
     pub fn check_started(&mut self, key: &K, at_ms: i64) {
         if let Some(q) = self.queues.get_mut(key) {
-            if q.check_at_ms == Some(at_ms) {
-                q.check_at_ms = None;
+            if q.check.is_some_and(|(at, _)| at == at_ms) {
+                q.check = None;
             }
         }
+    }
+
+    /// Timers of checks nobody needs any more (their queue emptied).
+    pub fn take_orphaned_timers(&mut self) -> Vec<TimerId> {
+        std::mem::take(&mut self.orphaned_timers)
     }
 
     /// Hash maps keep their capacity: give it back once they are mostly empty.
@@ -187,22 +225,42 @@ mod tests {
     }
 
     #[test]
-    fn a_check_is_scheduled_once_unless_an_earlier_one_is_needed() {
+    fn one_check_per_key_the_earliest_needed() {
         let mut q = Q::default();
-        assert!(!q.schedule_check(&"k", 100), "nobody waits");
+        assert_eq!(q.plan_check(&"k", 100), Schedule::NotNeeded, "nobody waits");
         q.push("k", 1, "a");
-        assert!(q.schedule_check(&"k", 100));
-        assert!(
-            !q.schedule_check(&"k", 150),
-            "the check at 100 will reschedule"
+        assert_eq!(q.plan_check(&"k", 100), Schedule::New);
+        q.check_scheduled(&"k", 100, 7);
+        assert_eq!(
+            q.plan_check(&"k", 150),
+            Schedule::NotNeeded,
+            "the check at 100 reschedules"
         );
-        assert!(q.schedule_check(&"k", 50), "earlier than the one scheduled");
+        assert_eq!(q.plan_check(&"k", 100), Schedule::NotNeeded);
+        assert_eq!(q.plan_check(&"k", 50), Schedule::Replace(7));
+        q.check_scheduled(&"k", 50, 8);
         q.check_started(&"k", 100);
-        assert!(
-            !q.schedule_check(&"k", 60),
-            "the one at 50 is still pending"
+        assert_eq!(
+            q.plan_check(&"k", 60),
+            Schedule::NotNeeded,
+            "50 is still pending"
         );
         q.check_started(&"k", 50);
-        assert!(q.schedule_check(&"k", 60));
+        assert_eq!(q.plan_check(&"k", 60), Schedule::New);
+    }
+
+    #[test]
+    fn an_emptied_queue_hands_back_its_pending_timer() {
+        let mut q = Q::default();
+        q.push("k", 1, "a");
+        q.push("j", 2, "b");
+        q.check_scheduled(&"k", 100, 7);
+        q.check_scheduled(&"j", 100, 8);
+        q.pop_front(&"k");
+        q.remove(2);
+        let mut timers = q.take_orphaned_timers();
+        timers.sort();
+        assert_eq!(timers, vec![7, 8]);
+        assert!(q.take_orphaned_timers().is_empty());
     }
 }

@@ -25,7 +25,7 @@ use super::node::{self, count, NodeFences, STATS};
 use super::slot::RedisSlot;
 use crate::core::error::LockError;
 use crate::core::lock::{self, Acquired, HandOff, LockSlot};
-use crate::core::queue::{WaitQueues, WaiterId};
+use crate::core::queue::{Schedule, WaitQueues, WaiterId};
 
 /// A lock's identity across commands: (db, key name).
 pub type Key = (i32, Box<[u8]>);
@@ -54,13 +54,31 @@ pub static BLOCK_TIMEOUTS: AtomicU64 = AtomicU64::new(0);
 pub static WAIT_TOTAL_US: AtomicU64 = AtomicU64::new(0);
 pub static WAIT_MAX_US: AtomicU64 = AtomicU64::new(0);
 
+/// Runs `f` on the queues. Never call Redis inside `f`: a Redis call can
+/// call back into this module.
 fn with_queues<R>(f: impl FnOnce(&mut WaitQueues<Key, Waiter>) -> R) -> R {
-    let mut queues = QUEUES
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
-    let result = f(&mut queues);
-    WAITING.store(queues.total(), Relaxed);
+    let (result, orphaned) = {
+        let mut queues = QUEUES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = f(&mut queues);
+        WAITING.store(queues.total(), Relaxed);
+        (result, queues.take_orphaned_timers())
+    };
+    for timer in orphaned {
+        stop_timer(timer);
+    }
     result
+}
+
+/// Stops a pending check timer and frees its data.
+fn stop_timer(timer: u64) {
+    let ctx = TIMER_CTX.load(Relaxed);
+    let mut data: *mut c_void = std::ptr::null_mut();
+    let stopped = unsafe { api!(RedisModule_StopTimer)(ctx, timer, &mut data) };
+    if stopped == raw::REDISMODULE_OK as c_int && !data.is_null() {
+        drop(unsafe { Box::from_raw(data.cast::<(Key, i64)>()) });
+    }
 }
 
 pub fn waiters_total() -> usize {
@@ -205,17 +223,21 @@ fn unblock(client: *mut raw::RedisModuleBlockedClient, outcome: Outcome) {
 
 /// Makes sure a hand-off check for `key` runs at `at_ms` (or earlier).
 fn schedule_check(key: &Key, at_ms: i64) {
-    if !with_queues(|q| q.schedule_check(key, at_ms)) {
-        return;
-    }
     let ctx = TIMER_CTX.load(Relaxed);
     if ctx.is_null() {
         return;
     }
+    match with_queues(|q| q.plan_check(key, at_ms)) {
+        Schedule::NotNeeded => return,
+        Schedule::New => {}
+        Schedule::Replace(later) => stop_timer(later),
+    }
     // Round up so the check never runs before the deadline has passed.
     let period_ms = ((at_ms * 1000 - node::now_us()).max(0) + 999) / 1000;
     let data = Box::into_raw(Box::new((key.clone(), at_ms)));
-    unsafe { api!(RedisModule_CreateTimer)(ctx, period_ms, Some(on_timer), data.cast()) };
+    let timer =
+        unsafe { api!(RedisModule_CreateTimer)(ctx, period_ms, Some(on_timer), data.cast()) };
+    with_queues(|q| q.check_scheduled(key, at_ms, timer));
 }
 
 /// Schedules an immediate check for every waited-on key in `db` (-1: all).
@@ -277,7 +299,7 @@ unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_
 unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_int {
     guard("the blocked-client timeout", (), || unsafe {
         let client = api!(RedisModule_GetBlockedClientHandle)(ctx);
-        if with_queues(|q| q.remove(client as WaiterId)).is_some() {
+        if leave_queue(client) {
             count(&BLOCK_TIMEOUTS);
         }
         api!(RedisModule_ReplyWithNull)(ctx);
@@ -285,11 +307,25 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
     raw::REDISMODULE_OK as c_int
 }
 
-/// The client went away (or CLIENT UNBLOCK ... ERROR): leave the queue.
+/// The client went away, CLIENT UNBLOCK ... ERROR, or the node became a
+/// replica: leave the queue.
 unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlockedClient) {
     guard("the blocked-client disconnect", (), || {
-        with_queues(|q| q.remove(client as WaiterId));
+        leave_queue(client);
     })
+}
+
+/// Takes a waiter out of its queue and, if it was there, releases its
+/// blocked-client handle. Redis frees a handle (and the two temporary
+/// clients it holds) only when the module calls RM_UnblockClient, also
+/// after a timeout or a disconnect; a handle already handed the lock was
+/// unblocked then, and must not be unblocked twice.
+fn leave_queue(client: *mut raw::RedisModuleBlockedClient) -> bool {
+    let was_waiting = with_queues(|q| q.remove(client as WaiterId)).is_some();
+    if was_waiting {
+        unsafe { api!(RedisModule_UnblockClient)(client, std::ptr::null_mut()) };
+    }
+    was_waiting
 }
 
 /// The last word on an unblocked client. A grant its client never received

@@ -395,3 +395,121 @@ pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
 pub fn digest(c: &mut Connection) -> String {
     redis::cmd("DEBUG").arg("DIGEST").query(c).unwrap()
 }
+
+/// A reply as read off the wire by [`RawConn`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resp {
+    Int(i64),
+    Nil,
+    Bulk(Vec<u8>),
+    Simple(String),
+    Error(String),
+    Array(Vec<Resp>),
+}
+
+/// A bare RESP2 connection: send a command now, read its reply later. Many
+/// of these can wait in the server at once without a thread each.
+pub struct RawConn {
+    reader: std::io::BufReader<std::net::TcpStream>,
+    writer: std::net::TcpStream,
+}
+
+impl RawConn {
+    pub fn connect(server: &Server) -> RawConn {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        stream.set_nodelay(true).unwrap();
+        RawConn {
+            reader: std::io::BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+        }
+    }
+
+    pub fn send(&mut self, args: &[&str]) {
+        use std::io::Write;
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out += &format!("${}\r\n{a}\r\n", a.len());
+        }
+        self.writer.write_all(out.as_bytes()).expect("send");
+    }
+
+    /// Waits up to `limit` for a reply; None if none came.
+    pub fn read_within(&mut self, limit: Duration) -> Option<Resp> {
+        use std::io::BufRead;
+        if self.reader.buffer().is_empty() {
+            self.writer.set_read_timeout(Some(limit)).unwrap();
+            self.reader.get_ref().set_read_timeout(Some(limit)).unwrap();
+            match self.reader.fill_buf() {
+                Ok([]) => panic!("connection closed"),
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return None
+                }
+                Err(e) => panic!("read: {e}"),
+            }
+        }
+        self.reader
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        Some(self.parse())
+    }
+
+    /// Reads one reply (waits up to 10 s).
+    pub fn read(&mut self) -> Resp {
+        self.read_within(Duration::from_secs(10))
+            .expect("a reply within 10 s")
+    }
+
+    pub fn call(&mut self, args: &[&str]) -> Resp {
+        self.send(args);
+        self.read()
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("read line");
+        line.trim_end_matches("\r\n").to_string()
+    }
+
+    fn parse(&mut self) -> Resp {
+        use std::io::Read;
+        let line = self.line();
+        let (kind, rest) = line.split_at(1);
+        match kind {
+            ":" => Resp::Int(rest.parse().unwrap()),
+            "+" => Resp::Simple(rest.into()),
+            "-" => Resp::Error(rest.into()),
+            "$" if rest == "-1" => Resp::Nil,
+            "*" if rest == "-1" => Resp::Nil,
+            "$" => {
+                let mut buf = vec![0; rest.parse::<usize>().unwrap() + 2];
+                self.reader.read_exact(&mut buf).unwrap();
+                buf.truncate(buf.len() - 2);
+                Resp::Bulk(buf)
+            }
+            "*" => Resp::Array(
+                (0..rest.parse::<usize>().unwrap())
+                    .map(|_| self.parse())
+                    .collect(),
+            ),
+            _ => panic!("unexpected reply line {line:?}"),
+        }
+    }
+}
+
+pub fn used_memory(c: &mut Connection) -> i64 {
+    let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
