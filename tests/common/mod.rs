@@ -52,11 +52,16 @@ pub struct Server {
     /// Server config arguments (`--name value` pairs) used at every start.
     args: Vec<String>,
     module_args: Vec<String>,
+    /// A command the server runs under, e.g. valgrind.
+    wrapper: Vec<String>,
+    binary: String,
 }
 
 pub struct Builder {
     args: Vec<String>,
     module_args: Vec<String>,
+    wrapper: Vec<String>,
+    binary: String,
 }
 
 impl Builder {
@@ -73,6 +78,19 @@ impl Builder {
         self
     }
 
+    /// Runs the server under a command (e.g. `valgrind --tool=callgrind`),
+    /// in its data directory.
+    pub fn wrapped_in(mut self, wrapper: &[&str]) -> Self {
+        self.wrapper = wrapper.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Another server binary than `REDIS_SERVER` for this server.
+    pub fn binary(mut self, path: &str) -> Self {
+        self.binary = path.into();
+        self
+    }
+
     pub fn start(self) -> Server {
         let mut server = Server {
             child: None,
@@ -80,6 +98,8 @@ impl Builder {
             dir: fresh_dir(),
             args: self.args,
             module_args: self.module_args,
+            wrapper: self.wrapper,
+            binary: self.binary,
         };
         server.boot();
         server
@@ -92,6 +112,8 @@ impl Server {
         Builder {
             args: vec![],
             module_args: vec![],
+            wrapper: vec![],
+            binary: server_binary(),
         }
         .config("save", "")
         .config("appendonly", "no")
@@ -109,8 +131,16 @@ impl Server {
                 // The port was taken between choosing and binding: pick another.
                 self.port = free_port();
             }
-            let mut cmd = Command::new(server_binary());
-            cmd.arg("--port")
+            let mut cmd = match self.wrapper.split_first() {
+                Some((program, args)) => {
+                    let mut cmd = Command::new(program);
+                    cmd.args(args).arg(&self.binary);
+                    cmd
+                }
+                None => Command::new(&self.binary),
+            };
+            cmd.current_dir(&self.dir)
+                .arg("--port")
                 .arg(self.port.to_string())
                 .args(["--bind", "127.0.0.1", "--daemonize", "no"])
                 .args(["--enable-debug-command", "yes"])
@@ -126,7 +156,7 @@ impl Server {
                 .stderr(Stdio::null());
             let child = cmd.spawn().expect("cannot start the server binary");
             self.child = Some(child);
-            if self.wait_ready(Duration::from_secs(20)) {
+            if self.wait_ready(Duration::from_secs(60)) {
                 return;
             }
             self.kill9();

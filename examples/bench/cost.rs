@@ -1,0 +1,238 @@
+//! Cost per command: throughput at pipeline 1 and 16 from 50 connections,
+//! and server instructions per command counted by callgrind, for the lock
+//! commands and what people run today.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::common::{Connection, Server};
+use crate::load::{self, encode};
+
+/// A token the size of a UUID, as lock libraries use.
+pub const TOKEN: &[u8] = b"6f1c2a9e-3b7d-4e58-9c0a-d2f4b6e8a1c3";
+const TTL: &[u8] = b"600000";
+/// Keys reused by rows that need an existing lock or string.
+const HOT_KEYS: usize = 100_000;
+
+const CAD_LUA: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const CAE_LUA: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+const ACQUIRE_FENCE_LUA: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[2]) else return false end";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Row {
+    Ping,
+    Get,
+    SetNxPx,
+    Acquire,
+    AcquireContended,
+    Release,
+    LuaRelease,
+    Extend,
+    LuaExtend,
+    Fence,
+    LuaAcquireFence,
+    SetIfeq,
+}
+
+impl Row {
+    pub const ALL: [Row; 12] = [
+        Row::Ping,
+        Row::Get,
+        Row::SetNxPx,
+        Row::Acquire,
+        Row::AcquireContended,
+        Row::Release,
+        Row::LuaRelease,
+        Row::Extend,
+        Row::LuaExtend,
+        Row::Fence,
+        Row::LuaAcquireFence,
+        Row::SetIfeq,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Row::Ping => "PING",
+            Row::Get => "GET",
+            Row::SetNxPx => "SET NX PX (granted)",
+            Row::Acquire => "LOCK.ACQUIRE (granted)",
+            Row::AcquireContended => "LOCK.ACQUIRE (contended, nil)",
+            Row::Release => "LOCK.RELEASE",
+            Row::LuaRelease => "EVALSHA compare-and-delete",
+            Row::Extend => "LOCK.EXTEND",
+            Row::LuaExtend => "EVALSHA compare-and-extend",
+            Row::Fence => "LOCK.FENCE",
+            Row::LuaAcquireFence => "EVALSHA SET NX PX + INCR fence",
+            Row::SetIfeq => "SET IFEQ (Valkey 8.1)",
+        }
+    }
+
+    /// Rows that need the server to have a feature.
+    pub fn supported(self, valkey: bool) -> bool {
+        self != Row::SetIfeq || valkey
+    }
+}
+
+pub struct Shas {
+    cad: String,
+    cae: String,
+    acquire_fence: String,
+}
+
+pub fn load_scripts(c: &mut Connection) -> Shas {
+    let load = |c: &mut Connection, s: &str| -> String {
+        redis::cmd("SCRIPT").arg("LOAD").arg(s).query(c).unwrap()
+    };
+    Shas {
+        cad: load(c, CAD_LUA),
+        cae: load(c, CAE_LUA),
+        acquire_fence: load(c, ACQUIRE_FENCE_LUA),
+    }
+}
+
+fn key(prefix: &str, i: usize) -> Vec<u8> {
+    format!("{prefix}:{i}").into_bytes()
+}
+
+/// Command `i` of `row`.
+fn command(row: Row, shas: &Shas, i: usize, buf: &mut Vec<u8>) {
+    let hot = i % HOT_KEYS;
+    match row {
+        Row::Ping => encode(buf, &[b"PING"]),
+        Row::Get => encode(buf, &[b"GET", &key("s", hot)]),
+        Row::SetNxPx => encode(buf, &[b"SET", &key("s", i), TOKEN, b"NX", b"PX", TTL]),
+        Row::Acquire => encode(buf, &[b"LOCK.ACQUIRE", &key("l", i), TOKEN, TTL]),
+        Row::AcquireContended => encode(
+            buf,
+            &[b"LOCK.ACQUIRE", &key("l", hot), b"someone-else", TTL],
+        ),
+        Row::Release => encode(buf, &[b"LOCK.RELEASE", &key("l", i), TOKEN]),
+        Row::LuaRelease => encode(
+            buf,
+            &[b"EVALSHA", shas.cad.as_bytes(), b"1", &key("s", i), TOKEN],
+        ),
+        Row::Extend => encode(buf, &[b"LOCK.EXTEND", &key("l", hot), TOKEN, TTL]),
+        Row::LuaExtend => encode(
+            buf,
+            &[
+                b"EVALSHA",
+                shas.cae.as_bytes(),
+                b"1",
+                &key("s", hot),
+                TOKEN,
+                TTL,
+            ],
+        ),
+        Row::Fence => encode(buf, &[b"LOCK.FENCE", &key("l", hot)]),
+        Row::LuaAcquireFence => encode(
+            buf,
+            &[
+                b"EVALSHA",
+                shas.acquire_fence.as_bytes(),
+                b"2",
+                &key("s", i),
+                &key("f", i),
+                TOKEN,
+                TTL,
+            ],
+        ),
+        Row::SetIfeq => encode(buf, &[b"SET", &key("s", hot), TOKEN, b"IFEQ", TOKEN]),
+    }
+}
+
+/// Empties the server and creates what `row`'s `n` commands act on.
+fn setup(server: &Server, row: Row, n: usize) {
+    let mut c = server.conn();
+    let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    let (count, is_lock) = match row {
+        Row::Get | Row::LuaExtend | Row::SetIfeq => (HOT_KEYS, false),
+        Row::LuaRelease => (n, false),
+        Row::AcquireContended | Row::Extend | Row::Fence => (HOT_KEYS, true),
+        Row::Release => (n, true),
+        _ => return,
+    };
+    let make = move |i: usize, buf: &mut Vec<u8>| {
+        if is_lock {
+            encode(buf, &[b"LOCK.ACQUIRE", &key("l", i), TOKEN, TTL]);
+        } else {
+            encode(buf, &[b"SET", &key("s", i), TOKEN, b"PX", TTL]);
+        }
+    };
+    let r = load::run(server.port, 4, 256, count, &make);
+    assert_eq!(r.errors, 0, "setup of {row:?} failed");
+}
+
+/// Commands per second for `row`: `n` commands, 50 connections.
+pub fn throughput(server: &Server, shas: &Shas, row: Row, pipeline: usize, n: usize) -> f64 {
+    setup(server, row, n);
+    let make = |i: usize, buf: &mut Vec<u8>| command(row, shas, i, buf);
+    let r = load::run(server.port, 50, pipeline, n, &make);
+    assert_eq!(r.errors, 0, "{row:?} replied with errors");
+    r.rate(n)
+}
+
+/// Server instructions per command for `row`, from a server running under
+/// callgrind with instrumentation on only while the row's commands run.
+pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> f64 {
+    setup(server, row, n);
+    let pid = server.pid().to_string();
+    // Connect first: accepting connections is not the command's cost.
+    let conns = load::connect(server.port, 50);
+    callgrind_control(&["--zero", &pid]);
+    callgrind_control(&["--instr=on", &pid]);
+    let make = |i: usize, buf: &mut Vec<u8>| command(row, shas, i, buf);
+    let r = load::run_on(conns, 16, n, &make);
+    assert_eq!(r.errors, 0, "{row:?} replied with errors");
+    callgrind_control(&["--instr=off", &pid]);
+    let before = dumps(server);
+    callgrind_control(&["--dump", &pid]);
+    let file = wait_new_dump(server, &before);
+    total_instructions(&file) as f64 / n as f64
+}
+
+fn callgrind_control(args: &[&str]) {
+    let out = Command::new("callgrind_control")
+        .args(args)
+        .output()
+        .expect("callgrind_control");
+    assert!(
+        out.status.success(),
+        "callgrind_control {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn dumps(server: &Server) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(&server.dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("callgrind.out")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn wait_new_dump(server: &Server, before: &[std::path::PathBuf]) -> std::path::PathBuf {
+    for _ in 0..200 {
+        if let Some(p) = dumps(server).into_iter().find(|p| !before.contains(p)) {
+            // The dump is written completely before callgrind_control returns.
+            return p;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("callgrind wrote no dump");
+}
+
+fn total_instructions(file: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("totals line in the callgrind dump")
+}
