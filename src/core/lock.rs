@@ -16,16 +16,18 @@ use super::fence::FenceSource;
 /// Tokens are binary-safe, 1 to 512 bytes.
 pub const MAX_TOKEN_LEN: usize = 512;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lock {
+/// A lock's state, borrowed from wherever it is stored (the keyspace keeps
+/// it in one allocation with the token inline; see `redis::datatype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lock<'a> {
     pub fence: i64,
     /// Absolute, in Unix milliseconds: time a server is down counts against
     /// the lease, and replicas and the AOF see the same deadline as the master.
     pub deadline_ms: i64,
-    pub token: Box<[u8]>,
+    pub token: &'a [u8],
 }
 
-impl Lock {
+impl Lock<'_> {
     pub fn is_live(&self, now_ms: i64) -> bool {
         now_ms < self.deadline_ms
     }
@@ -39,16 +41,16 @@ impl Lock {
 /// key (and replicates every change); tests implement it over an `Option`.
 pub trait LockSlot {
     /// The lock stored under the key, live or expired.
-    fn stored(&self) -> Option<&Lock>;
+    fn stored(&self) -> Option<Lock<'_>>;
     /// Installs a new holder, replacing whatever was stored.
-    fn put(&mut self, lock: Lock);
+    fn put(&mut self, lock: Lock<'_>);
     /// Same holder, new deadline.
     fn renew(&mut self, deadline_ms: i64);
     /// Frees the lock.
     fn remove(&mut self);
 
     /// The lock if it is held right now.
-    fn live(&self, now_ms: i64) -> Option<&Lock> {
+    fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
         self.stored().filter(|l| l.is_live(now_ms))
     }
 }
@@ -105,7 +107,7 @@ pub fn acquire(
 ) -> Result<Acquired, LockError> {
     let deadline_ms = deadline(now_ms, ttl_ms)?;
     match slot.live(now_ms) {
-        Some(held) if &*held.token == token => {
+        Some(held) if held.token == token => {
             let fence = held.fence;
             slot.renew(deadline_ms);
             Ok(Acquired::Renewed(fence))
@@ -117,7 +119,7 @@ pub fn acquire(
             slot.put(Lock {
                 fence,
                 deadline_ms,
-                token: token.into(),
+                token,
             });
             Ok(Acquired::Granted(fence))
         }
@@ -126,7 +128,7 @@ pub fn acquire(
 
 /// True when `token` held the lock and it is now free.
 pub fn release(slot: &mut impl LockSlot, token: &[u8], now_ms: i64) -> bool {
-    let held = slot.live(now_ms).is_some_and(|l| &*l.token == token);
+    let held = slot.live(now_ms).is_some_and(|l| l.token == token);
     if held {
         slot.remove();
     }
@@ -142,7 +144,7 @@ pub fn extend(
     now_ms: i64,
 ) -> Result<bool, LockError> {
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    let held = slot.live(now_ms).is_some_and(|l| &*l.token == token);
+    let held = slot.live(now_ms).is_some_and(|l| l.token == token);
     if held {
         slot.renew(deadline_ms);
     }
@@ -152,7 +154,7 @@ pub fn extend(
 /// The holder's fencing token; with `token`, only if `token` is the holder.
 pub fn fence(slot: &impl LockSlot, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
     slot.live(now_ms)
-        .filter(|l| token.is_none_or(|t| *l.token == *t))
+        .filter(|l| token.is_none_or(|t| l.token == t))
         .map(|l| l.fence)
 }
 
@@ -161,16 +163,30 @@ pub mod tests {
     use super::*;
     use crate::core::fence::FenceCounter;
 
+    pub struct Stored {
+        pub fence: i64,
+        pub deadline_ms: i64,
+        pub token: Vec<u8>,
+    }
+
     /// The engine's view of a key, over a plain Option.
     #[derive(Default)]
-    pub struct MemSlot(pub Option<Lock>);
+    pub struct MemSlot(pub Option<Stored>);
 
     impl LockSlot for MemSlot {
-        fn stored(&self) -> Option<&Lock> {
-            self.0.as_ref()
+        fn stored(&self) -> Option<Lock<'_>> {
+            self.0.as_ref().map(|s| Lock {
+                fence: s.fence,
+                deadline_ms: s.deadline_ms,
+                token: &s.token,
+            })
         }
-        fn put(&mut self, lock: Lock) {
-            self.0 = Some(lock);
+        fn put(&mut self, lock: Lock<'_>) {
+            self.0 = Some(Stored {
+                fence: lock.fence,
+                deadline_ms: lock.deadline_ms,
+                token: lock.token.to_vec(),
+            });
         }
         fn renew(&mut self, deadline_ms: i64) {
             self.0.as_mut().expect("renew of a stored lock").deadline_ms = deadline_ms;

@@ -366,7 +366,7 @@ extern "C" fn on_take_back(ctx: *mut raw::RedisModuleCtx, data: *mut c_void) {
             if let Ok(mut slot) = RedisSlot::open(ctx, name, true) {
                 let ours = slot
                     .live(node::now_ms())
-                    .is_some_and(|l| l.fence == fence && l.token == token);
+                    .is_some_and(|l| l.fence == fence && l.token == &*token);
                 if ours {
                     slot.remove();
                 }

@@ -204,7 +204,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     slot.write(Lock {
         fence: a.fence,
         deadline_ms: a.deadline_ms,
-        token: a.token.into(),
+        token: a.token,
     });
     node::observe_fence(a.fence);
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };

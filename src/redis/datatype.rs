@@ -13,11 +13,15 @@
 //! Loading refuses encoding versions newer than this build knows, and values
 //! that break the invariants above, rather than guessing.
 //!
+//! ## In memory
+//! One allocation per lock, the token inline (see [`LockBlock`]).
+//!
 //! ## AOF rewrite
 //! Each lock is written as `LOCK._SET key token fence deadline-ms`, the same
 //! effect the master replicates, so an AOF without an RDB preamble restores
 //! both the lock and (through its fence) the high-water mark.
 
+use std::alloc::{alloc, dealloc, handle_alloc_error, Layout};
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
@@ -75,15 +79,78 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Allocates a lock value for the keyspace (freed by [`free`]).
-pub fn new_value(lock: Lock) -> *mut Lock {
-    STATS.locks.fetch_add(1, Relaxed);
-    Box::into_raw(Box::new(lock))
+/// A lock as the keyspace stores it: one allocation holding
+/// `fence | deadline_ms | token length | token bytes`, so a grant costs one
+/// allocation and a lock with a 36-byte token fits a 56-byte block.
+/// Always handled through raw pointers: the token lies past the struct.
+#[repr(C)]
+pub struct LockBlock {
+    fence: i64,
+    deadline_ms: i64,
+    len: u32,
+    token: [u8; 0],
+}
+
+const TOKEN_OFFSET: usize = std::mem::offset_of!(LockBlock, token);
+
+impl LockBlock {
+    fn layout(token_len: usize) -> Layout {
+        Layout::from_size_align(TOKEN_OFFSET + token_len, std::mem::align_of::<LockBlock>())
+            .expect("a token of at most 512 bytes has a valid layout")
+    }
+
+    /// Allocates a block for the keyspace (freed by the type's `free`).
+    pub fn new(lock: Lock<'_>) -> *mut LockBlock {
+        let layout = Self::layout(lock.token.len());
+        unsafe {
+            let block = alloc(layout).cast::<LockBlock>();
+            if block.is_null() {
+                handle_alloc_error(layout);
+            }
+            (*block).fence = lock.fence;
+            (*block).deadline_ms = lock.deadline_ms;
+            (*block).len = lock.token.len() as u32;
+            let token = block.cast::<u8>().add(TOKEN_OFFSET);
+            std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
+            STATS.locks.fetch_add(1, Relaxed);
+            block
+        }
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`] and is not freed during `'a`.
+    pub unsafe fn view<'a>(block: *const LockBlock) -> Lock<'a> {
+        let token = block.cast::<u8>().add(TOKEN_OFFSET);
+        Lock {
+            fence: (*block).fence,
+            deadline_ms: (*block).deadline_ms,
+            token: std::slice::from_raw_parts(token, (*block).len as usize),
+        }
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`].
+    pub unsafe fn set(block: *mut LockBlock, fence: i64, deadline_ms: i64) {
+        (*block).fence = fence;
+        (*block).deadline_ms = deadline_ms;
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`] and is not used afterwards.
+    unsafe fn free(block: *mut LockBlock) {
+        let layout = Self::layout((*block).len as usize);
+        dealloc(block.cast(), layout);
+        STATS.locks.fetch_sub(1, Relaxed);
+    }
+
+    fn size(lock: Lock<'_>) -> usize {
+        TOKEN_OFFSET + lock.token.len()
+    }
 }
 
 /// The lock stored at an open key: null for an empty key, WRONGTYPE for a key
 /// of another type.
-pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut Lock, LockError> {
+pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockError> {
     let key_type = unsafe { api!(RedisModule_KeyType)(key) } as isize;
     if key_type == raw::REDISMODULE_KEYTYPE_EMPTY {
         return Ok(std::ptr::null_mut());
@@ -101,17 +168,17 @@ extern "C" fn free(value: *mut c_void) {
         if value.is_null() {
             return;
         }
-        let lock = unsafe { Box::from_raw(value.cast::<Lock>()) };
-        STATS.locks.fetch_sub(1, Relaxed);
-        if !lock.is_live(node::now_ms()) {
+        let block = value.cast::<LockBlock>();
+        if !unsafe { LockBlock::view(block) }.is_live(node::now_ms()) {
             node::count(&STATS.expirations);
         }
+        unsafe { LockBlock::free(block) };
     })
 }
 
 extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
-        let lock = unsafe { &*value.cast::<Lock>() };
+        let lock = unsafe { LockBlock::view(value.cast()) };
         unsafe {
             api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
             api!(RedisModule_SaveSigned)(rdb, lock.fence);
@@ -129,10 +196,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             return std::ptr::null_mut();
         }
         match load_v1(rdb) {
-            Some(lock) => {
-                node::observe_fence(lock.fence);
-                new_value(lock).cast()
-            }
+            Some(block) => block.cast(),
             None => {
                 log_warning("lock: a lock in the RDB is truncated or invalid; refusing to load it");
                 std::ptr::null_mut()
@@ -141,17 +205,21 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
     })
 }
 
-fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<Lock> {
+fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<*mut LockBlock> {
     let token = raw::load_string_buffer(rdb).ok()?;
     let fence = raw::load_signed(rdb).ok()?;
     let deadline_ms = raw::load_signed(rdb).ok()?;
     let token = token.as_ref();
     let valid = !token.is_empty() && token.len() <= MAX_TOKEN_LEN && fence > 0 && deadline_ms >= 0;
-    valid.then(|| Lock {
+    if !valid {
+        return None;
+    }
+    node::observe_fence(fence);
+    Some(LockBlock::new(Lock {
         fence,
         deadline_ms,
-        token: token.into(),
-    })
+        token,
+    }))
 }
 
 extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
@@ -189,7 +257,7 @@ extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard("aof_rewrite", (), || {
-        let lock = unsafe { &*value.cast::<Lock>() };
+        let lock = unsafe { LockBlock::view(value.cast()) };
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
@@ -207,14 +275,13 @@ extern "C" fn aof_rewrite(
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard("mem_usage", 0, || {
-        let lock = unsafe { &*value.cast::<Lock>() };
-        std::mem::size_of::<Lock>() + lock.token.len()
+        LockBlock::size(unsafe { LockBlock::view(value.cast()) })
     })
 }
 
 extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard("digest", (), || {
-        let lock = unsafe { &*value.cast::<Lock>() };
+        let lock = unsafe { LockBlock::view(value.cast()) };
         unsafe {
             api!(RedisModule_DigestAddStringBuffer)(
                 md,
