@@ -5,7 +5,7 @@
 use redis_module::configuration::ConfigurationFlags;
 use redis_module::{redis_module, Context, RedisString, Status};
 
-use crate::redis::{blocking, commands, datatype, info, node};
+use crate::redis::{blocking, commands, datatype, info, node, propagation};
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
@@ -18,6 +18,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         return Status::Err;
     }
     if let Err(e) = blocking::init(raw_ctx) {
+        ctx.log_warning(&format!("lock: {e}"));
+        return Status::Err;
+    }
+    if let Err(e) = propagation::init(raw_ctx) {
         ctx.log_warning(&format!("lock: {e}"));
         return Status::Err;
     }

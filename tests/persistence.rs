@@ -306,3 +306,35 @@ fn restart_delay_refuses_new_grants_but_lets_restored_holders_continue() {
     });
     assert!(fence(&mut c, "k").unwrap() > f);
 }
+
+/// AOF switched on at runtime: locks granted before and after are restored.
+#[test]
+fn aof_enabled_at_runtime_keeps_later_grants() {
+    let mut s = Server::start();
+    let mut c = s.conn();
+    let before = acquire(&mut c, "before", "t", 60_000).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("yes")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendfsync")
+        .arg("always")
+        .query(&mut c)
+        .unwrap();
+    sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    let after = acquire(&mut c, "after", "t", 60_000).unwrap();
+    assert_eq!(extend(&mut c, "before", "t", 120_000), 1);
+    s.kill9();
+    s.set_config("appendonly", "yes");
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(holder(&mut c, "before"), Some(("t".into(), before)));
+    assert_eq!(holder(&mut c, "after"), Some(("t".into(), after)));
+    let pttl: i64 = redis::cmd("PTTL").arg("before").query(&mut c).unwrap();
+    assert!(pttl > 60_000, "the extension was logged: {pttl}");
+}

@@ -222,3 +222,59 @@ fn promoted_replica_never_reissues_a_fence_it_missed() {
         "{f} must exceed every token the old master issued ({missed})"
     );
 }
+
+/// Grants made while no replica or AOF could receive effects, then a
+/// replica attaches (full sync), then more grants, renewals and releases:
+/// the replica must end up equal.
+#[test]
+fn a_replica_attaching_later_gets_the_same_state() {
+    let master = Server::start();
+    let mut m = master.conn();
+    let early = acquire(&mut m, "early", "t", 60_000).unwrap();
+    acquire(&mut m, "renewed", "t", 60_000).unwrap();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut r = replica.conn();
+    assert_eq!(
+        fence(&mut r, "early"),
+        Some(early),
+        "carried by the full sync"
+    );
+    assert!(acquire(&mut m, "renewed", "t", 90_000).is_some());
+    let late = acquire(&mut m, "late", "t", 60_000).unwrap();
+    release(&mut m, "early", "t");
+    wait_replicated(&mut m);
+    assert_eq!(digest(&mut m), digest(&mut r));
+    assert_eq!(fence(&mut r, "late"), Some(late));
+    assert_eq!(fence(&mut r, "early"), None);
+    let pttl: i64 = redis::cmd("PTTL").arg("renewed").query(&mut r).unwrap();
+    assert!(
+        pttl > 60_000,
+        "the renewal reached the replica as an absolute deadline"
+    );
+}
+
+/// A master restarts from its RDB and its replica resyncs: grants after the
+/// restart reach the replica as effects.
+#[test]
+fn grants_after_a_master_restart_reach_its_replica() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    acquire(&mut m, "before", "t", 60_000).unwrap();
+    wait_replicated(&mut m);
+    let _: () = redis::cmd("SAVE").query(&mut m).unwrap();
+    master.kill9();
+    master.restart();
+    let mut m = master.conn();
+    wait_until(Duration::from_secs(20), || {
+        let info: String = redis::cmd("INFO").arg("replication").query(&mut m).unwrap();
+        info.contains("connected_slaves:1")
+    });
+    let f = acquire(&mut m, "after", "t", 60_000).unwrap();
+    wait_replicated(&mut m);
+    let mut r = replica.conn();
+    assert_eq!(fence(&mut r, "after"), Some(f));
+    assert_eq!(digest(&mut m), digest(&mut r));
+}

@@ -3,7 +3,7 @@
 //! docs/benchmarks.md. `--smoke` runs a few hundred operations so `make test`
 //! keeps the harness from rotting; it writes to the path given by --out.
 //!
-//!     cargo run --release --example bench -- [--smoke] [--seconds S] [--out PATH]
+//!     cargo run --release --example bench -- [--smoke] [--seconds S] [--out PATH] [--only SECTION]
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -24,6 +24,14 @@ struct Options {
     smoke: bool,
     seconds: f64,
     out: String,
+    /// Run one section only: cost, memory, scaling or contention.
+    only: Option<String>,
+}
+
+impl Options {
+    fn runs(&self, section: &str) -> bool {
+        self.only.as_deref().is_none_or(|o| o == section)
+    }
 }
 
 fn options() -> Options {
@@ -31,6 +39,7 @@ fn options() -> Options {
         smoke: false,
         seconds: 5.0,
         out: "docs/benchmarks.md".into(),
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -43,6 +52,7 @@ fn options() -> Options {
                     .expect("--seconds N")
             }
             "--out" => o.out = args.next().expect("--out PATH"),
+            "--only" => o.only = Some(args.next().expect("--only SECTION")),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -92,7 +102,7 @@ fn main() {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
-    let server = Server::builder().config("maxclients", "10000").start();
+    let server = Server::builder().config("maxclients", "12000").start();
     let pinned = pin(server.pid(), 0) && pin(std::process::id(), 1);
     let mut doc = String::new();
     writeln!(doc, "# Benchmarks\n").unwrap();
@@ -110,15 +120,28 @@ fn main() {
     .unwrap();
     writeln!(doc, "Machine: {}.\n", machine(&server, cores)).unwrap();
 
-    cost_section(&mut doc, &o);
-    memory_section(&mut doc, &server, &o);
-    scaling_section(&mut doc, &server, &o);
-    contention_section(&mut doc, &server, &o);
-
     if let Some(dir) = std::path::Path::new(&o.out).parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    std::fs::write(&o.out, &doc).expect("write the report");
+    // The report is rewritten after each section, so a failure late in a
+    // long run keeps what was measured.
+    let save = |doc: &String| std::fs::write(&o.out, doc).expect("write the report");
+    if o.runs("cost") {
+        cost_section(&mut doc, &o);
+        save(&doc);
+    }
+    if o.runs("memory") {
+        memory_section(&mut doc, &server, &o);
+        save(&doc);
+    }
+    if o.runs("scaling") {
+        scaling_section(&mut doc, &server, &o);
+        save(&doc);
+    }
+    if o.runs("contention") {
+        contention_section(&mut doc, &server, &o);
+        save(&doc);
+    }
     println!("{doc}");
     println!("bench: wrote {}", o.out);
 }

@@ -9,6 +9,7 @@
 //! * `node`     — node-wide state: fence high-water mark, restart delay,
 //!   counters, server events (loading, promotion)
 //! * `info`     — the `INFO lock` section
+//! * `propagation` — whether a write's effect can reach the AOF or a replica
 //! * `ffi`      — the few unsafe helpers everything above shares
 
 pub mod blocking;
@@ -17,4 +18,5 @@ pub mod datatype;
 pub mod ffi;
 pub mod info;
 pub mod node;
+pub mod propagation;
 pub mod slot;

@@ -130,8 +130,11 @@ extern "C" fn on_loading(
 ) {
     super::ffi::guard("the loading event", (), || {
         let is_master = super::ffi::context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0;
-        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED && is_master {
-            start_serving_as_master();
+        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
+            super::propagation::check_replication_state(ctx);
+            if is_master {
+                start_serving_as_master();
+            }
         }
     })
 }
@@ -143,6 +146,7 @@ extern "C" fn on_role_changed(
     _data: *mut std::os::raw::c_void,
 ) {
     super::ffi::guard("the role-changed event", (), || {
+        super::propagation::replicas_possible();
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             start_serving_as_master();
         }

@@ -5,13 +5,16 @@
 //! replicated as an absolute effect, never as the relative command:
 //! * a grant or renewal as `LOCK._SET key token fence deadline-ms`
 //! * a release as `DEL key`
+//!
+//! Unless nothing can receive effects: see `propagation`.
 
 use std::ptr::{self, NonNull};
 
 use redis_module::raw;
 
-use super::datatype::{self, LOCK_TYPE};
+use super::datatype::{self, LockBlock, LOCK_TYPE};
 use super::ffi::{api, Ctx, RString};
+use super::propagation;
 use crate::core::error::LockError;
 use crate::core::lock::{Lock, LockSlot};
 
@@ -19,7 +22,7 @@ pub struct RedisSlot {
     ctx: Ctx,
     name: RString,
     key: NonNull<raw::RedisModuleKey>,
-    value: *mut Lock,
+    value: *mut LockBlock,
 }
 
 impl RedisSlot {
@@ -61,27 +64,32 @@ impl RedisSlot {
 
     /// Stores `lock` under the key with its expiry, without replicating:
     /// used directly when applying a replicated or AOF effect.
-    pub fn write(&mut self, lock: Lock) {
-        let deadline_ms = lock.deadline_ms;
-        if let Some(current) = unsafe { self.value.as_mut() } {
+    pub fn write(&mut self, lock: Lock<'_>) {
+        if let Some(current) = self.stored() {
             if current.token == lock.token {
                 // Same token: update in place, no allocation. (A different
                 // value would be freed, and counted there if it had expired.)
                 if !current.is_live(super::node::now_ms()) {
                     super::node::count(&super::node::STATS.expirations);
                 }
-                current.fence = lock.fence;
-                current.deadline_ms = deadline_ms;
-                self.set_expiry(deadline_ms);
+                unsafe { LockBlock::set(self.value, lock.fence, lock.deadline_ms) };
+                self.set_expiry(lock.deadline_ms);
                 return;
             }
         }
-        let value = datatype::new_value(lock);
+        let value = LockBlock::new(lock);
         unsafe {
             api!(RedisModule_ModuleTypeSetValue)(self.key.as_ptr(), LOCK_TYPE.get(), value.cast())
         };
         self.value = value;
-        self.set_expiry(deadline_ms);
+        self.set_expiry(lock.deadline_ms);
+    }
+
+    /// Nothing can receive an effect now (see `propagation`): only count the
+    /// write for RDB save points. RM_ReplicateVerbatim does exactly that
+    /// when Redis has nowhere to propagate to.
+    fn count_write(&self) {
+        unsafe { api!(RedisModule_ReplicateVerbatim)(self.ctx) };
     }
 
     fn set_expiry(&self, deadline_ms: i64) {
@@ -89,9 +97,12 @@ impl RedisSlot {
     }
 
     fn replicate_set(&self) {
-        let Some(lock) = (unsafe { self.value.as_ref() }) else {
+        let Some(lock) = self.stored() else {
             return;
         };
+        if !propagation::effects_needed(self.ctx) {
+            return self.count_write();
+        }
         unsafe {
             api!(RedisModule_Replicate)(
                 self.ctx,
@@ -108,18 +119,23 @@ impl RedisSlot {
 }
 
 impl LockSlot for RedisSlot {
-    fn stored(&self) -> Option<&Lock> {
-        unsafe { self.value.as_ref() }
+    fn stored(&self) -> Option<Lock<'_>> {
+        if self.value.is_null() {
+            return None;
+        }
+        // The block lives as long as the key holds it: at least while this
+        // slot has the key open and has not replaced or deleted it.
+        Some(unsafe { LockBlock::view(self.value) })
     }
 
-    fn put(&mut self, lock: Lock) {
+    fn put(&mut self, lock: Lock<'_>) {
         self.write(lock);
         self.replicate_set();
     }
 
     fn renew(&mut self, deadline_ms: i64) {
-        if let Some(lock) = unsafe { self.value.as_mut() } {
-            lock.deadline_ms = deadline_ms;
+        if let Some(lock) = self.stored() {
+            unsafe { LockBlock::set(self.value, lock.fence, deadline_ms) };
             self.set_expiry(deadline_ms);
             self.replicate_set();
         }
@@ -129,9 +145,13 @@ impl LockSlot for RedisSlot {
         if self.value.is_null() {
             return;
         }
-        unsafe {
-            api!(RedisModule_DeleteKey)(self.key.as_ptr());
-            api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name);
+        unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
+        if propagation::effects_needed(self.ctx) {
+            unsafe {
+                api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name)
+            };
+        } else {
+            self.count_write();
         }
         self.value = ptr::null_mut();
     }

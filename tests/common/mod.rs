@@ -440,8 +440,8 @@ pub enum Resp {
 /// A bare RESP2 connection: send a command now, read its reply later. Many
 /// of these can wait in the server at once without a thread each.
 pub struct RawConn {
+    /// One socket (one fd): read through the buffer, written directly.
     reader: std::io::BufReader<std::net::TcpStream>,
-    writer: std::net::TcpStream,
 }
 
 impl RawConn {
@@ -449,8 +449,7 @@ impl RawConn {
         let stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
         stream.set_nodelay(true).unwrap();
         RawConn {
-            reader: std::io::BufReader::new(stream.try_clone().unwrap()),
-            writer: stream,
+            reader: std::io::BufReader::new(stream),
         }
     }
 
@@ -460,14 +459,16 @@ impl RawConn {
         for a in args {
             out += &format!("${}\r\n{a}\r\n", a.len());
         }
-        self.writer.write_all(out.as_bytes()).expect("send");
+        self.reader
+            .get_mut()
+            .write_all(out.as_bytes())
+            .expect("send");
     }
 
     /// Waits up to `limit` for a reply; None if none came.
     pub fn read_within(&mut self, limit: Duration) -> Option<Resp> {
         use std::io::BufRead;
         if self.reader.buffer().is_empty() {
-            self.writer.set_read_timeout(Some(limit)).unwrap();
             self.reader.get_ref().set_read_timeout(Some(limit)).unwrap();
             match self.reader.fill_buf() {
                 Ok([]) => panic!("connection closed"),

@@ -1,0 +1,105 @@
+//! Whether the effect of a write can reach anyone: the AOF, a replica, or
+//! the replication backlog that replicas resync from.
+//!
+//! Every grant, renewal and release is replicated as an absolute effect with
+//! RM_Replicate. That call is costly on Redis 7.0: it looks the command up
+//! by name (splitting it on '|', with allocations) and builds every argument
+//! as a new object, about 4,500 instructions, a third of a whole
+//! LOCK.ACQUIRE, and it does so even when nothing will receive the effect.
+//! When nothing can, this module uses RM_ReplicateVerbatim instead, which
+//! propagates nothing then (Redis's own check) but still counts the write
+//! for RDB save points.
+//!
+//! "Nothing can receive it" must never be wrong, or a replica would get the
+//! relative command. So it is decided conservatively and only ever turns
+//! from false to true until restart:
+//! * the AOF is on (checked at every write: it can be enabled at runtime);
+//! * a SYNC or PSYNC was ever received (a command filter): the replication
+//!   backlog is created there, and only there, on a master;
+//! * the node was ever a replica, or changed replication role;
+//! * at load, INFO replication shows a backlog or connected replicas.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use redis_module::raw;
+
+use super::ffi::{api, context_flags, guard, string_bytes, Ctx};
+
+static MAY_HAVE_REPLICAS: AtomicBool = AtomicBool::new(false);
+
+/// From now on, every effect is replicated in full.
+pub fn replicas_possible() {
+    MAY_HAVE_REPLICAS.store(true, Relaxed);
+}
+
+/// True when an effect written now could reach the AOF or a replica.
+pub fn effects_needed(ctx: Ctx) -> bool {
+    MAY_HAVE_REPLICAS.load(Relaxed) || context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF != 0
+}
+
+/// At load: watch for replicas attaching, and look at the replication state
+/// the server already has.
+pub fn init(ctx: Ctx) -> Result<(), &'static str> {
+    let register = unsafe { raw::RedisModule_RegisterCommandFilter }
+        .ok_or("RedisModule_RegisterCommandFilter is not available")?;
+    let filter = unsafe {
+        register(
+            ctx,
+            Some(on_command),
+            raw::REDISMODULE_CMDFILTER_NOSELF as i32,
+        )
+    };
+    if filter.is_null() {
+        return Err("could not register the command filter");
+    }
+    check_replication_state(ctx);
+    Ok(())
+}
+
+/// Reads INFO replication; anything but "a master with no backlog and no
+/// replicas" (including any doubt) means effects are needed.
+pub fn check_replication_state(ctx: Ctx) {
+    if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0 {
+        return replicas_possible();
+    }
+    let (Some(get), Some(field), Some(free)) = (
+        unsafe { raw::RedisModule_GetServerInfo },
+        unsafe { raw::RedisModule_ServerInfoGetFieldSigned },
+        unsafe { raw::RedisModule_FreeServerInfo },
+    ) else {
+        return replicas_possible();
+    };
+    unsafe {
+        let info = get(ctx, c"replication".as_ptr());
+        if info.is_null() {
+            return replicas_possible();
+        }
+        let mut quiet = true;
+        for name in [c"repl_backlog_active", c"connected_slaves"] {
+            let mut err = 0;
+            let value = field(info, name.as_ptr(), &mut err);
+            quiet &= err == 0 && value == 0;
+        }
+        free(ctx, info);
+        if !quiet {
+            replicas_possible();
+        }
+    }
+}
+
+/// Command filter: sees every command before it runs.
+extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
+    if MAY_HAVE_REPLICAS.load(Relaxed) {
+        return;
+    }
+    guard("the command filter", (), || unsafe {
+        let name = api!(RedisModule_CommandFilterArgGet)(fctx, 0);
+        if name.is_null() {
+            return;
+        }
+        let name = string_bytes(name);
+        if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
+            replicas_possible();
+        }
+    })
+}
