@@ -410,8 +410,9 @@ fn cost_section(doc: &mut String, o: &Options) {
 }
 
 const COST_NOTES: &str = "\
-**Reading these figures.** Instruction counts are stable: two runs of `make bench` differed by \
-under 1%. Throughput on a 2-core VM is not: between two runs the same pipeline-16 ratio moved by \
+**Reading these figures.** Instruction counts are steadier than throughput: between two runs \
+of `make bench` the lock rows moved by under 1%, PING (the cheapest, where event-loop work per \
+wake-up weighs most) by 9%. Throughput on a 2-core VM is not: between two runs the same pipeline-16 ratio moved by \
 up to a third (LOCK.RELEASE against compare-and-delete: 2.07× in one run, 1.47× in the next), \
 because the load generator shares the machine and each pipeline-16 row is bound as much by \
 allocation and memory traffic as by instructions. Judge the cost targets by the instruction \
