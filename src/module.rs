@@ -3,37 +3,32 @@
 //! allocator).
 
 use redis_module::configuration::ConfigurationFlags;
+use redis_module::raw::RedisModuleCtx;
 use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::redis::{blocking, commands, datatype, info, node, propagation};
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    let raw_ctx = ctx.ctx;
-    if let Err(e) = datatype::register(raw_ctx) {
-        ctx.log_warning(&format!("lock: {e}"));
-        return Status::Err;
+    match start(ctx.ctx) {
+        Ok(()) => Status::Ok,
+        Err(e) => {
+            ctx.log_warning(&format!("lock: {e}"));
+            Status::Err
+        }
     }
-    if let Err(e) = commands::register(raw_ctx) {
-        ctx.log_warning(&format!("lock: {e}"));
-        return Status::Err;
-    }
-    if let Err(e) = blocking::init(raw_ctx) {
-        ctx.log_warning(&format!("lock: {e}"));
-        return Status::Err;
-    }
-    if let Err(e) = propagation::init(raw_ctx) {
-        ctx.log_warning(&format!("lock: {e}"));
-        return Status::Err;
-    }
-    if let Err(e) = node::subscribe_to_server_events(raw_ctx) {
-        ctx.log_warning(&format!("lock: {e}"));
-        return Status::Err;
-    }
-    redis_module::raw::register_info_function(raw_ctx, Some(info::info_section));
+}
+
+fn start(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    datatype::register(ctx)?;
+    commands::register(ctx)?;
+    blocking::init(ctx)?;
+    propagation::init(ctx)?;
+    node::subscribe_to_server_events(ctx)?;
+    redis_module::raw::register_info_function(ctx, Some(info::info_section));
     // Without persistence no loading event comes: start the fence mark and
     // the restart delay from the module's own start.
     node::start_serving_as_master();
-    Status::Ok
+    Ok(())
 }
 
 redis_module! {

@@ -567,15 +567,6 @@ fn memory_usage_and_digest_work_for_a_lock() {
 fn memory_stays_flat_under_a_flood_of_malformed_commands() {
     let s = Server::start();
     let mut c = s.conn();
-    let used = |c: &mut Connection| -> i64 {
-        let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("used_memory:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
     let flood = |c: &mut Connection| {
         for _ in 0..10 {
             let mut pipe = redis::pipe();
@@ -597,9 +588,9 @@ fn memory_stays_flat_under_a_flood_of_malformed_commands() {
         }
     };
     flood(&mut c); // warm up allocator caches
-    let before = used(&mut c);
+    let before = used_memory(&mut c);
     flood(&mut c);
-    let after = used(&mut c);
+    let after = used_memory(&mut c);
     assert!(
         after - before < 256 * 1024,
         "used_memory grew {before} -> {after}"
