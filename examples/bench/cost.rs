@@ -144,6 +144,14 @@ fn command(row: Row, shas: &Shas, i: usize, buf: &mut Vec<u8>) {
 fn setup(server: &Server, row: Row, n: usize) {
     let mut c = server.conn();
     let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    if matches!(row, Row::SetNxPx | Row::Acquire | Row::LuaAcquireFence) {
+        // Rows that create keys would otherwise run faster or slower with how
+        // much freed memory the previous row left the allocator (new pages
+        // cost page faults): give each the same, room for 2n keys.
+        let warm = |i: usize, buf: &mut Vec<u8>| encode(buf, &[b"SET", &key("w", i), TOKEN]);
+        assert_eq!(load::run(server.port, 4, 512, 2 * n, &warm).errors, 0);
+        let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
+    }
     let (count, is_lock) = match row {
         Row::Get | Row::LuaExtend | Row::SetIfeq => (HOT_KEYS, false),
         Row::LuaRelease => (n, false),

@@ -419,7 +419,7 @@ allocation and memory traffic as by instructions. Judge the cost targets by the 
 columns first.\n\n\
 **Acquire with fencing against the Lua script (target 2.5× the throughput): not met.** \
 LOCK.ACQUIRE does the script's work in 3.7× fewer instructions, but at pipeline 16 its throughput \
-was 2.0–2.4× the script's across runs: both create new keys at every grant (the script two), and \
+was 1.8–2.4× the script's across runs (Redis and Valkey): both create new keys at every grant (the script two), and \
 the runs say that creating keys, not instructions, bounds both. Not shown to be impossible; \
 the next candidates are the second expiry lookup in RM_SetAbsExpire and the RedisModuleKey \
 allocation in RM_OpenKey.";
