@@ -163,13 +163,19 @@ pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockErr
     Ok(unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }.cast())
 }
 
+thread_local! {
+    /// Set while the module itself deletes a live lock (see `slot::remove`).
+    pub static RELEASING_LIVE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
         if value.is_null() {
             return;
         }
         let block = value.cast::<LockBlock>();
-        if !unsafe { LockBlock::view(block) }.is_live(node::now_ms()) {
+        let released = RELEASING_LIVE_LOCK.get();
+        if !released && !unsafe { LockBlock::view(block) }.is_live(node::now_ms()) {
             node::count(&STATS.expirations);
         }
         unsafe { LockBlock::free(block) };

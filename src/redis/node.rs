@@ -98,7 +98,8 @@ pub fn count(counter: &AtomicU64) {
 }
 
 /// Server events: loading finished (start-up, DEBUG RELOAD, full sync),
-/// replication role changes, and flushes (which hand locks to waiters).
+/// replication role changes, flushes (which hand locks to waiters) and
+/// config changes (the AOF can be turned on at runtime).
 pub fn subscribe_to_server_events(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
     let subscribe = unsafe { raw::RedisModule_SubscribeToServerEvent }
         .ok_or("RedisModule_SubscribeToServerEvent is not available")?;
@@ -109,6 +110,10 @@ pub fn subscribe_to_server_events(ctx: *mut raw::RedisModuleCtx) -> Result<(), &
             on_role_changed,
         ),
         (raw::REDISMODULE_EVENT_FLUSHDB, super::blocking::on_flush),
+        (
+            raw::REDISMODULE_EVENT_CONFIG,
+            super::propagation::on_config_change,
+        ),
     ];
     for (id, callback) in events {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
@@ -140,13 +145,14 @@ extern "C" fn on_loading(
 }
 
 extern "C" fn on_role_changed(
-    _ctx: *mut raw::RedisModuleCtx,
+    ctx: *mut raw::RedisModuleCtx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
     _data: *mut std::os::raw::c_void,
 ) {
     super::ffi::guard("the role-changed event", (), || {
         super::propagation::replicas_possible();
+        super::propagation::refresh_aof_state(ctx);
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             start_serving_as_master();
         }

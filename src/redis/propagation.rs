@@ -13,7 +13,8 @@
 //! "Nothing can receive it" must never be wrong, or a replica would get the
 //! relative command. So it is decided conservatively and only ever turns
 //! from false to true until restart:
-//! * the AOF is on (checked at every write: it can be enabled at runtime);
+//! * the AOF is on (read at load, after loading, on role changes and after
+//!   every CONFIG change, which is how it is turned on at runtime);
 //! * a SYNC or PSYNC was ever received (a command filter): the replication
 //!   backlog is created there, and only there, on a master;
 //! * the node was ever a replica, or changed replication role;
@@ -27,14 +28,26 @@ use super::ffi::{api, context_flags, guard, string_bytes, Ctx};
 
 static MAY_HAVE_REPLICAS: AtomicBool = AtomicBool::new(false);
 
+/// The server's AOF state, cached: reading the context flags at every write
+/// costs more than the rest of this check.
+static AOF_ON: AtomicBool = AtomicBool::new(true);
+
 /// From now on, every effect is replicated in full.
 pub fn replicas_possible() {
     MAY_HAVE_REPLICAS.store(true, Relaxed);
 }
 
 /// True when an effect written now could reach the AOF or a replica.
-pub fn effects_needed(ctx: Ctx) -> bool {
-    MAY_HAVE_REPLICAS.load(Relaxed) || context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF != 0
+pub fn effects_needed() -> bool {
+    MAY_HAVE_REPLICAS.load(Relaxed) || AOF_ON.load(Relaxed)
+}
+
+/// Re-reads whether the AOF is on (it starts as "on" until first read).
+pub fn refresh_aof_state(ctx: Ctx) {
+    AOF_ON.store(
+        context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF != 0,
+        Relaxed,
+    );
 }
 
 /// At load: watch for replicas attaching, and look at the replication state
@@ -56,9 +69,20 @@ pub fn init(ctx: Ctx) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Server event: a CONFIG SET (or CONFIG REWRITE/RESETSTAT) changed settings.
+pub extern "C" fn on_config_change(
+    ctx: *mut raw::RedisModuleCtx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut std::os::raw::c_void,
+) {
+    guard("the config event", (), || refresh_aof_state(ctx))
+}
+
 /// Reads INFO replication; anything but "a master with no backlog and no
 /// replicas" (including any doubt) means effects are needed.
 pub fn check_replication_state(ctx: Ctx) {
+    refresh_aof_state(ctx);
     if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0 {
         return replicas_possible();
     }

@@ -100,7 +100,7 @@ impl RedisSlot {
         let Some(lock) = self.stored() else {
             return;
         };
-        if !propagation::effects_needed(self.ctx) {
+        if !propagation::effects_needed() {
             return self.count_write();
         }
         unsafe {
@@ -145,8 +145,13 @@ impl LockSlot for RedisSlot {
         if self.value.is_null() {
             return;
         }
+        // The lock was live (only a holder's release or a take-back frees it
+        // here): the type's free callback need not read the clock to decide
+        // whether a lease ran out.
+        datatype::RELEASING_LIVE_LOCK.set(true);
         unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
-        if propagation::effects_needed(self.ctx) {
+        datatype::RELEASING_LIVE_LOCK.set(false);
+        if propagation::effects_needed() {
             unsafe {
                 api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name)
             };
