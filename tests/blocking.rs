@@ -112,11 +112,7 @@ fn waiters_are_served_in_fifo_order_with_increasing_fences() {
 fn hand_off_when_the_lease_expires() {
     let s = Server::start();
     let mut c = s.conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    active_expire(&mut c, false);
     let start = Instant::now();
     let f0 = acquire(&mut c, "k", "crashed", 300).unwrap();
     let mut w = wait_for_lock(&s, "k", "next", 60_000, 0);
@@ -281,11 +277,7 @@ fn client_unblock_gives_nil_and_with_error_gives_an_error() {
 fn nobody_barges_in_while_waiters_are_queued() {
     let s = Server::start();
     let mut c = s.conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    active_expire(&mut c, false);
     acquire(&mut c, "k", "a", 300).unwrap();
     let mut w = wait_for_lock(&s, "k", "waiter", 60_000, 0);
     // A spinning client around the deadline never gets the lock.

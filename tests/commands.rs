@@ -139,11 +139,7 @@ fn a_lock_is_free_the_instant_its_lease_ends() {
     let s = Server::start();
     let mut c = s.conn();
     // Keep Redis from deleting the key itself: only the deadline decides.
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
+    active_expire(&mut c, false);
     let f1 = acquire(&mut c, "k", "a", 100).unwrap();
     sleep(Duration::from_millis(150));
     assert_eq!(fence(&mut c, "k"), None);

@@ -128,11 +128,7 @@ fn replica_never_expires_a_lock_on_its_own() {
     let mut m = master.conn();
     // The master deletes expired keys only when touched: nothing sends the
     // replica a DEL until we ask.
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(0)
-        .query(&mut m)
-        .unwrap();
+    active_expire(&mut m, false);
     acquire(&mut m, "k", "t", 300).unwrap();
     wait_replicated(&mut m);
     sleep(Duration::from_millis(600));
@@ -144,11 +140,7 @@ fn replica_never_expires_a_lock_on_its_own() {
         n, 1,
         "but the replica keeps the key until its master deletes it"
     );
-    let _: () = redis::cmd("DEBUG")
-        .arg("SET-ACTIVE-EXPIRE")
-        .arg(1)
-        .query(&mut m)
-        .unwrap();
+    active_expire(&mut m, true);
     wait_until(Duration::from_secs(20), || {
         let n: i64 = redis::cmd("DBSIZE").query(&mut r).unwrap();
         n == 0

@@ -354,6 +354,17 @@ fn set_arg(args: &mut Vec<String>, name: &str, value: &str) {
     }
 }
 
+/// Turns Redis's background expiry cycle off or on. Off, a lock's key stays
+/// until something looks it up, so only the module's own deadline (and its
+/// timers) can end a lease.
+pub fn active_expire(c: &mut Connection, on: bool) {
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-ACTIVE-EXPIRE")
+        .arg(i32::from(on))
+        .query(c)
+        .unwrap();
+}
+
 /// Polls `cond` until it holds; panics after `limit`.
 pub fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
