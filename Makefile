@@ -34,7 +34,9 @@ test-valkey:
 
 # Benchmarks: not part of `make test`. Starts its own redis-server and
 # rewrites docs/benchmarks.md.
-bench: build
+bench:
+	@scripts/prereqs.sh test
+	cargo build --release
 	cargo run --release --example bench -- --out docs/benchmarks.md
 
 # A few hundred operations of every benchmark, so the harness cannot rot.
