@@ -50,6 +50,14 @@ pub fn parse_i64(s: &[u8]) -> Result<i64, IntError> {
     if digits.len() > 1 && digits[0] == b'0' || negative && digits == b"0" {
         return Err(IntError::NotInteger);
     }
+    // Up to 18 digits cannot overflow an i64: one plain pass (this runs on
+    // every LOCK.ACQUIRE and LOCK.EXTEND). Longer input takes the checked path.
+    if digits.len() <= 18 {
+        let magnitude = digits
+            .iter()
+            .fold(0i64, |v, d| v * 10 + i64::from(d - b'0'));
+        return Ok(if negative { -magnitude } else { magnitude });
+    }
     let mut value: i64 = 0;
     for d in digits {
         let d = i64::from(d - b'0');
@@ -180,6 +188,23 @@ mod tests {
         assert_eq!(parse_i64(b"9223372036854775807"), Ok(i64::MAX));
         assert_eq!(parse_i64(b"-9223372036854775808"), Ok(i64::MIN));
         assert_eq!(parse_i64(b"9223372036854775808"), Err(IntError::OutOfRange));
+        // Both sides of the unchecked fast path's 18-digit limit.
+        assert_eq!(
+            parse_i64(b"999999999999999999"),
+            Ok(999_999_999_999_999_999)
+        );
+        assert_eq!(
+            parse_i64(b"-999999999999999999"),
+            Ok(-999_999_999_999_999_999)
+        );
+        assert_eq!(
+            parse_i64(b"1000000000000000000"),
+            Ok(1_000_000_000_000_000_000)
+        );
+        assert_eq!(
+            parse_i64(b"99999999999999999999"),
+            Err(IntError::OutOfRange)
+        );
         for bad in [
             &b""[..],
             b"-",
