@@ -9,7 +9,8 @@ use crate::common::{Connection, Server};
 use crate::load::{self, encode};
 
 /// A token the size of a UUID, as lock libraries use.
-pub const TOKEN: &[u8] = b"6f1c2a9e-3b7d-4e58-9c0a-d2f4b6e8a1c3";
+pub const TOKEN: &[u8] = TOKEN_STR.as_bytes();
+const TOKEN_STR: &str = "6f1c2a9e-3b7d-4e58-9c0a-d2f4b6e8a1c3";
 const TTL: &[u8] = b"600000";
 /// Keys reused by rows that need an existing lock or string.
 const HOT_KEYS: usize = 100_000;
@@ -141,7 +142,7 @@ fn command(row: Row, shas: &Shas, i: usize, buf: &mut Vec<u8>) {
 }
 
 /// Empties the server and creates what `row`'s `n` commands act on.
-fn setup(server: &Server, row: Row, n: usize) {
+pub fn setup(server: &Server, row: Row, n: usize) {
     let mut c = server.conn();
     let _: () = redis::cmd("FLUSHALL").query(&mut c).unwrap();
     if matches!(row, Row::SetNxPx | Row::Acquire | Row::LuaAcquireFence) {
@@ -179,9 +180,20 @@ pub fn throughput(server: &Server, shas: &Shas, row: Row, pipeline: usize, n: us
     r.rate(n)
 }
 
-/// Server instructions per command for `row`, from a server running under
-/// callgrind with instrumentation on only while the row's commands run.
-pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> f64 {
+/// What callgrind counted per command: instructions, and the misses of its
+/// simulated caches (first-level instruction cache, and last-level cache
+/// for instructions and data together).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counts {
+    pub instructions: f64,
+    pub i1_misses: f64,
+    pub ll_misses: f64,
+}
+
+/// Server cost per command for `row`, from a server running under callgrind
+/// (with `--cache-sim=yes`) with instrumentation on only while the row's
+/// commands run.
+pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> Counts {
     setup(server, row, n);
     let pid = server.pid().to_string();
     // Connect first: accepting connections is not the command's cost.
@@ -195,7 +207,13 @@ pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> f64 {
     let before = dumps(server);
     callgrind_control(&["--dump", &pid]);
     let file = wait_new_dump(server, &before);
-    total_instructions(&file) as f64 / n as f64
+    let per_command =
+        |events: &[&str]| events.iter().map(|e| total(&file, e)).sum::<u64>() as f64 / n as f64;
+    Counts {
+        instructions: per_command(&["Ir"]),
+        i1_misses: per_command(&["I1mr"]),
+        ll_misses: per_command(&["ILmr", "DLmr", "DLmw"]),
+    }
 }
 
 fn callgrind_control(args: &[&str]) {
@@ -236,11 +254,53 @@ fn wait_new_dump(server: &Server, before: &[std::path::PathBuf]) -> std::path::P
     panic!("callgrind wrote no dump");
 }
 
-fn total_instructions(file: &std::path::Path) -> u64 {
+/// The `totals:` figure of one event (`Ir`, `I1mr`, ...) in a callgrind dump;
+/// 0 if the dump did not count that event.
+fn total(file: &std::path::Path, event: &str) -> u64 {
     let text = std::fs::read_to_string(file).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("totals:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("totals line in the callgrind dump")
+    let line = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line in the callgrind dump"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    let (events, totals) = (line("events:"), line("totals:"));
+    events
+        .iter()
+        .position(|e| *e == event)
+        .and_then(|i| totals.get(i))
+        .map_or(0, |v| v.parse().expect("a count"))
+}
+
+/// The grant rows again, driven by `redis-benchmark` (one C process with an
+/// event loop) instead of this crate's generator: commands per second for
+/// `row`, `n` commands on random keys from 50 connections at pipeline 16.
+/// None when redis-benchmark is not installed.
+pub fn redis_benchmark(server: &Server, row: Row, n: usize) -> Option<f64> {
+    let args: &[&str] = match row {
+        Row::SetNxPx => &["SET", "s:__rand_int__", TOKEN_STR, "NX", "PX", "600000"],
+        Row::Acquire => &["LOCK.ACQUIRE", "l:__rand_int__", TOKEN_STR, "600000"],
+        _ => panic!("redis-benchmark rows are the two grants"),
+    };
+    setup(server, row, n);
+    let port = server.port.to_string();
+    let count = n.to_string();
+    let out = Command::new("redis-benchmark")
+        .args(["-p", &port, "-c", "50", "-P", "16", "-n", &count])
+        // Random keys over a space so large that almost every one is new.
+        .args(["-r", "1000000000", "-q"])
+        .args(args)
+        .output()
+        .ok()?;
+    assert!(out.status.success(), "redis-benchmark failed");
+    // "-q" prints progress lines separated by '\r', then
+    // "<command>: 380228.14 requests per second, p50=...".
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rate = text
+        .rsplit(" requests per second")
+        .nth(1)
+        .and_then(|before| before.rsplit(' ').next())
+        .and_then(|v| v.parse().ok());
+    Some(rate.unwrap_or_else(|| panic!("no rate in redis-benchmark's output: {text}")))
 }
