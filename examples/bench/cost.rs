@@ -171,13 +171,42 @@ pub fn setup(server: &Server, row: Row, n: usize) {
     assert_eq!(r.errors, 0, "setup of {row:?} failed");
 }
 
-/// Commands per second for `row`: `n` commands, 50 connections.
-pub fn throughput(server: &Server, shas: &Shas, row: Row, pipeline: usize, n: usize) -> f64 {
+/// One timed run of a row.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// Commands per second seen by the clients.
+    pub rate: f64,
+    /// Time the server's main thread spent on a CPU per command, in
+    /// microseconds (user and kernel, from the scheduler's own accounting).
+    /// Unlike the rate it does not count time the server sat idle waiting
+    /// for the load generator, which shares the machine.
+    pub cpu_us: f64,
+}
+
+/// Runs `n` commands of `row` from 50 connections.
+pub fn throughput(server: &Server, shas: &Shas, row: Row, pipeline: usize, n: usize) -> Run {
     setup(server, row, n);
     let make = |i: usize, buf: &mut Vec<u8>| command(row, shas, i, buf);
+    let cpu_before = server_cpu_ns(server);
     let r = load::run(server.port, 50, pipeline, n, &make);
+    let cpu_ns = server_cpu_ns(server) - cpu_before;
     assert_eq!(r.errors, 0, "{row:?} replied with errors");
-    r.rate(n)
+    Run {
+        rate: r.rate(n),
+        cpu_us: cpu_ns as f64 / 1000.0 / n as f64,
+    }
+}
+
+/// Nanoseconds the server's main thread has run on a CPU: the first field of
+/// /proc/PID/schedstat, exact to the nanosecond where tick-sampled user and
+/// system times (INFO cpu, getrusage) are not.
+fn server_cpu_ns(server: &Server) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{}/schedstat", server.pid()))
+        .expect("/proc/PID/schedstat (Linux with schedstats)");
+    stat.split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a run time in /proc/PID/schedstat")
 }
 
 /// What callgrind counted per command: instructions, and the misses of its

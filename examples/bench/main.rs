@@ -297,7 +297,10 @@ fn cost_section(doc: &mut String, o: &Options) {
          state made for it (a RELEASE or compare-and-delete hits a held lock exactly once). \
          Throughput is the median of {repeats} runs, interleaved across rows ({n1} commands at \
          pipeline 1, {n16} at pipeline 16); a ratio is the median of the ratios within each round of \
-         rows, so both sides of it ran seconds apart. Instructions are the server's own, user space, \
+         rows, so both sides of it ran seconds apart. Server CPU is the time the server's main thread \
+         spent on a CPU per command in the pipeline-16 runs (from /proc/PID/schedstat): unlike \
+         throughput, it leaves out the time the server waited for the load generator, which shares \
+         the machine. Instructions are the server's own, user space, \
          counted by `valgrind --tool=callgrind --cache-sim=yes` on a second server with \
          instrumentation on only while {n_cg} commands of the row run at pipeline 16 (event loop and \
          networking included); the same run simulates this machine's caches and counts, per \
@@ -326,10 +329,13 @@ fn cost_section(doc: &mut String, o: &Options) {
         let shas = cost::load_scripts(&mut server.conn());
         let mut p1: Vec<Vec<f64>> = vec![vec![]; rows.len()];
         let mut p16: Vec<Vec<f64>> = vec![vec![]; rows.len()];
+        let mut cpu16: Vec<Vec<f64>> = vec![vec![]; rows.len()];
         for _ in 0..repeats {
             for (k, &row) in rows.iter().enumerate() {
-                p1[k].push(cost::throughput(&server, &shas, row, 1, n1));
-                p16[k].push(cost::throughput(&server, &shas, row, 16, n16));
+                p1[k].push(cost::throughput(&server, &shas, row, 1, n1).rate);
+                let run = cost::throughput(&server, &shas, row, 16, n16);
+                p16[k].push(run.rate);
+                cpu16[k].push(run.cpu_us);
             }
         }
         // The grant pair again from redis-benchmark, paired by round.
@@ -367,23 +373,28 @@ fn cost_section(doc: &mut String, o: &Options) {
             p1.iter().map(|v| median(v)).collect(),
             p16.iter().map(|v| median(v)).collect(),
         );
-        // Throughput of row a over row b at pipeline 16, paired by round.
-        let ratio = |a: usize, b: usize| {
-            let per_round: Vec<f64> = p16[a].iter().zip(&p16[b]).map(|(x, y)| x / y).collect();
+        // Row a over row b at pipeline 16, paired by round.
+        let paired = |v: &[Vec<f64>], a: usize, b: usize| {
+            let per_round: Vec<f64> = v[a].iter().zip(&v[b]).map(|(x, y)| x / y).collect();
             median(&per_round)
         };
+        let ratio = |a: usize, b: usize| paired(&p16, a, b);
+        let cpu_ratio = |a: usize, b: usize| paired(&cpu16, a, b);
+        let cpu: Vec<f64> = cpu16.iter().map(|v| median(v)).collect();
         let base = at(Row::SetNxPx);
         writeln!(doc, "### {name} (`{binary}`)\n").unwrap();
-        writeln!(doc, "| command | ops/s, pipeline 1 | ops/s, pipeline 16 | vs SET NX PX (p16) | instructions/command | vs SET NX PX | I1 misses/command | LL misses/command |").unwrap();
-        writeln!(doc, "|---|---|---|---|---|---|---|---|").unwrap();
+        writeln!(doc, "| command | ops/s, pipeline 1 | ops/s, pipeline 16 | vs SET NX PX (p16) | server CPU µs/command (p16) | vs SET NX PX | instructions/command | vs SET NX PX | I1 misses/command | LL misses/command |").unwrap();
+        writeln!(doc, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
         for (k, row) in rows.iter().enumerate() {
             writeln!(
                 doc,
-                "| {} | {:.0} | {:.0} | {:.2}× | {:.0} | {:.2}× | {:.1} | {:.2} |",
+                "| {} | {:.0} | {:.0} | {:.2}× | {:.2} | {:.2}× | {:.0} | {:.2}× | {:.1} | {:.2} |",
                 row.label(),
                 m1[k],
                 m16[k],
                 ratio(k, base),
+                cpu[k],
+                cpu_ratio(k, base),
                 instr[k],
                 instr[k] / instr[base],
                 counts[k].i1_misses,
@@ -425,10 +436,14 @@ fn cost_section(doc: &mut String, o: &Options) {
         let ext = at(Row::Extend);
         let (get, contended) = (at(Row::Get), at(Row::AcquireContended));
         grant_explanations.push(format!(
-            "{name}: LOCK.ACQUIRE ran at {:.2}× SET NX PX with {:.2}× its instructions, but {:.1} \
-             I1 misses per command against {:.1} ({:.2}×) and {:.2} LL misses against {:.2} ({:.2}×). \
-             Without a grant (contended, nil) the module path misses I1 {:.1} times against GET's {:.1}.",
+            "{name}: LOCK.ACQUIRE ran at {:.2}× SET NX PX's throughput, used {:.2}× its server CPU time \
+             per command (so {:.2}× its throughput where the server alone is the limit) with {:.2}× its \
+             instructions, but {:.1} I1 misses per command against {:.1} ({:.2}×) and {:.2} LL misses \
+             against {:.2} ({:.2}×). Without a grant (contended, nil) the module path misses I1 {:.1} times \
+             against GET's {:.1}.",
             ratio(acq, base),
+            cpu_ratio(acq, base),
+            1.0 / cpu_ratio(acq, base),
             instr[acq] / instr[base],
             counts[acq].i1_misses,
             counts[base].i1_misses,
@@ -588,11 +603,15 @@ fn memory_section(doc: &mut String, server: &Server, o: &Options) {
 
 const SCALING_NOTES: &str = "\
 **Why throughput falls with the number of live locks.** The lock commands do one keyspace \
-lookup each, like GET. With 10k keys the whole keyspace sits in the CPU caches; with a million \
-(about 190 MB) nearly every lookup misses them and waits for memory. GET over as many plain \
-strings in the same server falls by about as much (its column above), so the drop is the cost of \
-the keyspace's size on this machine, not of the module: a module command cannot look a key up \
-with fewer memory accesses than GET.";
+lookup each, like GET. With 10k keys the keyspace sits in the CPU caches; with a million (about \
+190 MB) nearly every lookup misses them and waits for memory, so GET over as many plain strings \
+in the same server falls too (its column above; between 0.53× and 0.78× across runs on this \
+machine): no command that reads a key holds 0.8× here, and the drop is the cost of the keyspace's \
+size. The lock commands can fall somewhat further than GET because reading a lock follows two more \
+pointers than reading an embedded string (Redis's object, then its moduleValue, then the lock's \
+block, where GET's object holds the string inline), each another likely cache miss at this size. \
+The moduleValue is Redis's and comes with every module type; the block is the module's single \
+allocation per lock.";
 
 const MEMORY_NOTES: &str = "\
 **Why a lock cannot be as small as a string key.** Both pay the same key, dict entry and expiry \
