@@ -44,19 +44,28 @@ pub fn parse_i64(s: &[u8]) -> Result<i64, IntError> {
         Some((b'-', rest)) => (true, rest),
         _ => (false, s),
     };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+    if digits.is_empty() {
         return Err(IntError::NotInteger);
     }
     if digits.len() > 1 && digits[0] == b'0' || negative && digits == b"0" {
         return Err(IntError::NotInteger);
     }
-    // Up to 18 digits cannot overflow an i64: one plain pass (this runs on
-    // every LOCK.ACQUIRE and LOCK.EXTEND). Longer input takes the checked path.
+    // Up to 18 digits cannot overflow an i64: one plain pass that checks and
+    // accumulates (this runs on every LOCK.ACQUIRE and LOCK.EXTEND). Longer
+    // input takes the checked path.
     if digits.len() <= 18 {
-        let magnitude = digits
-            .iter()
-            .fold(0i64, |v, d| v * 10 + i64::from(d - b'0'));
+        let mut magnitude = 0i64;
+        for &d in digits {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return Err(IntError::NotInteger);
+            }
+            magnitude = magnitude * 10 + i64::from(d);
+        }
         return Ok(if negative { -magnitude } else { magnitude });
+    }
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return Err(IntError::NotInteger);
     }
     let mut value: i64 = 0;
     for d in digits {
