@@ -498,17 +498,7 @@ fn thousands_of_waiters_on_one_key_drain_in_order_and_free_their_memory() {
     let s = big_server();
     assert_no_memory_left_per_round(&s, |s, c| {
         acquire(c, "hot", "holder", 600_000).unwrap();
-        let mut waiters: Vec<RawConn> = (0..N).map(|_| RawConn::connect(s)).collect();
-        for (i, w) in waiters.iter_mut().enumerate() {
-            w.send(&[
-                "LOCK.ACQUIRE",
-                "hot",
-                &format!("w{i}"),
-                "600000",
-                "BLOCK",
-                "0",
-            ]);
-        }
+        let mut waiters = RawConn::queue_waiters(s, "hot", N);
         wait_until(Duration::from_secs(20), || {
             s.info_field("waiters") == N as i64
         });

@@ -235,9 +235,14 @@ pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> Counts 
     callgrind_control(&["--instr=off", &pid]);
     let before = dumps(server);
     callgrind_control(&["--dump", &pid]);
-    let file = wait_new_dump(server, &before);
-    let per_command =
-        |events: &[&str]| events.iter().map(|e| total(&file, e)).sum::<u64>() as f64 / n as f64;
+    let totals = totals(&wait_new_dump(server, &before));
+    let per_command = |events: &[&str]| {
+        events
+            .iter()
+            .map(|e| totals.get(*e).copied().unwrap_or(0))
+            .sum::<u64>() as f64
+            / n as f64
+    };
     Counts {
         instructions: per_command(&["Ir"]),
         i1_misses: per_command(&["I1mr"]),
@@ -283,9 +288,9 @@ fn wait_new_dump(server: &Server, before: &[std::path::PathBuf]) -> std::path::P
     panic!("callgrind wrote no dump");
 }
 
-/// The `totals:` figure of one event (`Ir`, `I1mr`, ...) in a callgrind dump;
-/// 0 if the dump did not count that event.
-fn total(file: &std::path::Path, event: &str) -> u64 {
+/// The `totals:` line of a callgrind dump by event name (`Ir`, `I1mr`, ...);
+/// an event missing from the map was not counted.
+fn totals(file: &std::path::Path) -> std::collections::HashMap<String, u64> {
     let text = std::fs::read_to_string(file).unwrap();
     let line = |prefix: &str| {
         text.lines()
@@ -297,9 +302,9 @@ fn total(file: &std::path::Path, event: &str) -> u64 {
     let (events, totals) = (line("events:"), line("totals:"));
     events
         .iter()
-        .position(|e| *e == event)
-        .and_then(|i| totals.get(i))
-        .map_or(0, |v| v.parse().expect("a count"))
+        .zip(totals)
+        .map(|(e, v)| (e.to_string(), v.parse().expect("a count")))
+        .collect()
 }
 
 /// The grant rows again, driven by `redis-benchmark` (one C process with an

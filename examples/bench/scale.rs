@@ -201,17 +201,7 @@ pub fn handoff_cost(server: &Server, waiters: usize, handoffs: usize) -> f64 {
         holder.call(&["LOCK.ACQUIRE", "hot", "w-holder", "600000"]),
         Resp::Int(_)
     ));
-    let mut conns: Vec<RawConn> = (0..waiters).map(|_| RawConn::connect(server)).collect();
-    for (i, w) in conns.iter_mut().enumerate() {
-        w.send(&[
-            "LOCK.ACQUIRE",
-            "hot",
-            &format!("w{i}"),
-            "600000",
-            "BLOCK",
-            "0",
-        ]);
-    }
+    let mut conns = RawConn::queue_waiters(server, "hot", waiters);
     let waiting = |c: &mut crate::common::Connection| -> usize {
         let text: String = redis::cmd("INFO").arg("lock").query(c).unwrap();
         text.lines()

@@ -109,13 +109,7 @@ pub unsafe fn run_command(
     }))
     .unwrap_or(Err(LockError::Internal));
     match result {
-        // The hot replies by value: nothing left to drop on these paths.
-        Ok(Reply::Integer(n)) => {
-            api!(RedisModule_ReplyWithLongLong)(ctx, n);
-        }
-        Ok(Reply::Null) => {
-            api!(RedisModule_ReplyWithNull)(ctx);
-        }
+        // By value: the integer and nil replies leave nothing to drop.
         Ok(reply) => send(ctx, reply),
         Err(err) => reply_error(ctx, err),
     }

@@ -464,6 +464,25 @@ impl RawConn {
         }
     }
 
+    /// `n` new connections on `key`, waiter `i` queued (not yet answered)
+    /// with `LOCK.ACQUIRE key w<i> 600000 BLOCK 0`.
+    pub fn queue_waiters(server: &Server, key: &str, n: usize) -> Vec<RawConn> {
+        (0..n)
+            .map(|i| {
+                let mut w = RawConn::connect(server);
+                w.send(&[
+                    "LOCK.ACQUIRE",
+                    key,
+                    &format!("w{i}"),
+                    "600000",
+                    "BLOCK",
+                    "0",
+                ]);
+                w
+            })
+            .collect()
+    }
+
     pub fn send(&mut self, args: &[&str]) {
         use std::io::Write;
         let mut out = format!("*{}\r\n", args.len());
