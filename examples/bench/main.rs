@@ -512,7 +512,7 @@ const GRANT_NOTES: &str = "\
 **A grant against SET NX PX (target 0.95× the throughput).** LOCK.ACQUIRE executes fewer \
 instructions than SET NX PX but does not run correspondingly faster. Across runs on this machine \
 the throughput ratio has landed between 0.84× and 1.07×, and the server's CPU time per grant \
-between 1.05× and 1.16× SET NX PX's on Redis 7.0 and between 0.98× and 1.01× on Valkey 8.1: the \
+between 1.05× and 1.16× SET NX PX's on Redis 7.0 and between 0.98× and 1.03× on Valkey 8.1: the \
 target is met on Valkey and usually missed on Redis 7.0. The simulated caches show part of what \
 the instruction count hides: a module command runs through much more distinct code than a \
 built-in one (Redis's module dispatcher and context, RM_OpenKey, RM_ModuleTypeSetValue, which \
@@ -573,7 +573,8 @@ one codegen unit (the library is 10% smaller); integers of up to 18 digits check
 one pass; the clock read with `clock_gettime` instead of `SystemTime`; the lock block taken \
 straight from `RM_Alloc`; integer and nil replies sent without running the reply's drop code, \
 error replies moved out of line. Per grant: 8,942 → 8,825 instructions, 156 → 106 simulated I1 \
-misses (the module's own code 31 → 13). Measured as server CPU time per command (main thread, \
+misses (the module's own code 31 → 13; a later rebuild that only moved code gave 126 and 14: \
+these counts shift with layout). Measured as server CPU time per command (main thread, \
 /proc/PID/schedstat) under `redis-benchmark -c 50 -P 16 -n 400000 -r 1000000000`, SET NX PX and \
 LOCK.ACQUIRE alternating, 15 rounds, twice per build: LOCK.ACQUIRE/SET NX PX was a median of \
 1.071× and 1.080× before, 1.053× and 1.045× after (quartiles of single rounds 0.89–1.14×): a \
