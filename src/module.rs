@@ -1,12 +1,15 @@
-//! Module registration: name, options, data type, commands, events, INFO.
-//! Compiled out of unit tests, which run without Redis (and without Redis's
-//! allocator).
+//! Module registration: the one place that wires options, the data type,
+//! commands, callbacks, events and INFO. Compiled out of unit tests, which
+//! run without Redis (and without Redis's allocator).
+
+use std::os::raw::c_int;
 
 use redis_module::configuration::ConfigurationFlags;
-use redis_module::raw::RedisModuleCtx;
+use redis_module::raw::{self, RedisModuleCtx};
 use redis_module::{redis_module, Context, RedisString, Status};
 
-use crate::redis::{blocking, commands, datatype, info, node, propagation};
+use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS};
+use crate::redis::{commands, datatype, events, handoff, info, node, propagation};
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     match start(ctx.ctx) {
@@ -19,11 +22,25 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 }
 
 fn start(ctx: *mut RedisModuleCtx) -> Result<(), String> {
-    datatype::register(ctx)?;
+    // One call: the options are assigned, not added.
+    // * HANDLE_IO_ERRORS: a damaged payload is refused instead of a panic,
+    //   and replicas may load diskless;
+    // * HANDLE_REPL_ASYNC_LOAD: loading touches nothing but the new values
+    //   and the fence mark (never lowered), so async loading is safe;
+    // * NO_IMPLICIT_SIGNAL_MODIFIED: only real changes touch WATCH and
+    //   client-side caching (see `keyspace`).
+    let set_options = unsafe { raw::RedisModule_SetModuleOptions }
+        .ok_or("RedisModule_SetModuleOptions is not available")?;
+    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+        | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
+    unsafe { set_options(ctx, options as c_int) };
+    datatype::register(ctx, handoff::on_unlink)?;
     commands::register(ctx)?;
-    blocking::init(ctx)?;
+    handoff::init(ctx)?;
     propagation::init(ctx)?;
-    node::subscribe_to_server_events(ctx)?;
+    events::subscribe(ctx)?;
+    events::read_server_state(ctx);
     redis_module::raw::register_info_function(ctx, Some(info::info_section));
     // Without persistence no loading event comes: start the fence mark and
     // the restart delay from the module's own start.
@@ -40,10 +57,14 @@ redis_module! {
     commands: [],
     configurations: [
         i64: [
-            ["restart-delay-ms", &node::RESTART_DELAY_MS, 0, 0, i64::MAX, ConfigurationFlags::DEFAULT, None],
+            ["restart-delay-ms", &node::RESTART_DELAY_MS, 0, 0, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-ttl-ms", &node::MAX_TTL_MS, DEFAULT_MAX_TTL_MS, 1, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
+            ["max-waiters-per-key", &node::MAX_WAITERS_PER_KEY, DEFAULT_MAX_WAITERS_PER_KEY, 1, 100_000_000, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
-        bool: [],
+        bool: [
+            ["allow-eviction", &node::ALLOW_EVICTION, false, ConfigurationFlags::DEFAULT, None],
+        ],
         enum: [],
         module_args_as_configuration: true,
     ]

@@ -312,13 +312,17 @@ fn bad_input_is_rejected_with_a_named_error_and_changes_nothing() {
         ),
         (
             vec!["LOCK.ACQUIRE", "k", "t", "9223372036854775807"],
-            "overflows the clock",
+            "lock.max-ttl-ms",
+        ),
+        (
+            vec!["LOCK.ACQUIRE", "k", "t", "9300000000000000"],
+            "lock.max-ttl-ms",
         ),
         (vec!["LOCK.EXTEND", "k", "holder", "0"], "ttl-ms"),
         (vec!["LOCK.EXTEND", "k", "holder", "x"], "ttl-ms"),
         (
             vec!["LOCK.EXTEND", "k", "holder", "9223372036854775807"],
-            "overflows the clock",
+            "lock.max-ttl-ms",
         ),
         (vec!["LOCK.ACQUIRE", "k", "", "100"], "token"),
         (vec!["LOCK.ACQUIRE", "k", &big_token, "100"], "token"),
@@ -469,11 +473,16 @@ fn command_metadata_declares_flags_arity_and_the_key() {
     };
     let (arity, flags) = flags_of(&info[0]);
     assert_eq!(arity, -4, "{text}");
-    for f in ["write", "denyoom", "fast"] {
+    for f in ["write", "blocking"] {
         assert!(
             flags.contains(&f.to_string()),
             "acquire lacks {f}: {flags:?}"
         );
+    }
+    // It can block (so not fast), and a holder's renewal must work above
+    // maxmemory (so not denyoom: new grants check OOM themselves).
+    for f in ["fast", "denyoom"] {
+        assert!(!flags.contains(&f.to_string()), "acquire is {f}: {flags:?}");
     }
     let (arity, flags) = flags_of(&info[1]);
     assert_eq!(arity, -2);

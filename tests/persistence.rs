@@ -193,7 +193,11 @@ fn resp(args: &[&str]) -> String {
 /// preamble) and an RDB restart.
 #[test]
 fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
-    const BIG: i64 = 4_000_000_000_000_000_000;
+    // 2^49 µs (about 17 years) ahead of the clock: within the bound a loaded
+    // token may lie above the mark and clock (2^50).
+    let big: i64 = now_ms() * 1000 + (1 << 49);
+    let big_s = big.to_string();
+    let too_big = (now_ms() * 1000 + (1 << 51)).to_string();
     let mut s = aof_server("always", "yes");
     let mut c = s.conn();
     acquire(&mut c, "seed", "t", 60_000).unwrap();
@@ -203,7 +207,9 @@ fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
         .append(true)
         .open(s.incr_aof())
         .unwrap();
-    aof.write_all(resp(&["LOCK._SET", "big", "old", &BIG.to_string(), &deadline]).as_bytes())
+    aof.write_all(resp(&["LOCK._SET", "huge", "old", &too_big, &deadline]).as_bytes())
+        .unwrap();
+    aof.write_all(resp(&["LOCK._SET", "big", "old", &big_s, &deadline]).as_bytes())
         .unwrap();
     drop(aof);
 
@@ -211,10 +217,12 @@ fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
     let mut c = s.conn();
     assert_eq!(
         holder(&mut c, "big"),
-        Some(("old".into(), BIG)),
+        Some(("old".into(), big)),
         "replayed from the AOF"
     );
-    assert_eq!(acquire(&mut c, "a", "t", 60_000), Some(BIG + 1));
+    assert_eq!(holder(&mut c, "huge"), None, "beyond the bound: refused");
+    assert!(s.log().contains("refusing LOCK._SET"), "and logged");
+    assert_eq!(acquire(&mut c, "a", "t", 60_000), Some(big + 1));
     let _: () = redis::cmd("DEL").arg("big").arg("a").query(&mut c).unwrap();
     let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
     sleep(Duration::from_millis(100));
@@ -225,7 +233,7 @@ fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
     let mut c = s.conn();
     assert_eq!(
         acquire(&mut c, "b", "t", 60_000),
-        Some(BIG + 2),
+        Some(big + 2),
         "aux field in the preamble"
     );
     let _: () = redis::cmd("DEL").arg("b").query(&mut c).unwrap();
@@ -240,7 +248,7 @@ fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
     assert_eq!(dbsize, 1, "only the seed lock, from dump.rdb");
     assert_eq!(
         acquire(&mut c, "c", "t", 60_000),
-        Some(BIG + 3),
+        Some(big + 3),
         "aux field in dump.rdb"
     );
 }

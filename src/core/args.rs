@@ -3,7 +3,7 @@
 //! a [`LockError`] that names the problem. Nothing is allocated on success.
 
 use super::error::{show_arg, LockError};
-use super::lock::MAX_TOKEN_LEN;
+use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
 
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms]`
 #[derive(Debug, PartialEq, Eq)]
@@ -84,8 +84,10 @@ pub fn parse_i64(s: &[u8]) -> Result<i64, IntError> {
     Ok(value)
 }
 
-pub fn parse_ttl(arg: &[u8]) -> Result<i64, LockError> {
+/// A lease: 1 to `max_ttl_ms` (`lock.max-ttl-ms`) milliseconds.
+pub fn parse_ttl(arg: &[u8], max_ttl_ms: i64) -> Result<i64, LockError> {
     match parse_i64(arg) {
+        Ok(ttl) if ttl > max_ttl_ms => Err(LockError::TtlTooLarge(show_arg(arg), max_ttl_ms)),
         Ok(ttl) if ttl > 0 => Ok(ttl),
         Ok(_) => Err(LockError::TtlNotPositive(show_arg(arg))),
         // "-99999999999999999999" is out of range but it is also negative:
@@ -93,7 +95,7 @@ pub fn parse_ttl(arg: &[u8]) -> Result<i64, LockError> {
         Err(IntError::OutOfRange) if arg.first() == Some(&b'-') => {
             Err(LockError::TtlNotPositive(show_arg(arg)))
         }
-        Err(IntError::OutOfRange) => Err(LockError::TtlTooLarge(show_arg(arg))),
+        Err(IntError::OutOfRange) => Err(LockError::TtlTooLarge(show_arg(arg), max_ttl_ms)),
         Err(IntError::NotInteger) => Err(LockError::TtlNotInteger(show_arg(arg))),
     }
 }
@@ -113,12 +115,12 @@ fn arity(argv: &[&[u8]], min: usize, max: usize, name: &'static str) -> Result<(
     Ok(())
 }
 
-pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError> {
+pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireArgs<'a>, LockError> {
     if argv.len() < 4 {
         return Err(LockError::WrongArity("lock.acquire"));
     }
     let token = parse_token(argv[2])?;
-    let ttl_ms = parse_ttl(argv[3])?;
+    let ttl_ms = parse_ttl(argv[3], max_ttl_ms)?;
     let mut block_ms = None;
     let mut options = argv[4..].iter();
     while let Some(option) = options.next() {
@@ -135,10 +137,15 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError
     })
 }
 
-/// BLOCK's timeout-ms: 0 (wait forever) or a positive integer.
+/// BLOCK's timeout-ms: 0 (wait forever) or a positive integer up to
+/// `MAX_DURATION_MS`.
 pub fn parse_timeout(arg: &[u8]) -> Result<i64, LockError> {
     match parse_i64(arg) {
+        Ok(ms) if ms > MAX_DURATION_MS => Err(LockError::TimeoutTooLarge(show_arg(arg))),
         Ok(ms) if ms >= 0 => Ok(ms),
+        Err(IntError::OutOfRange) if arg.first() != Some(&b'-') => {
+            Err(LockError::TimeoutTooLarge(show_arg(arg)))
+        }
         _ => Err(LockError::BadTimeout(show_arg(arg))),
     }
 }
@@ -148,11 +155,11 @@ pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
     parse_token(argv[2])
 }
 
-pub fn parse_extend<'a>(argv: &[&'a [u8]]) -> Result<ExtendArgs<'a>, LockError> {
+pub fn parse_extend<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<ExtendArgs<'a>, LockError> {
     arity(argv, 4, 4, "lock.extend")?;
     Ok(ExtendArgs {
         token: parse_token(argv[2])?,
-        ttl_ms: parse_ttl(argv[3])?,
+        ttl_ms: parse_ttl(argv[3], max_ttl_ms)?,
     })
 }
 
@@ -175,7 +182,7 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
         _ => return Err(LockError::BadInternalArgument("fence")),
     };
     let deadline_ms = match parse_i64(argv[4]) {
-        Ok(d) if d >= 0 => d,
+        Ok(d) if (0..=MAX_DEADLINE_MS).contains(&d) => d,
         _ => return Err(LockError::BadInternalArgument("deadline-ms")),
     };
     Ok(SetArgs {
@@ -188,6 +195,8 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MAX: i64 = crate::core::limits::DEFAULT_MAX_TTL_MS;
 
     #[test]
     fn parse_i64_follows_redis_string2ll() {
@@ -233,33 +242,42 @@ mod tests {
 
     #[test]
     fn ttl_must_be_a_positive_64_bit_integer() {
-        assert_eq!(parse_ttl(b"1"), Ok(1));
-        assert!(matches!(parse_ttl(b"0"), Err(LockError::TtlNotPositive(_))));
+        assert_eq!(parse_ttl(b"1", MAX), Ok(1));
         assert!(matches!(
-            parse_ttl(b"-5"),
+            parse_ttl(b"0", MAX),
             Err(LockError::TtlNotPositive(_))
         ));
         assert!(matches!(
-            parse_ttl(b"-99999999999999999999"),
+            parse_ttl(b"-5", MAX),
             Err(LockError::TtlNotPositive(_))
         ));
         assert!(matches!(
-            parse_ttl(b"1.5"),
+            parse_ttl(b"-99999999999999999999", MAX),
+            Err(LockError::TtlNotPositive(_))
+        ));
+        assert!(matches!(
+            parse_ttl(b"1.5", MAX),
             Err(LockError::TtlNotInteger(_))
         ));
         assert!(matches!(
-            parse_ttl(b" 100"),
+            parse_ttl(b" 100", MAX),
             Err(LockError::TtlNotInteger(_))
         ));
         assert!(matches!(
-            parse_ttl(b"abc"),
+            parse_ttl(b"abc", MAX),
             Err(LockError::TtlNotInteger(_))
         ));
         assert!(matches!(
-            parse_ttl(b"99999999999999999999"),
-            Err(LockError::TtlTooLarge(_))
+            parse_ttl(b"99999999999999999999", MAX),
+            Err(LockError::TtlTooLarge(_, MAX))
         ));
-        let msg = parse_ttl(b"abc").unwrap_err().to_string();
+        assert_eq!(parse_ttl(b"1000", 1000), Ok(1000));
+        let msg = parse_ttl(b"1001", 1000).unwrap_err().to_string();
+        assert!(
+            msg.contains("'1001'") && msg.contains("lock.max-ttl-ms"),
+            "{msg}"
+        );
+        let msg = parse_ttl(b"abc", MAX).unwrap_err().to_string();
         assert!(msg.contains("ttl-ms") && msg.contains("'abc'"), "{msg}");
     }
 
@@ -273,7 +291,7 @@ mod tests {
 
     #[test]
     fn acquire_takes_key_token_ttl_and_no_unknown_options() {
-        let ok = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100"]).unwrap();
+        let ok = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100"], MAX).unwrap();
         assert_eq!(
             ok,
             AcquireArgs {
@@ -283,22 +301,26 @@ mod tests {
             }
         );
         assert_eq!(
-            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t"]),
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t"], MAX),
             Err(LockError::WrongArity("lock.acquire"))
         );
         assert_eq!(
-            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"]),
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"], MAX),
             Err(LockError::UnknownOption("'NX'".into()))
         );
     }
 
     #[test]
     fn acquire_takes_an_optional_block_timeout() {
-        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"block", b"0"]).unwrap();
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"block", b"0"], MAX).unwrap();
         assert_eq!(a.block_ms, Some(0));
-        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"BLOCK", b"2500"]).unwrap();
+        let a = parse_acquire(
+            &[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"BLOCK", b"2500"],
+            MAX,
+        )
+        .unwrap();
         assert_eq!(a.block_ms, Some(2500));
-        let bad = |argv: &[&[u8]]| parse_acquire(argv).unwrap_err();
+        let bad = |argv: &[&[u8]]| parse_acquire(argv, MAX).unwrap_err();
         assert_eq!(
             bad(&[b"A", b"k", b"t", b"100", b"BLOCK"]),
             LockError::MissingTimeout
@@ -308,6 +330,14 @@ mod tests {
                 bad(&[b"A", b"k", b"t", b"100", b"BLOCK", t]),
                 LockError::BadTimeout(_)
             ));
+        }
+        for t in [
+            &b"9223372036854775807"[..],
+            b"99999999999999999999",
+            b"316224000001",
+        ] {
+            let err = bad(&[b"A", b"k", b"t", b"100", b"BLOCK", t]);
+            assert!(matches!(err, LockError::TimeoutTooLarge(_)), "{err}");
         }
         assert!(matches!(
             bad(&[b"A", b"k", b"t", b"100", b"BLOCK", b"1", b"BLOCK", b"2"]),
@@ -324,8 +354,8 @@ mod tests {
         assert!(parse_release(&[b"r", b"k"]).is_err());
         assert!(parse_release(&[b"r", b"k", b"t", b"x"]).is_err());
         assert_eq!(parse_release(&[b"r", b"k", b"t"]), Ok(&b"t"[..]));
-        assert!(parse_extend(&[b"e", b"k", b"t"]).is_err());
-        assert!(parse_extend(&[b"e", b"k", b"t", b"0"]).is_err());
+        assert!(parse_extend(&[b"e", b"k", b"t"], MAX).is_err());
+        assert!(parse_extend(&[b"e", b"k", b"t", b"0"], MAX).is_err());
         assert_eq!(parse_fence(&[b"f", b"k"]), Ok(None));
         assert_eq!(parse_fence(&[b"f", b"k", b"t"]), Ok(Some(&b"t"[..])));
         assert!(parse_fence(&[b"f", b"k", b"t", b"u"]).is_err());
@@ -340,6 +370,7 @@ mod tests {
         assert_eq!((ok.fence, ok.deadline_ms), (42, 1_700_000_000_000));
         assert!(parse_set(&[b"s", b"k", b"t", b"0", b"1"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1", b"-1"]).is_err());
+        assert!(parse_set(&[b"s", b"k", b"t", b"1", b"9300000000000000"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1"]).is_err());
     }
 }

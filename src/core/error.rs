@@ -12,8 +12,8 @@ pub enum LockError {
     TtlNotInteger(String),
     /// ttl-ms is zero or negative.
     TtlNotPositive(String),
-    /// ttl-ms does not fit in a signed 64-bit integer.
-    TtlTooLarge(String),
+    /// ttl-ms is above `lock.max-ttl-ms` (the bound is given).
+    TtlTooLarge(String, i64),
     /// now + ttl-ms does not fit in the clock.
     TtlOverflowsClock,
     TokenEmpty,
@@ -23,6 +23,18 @@ pub enum LockError {
     MissingTimeout,
     /// BLOCK's timeout is not a non-negative integer.
     BadTimeout(String),
+    /// BLOCK's timeout is above the module's bound.
+    TimeoutTooLarge(String),
+    /// A fencing token from outside (RDB, AOF, master) breaks the rules.
+    BadFence(&'static str),
+    /// `lock.max-waiters-per-key` waiters are queued already.
+    TooManyWaiters(i64),
+    /// A lock write on a replica (also with `replica-read-only no`).
+    ReadOnlyReplica,
+    /// maxmemory-policy can evict held locks and `lock.allow-eviction` is no.
+    EvictionUnsafe,
+    /// used memory is above maxmemory: no new grants or waiters.
+    OutOfMemory,
     /// An internal-command argument that is not what the module writes.
     BadInternalArgument(&'static str),
     /// Internal commands are only accepted from the master link or the AOF.
@@ -46,19 +58,41 @@ impl fmt::Display for LockError {
                 "ERR invalid ttl-ms {v}: must be a positive integer of milliseconds"
             ),
             TtlNotPositive(v) => write!(f, "ERR invalid ttl-ms {v}: must be greater than 0"),
-            TtlTooLarge(v) => write!(f, "ERR invalid ttl-ms {v}: out of range"),
+            TtlTooLarge(v, max) => write!(
+                f,
+                "ERR invalid ttl-ms {v}: above the limit of {max} ms (lock.max-ttl-ms)"
+            ),
             TtlOverflowsClock => write!(f, "ERR invalid ttl-ms: now + ttl-ms overflows the clock"),
             TokenEmpty => write!(f, "ERR invalid token: must not be empty"),
             TokenTooLong(n) => write!(
                 f,
                 "ERR invalid token: {n} bytes, the limit is {} bytes",
-                crate::core::lock::MAX_TOKEN_LEN
+                crate::core::limits::MAX_TOKEN_LEN
             ),
             UnknownOption(o) => write!(f, "ERR unknown option {o}"),
             MissingTimeout => write!(f, "ERR BLOCK needs a timeout-ms (0 waits forever)"),
             BadTimeout(v) => write!(
                 f,
                 "ERR invalid timeout-ms {v}: must be 0 (no timeout) or a positive integer of milliseconds"
+            ),
+            TimeoutTooLarge(v) => write!(
+                f,
+                "ERR invalid timeout-ms {v}: above the limit of {} ms",
+                crate::core::limits::MAX_DURATION_MS
+            ),
+            BadFence(why) => write!(f, "ERR invalid fencing token: {why}"),
+            TooManyWaiters(max) => write!(
+                f,
+                "ERR too many waiters: {max} clients already wait for this lock (lock.max-waiters-per-key)"
+            ),
+            ReadOnlyReplica => write!(f, "READONLY You can't write against a read only replica."),
+            EvictionUnsafe => write!(
+                f,
+                "ERR maxmemory-policy can evict held locks: set maxmemory-policy noeviction, or CONFIG SET lock.allow-eviction yes to accept that"
+            ),
+            OutOfMemory => write!(
+                f,
+                "OOM command not allowed when used memory > 'maxmemory'."
             ),
             BadInternalArgument(what) => write!(f, "ERR invalid {what}"),
             InternalCommand(cmd) => write!(
@@ -102,7 +136,11 @@ mod tests {
             LockError::WrongArity("lock.acquire"),
             LockError::TtlNotInteger("'x'".into()),
             LockError::TtlNotPositive("'0'".into()),
-            LockError::TtlTooLarge("'9'".into()),
+            LockError::TtlTooLarge("'9'".into(), 5),
+            LockError::TimeoutTooLarge("'9'".into()),
+            LockError::BadFence("x"),
+            LockError::TooManyWaiters(3),
+            LockError::EvictionUnsafe,
             LockError::TtlOverflowsClock,
             LockError::TokenEmpty,
             LockError::TokenTooLong(513),
@@ -118,6 +156,10 @@ mod tests {
             assert!(e.to_string().starts_with("ERR "), "{e}");
         }
         assert!(LockError::WrongType.to_string().starts_with("WRONGTYPE "));
+        assert!(LockError::ReadOnlyReplica
+            .to_string()
+            .starts_with("READONLY "));
+        assert!(LockError::OutOfMemory.to_string().starts_with("OOM "));
         assert!(LockError::GrantsPaused(5)
             .to_string()
             .starts_with("TRYAGAIN "));

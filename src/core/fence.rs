@@ -1,41 +1,37 @@
 //! Fencing tokens: one node-wide high-water mark (HWM), the largest token the
-//! node has issued or seen. Every grant takes HWM + 1, so tokens strictly
-//! increase on a node whatever happens to the keys (release, DEL, FLUSHALL).
+//! node has issued or seen. This is the only implementation of its rules;
+//! the Redis glue keeps one `FenceCounter` for the node.
 //!
-//! What keeps them increasing across restarts and failover:
-//! * the HWM is saved with the data (RDB aux field) and every replicated or
-//!   AOF-logged grant carries its token, which raises the HWM of whoever
-//!   applies it ([`FenceCounter::observe`]);
-//! * when a node loads its data or is promoted, the HWM is raised to at least
-//!   the wall clock in microseconds ([`FenceCounter::raise_to_clock`]). A node
-//!   that lost its tail, or all of its data, then starts above every token it
-//!   could have issued, provided its clock did not go back across the restart
-//!   and it issued fewer than a million grants a second on average.
+//! * A grant takes `max(HWM + 1, now in µs)`. Tokens strictly increase on a
+//!   node whatever happens to the keys (release, DEL, FLUSHALL), and tokens
+//!   of *different* nodes for the same key also increase over time, as long
+//!   as their clocks differ by less than the time between the two grants:
+//!   that is what keeps a key's tokens rising after a cluster slot moves to
+//!   another node, or a replica that missed writes is promoted.
+//! * Tokens applied from elsewhere (RDB, AOF, the master, MINFENCE) raise
+//!   the HWM ([`FenceCounter::observe`]), but only within
+//!   [`MAX_FENCE_LEAD`] of `max(HWM, now)`: one damaged or hostile value
+//!   cannot use up the token space.
+//! * At load and promotion the HWM is raised to the clock
+//!   ([`FenceCounter::raise_to_clock`]), so a node that lost its tail starts
+//!   above every token it could have issued, provided its clock did not go
+//!   back and it issued fewer than a million grants a second on average.
 
 use super::error::LockError;
+use super::limits::MAX_FENCE_LEAD;
 
 /// Where the engine takes a new fencing token from.
 pub trait FenceSource {
-    fn next_fence(&mut self) -> Result<i64, LockError>;
+    fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError>;
 }
 
-/// The token after `hwm`; tokens are positive and fit in an i64.
-pub fn next_after(hwm: i64) -> Result<i64, LockError> {
-    match hwm.max(0).checked_add(1) {
-        Some(next) => Ok(next),
-        None => Err(LockError::FencesExhausted),
-    }
-}
-
-/// The HWM rules over a plain value. The Redis glue applies the same rules
-/// to an atomic; unit tests use this directly.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct FenceCounter {
     hwm: i64,
 }
 
 impl FenceCounter {
-    pub fn new(hwm: i64) -> Self {
+    pub const fn new(hwm: i64) -> Self {
         FenceCounter { hwm }
     }
 
@@ -43,21 +39,48 @@ impl FenceCounter {
         self.hwm
     }
 
-    /// A token issued elsewhere (master, AOF, RDB) was applied here.
-    pub fn observe(&mut self, fence: i64) {
+    /// The largest token from outside that [`observe`](Self::observe) accepts now.
+    pub fn max_acceptable(&self, now_us: i64) -> i64 {
+        self.hwm.max(now_us).saturating_add(MAX_FENCE_LEAD)
+    }
+
+    /// Checks a token from outside without applying it.
+    pub fn check(&self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        if fence <= 0 {
+            return Err(LockError::BadFence("must be a positive integer"));
+        }
+        if fence > self.max_acceptable(now_us) {
+            return Err(LockError::BadFence(
+                "more than 2^50 above the node's high-water mark and clock",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A token issued elsewhere (master, AOF, RDB, MINFENCE) was applied
+    /// here. Refused, changing nothing, when [`check`](Self::check) fails.
+    pub fn observe(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        self.check(fence, now_us)?;
         self.hwm = self.hwm.max(fence);
+        Ok(())
     }
 
     /// At load and at promotion: never below the wall clock in µs.
     pub fn raise_to_clock(&mut self, now_us: i64) {
-        self.observe(now_us);
+        self.hwm = self.hwm.max(now_us);
     }
 }
 
 impl FenceSource for FenceCounter {
-    fn next_fence(&mut self) -> Result<i64, LockError> {
-        self.hwm = next_after(self.hwm)?;
-        Ok(self.hwm)
+    fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
+        let next = self
+            .hwm
+            .max(0)
+            .checked_add(1)
+            .ok_or(LockError::FencesExhausted)?
+            .max(now_us);
+        self.hwm = next;
+        Ok(next)
     }
 }
 
@@ -65,39 +88,55 @@ impl FenceSource for FenceCounter {
 mod tests {
     use super::*;
 
+    const NOW: i64 = 1_700_000_000_000_000;
+
     #[test]
-    fn tokens_strictly_increase() {
+    fn tokens_strictly_increase_and_follow_the_clock() {
         let mut c = FenceCounter::default();
-        let a = c.next_fence().unwrap();
-        let b = c.next_fence().unwrap();
-        assert_eq!((a, b), (1, 2));
+        assert_eq!(c.next_fence(0), Ok(1));
+        assert_eq!(c.next_fence(0), Ok(2));
+        assert_eq!(c.next_fence(NOW), Ok(NOW), "jumps to the clock");
+        assert_eq!(c.next_fence(NOW), Ok(NOW + 1), "same µs: still +1");
+        assert_eq!(c.next_fence(NOW - 5), Ok(NOW + 2), "clock behind: +1");
     }
 
     #[test]
     fn observing_an_older_token_never_lowers_the_mark() {
         let mut c = FenceCounter::new(100);
-        c.observe(5);
+        c.observe(5, 0).unwrap();
         assert_eq!(c.hwm(), 100);
-        c.observe(500);
-        assert_eq!(c.next_fence(), Ok(501));
+        c.observe(500, 0).unwrap();
+        assert_eq!(c.next_fence(0), Ok(501));
+    }
+
+    #[test]
+    fn a_token_far_above_the_mark_and_clock_is_refused_and_changes_nothing() {
+        let mut c = FenceCounter::new(10);
+        assert!(c.observe(i64::MAX, NOW).is_err());
+        assert!(c.observe(NOW + MAX_FENCE_LEAD + 1, NOW).is_err());
+        assert!(c.observe(0, NOW).is_err());
+        assert!(c.observe(-3, NOW).is_err());
+        assert_eq!(c.hwm(), 10);
+        c.observe(NOW + MAX_FENCE_LEAD, NOW).unwrap();
+        assert_eq!(c.hwm(), NOW + MAX_FENCE_LEAD);
     }
 
     #[test]
     fn restart_raises_to_the_clock_but_not_below_what_was_saved() {
         let mut lost_tail = FenceCounter::new(10);
-        lost_tail.raise_to_clock(1_700_000_000_000_000);
-        assert_eq!(lost_tail.next_fence(), Ok(1_700_000_000_000_001));
+        lost_tail.raise_to_clock(NOW);
+        assert_eq!(lost_tail.next_fence(NOW - 1), Ok(NOW + 1));
 
         let mut ahead = FenceCounter::new(i64::MAX - 5);
-        ahead.raise_to_clock(1_700_000_000_000_000);
+        ahead.raise_to_clock(NOW);
         assert_eq!(ahead.hwm(), i64::MAX - 5);
     }
 
     #[test]
     fn exhaustion_is_an_error_not_a_wrap() {
         let mut c = FenceCounter::new(i64::MAX - 1);
-        assert_eq!(c.next_fence(), Ok(i64::MAX));
-        assert_eq!(c.next_fence(), Err(LockError::FencesExhausted));
+        assert_eq!(c.next_fence(NOW), Ok(i64::MAX));
+        assert_eq!(c.next_fence(NOW), Err(LockError::FencesExhausted));
         assert_eq!(c.hwm(), i64::MAX);
     }
 }

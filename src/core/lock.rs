@@ -9,12 +9,12 @@
 //! | release | 0                        | 1, lock removed           | 0               |
 //! | extend  | 0 (never revives)        | 1, lease = now + ttl      | 0               |
 //! | fence   | nil                      | fence                     | fence, or nil when a token is given |
+//!
+//! Time comes in as Unix µs (`now_us`) or ms (`now_ms`); fencing tokens from a
+//! [`FenceSource`]. Nothing here reads a clock or knows about Redis.
 
 use super::error::LockError;
 use super::fence::FenceSource;
-
-/// Tokens are binary-safe, 1 to 512 bytes.
-pub const MAX_TOKEN_LEN: usize = 512;
 
 /// A lock's state, borrowed from wherever it is stored (the keyspace keeps
 /// it in one allocation with the token inline; see `redis::datatype`).
@@ -25,6 +25,11 @@ pub struct Lock<'a> {
     /// the lease, and replicas and the AOF see the same deadline as the master.
     pub deadline_ms: i64,
     pub token: &'a [u8],
+    /// Changes with every grant and renewal, and is never reused while the
+    /// process lives (the store assigns it; it is not persisted). A take-back
+    /// of an undelivered grant matches on it, so it never removes a lease
+    /// that someone renewed since.
+    pub lease: u64,
 }
 
 impl Lock<'_> {
@@ -33,7 +38,7 @@ impl Lock<'_> {
     }
 
     pub fn remaining_ms(&self, now_ms: i64) -> i64 {
-        (self.deadline_ms - now_ms).max(0)
+        self.deadline_ms.saturating_sub(now_ms).max(0)
     }
 }
 
@@ -42,9 +47,9 @@ impl Lock<'_> {
 pub trait LockSlot {
     /// The lock stored under the key, live or expired.
     fn stored(&self) -> Option<Lock<'_>>;
-    /// Installs a new holder, replacing whatever was stored.
-    fn put(&mut self, lock: Lock<'_>);
-    /// Same holder, new deadline.
+    /// Installs a new holder, replacing whatever was stored, with a new lease id.
+    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64);
+    /// Same holder, new deadline and new lease id.
     fn renew(&mut self, deadline_ms: i64);
     /// Frees the lock.
     fn remove(&mut self);
@@ -53,6 +58,11 @@ pub trait LockSlot {
     fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
         self.stored().filter(|l| l.is_live(now_ms))
     }
+}
+
+/// Wall-clock Unix time in ms, from µs (the engine's unit of time).
+pub fn ms(now_us: i64) -> i64 {
+    now_us.div_euclid(1000)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,27 +75,10 @@ pub enum Acquired {
     Contended,
 }
 
-/// What a lock that has waiters needs next (see `hand_off_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HandOff {
-    /// Held until this deadline (Unix ms): check again then.
-    HeldUntil(i64),
-    /// Free, but restart-delay-ms forbids grants for this many more ms.
-    PausedFor(i64),
-    /// Free: grant it to the first waiter now, in this same step.
-    GrantNow,
-}
-
-/// The hand-off rule. A lock with waiters is never left free: as soon as it
-/// is free (released, expired, deleted, flushed) the first waiter gets it.
-/// While grants are paused after a restart, waiters keep waiting: a grant
-/// lost in the crash may still be believed in by its holder.
-pub fn hand_off_state(slot: &impl LockSlot, now_ms: i64, grants_paused_ms: i64) -> HandOff {
-    match slot.live(now_ms) {
-        Some(held) => HandOff::HeldUntil(held.deadline_ms),
-        None if grants_paused_ms > 0 => HandOff::PausedFor(grants_paused_ms),
-        None => HandOff::GrantNow,
-    }
+/// What `acquire` would do, decided without changing anything: a contended
+/// ACQUIRE must not touch the key (it would abort other clients' WATCH).
+pub fn would_change(slot: &impl LockSlot, token: &[u8], now_ms: i64) -> bool {
+    slot.live(now_ms).is_none_or(|held| held.token == token)
 }
 
 /// The absolute deadline of a lease of `ttl_ms` starting now.
@@ -102,9 +95,10 @@ pub fn acquire(
     fences: &mut impl FenceSource,
     token: &[u8],
     ttl_ms: i64,
-    now_ms: i64,
+    now_us: i64,
     grants_paused_ms: i64,
 ) -> Result<Acquired, LockError> {
+    let now_ms = ms(now_us);
     let deadline_ms = deadline(now_ms, ttl_ms)?;
     match slot.live(now_ms) {
         Some(held) if held.token == token => {
@@ -115,12 +109,8 @@ pub fn acquire(
         Some(_) => Ok(Acquired::Contended),
         None if grants_paused_ms > 0 => Err(LockError::GrantsPaused(grants_paused_ms)),
         None => {
-            let fence = fences.next_fence()?;
-            slot.put(Lock {
-                fence,
-                deadline_ms,
-                token,
-            });
+            let fence = fences.next_fence(now_us)?;
+            slot.put(token, fence, deadline_ms);
             Ok(Acquired::Granted(fence))
         }
     }
@@ -158,177 +148,214 @@ pub fn fence(slot: &impl LockSlot, token: Option<&[u8]>, now_ms: i64) -> Option<
         .map(|l| l.fence)
 }
 
+/// Takes back a grant whose reply never reached its client (it went away
+/// between the hand-off and the reply): frees the lock only if it is still
+/// exactly that lease, not renewed or re-granted since. True if it did.
+pub fn take_back(slot: &mut impl LockSlot, fence: i64, lease: u64, now_ms: i64) -> bool {
+    let same = slot
+        .live(now_ms)
+        .is_some_and(|l| l.fence == fence && l.lease == lease);
+    if same {
+        slot.remove();
+    }
+    same
+}
+
 #[cfg(test)]
 pub mod tests {
     use super::*;
     use crate::core::fence::FenceCounter;
 
+    #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Stored {
         pub fence: i64,
         pub deadline_ms: i64,
         pub token: Vec<u8>,
+        pub lease: u64,
     }
 
-    /// The engine's view of a key, over a plain Option.
+    /// The engine's view of a key, over a plain Option; lease ids from a
+    /// counter shared by the test (as the glue's is process-wide).
     #[derive(Default)]
-    pub struct MemSlot(pub Option<Stored>);
+    pub struct MemSlot {
+        pub lock: Option<Stored>,
+        pub next_lease: u64,
+    }
 
     impl LockSlot for MemSlot {
         fn stored(&self) -> Option<Lock<'_>> {
-            self.0.as_ref().map(|s| Lock {
+            self.lock.as_ref().map(|s| Lock {
                 fence: s.fence,
                 deadline_ms: s.deadline_ms,
                 token: &s.token,
+                lease: s.lease,
             })
         }
-        fn put(&mut self, lock: Lock<'_>) {
-            self.0 = Some(Stored {
-                fence: lock.fence,
-                deadline_ms: lock.deadline_ms,
-                token: lock.token.to_vec(),
+        fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
+            self.next_lease += 1;
+            self.lock = Some(Stored {
+                fence,
+                deadline_ms,
+                token: token.to_vec(),
+                lease: self.next_lease,
             });
         }
         fn renew(&mut self, deadline_ms: i64) {
-            self.0.as_mut().expect("renew of a stored lock").deadline_ms = deadline_ms;
+            self.next_lease += 1;
+            let lock = self.lock.as_mut().expect("renew of a stored lock");
+            lock.deadline_ms = deadline_ms;
+            lock.lease = self.next_lease;
         }
         fn remove(&mut self) {
-            self.0 = None;
+            self.lock = None;
         }
     }
 
     const T0: i64 = 1_700_000_000_000;
 
+    /// `now_ms` as the µs the engine takes.
+    fn us(now_ms: i64) -> i64 {
+        now_ms * 1000
+    }
+
     fn fixture() -> (MemSlot, FenceCounter) {
         (MemSlot::default(), FenceCounter::default())
     }
 
+    fn deadline_of(slot: &MemSlot) -> i64 {
+        slot.lock.as_ref().unwrap().deadline_ms
+    }
+
     #[test]
-    fn first_acquire_grants_with_a_new_fence_and_absolute_deadline() {
+    fn first_acquire_grants_with_a_clock_fence_and_absolute_deadline() {
         let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", 100, T0, 0);
-        assert_eq!(got, Ok(Acquired::Granted(1)));
-        assert_eq!(slot.0.as_ref().unwrap().deadline_ms, T0 + 100);
+        let got = acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0);
+        assert_eq!(got, Ok(Acquired::Granted(us(T0))));
+        assert_eq!(deadline_of(&slot), T0 + 100);
     }
 
     #[test]
     fn same_token_gets_same_fence_and_a_fresh_lease() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
-        let again = acquire(&mut slot, &mut fences, b"a", 500, T0 + 50, 0);
-        assert_eq!(again, Ok(Acquired::Renewed(1)));
-        assert_eq!(slot.0.as_ref().unwrap().deadline_ms, T0 + 550);
-        assert_eq!(fences.hwm(), 1, "a renewal issues no token");
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        let lease = slot.lock.as_ref().unwrap().lease;
+        let again = acquire(&mut slot, &mut fences, b"a", 500, us(T0 + 50), 0);
+        assert_eq!(again, Ok(Acquired::Renewed(us(T0))));
+        assert_eq!(deadline_of(&slot), T0 + 550);
+        assert_eq!(fences.hwm(), us(T0), "a renewal issues no token");
+        assert_ne!(slot.lock.as_ref().unwrap().lease, lease, "new lease id");
     }
 
     #[test]
     fn other_token_is_contended_until_the_instant_the_lease_ends() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
-        let busy = acquire(&mut slot, &mut fences, b"b", 100, T0 + 99, 0);
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        assert!(!would_change(&slot, b"b", T0 + 99));
+        assert!(would_change(&slot, b"a", T0 + 99));
+        let busy = acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 99), 0);
         assert_eq!(busy, Ok(Acquired::Contended));
-        let free = acquire(&mut slot, &mut fences, b"b", 100, T0 + 100, 0);
-        assert_eq!(free, Ok(Acquired::Granted(2)));
+        assert!(would_change(&slot, b"b", T0 + 100));
+        let free = acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 100), 0);
+        assert_eq!(free, Ok(Acquired::Granted(us(T0 + 100))));
     }
 
     #[test]
     fn release_only_by_the_live_holder() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
         assert!(!release(&mut slot, b"b", T0 + 1));
-        assert!(slot.0.is_some());
+        assert!(slot.lock.is_some());
         assert!(release(&mut slot, b"a", T0 + 1));
-        assert!(slot.0.is_none());
+        assert!(slot.lock.is_none());
         assert!(!release(&mut slot, b"a", T0 + 2), "already free");
     }
 
     #[test]
     fn release_after_expiry_is_zero() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
         assert!(!release(&mut slot, b"a", T0 + 100));
     }
 
     #[test]
     fn extend_renews_the_holder_and_never_revives() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
         assert_eq!(extend(&mut slot, b"b", 1000, T0 + 10), Ok(false));
         assert_eq!(extend(&mut slot, b"a", 1000, T0 + 10), Ok(true));
-        assert_eq!(slot.0.as_ref().unwrap().deadline_ms, T0 + 1010);
+        assert_eq!(deadline_of(&slot), T0 + 1010);
         assert_eq!(extend(&mut slot, b"a", 1000, T0 + 1010), Ok(false));
-        assert_eq!(slot.0.as_ref().unwrap().deadline_ms, T0 + 1010);
+        assert_eq!(deadline_of(&slot), T0 + 1010);
     }
 
     #[test]
     fn fence_reads_the_live_holder_only() {
         let (mut slot, mut fences) = fixture();
         assert_eq!(fence(&slot, None, T0), None);
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
-        assert_eq!(fence(&slot, None, T0), Some(1));
-        assert_eq!(fence(&slot, Some(b"a"), T0), Some(1));
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        assert_eq!(fence(&slot, None, T0), Some(us(T0)));
+        assert_eq!(fence(&slot, Some(b"a"), T0), Some(us(T0)));
         assert_eq!(fence(&slot, Some(b"b"), T0), None);
         assert_eq!(fence(&slot, None, T0 + 100), None);
     }
 
     #[test]
-    fn fences_increase_across_release_and_expiry() {
+    fn fences_increase_across_release_and_expiry_even_in_the_same_microsecond() {
         let (mut slot, mut fences) = fixture();
         let mut last = 0;
         for i in 0..10 {
-            let now = T0 + i * 1000;
-            let Ok(Acquired::Granted(f)) = acquire(&mut slot, &mut fences, b"x", 10, now, 0) else {
+            let now = T0 + (i / 3) * 1000;
+            let Ok(Acquired::Granted(f)) = acquire(&mut slot, &mut fences, b"x", 10, us(now), 0)
+            else {
                 panic!("expected a grant");
             };
             assert!(f > last);
             last = f;
-            if i % 2 == 0 {
-                assert!(release(&mut slot, b"x", now + 1));
-            }
+            assert!(release(&mut slot, b"x", now));
         }
     }
 
     #[test]
     fn overflowing_deadline_is_an_error_and_changes_nothing() {
         let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", i64::MAX, T0, 0);
+        let got = acquire(&mut slot, &mut fences, b"a", i64::MAX, us(T0), 0);
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
-        assert!(slot.0.is_none());
+        assert!(slot.lock.is_none());
         assert_eq!(fences.hwm(), 0);
     }
 
     #[test]
-    fn hand_off_waits_for_the_deadline_then_grants() {
+    fn take_back_removes_only_the_very_lease_it_granted() {
         let (mut slot, mut fences) = fixture();
-        assert_eq!(hand_off_state(&slot, T0, 0), HandOff::GrantNow);
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
-        assert_eq!(
-            hand_off_state(&slot, T0 + 99, 0),
-            HandOff::HeldUntil(T0 + 100)
-        );
-        assert_eq!(hand_off_state(&slot, T0 + 100, 0), HandOff::GrantNow);
-        assert_eq!(hand_off_state(&slot, T0 + 100, 7), HandOff::PausedFor(7));
-        release(&mut slot, b"a", T0 + 1);
-        assert_eq!(hand_off_state(&slot, T0 + 2, 0), HandOff::GrantNow);
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        let granted = slot.lock.clone().unwrap();
+        // The same token renews on another connection before the take-back.
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 1), 0).unwrap();
+        assert!(!take_back(&mut slot, granted.fence, granted.lease, T0 + 2));
+        assert!(slot.lock.is_some(), "the renewed lease stays");
+        let renewed = slot.lock.clone().unwrap();
+        assert!(take_back(&mut slot, renewed.fence, renewed.lease, T0 + 2));
+        assert!(slot.lock.is_none());
     }
 
     #[test]
     fn paused_node_refuses_new_grants_but_lets_holders_renew() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, T0, 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
         assert_eq!(
-            acquire(&mut slot, &mut fences, b"a", 100, T0 + 1, 500),
-            Ok(Acquired::Renewed(1))
+            acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 1), 500),
+            Ok(Acquired::Renewed(us(T0)))
         );
         assert_eq!(
-            acquire(&mut slot, &mut fences, b"b", 100, T0 + 1, 500),
+            acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 1), 500),
             Ok(Acquired::Contended)
         );
         assert_eq!(extend(&mut slot, b"a", 100, T0 + 2), Ok(true));
         assert!(release(&mut slot, b"a", T0 + 3));
         assert_eq!(
-            acquire(&mut slot, &mut fences, b"b", 100, T0 + 4, 400),
+            acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 4), 400),
             Err(LockError::GrantsPaused(400))
         );
-        assert!(slot.0.is_none());
+        assert!(slot.lock.is_none());
     }
 }

@@ -1,11 +1,21 @@
-//! The pure lock engine. Nothing here knows about Redis: time comes in as a
-//! parameter (`now_ms`), storage comes in through the [`lock::LockSlot`] trait,
-//! and fencing tokens come from a [`fence::FenceSource`]. The Redis glue in
-//! `crate::redis` binds these to the keyspace; the unit tests bind them to
-//! plain values and a hand-driven clock.
+//! The pure lock engine. Nothing here knows about Redis or reads a clock:
+//! time comes in as a parameter (Unix µs or ms), storage through the
+//! [`lock::LockSlot`] trait, fencing tokens from a [`fence::FenceSource`],
+//! and blocked clients are opaque handles. Functions return what happened
+//! (replies, [`waiters::Wake`]s, when to call again); the Redis glue in
+//! `crate::redis` executes that. The unit tests here and the model test in
+//! `tests/model.rs` drive it with a hand-driven clock.
+//!
+//! * `lock`    — the lock state machine (acquire, release, extend, take-back)
+//! * `waiters` — FIFO waiter lines, BLOCK timeouts, every hand-off decision
+//! * `fence`   — the fencing high-water mark
+//! * `args`    — argument parsing and validation
+//! * `limits`  — every bound on input
+//! * `error`   — every error reply
 
 pub mod args;
 pub mod error;
 pub mod fence;
+pub mod limits;
 pub mod lock;
-pub mod queue;
+pub mod waiters;

@@ -8,13 +8,19 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
-use super::blocking;
-use super::ffi::{api, context_flags, log_warning, run_command, Argv, Ctx, RString, Reply, Value};
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::ffi::{
+    api, context_flags, is_replica, log_warning, may_write_key, run_command, Argv, Ctx, RString,
+    Reply, Value,
+};
+use super::handoff;
+use super::keyspace::LockKey;
 use super::node::{self, count, NodeFences, STATS};
-use super::slot::RedisSlot;
 use crate::core::args;
 use crate::core::error::LockError;
-use crate::core::lock::{self, Acquired, Lock, LockSlot};
+use crate::core::lock::{self, Acquired, LockSlot};
+use crate::core::waiters::Request;
 
 type Callback = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
 
@@ -52,7 +58,9 @@ pub static COMMANDS: [Command; 6] = [
     Command {
         name: c"lock.acquire",
         callback: callback!(acquire),
-        flags: c"write deny-oom fast",
+        // Not deny-oom: a holder's renewal must work above maxmemory; new
+        // grants check for OOM themselves. Not fast: it can block.
+        flags: c"write blocking",
         arity: -4,
         key_flags: RW | ACCESS | UPDATE,
         summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
@@ -100,35 +108,88 @@ pub static COMMANDS: [Command; 6] = [
 ];
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let a = args::parse_acquire(argv.bytes())?;
-    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
-    let now = node::now_ms();
-    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
-    let paused = node::grants_paused_ms(now);
-    let acquired = lock::acquire(&mut slot, &mut NodeFences, a.token, a.ttl_ms, now, paused)?;
-    if let (Acquired::Contended, Some(timeout_ms)) = (acquired, a.block_ms) {
-        if may_block(ctx) {
-            let held_until = slot.stored().map_or(now, |l| l.deadline_ms);
+    let a = args::parse_acquire(argv.bytes(), node::max_ttl_ms())?;
+    refuse_on_replica(ctx)?;
+    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
+    let now_us = node::now_us();
+    let now_ms = lock::ms(now_us);
+    let mut slot = LockKey::open(ctx, argv.key(), true)?;
+    // Decide before writing: a contended ACQUIRE changes nothing.
+    let held = slot
+        .live(now_ms)
+        .map(|l| (l.token == a.token, l.deadline_ms));
+    let wait_until = match held {
+        Some((true, _)) => None,
+        Some((false, until)) => Some(until),
+        None => {
+            refuse_new_lock(ctx)?;
+            match node::grants_paused_ms(now_ms) {
+                0 => None,
+                paused if a.block_ms.is_some() => Some(now_ms.saturating_add(paused)),
+                paused => return Err(LockError::GrantsPaused(paused)),
+            }
+        }
+    };
+    if let Some(until) = wait_until {
+        if let (Some(timeout_ms), true) = (a.block_ms, may_block(ctx)) {
+            refuse_new_lock(ctx)?;
             drop(slot);
-            let key = blocking::key_of(ctx, argv.key_bytes());
-            blocking::block(ctx, key, a.token, a.ttl_ms, timeout_ms, held_until)?;
-            return Ok(Reply::Blocked);
+            let key = handoff::key_of(ctx, argv.key_bytes());
+            let request = Request {
+                token: a.token,
+                ttl_ms: a.ttl_ms,
+                timeout_ms,
+            };
+            return handoff::block(ctx, key, request, until);
         }
+        if held.is_none() {
+            // Paused, and BLOCK cannot wait here (MULTI, Lua).
+            return Err(LockError::GrantsPaused(node::grants_paused_ms(now_ms)));
+        }
+        count(&STATS.contended);
+        return Ok(Reply::Null);
     }
-    Ok(match acquired {
-        Acquired::Granted(fence) => {
-            count(&STATS.grants);
-            Reply::Integer(fence)
-        }
-        Acquired::Renewed(fence) => {
-            count(&STATS.extends);
-            Reply::Integer(fence)
-        }
-        Acquired::Contended => {
-            count(&STATS.contended);
-            Reply::Null
-        }
-    })
+    Ok(
+        match lock::acquire(&mut slot, &mut NodeFences, a.token, a.ttl_ms, now_us, 0)? {
+            Acquired::Granted(fence) => {
+                count(&STATS.grants);
+                Reply::Integer(fence)
+            }
+            Acquired::Renewed(fence) => {
+                count(&STATS.extends);
+                Reply::Integer(fence)
+            }
+            Acquired::Contended => {
+                count(&STATS.contended);
+                Reply::Null
+            }
+        },
+    )
+}
+
+/// A replica never changes a lock on its own (also with
+/// `replica-read-only no`): its master's effects are the only writes.
+fn refuse_on_replica(ctx: Ctx) -> Result<(), LockError> {
+    if node::SERVER.replica.load(Relaxed) && is_replica(ctx) {
+        return Err(LockError::ReadOnlyReplica);
+    }
+    Ok(())
+}
+
+/// A new lock (a grant, or a place in line) is refused while held locks can
+/// be evicted (unless `lock.allow-eviction`), and above maxmemory. Renewing
+/// a lock one holds is never refused: it is the safe retry.
+fn refuse_new_lock(ctx: Ctx) -> Result<(), LockError> {
+    if node::SERVER.evictable.load(Relaxed) && !node::ALLOW_EVICTION.load(Relaxed) {
+        count(&STATS.refused_evictable);
+        return Err(LockError::EvictionUnsafe);
+    }
+    if node::SERVER.maxmemory.load(Relaxed)
+        && context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
+    {
+        return Err(LockError::OutOfMemory);
+    }
+    Ok(())
 }
 
 /// Inside MULTI/EXEC and Lua, BLOCK answers at once, as BLPOP does there.
@@ -141,23 +202,25 @@ fn may_block(ctx: Ctx) -> bool {
 
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
-    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
+    refuse_on_replica(ctx)?;
+    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     let released = {
-        let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+        let mut slot = LockKey::open(ctx, argv.key(), true)?;
         lock::release(&mut slot, token, node::now_ms())
     };
     if released {
         count(&STATS.releases);
         // The next waiter gets the lock in this same command.
-        blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
+        handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     }
     Ok(Reply::Integer(released.into()))
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let a = args::parse_extend(argv.bytes())?;
-    blocking::hand_off_if_waiting(ctx, argv.key(), argv.key_bytes());
-    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
+    let a = args::parse_extend(argv.bytes(), node::max_ttl_ms())?;
+    refuse_on_replica(ctx)?;
+    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
+    let mut slot = LockKey::open(ctx, argv.key(), true)?;
     let extended = lock::extend(&mut slot, a.token, a.ttl_ms, node::now_ms())?;
     if extended {
         count(&STATS.extends);
@@ -167,46 +230,59 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
-    let slot = RedisSlot::open(ctx, argv.key(), false)?;
+    let slot = LockKey::open(ctx, argv.key(), false)?;
     Ok(match lock::fence(&slot, token, node::now_ms()) {
         Some(fence) => Reply::Integer(fence),
         None => Reply::Null,
     })
 }
 
+/// The holder's token is a credential (it can release and extend the lock):
+/// it is shown only to users who may write the key. Others see nil.
 fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
-    let slot = RedisSlot::open(ctx, argv.key(), false)?;
+    let slot = LockKey::open(ctx, argv.key(), false)?;
     let now = node::now_ms();
     Ok(match slot.live(now) {
         None => Reply::Null,
-        Some(held) => Reply::Map(vec![
-            ("token", Value::Bytes(held.token.to_vec())),
-            ("fence", Value::Integer(held.fence)),
-            ("ttl", Value::Integer(held.remaining_ms(now))),
-            (
-                "waiters",
-                Value::Integer(blocking::waiting_on(ctx, argv.key_bytes()) as i64),
-            ),
-        ]),
+        Some(held) => {
+            let token = if may_write_key(ctx, argv.key()) {
+                Value::Bytes(held.token.to_vec())
+            } else {
+                Value::Null
+            };
+            Reply::Map(vec![
+                ("token", token),
+                ("fence", Value::Integer(held.fence)),
+                ("ttl", Value::Integer(held.remaining_ms(now))),
+                (
+                    "waiters",
+                    Value::Integer(handoff::waiting_on(ctx, argv.key_bytes()) as i64),
+                ),
+            ])
+        }
     })
 }
 
 /// `LOCK._SET key token fence deadline-ms`: applies a grant or renewal made
-/// by the master (replication stream) or logged earlier (AOF).
+/// by the master (replication stream) or logged earlier (AOF). A fence
+/// beyond the bound is refused (and logged), changing nothing.
 fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if context_flags(ctx) & trusted == 0 {
         return Err(LockError::InternalCommand("LOCK._SET"));
     }
     let a = args::parse_set(argv.bytes())?;
-    let mut slot = RedisSlot::open(ctx, argv.key(), true)?;
-    slot.write(Lock {
-        fence: a.fence,
-        deadline_ms: a.deadline_ms,
-        token: a.token,
-    });
-    node::observe_fence(a.fence);
+    if let Err(err) = node::check_fence(a.fence) {
+        log_warning(&format!(
+            "lock: refusing LOCK._SET with fence {}: {err}",
+            a.fence
+        ));
+        return Err(err);
+    }
+    let mut slot = LockKey::open(ctx, argv.key(), true)?;
+    slot.write(a.token, a.fence, a.deadline_ms);
+    node::observe_fence(a.fence)?;
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     Ok(Reply::Ok)
 }

@@ -10,11 +10,18 @@
 //! ## RDB aux field (before the keyspace), encoding version 1
 //! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
 //!
-//! Loading refuses encoding versions newer than this build knows, and values
-//! that break the invariants above, rather than guessing.
+//! Loading refuses encoding versions newer than this build knows, short
+//! reads (the module declares HANDLE_IO_ERRORS, so a damaged RDB, AOF
+//! preamble, diskless sync or `RESTORE` payload is refused, not a crash),
+//! and values that break the invariants above or carry a fence beyond
+//! `core::limits::MAX_FENCE_LEAD` above the node's mark and clock, rather
+//! than guessing. Loading a value never raises the node's fence mark: the
+//! aux field carries it for RDB loads, and a `RESTORE`d value raises it from
+//! the `restore` keyspace event, once Redis has accepted the whole payload.
 //!
 //! ## In memory
-//! One allocation per lock, the token inline (see [`LockBlock`]).
+//! One allocation per lock, the token inline (see [`LockBlock`]), plus a
+//! lease id that is not persisted (see `core::lock::Lock::lease`).
 //!
 //! ## AOF rewrite
 //! Each lock is written as `LOCK._SET key token fence deadline-ms`, the same
@@ -30,7 +37,11 @@ use redis_module::raw;
 use super::ffi::{api, guard, log_warning};
 use super::node::{self, STATS};
 use crate::core::error::LockError;
-use crate::core::lock::{Lock, MAX_TOKEN_LEN};
+use crate::core::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
+use crate::core::lock::Lock;
+
+/// The type's unlink2 callback: a lock key left the keyspace.
+pub type UnlinkFn = extern "C" fn(*mut raw::RedisModuleKeyOptCtx, *const c_void);
 
 /// Native type names are exactly 9 characters.
 pub const TYPE_NAME: &std::ffi::CStr = c"redislock";
@@ -46,7 +57,7 @@ impl LockType {
 
 pub static LOCK_TYPE: LockType = LockType(AtomicPtr::new(std::ptr::null_mut()));
 
-pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
+pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<(), &'static str> {
     let mut methods = raw::RedisModuleTypeMethods {
         // Version 4 (Redis 7.0) has aux fields and unlink2.
         version: 4,
@@ -65,7 +76,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
         defrag: None,
         mem_usage2: None,
         free_effort2: None,
-        unlink2: Some(super::blocking::on_unlink),
+        unlink2: Some(on_unlink),
         copy2: None,
         aux_save2: None,
     };
@@ -87,6 +98,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
 pub struct LockBlock {
     fence: i64,
     deadline_ms: i64,
+    lease: u64,
     len: u32,
     token: [u8; 0],
 }
@@ -107,6 +119,7 @@ impl LockBlock {
             }
             (*block).fence = lock.fence;
             (*block).deadline_ms = lock.deadline_ms;
+            (*block).lease = lock.lease;
             (*block).len = lock.token.len() as u32;
             let token = block.cast::<u8>().add(TOKEN_OFFSET);
             std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
@@ -123,14 +136,16 @@ impl LockBlock {
             fence: (*block).fence,
             deadline_ms: (*block).deadline_ms,
             token: std::slice::from_raw_parts(token, (*block).len as usize),
+            lease: (*block).lease,
         }
     }
 
     /// # Safety
     /// `block` comes from [`LockBlock::new`].
-    pub unsafe fn set(block: *mut LockBlock, fence: i64, deadline_ms: i64) {
+    pub unsafe fn set(block: *mut LockBlock, fence: i64, deadline_ms: i64, lease: u64) {
         (*block).fence = fence;
         (*block).deadline_ms = deadline_ms;
+        (*block).lease = lease;
     }
 
     /// # Safety
@@ -199,29 +214,38 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             return std::ptr::null_mut();
         }
         match load_v1(rdb) {
-            Some(block) => block.cast(),
-            None => {
-                log_warning("lock: a lock in the RDB is truncated or invalid; refusing to load it");
+            Ok(block) => block.cast(),
+            Err(why) => {
+                log_warning(&format!("lock: refusing to load a lock value: {why}"));
                 std::ptr::null_mut()
             }
         }
     })
 }
 
-fn load_v1(rdb: *mut raw::RedisModuleIO) -> Option<*mut LockBlock> {
-    let token = raw::load_string_buffer(rdb).ok()?;
-    let fence = raw::load_signed(rdb).ok()?;
-    let deadline_ms = raw::load_signed(rdb).ok()?;
+/// Reads one value, checking for a short read after every call (the raw
+/// loaders do). Nothing is allocated for the keyspace until all is valid.
+fn load_v1(rdb: *mut raw::RedisModuleIO) -> Result<*mut LockBlock, String> {
+    const SHORT: &str = "the payload is truncated or damaged";
+    let token = raw::load_string_buffer(rdb).map_err(|_| SHORT)?;
+    let fence = raw::load_signed(rdb).map_err(|_| SHORT)?;
+    let deadline_ms = raw::load_signed(rdb).map_err(|_| SHORT)?;
     let token = token.as_ref();
-    let valid = !token.is_empty() && token.len() <= MAX_TOKEN_LEN && fence > 0 && deadline_ms >= 0;
-    if !valid {
-        return None;
+    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
+        return Err(format!(
+            "a token of {} bytes (1 to {MAX_TOKEN_LEN} allowed)",
+            token.len()
+        ));
     }
-    node::observe_fence(fence);
-    Some(LockBlock::new(Lock {
+    if !(0..=MAX_DEADLINE_MS).contains(&deadline_ms) {
+        return Err(format!("deadline {deadline_ms} is out of range"));
+    }
+    node::check_fence(fence).map_err(|e| format!("fence {fence}: {e}"))?;
+    Ok(LockBlock::new(Lock {
         fence,
         deadline_ms,
         token,
+        lease: node::new_lease(),
     }))
 }
 
@@ -244,12 +268,15 @@ extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int)
             ));
             return raw::REDISMODULE_ERR as c_int;
         }
-        match raw::load_signed(rdb) {
-            Ok(hwm) => {
-                node::observe_fence(hwm);
-                raw::REDISMODULE_OK as c_int
+        let observed = raw::load_signed(rdb)
+            .map_err(|_| "the data is truncated or damaged".to_string())
+            .and_then(|hwm| node::observe_fence(hwm).map_err(|e| format!("mark {hwm}: {e}")));
+        match observed {
+            Ok(()) => raw::REDISMODULE_OK as c_int,
+            Err(why) => {
+                log_warning(&format!("lock: refusing the saved fence mark: {why}"));
+                raw::REDISMODULE_ERR as c_int
             }
-            Err(_) => raw::REDISMODULE_ERR as c_int,
         }
     })
 }

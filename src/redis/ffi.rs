@@ -90,6 +90,7 @@ pub enum Reply {
 pub enum Value {
     Integer(i64),
     Bytes(Vec<u8>),
+    Null,
 }
 
 /// Runs one command: turns argv into bytes, calls `handler`, and turns an
@@ -177,9 +178,56 @@ unsafe fn send(ctx: Ctx, reply: Reply) {
                     Value::Bytes(b) => {
                         api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len())
                     }
+                    Value::Null => api!(RedisModule_ReplyWithNull)(ctx),
                 };
             }
         }
+    }
+}
+
+/// Whether the user running this command may write `key` (ACL key
+/// patterns). Without a user (timers, the AOF) or without the ACL API, yes.
+pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
+    let api = unsafe {
+        (
+            raw::RedisModule_GetCurrentUserName,
+            raw::RedisModule_GetModuleUserFromUserName,
+            raw::RedisModule_ACLCheckKeyPermissions,
+            raw::RedisModule_FreeModuleUser,
+        )
+    };
+    let (Some(user_name), Some(get_user), Some(check), Some(free_user)) = api else {
+        return true;
+    };
+    unsafe {
+        let name = user_name(ctx);
+        if name.is_null() {
+            return true;
+        }
+        let user = get_user(name);
+        api!(RedisModule_FreeString)(ctx, name);
+        if user.is_null() {
+            return false; // the user was deleted meanwhile
+        }
+        let allowed = check(user, key, raw::REDISMODULE_CMD_KEY_UPDATE as c_int)
+            == raw::REDISMODULE_OK as c_int;
+        free_user(user);
+        allowed
+    }
+}
+
+/// True on a replica (also one with `replica-read-only no`).
+pub fn is_replica(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
+}
+
+/// True while CLIENT PAUSE WRITE/ALL or a FAILOVER holds writes back: the
+/// module must not write to the keyspace then (Redis asserts, or loses the
+/// write, if a timer does).
+pub fn writes_paused() -> bool {
+    match unsafe { raw::RedisModule_AvoidReplicaTraffic } {
+        Some(f) => unsafe { f() != 0 },
+        None => false,
     }
 }
 

@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw;
 
-use super::blocking;
 use super::ffi::guard;
-use super::node::{self, STATS};
+use super::handoff;
+use super::node::{self, SERVER, STATS};
 
 pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     guard("INFO", (), || {
@@ -24,28 +24,36 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
         }
         raw::add_info_field_long_long(ctx, "locks", STATS.locks.load(Relaxed));
-        raw::add_info_field_unsigned_long_long(ctx, "waiters", blocking::waiters_total() as u64);
-        raw::add_info_field_unsigned_long_long(ctx, "handoffs", blocking::HANDOFFS.load(Relaxed));
-        raw::add_info_field_unsigned_long_long(
-            ctx,
-            "block_timeouts",
-            blocking::BLOCK_TIMEOUTS.load(Relaxed),
-        );
+        raw::add_info_field_unsigned_long_long(ctx, "waiters", handoff::waiters_total() as u64);
+        let more = [
+            ("handoffs", &STATS.handoffs),
+            ("block_timeouts", &STATS.block_timeouts),
+            ("take_backs", &STATS.take_backs),
+            ("refused_evictable", &STATS.refused_evictable),
+        ];
+        for (name, counter) in more {
+            raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
+        }
         raw::add_info_field_unsigned_long_long(
             ctx,
             "wait_time_total_ms",
-            blocking::WAIT_TOTAL_US.load(Relaxed) / 1000,
+            STATS.wait_total_us.load(Relaxed) / 1000,
         );
         raw::add_info_field_unsigned_long_long(
             ctx,
             "wait_time_max_ms",
-            blocking::WAIT_MAX_US.load(Relaxed) / 1000,
+            STATS.wait_max_us.load(Relaxed) / 1000,
         );
         raw::add_info_field_long_long(ctx, "fence_hwm", node::fence_hwm());
         raw::add_info_field_long_long(
             ctx,
             "grants_paused_ms",
             node::grants_paused_ms(node::now_ms()),
+        );
+        raw::add_info_field_long_long(
+            ctx,
+            "eviction_unsafe",
+            i64::from(SERVER.evictable.load(Relaxed)),
         );
     })
 }

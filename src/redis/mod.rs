@@ -1,22 +1,26 @@
 //! The thin layer that binds the pure engine in `crate::core` to Redis.
+//! Dependencies run one way, top to bottom; `crate::module` wires them.
 //!
-//! * `commands` — the command table and one handler per command
-//! * `blocking` — BLOCK: FIFO waiters per lock and the hand-off to them
-//! * `slot`     — a key of the keyspace seen as a `core::lock::LockSlot`;
+//! * `commands`  — the command table and one handler per command
+//! * `events`    — server events and keyspace notifications
+//! * `handoff`   — BLOCK: blocked clients and the timer that executes the
+//!   decisions of `core::waiters`
+//! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockSlot`;
 //!   every change it makes is replicated as an absolute effect
-//! * `datatype` — the `redislock` data type: RDB/AOF persistence, digest,
+//! * `datatype`  — the `redislock` data type: RDB/AOF persistence, digest,
 //!   memory usage (the persistence format is documented there)
-//! * `node`     — node-wide state: fence high-water mark, restart delay,
-//!   counters, server events (loading, promotion)
-//! * `info`     — the `INFO lock` section
+//! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
-//! * `ffi`      — the few unsafe helpers everything above shares
+//! * `node`      — node-wide state: fence mark, options, restart delay,
+//!   counters, the clock
+//! * `ffi`       — the few unsafe helpers everything above shares
 
-pub mod blocking;
 pub mod commands;
 pub mod datatype;
+pub mod events;
 pub mod ffi;
+pub mod handoff;
 pub mod info;
+pub mod keyspace;
 pub mod node;
 pub mod propagation;
-pub mod slot;

@@ -1,21 +1,34 @@
-//! Node-wide state: the fencing high-water mark, the restart delay, and the
-//! counters shown by `INFO lock`. Commands run on Redis's main thread; the
-//! values are atomics because a forked RDB child and lazy-free threads read
-//! them too.
+//! Node-wide state: the fencing high-water mark, the options, the restart
+//! delay, the clock and the counters shown by `INFO lock`. Commands, timers
+//! and events all run on Redis's main thread; a forked RDB child reads the
+//! mark in its own copy of memory. Counters are atomics because lazy-free
+//! threads run the type's `free`.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-
-use redis_module::raw;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use crate::core::error::LockError;
-use crate::core::fence::{next_after, FenceSource};
+use crate::core::fence::{FenceCounter, FenceSource};
+use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY};
 
-/// The largest fencing token this node has issued or applied.
-static FENCE_HWM: AtomicI64 = AtomicI64::new(0);
+/// The node's one fence counter (the rules live in `core::fence`).
+static FENCES: Mutex<FenceCounter> = Mutex::new(FenceCounter::new(0));
+
+fn fences() -> std::sync::MutexGuard<'static, FenceCounter> {
+    FENCES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// `lock.restart-delay-ms`: how long after loading data or promotion the node
 /// refuses new grants.
 pub static RESTART_DELAY_MS: AtomicI64 = AtomicI64::new(0);
+/// `lock.max-ttl-ms`: the longest lease ACQUIRE and EXTEND accept.
+pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS);
+/// `lock.max-waiters-per-key`: the longest BLOCK line on one key.
+pub static MAX_WAITERS_PER_KEY: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_KEY);
+/// `lock.allow-eviction`: grant even while maxmemory-policy can evict locks.
+pub static ALLOW_EVICTION: AtomicBool = AtomicBool::new(false);
 
 /// When the node last loaded its data or became master (Unix ms).
 static GRANTS_PAUSED_SINCE_MS: AtomicI64 = AtomicI64::new(0);
@@ -38,24 +51,26 @@ pub fn now_us() -> i64 {
 }
 
 pub fn fence_hwm() -> i64 {
-    FENCE_HWM.load(Relaxed)
+    fences().hwm()
 }
 
-/// A token issued elsewhere (master, AOF, RDB) was applied on this node.
-pub fn observe_fence(fence: i64) {
-    FENCE_HWM.fetch_max(fence, Relaxed);
+/// A token issued elsewhere (master, AOF, RDB, RESTORE) was applied here:
+/// raise the mark, or refuse a token beyond the bound (changing nothing).
+pub fn observe_fence(fence: i64) -> Result<(), LockError> {
+    fences().observe(fence, now_us())
 }
 
-/// Issues fencing tokens from the node-wide high-water mark.
+/// Whether `observe_fence` would accept `fence` now.
+pub fn check_fence(fence: i64) -> Result<(), LockError> {
+    fences().check(fence, now_us())
+}
+
+/// Issues fencing tokens from the node's counter.
 pub struct NodeFences;
 
 impl FenceSource for NodeFences {
-    fn next_fence(&mut self) -> Result<i64, LockError> {
-        // Grants happen only on the main thread, so load + store cannot race
-        // with another grant; fetch_max keeps concurrent observers safe.
-        let next = next_after(FENCE_HWM.load(Relaxed))?;
-        FENCE_HWM.fetch_max(next, Relaxed);
-        Ok(next)
+    fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
+        fences().next_fence(now_us)
     }
 }
 
@@ -63,7 +78,7 @@ impl FenceSource for NodeFences {
 /// fence mark to the clock and start the restart delay.
 pub fn start_serving_as_master() {
     let now = now_us();
-    observe_fence(now);
+    fences().raise_to_clock(now);
     GRANTS_PAUSED_SINCE_MS.store(now / 1000, Relaxed);
 }
 
@@ -74,7 +89,22 @@ pub fn grants_paused_ms(now_ms: i64) -> i64 {
         return 0;
     }
     let until = GRANTS_PAUSED_SINCE_MS.load(Relaxed).saturating_add(delay);
-    (until - now_ms).max(0)
+    until.saturating_sub(now_ms).max(0)
+}
+
+/// Lease ids: unique for the life of the process (see `core::lock::Lock::lease`).
+static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
+
+pub fn new_lease() -> u64 {
+    NEXT_LEASE.fetch_add(1, Relaxed)
+}
+
+pub fn max_ttl_ms() -> i64 {
+    MAX_TTL_MS.load(Relaxed)
+}
+
+pub fn max_waiters_per_key() -> usize {
+    MAX_WAITERS_PER_KEY.load(Relaxed).max(1) as usize
 }
 
 /// The counters of `INFO lock`.
@@ -84,6 +114,12 @@ pub struct Stats {
     pub releases: AtomicU64,
     pub extends: AtomicU64,
     pub expirations: AtomicU64,
+    pub handoffs: AtomicU64,
+    pub block_timeouts: AtomicU64,
+    pub take_backs: AtomicU64,
+    pub wait_total_us: AtomicU64,
+    pub wait_max_us: AtomicU64,
+    pub refused_evictable: AtomicU64,
     /// Lock values in the keyspace; a lease that ended still counts until
     /// its key is reclaimed.
     pub locks: AtomicI64,
@@ -95,6 +131,12 @@ pub static STATS: Stats = Stats {
     releases: AtomicU64::new(0),
     extends: AtomicU64::new(0),
     expirations: AtomicU64::new(0),
+    handoffs: AtomicU64::new(0),
+    block_timeouts: AtomicU64::new(0),
+    take_backs: AtomicU64::new(0),
+    wait_total_us: AtomicU64::new(0),
+    wait_max_us: AtomicU64::new(0),
+    refused_evictable: AtomicU64::new(0),
     locks: AtomicI64::new(0),
 };
 
@@ -102,64 +144,25 @@ pub fn count(counter: &AtomicU64) {
     counter.fetch_add(1, Relaxed);
 }
 
-/// Server events: loading finished (start-up, DEBUG RELOAD, full sync),
-/// replication role changes, flushes (which hand locks to waiters) and
-/// config changes (the AOF can be turned on at runtime).
-pub fn subscribe_to_server_events(ctx: *mut raw::RedisModuleCtx) -> Result<(), &'static str> {
-    let subscribe = unsafe { raw::RedisModule_SubscribeToServerEvent }
-        .ok_or("RedisModule_SubscribeToServerEvent is not available")?;
-    let events = [
-        (raw::REDISMODULE_EVENT_LOADING, on_loading as EventFn),
-        (
-            raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
-            on_role_changed,
-        ),
-        (raw::REDISMODULE_EVENT_FLUSHDB, super::blocking::on_flush),
-        (
-            raw::REDISMODULE_EVENT_CONFIG,
-            super::propagation::on_config_change,
-        ),
-    ];
-    for (id, callback) in events {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
-        if unsafe { subscribe(ctx, event, Some(callback)) } != raw::REDISMODULE_OK as i32 {
-            return Err("failed to subscribe to a server event");
-        }
-    }
-    Ok(())
+pub fn record_wait(waited_us: i64) {
+    let waited = waited_us.max(0) as u64;
+    STATS.wait_total_us.fetch_add(waited, Relaxed);
+    STATS.wait_max_us.fetch_max(waited, Relaxed);
 }
 
-type EventFn =
-    extern "C" fn(*mut raw::RedisModuleCtx, raw::RedisModuleEvent, u64, *mut std::os::raw::c_void);
-
-extern "C" fn on_loading(
-    ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    _data: *mut std::os::raw::c_void,
-) {
-    super::ffi::guard("the loading event", (), || {
-        let is_master = super::ffi::context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_MASTER != 0;
-        if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
-            super::propagation::check_replication_state(ctx);
-            if is_master {
-                start_serving_as_master();
-            }
-        }
-    })
+/// Server state the hot path needs, cached from events (reading the context
+/// flags on every command costs more than a grant's own logic).
+pub struct ServerState {
+    /// This node is a replica: it refuses lock writes.
+    pub replica: AtomicBool,
+    /// maxmemory is set with a policy that can evict keys, and so held locks.
+    pub evictable: AtomicBool,
+    /// maxmemory is set: new grants check for OOM.
+    pub maxmemory: AtomicBool,
 }
 
-extern "C" fn on_role_changed(
-    ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    subevent: u64,
-    _data: *mut std::os::raw::c_void,
-) {
-    super::ffi::guard("the role-changed event", (), || {
-        super::propagation::replicas_possible();
-        super::propagation::refresh_aof_state(ctx);
-        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-            start_serving_as_master();
-        }
-    })
-}
+pub static SERVER: ServerState = ServerState {
+    replica: AtomicBool::new(false),
+    evictable: AtomicBool::new(false),
+    maxmemory: AtomicBool::new(false),
+};

@@ -69,16 +69,6 @@ pub fn init(ctx: Ctx) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// Server event: a CONFIG SET (or CONFIG REWRITE/RESETSTAT) changed settings.
-pub extern "C" fn on_config_change(
-    ctx: *mut raw::RedisModuleCtx,
-    _event: raw::RedisModuleEvent,
-    _subevent: u64,
-    _data: *mut std::os::raw::c_void,
-) {
-    guard("the config event", (), || refresh_aof_state(ctx))
-}
-
 /// Reads INFO replication; anything but "a master with no backlog and no
 /// replicas" (including any doubt) means effects are needed.
 pub fn check_replication_state(ctx: Ctx) {

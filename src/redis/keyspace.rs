@@ -1,8 +1,10 @@
 //! A key of the keyspace, seen by the engine as a `LockSlot`.
 //!
 //! Every change is written with the key's Redis expiry set to the lease's
-//! deadline (so Redis reclaims ended locks like any expired key) and is
-//! replicated as an absolute effect, never as the relative command:
+//! deadline (so Redis reclaims ended locks like any expired key), signals
+//! the key as modified (WATCH, client-side caching: only real changes do, as
+//! the module sets NO_IMPLICIT_SIGNAL_MODIFIED), and is replicated as an
+//! absolute effect, never as the relative command:
 //! * a grant or renewal as `LOCK._SET key token fence deadline-ms`
 //! * a release as `DEL key`
 //!
@@ -14,18 +16,19 @@ use redis_module::raw;
 
 use super::datatype::{self, LockBlock, LOCK_TYPE};
 use super::ffi::{api, Ctx, RString};
+use super::node::new_lease;
 use super::propagation;
 use crate::core::error::LockError;
 use crate::core::lock::{Lock, LockSlot};
 
-pub struct RedisSlot {
+pub struct LockKey {
     ctx: Ctx,
     name: RString,
     key: NonNull<raw::RedisModuleKey>,
     value: *mut LockBlock,
 }
 
-impl RedisSlot {
+impl LockKey {
     /// Opens `name` for writing, or for reading only. A key of another type
     /// is a WRONGTYPE error and is left untouched.
     pub fn open(ctx: Ctx, name: RString, write: bool) -> Result<Self, LockError> {
@@ -37,9 +40,14 @@ impl RedisSlot {
         let key = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode as i32) };
         // A read-only open of a missing key returns NULL.
         let Some(key) = NonNull::new(key.cast::<raw::RedisModuleKey>()) else {
-            return Ok(RedisSlot::absent(ctx, name));
+            return Ok(LockKey {
+                ctx,
+                name,
+                key: NonNull::dangling(),
+                value: ptr::null_mut(),
+            });
         };
-        let mut slot = RedisSlot {
+        let mut slot = LockKey {
             ctx,
             name,
             key,
@@ -49,40 +57,62 @@ impl RedisSlot {
         Ok(slot)
     }
 
-    fn absent(ctx: Ctx, name: RString) -> Self {
-        RedisSlot {
-            ctx,
-            name,
-            key: NonNull::dangling(),
-            value: ptr::null_mut(),
-        }
-    }
-
     fn is_open(&self) -> bool {
         self.key != NonNull::dangling()
     }
 
     /// Stores `lock` under the key with its expiry, without replicating:
     /// used directly when applying a replicated or AOF effect.
-    pub fn write(&mut self, lock: Lock<'_>) {
-        if let Some(current) = self.stored() {
-            if current.token == lock.token {
-                // Same token: update in place, no allocation. (A different
-                // value would be freed, and counted there if it had expired.)
+    pub fn write(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
+        let lease = new_lease();
+        match self.stored() {
+            // Same token: update in place, no allocation. (A different value
+            // is freed, and counted there if it had expired.)
+            Some(current) if current.token == token => {
                 if !current.is_live(super::node::now_ms()) {
                     super::node::count(&super::node::STATS.expirations);
                 }
-                unsafe { LockBlock::set(self.value, lock.fence, lock.deadline_ms) };
-                self.set_expiry(lock.deadline_ms);
-                return;
+                unsafe { LockBlock::set(self.value, fence, deadline_ms, lease) };
+            }
+            _ => {
+                let value = LockBlock::new(Lock {
+                    fence,
+                    deadline_ms,
+                    token,
+                    lease,
+                });
+                unsafe {
+                    api!(RedisModule_ModuleTypeSetValue)(
+                        self.key.as_ptr(),
+                        LOCK_TYPE.get(),
+                        value.cast(),
+                    )
+                };
+                self.value = value;
             }
         }
-        let value = LockBlock::new(lock);
-        unsafe {
-            api!(RedisModule_ModuleTypeSetValue)(self.key.as_ptr(), LOCK_TYPE.get(), value.cast())
+        self.set_expiry(deadline_ms);
+        self.signal_modified();
+    }
+
+    /// Makes the key's Redis expiry equal the lease's deadline again (after
+    /// EXPIRE, PERSIST or RESTORE changed it), or removes a lock whose lease
+    /// has ended. Replicated like any change. True if it changed anything.
+    pub fn restore_expiry(&mut self, now_ms: i64) -> bool {
+        let Some(lock) = self.stored() else {
+            return false;
         };
-        self.value = value;
+        if !lock.is_live(now_ms) {
+            self.remove();
+            return true;
+        }
+        let expiry = unsafe { api!(RedisModule_GetAbsExpire)(self.key.as_ptr()) };
+        if expiry == lock.deadline_ms {
+            return false;
+        }
         self.set_expiry(lock.deadline_ms);
+        self.replicate_set();
+        true
     }
 
     /// Nothing can receive an effect now (see `propagation`): only count the
@@ -94,6 +124,10 @@ impl RedisSlot {
 
     fn set_expiry(&self, deadline_ms: i64) {
         unsafe { api!(RedisModule_SetAbsExpire)(self.key.as_ptr(), deadline_ms) };
+    }
+
+    fn signal_modified(&self) {
+        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx, self.name) };
     }
 
     fn replicate_set(&self) {
@@ -118,7 +152,7 @@ impl RedisSlot {
     }
 }
 
-impl LockSlot for RedisSlot {
+impl LockSlot for LockKey {
     fn stored(&self) -> Option<Lock<'_>> {
         if self.value.is_null() {
             return None;
@@ -128,15 +162,16 @@ impl LockSlot for RedisSlot {
         Some(unsafe { LockBlock::view(self.value) })
     }
 
-    fn put(&mut self, lock: Lock<'_>) {
-        self.write(lock);
+    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
+        self.write(token, fence, deadline_ms);
         self.replicate_set();
     }
 
     fn renew(&mut self, deadline_ms: i64) {
         if let Some(lock) = self.stored() {
-            unsafe { LockBlock::set(self.value, lock.fence, deadline_ms) };
+            unsafe { LockBlock::set(self.value, lock.fence, deadline_ms, new_lease()) };
             self.set_expiry(deadline_ms);
+            self.signal_modified();
             self.replicate_set();
         }
     }
@@ -145,12 +180,13 @@ impl LockSlot for RedisSlot {
         if self.value.is_null() {
             return;
         }
-        // The lock was live (only a holder's release or a take-back frees it
-        // here): the type's free callback need not read the clock to decide
-        // whether a lease ran out.
-        datatype::RELEASING_LIVE_LOCK.set(true);
+        let live = unsafe { LockBlock::view(self.value) }.is_live(super::node::now_ms());
+        // The free callback need not read the clock to decide whether a
+        // lease ran out.
+        datatype::RELEASING_LIVE_LOCK.set(live);
         unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
         datatype::RELEASING_LIVE_LOCK.set(false);
+        self.signal_modified();
         if propagation::effects_needed() {
             unsafe {
                 api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name)
@@ -162,7 +198,7 @@ impl LockSlot for RedisSlot {
     }
 }
 
-impl Drop for RedisSlot {
+impl Drop for LockKey {
     fn drop(&mut self) {
         if self.is_open() {
             unsafe { api!(RedisModule_CloseKey)(self.key.as_ptr()) };

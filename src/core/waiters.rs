@@ -1,0 +1,579 @@
+//! Waiting in line for a lock, and every hand-off decision.
+//!
+//! `Waiters` owns the FIFO queue of each key, the BLOCK timeouts and the
+//! times at which each key must be looked at again. It never blocks, replies
+//! or starts a timer itself: the glue feeds it events (`enqueue`, `leave`,
+//! `settle` when a lock may have freed, `poll_timeouts` when time passed) and
+//! executes the [`Wake`]s it returns, each of which unblocks one client with
+//! exactly one outcome. `next_wakeup` says when the glue must call again.
+//!
+//! Invariants (checked by the model test in `tests/model.rs`):
+//! * a waiter id is never reused, so a waiter that left cannot be confused
+//!   with a later one, whatever client handle it had;
+//! * a client handle is queued at most once at a time;
+//! * a waiter is woken exactly once: granted, timed out, failed, or it left;
+//! * a waiter is granted only the key it asked for, only while that lock is
+//!   free (or held by its own token), in FIFO order, and never at or after
+//!   its timeout;
+//! * a key with waiters always has a pending check no later than the moment
+//!   its lock can next be handed on.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::Hash;
+
+use super::error::LockError;
+use super::fence::FenceSource;
+use super::lock::{self, Acquired, LockSlot};
+
+pub type WaiterId = u64;
+
+/// What a woken waiter is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It holds the lock now. `renewed`: it already held it with this token
+    /// (another connection of the same holder), so no new fence was issued.
+    Granted {
+        fence: i64,
+        lease: u64,
+        renewed: bool,
+    },
+    /// Its BLOCK timeout passed first.
+    TimedOut,
+    /// It cannot get the lock (the key now holds another type, tokens are
+    /// exhausted...).
+    Failed(LockError),
+}
+
+/// Unblock `client` (waiting on `key`) with `outcome`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wake<K, C> {
+    pub client: C,
+    pub key: K,
+    pub outcome: Outcome,
+    pub waited_us: i64,
+}
+
+/// A client asking to wait.
+pub struct Request<'a> {
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+    /// 0: no timeout.
+    pub timeout_ms: i64,
+}
+
+struct Waiter<K, C> {
+    key: K,
+    client: C,
+    token: Box<[u8]>,
+    ttl_ms: i64,
+    timeout_at_ms: Option<i64>,
+    since_us: i64,
+}
+
+struct KeyQueue {
+    /// Waiter ids in arrival order; ids of waiters that left stay until
+    /// skipped or compacted away (ids are never reused, so that is safe).
+    order: VecDeque<WaiterId>,
+    live: usize,
+    /// The pending check of this key, if any (also in `Waiters::checks`).
+    check_at_ms: Option<i64>,
+}
+
+pub struct Waiters<K, C> {
+    next_id: WaiterId,
+    waiters: HashMap<WaiterId, Waiter<K, C>>,
+    by_client: HashMap<C, WaiterId>,
+    queues: HashMap<K, KeyQueue>,
+    /// (timeout, waiter) for every waiter with a timeout.
+    timeouts: BTreeSet<(i64, WaiterId)>,
+    /// (when, key): keys to settle at that time.
+    checks: BTreeSet<(i64, K)>,
+}
+
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Waiters<K, C> {
+    fn default() -> Self {
+        Waiters {
+            next_id: 1,
+            waiters: HashMap::new(),
+            by_client: HashMap::new(),
+            queues: HashMap::new(),
+            timeouts: BTreeSet::new(),
+            checks: BTreeSet::new(),
+        }
+    }
+}
+
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
+    /// Queues `client` at the back of `key`'s line. The lock is held (by
+    /// someone else) until `held_until_ms`, or free but not grantable: the
+    /// key is checked again then. Refused, changing nothing, when the line
+    /// is full or the client is already queued.
+    pub fn enqueue(
+        &mut self,
+        key: K,
+        client: C,
+        request: Request<'_>,
+        now_us: i64,
+        held_until_ms: i64,
+        max_per_key: usize,
+    ) -> Result<WaiterId, LockError> {
+        if self.by_client.contains_key(&client) {
+            return Err(LockError::Internal);
+        }
+        if self.waiting_on(&key) >= max_per_key {
+            return Err(LockError::TooManyWaiters(max_per_key as i64));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let timeout_at_ms =
+            (request.timeout_ms > 0).then(|| lock::ms(now_us).saturating_add(request.timeout_ms));
+        let queue = self.queues.entry(key.clone()).or_insert_with(|| KeyQueue {
+            order: VecDeque::new(),
+            live: 0,
+            check_at_ms: None,
+        });
+        queue.order.push_back(id);
+        queue.live += 1;
+        if let Some(at) = timeout_at_ms {
+            self.timeouts.insert((at, id));
+        }
+        self.by_client.insert(client, id);
+        self.waiters.insert(
+            id,
+            Waiter {
+                key: key.clone(),
+                client,
+                token: request.token.into(),
+                ttl_ms: request.ttl_ms,
+                timeout_at_ms,
+                since_us: now_us,
+            },
+        );
+        self.schedule(&key, held_until_ms);
+        Ok(id)
+    }
+
+    /// The client left on its own (disconnected, CLIENT UNBLOCK, the node
+    /// became a replica): it gets no outcome from here. Returns the key it
+    /// waited on, or None if it was not waiting.
+    pub fn leave(&mut self, client: C) -> Option<K> {
+        let id = *self.by_client.get(&client)?;
+        self.remove(id).map(|w| w.key)
+    }
+
+    pub fn waiting_on(&self, key: &K) -> usize {
+        self.queues.get(key).map_or(0, |q| q.live)
+    }
+
+    pub fn is_waiting(&self, client: C) -> bool {
+        self.by_client.contains_key(&client)
+    }
+
+    pub fn total(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Keys that have waiters.
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.queues.keys()
+    }
+
+    /// When the glue must next call `poll_timeouts` / `due_keys`.
+    pub fn next_wakeup(&self) -> Option<i64> {
+        let timeout = self.timeouts.first().map(|(at, _)| *at);
+        let check = self.checks.first().map(|(at, _)| *at);
+        match (timeout, check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Have `key` settled at `at_ms` at the latest (no-op without waiters).
+    pub fn schedule(&mut self, key: &K, at_ms: i64) {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return;
+        };
+        match queue.check_at_ms {
+            Some(pending) if pending <= at_ms => {}
+            pending => {
+                if let Some(pending) = pending {
+                    self.checks.remove(&(pending, key.clone()));
+                }
+                queue.check_at_ms = Some(at_ms);
+                self.checks.insert((at_ms, key.clone()));
+            }
+        }
+    }
+
+    /// Sets `key`'s next check to exactly `at_ms`, dropping a pending one:
+    /// a settle knows the whole state of the key.
+    fn reschedule(&mut self, key: &K, at_ms: i64) {
+        if let Some(queue) = self.queues.get_mut(key) {
+            if let Some(pending) = queue.check_at_ms.take() {
+                self.checks.remove(&(pending, key.clone()));
+            }
+        }
+        self.schedule(key, at_ms);
+    }
+
+    /// Every waiter whose timeout has come leaves the line, timed out.
+    pub fn poll_timeouts(&mut self, now_ms: i64, now_us: i64) -> Vec<Wake<K, C>> {
+        let mut wakes = Vec::new();
+        while let Some(&(at, id)) = self.timeouts.first() {
+            if at > now_ms {
+                break;
+            }
+            wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
+        }
+        wakes
+    }
+
+    /// Keys whose check is due; the caller settles each one (or defers it).
+    pub fn due_keys(&mut self, now_ms: i64) -> Vec<K> {
+        let mut keys = Vec::new();
+        while let Some((at, _)) = self.checks.first() {
+            if *at > now_ms {
+                break;
+            }
+            let (_, key) = self.checks.pop_first().expect("checked above");
+            if let Some(queue) = self.queues.get_mut(&key) {
+                queue.check_at_ms = None;
+            }
+            keys.push(key);
+        }
+        keys
+    }
+
+    /// The lock at `key` may be free: hand it on, first in line first,
+    /// skipping (and timing out) waiters whose timeout has passed, as far as
+    /// it goes now, and schedule the next check. `grants_paused_ms` > 0 is
+    /// restart-delay-ms: no new grants (renewals of the holder still go).
+    pub fn settle(
+        &mut self,
+        key: &K,
+        slot: &mut impl LockSlot,
+        fences: &mut impl FenceSource,
+        now_us: i64,
+        grants_paused_ms: i64,
+    ) -> Vec<Wake<K, C>> {
+        let now_ms = lock::ms(now_us);
+        let mut wakes = Vec::new();
+        while let Some(id) = self.front(key) {
+            let w = &self.waiters[&id];
+            if w.timeout_at_ms.is_some_and(|at| at <= now_ms) {
+                wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
+                continue;
+            }
+            match slot.live(now_ms) {
+                Some(held) if held.token != &*w.token => {
+                    let until = held.deadline_ms;
+                    self.reschedule(key, until);
+                    break;
+                }
+                None if grants_paused_ms > 0 => {
+                    self.reschedule(key, now_ms.saturating_add(grants_paused_ms));
+                    break;
+                }
+                _ => {}
+            }
+            let outcome = match lock::acquire(slot, fences, &w.token, w.ttl_ms, now_us, 0) {
+                Ok(Acquired::Granted(fence)) => Outcome::Granted {
+                    fence,
+                    lease: slot.stored().map_or(0, |l| l.lease),
+                    renewed: false,
+                },
+                Ok(Acquired::Renewed(fence)) => Outcome::Granted {
+                    fence,
+                    lease: slot.stored().map_or(0, |l| l.lease),
+                    renewed: true,
+                },
+                // Free or held by this token, checked above.
+                Ok(Acquired::Contended) => Outcome::Failed(LockError::Internal),
+                Err(err) => Outcome::Failed(err),
+            };
+            wakes.extend(self.finish(id, outcome, now_us));
+        }
+        wakes
+    }
+
+    /// Every waiter on `key` fails with `err` (the key now holds another type).
+    pub fn fail_all(&mut self, key: &K, err: &LockError, now_us: i64) -> Vec<Wake<K, C>> {
+        let mut wakes = Vec::new();
+        while let Some(id) = self.front(key) {
+            wakes.extend(self.finish(id, Outcome::Failed(err.clone()), now_us));
+        }
+        wakes
+    }
+
+    /// Renames keys (SWAPDB moves whole databases). `f` must be a bijection
+    /// on the keys present.
+    pub fn rename_keys(&mut self, f: impl Fn(&K) -> K) {
+        self.queues = std::mem::take(&mut self.queues)
+            .into_iter()
+            .map(|(k, q)| (f(&k), q))
+            .collect();
+        self.checks = std::mem::take(&mut self.checks)
+            .into_iter()
+            .map(|(at, k)| (at, f(&k)))
+            .collect();
+        for w in self.waiters.values_mut() {
+            w.key = f(&w.key);
+        }
+    }
+
+    /// The first waiter still in `key`'s line (dropping ids that left).
+    fn front(&mut self, key: &K) -> Option<WaiterId> {
+        let queue = self.queues.get_mut(key)?;
+        while let Some(&id) = queue.order.front() {
+            if self.waiters.contains_key(&id) {
+                return Some(id);
+            }
+            queue.order.pop_front();
+        }
+        None
+    }
+
+    fn finish(&mut self, id: WaiterId, outcome: Outcome, now_us: i64) -> Option<Wake<K, C>> {
+        let w = self.remove(id)?;
+        Some(Wake {
+            client: w.client,
+            key: w.key,
+            outcome,
+            waited_us: now_us.saturating_sub(w.since_us).max(0),
+        })
+    }
+
+    fn remove(&mut self, id: WaiterId) -> Option<Waiter<K, C>> {
+        let w = self.waiters.remove(&id)?;
+        self.by_client.remove(&w.client);
+        if let Some(at) = w.timeout_at_ms {
+            self.timeouts.remove(&(at, id));
+        }
+        if let Some(queue) = self.queues.get_mut(&w.key) {
+            queue.live -= 1;
+            if queue.live == 0 {
+                if let Some(at) = queue.check_at_ms {
+                    self.checks.remove(&(at, w.key.clone()));
+                }
+                self.queues.remove(&w.key);
+            } else if queue.order.len() > 2 * queue.live + 16 {
+                let waiters = &self.waiters;
+                queue.order.retain(|id| waiters.contains_key(id));
+            }
+        }
+        self.release_memory();
+        Some(w)
+    }
+
+    /// Hash maps keep their capacity: give it back once they are mostly empty.
+    fn release_memory(&mut self) {
+        if self.waiters.is_empty() {
+            self.waiters = HashMap::new();
+            self.by_client = HashMap::new();
+            self.queues = HashMap::new();
+        } else if self.waiters.capacity() > 4 * self.waiters.len() + 64 {
+            self.waiters.shrink_to_fit();
+            self.by_client.shrink_to_fit();
+            self.queues.shrink_to_fit();
+        }
+    }
+
+    #[cfg(test)]
+    fn queue_len(&self, key: &K) -> usize {
+        self.queues.get(key).map_or(0, |q| q.order.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::fence::FenceCounter;
+    use crate::core::lock::tests::MemSlot;
+
+    type W = Waiters<&'static str, u32>;
+    const T0: i64 = 1_700_000_000_000;
+
+    fn us(ms: i64) -> i64 {
+        ms * 1000
+    }
+
+    fn req(token: &[u8], timeout_ms: i64) -> Request<'_> {
+        Request {
+            token,
+            ttl_ms: 1000,
+            timeout_ms,
+        }
+    }
+
+    fn held_by(slot: &mut MemSlot, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
+        lock::acquire(slot, fences, token, until_ms - T0, us(T0), 0).unwrap();
+    }
+
+    fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
+        wakes
+            .iter()
+            .map(|w| {
+                (
+                    w.client,
+                    w.key,
+                    matches!(w.outcome, Outcome::Granted { .. }),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_lock_goes_to_the_first_in_line_when_it_frees() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        assert_eq!(w.next_wakeup(), Some(T0 + 100));
+        assert!(w
+            .settle(&"k", &mut slot, &mut fences, us(T0 + 99), 0)
+            .is_empty());
+        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 100), 0);
+        assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"a");
+        assert_eq!(w.next_wakeup(), Some(T0 + 1100), "a's lease end");
+    }
+
+    /// Defect 1 of issue 8: a waiter that timed out on K1 left an id in
+    /// K1's line; a new waiter on K2 with a reused client handle must not
+    /// be handed K1.
+    #[test]
+    fn a_reused_client_handle_is_never_granted_another_keys_lock() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        held_by(&mut slot, &mut fences, b"A", T0 + 60_000);
+        let mut w = W::default();
+        w.enqueue("K1", 7, req(b"B", 50), us(T0), T0 + 60_000, 10)
+            .unwrap();
+        w.enqueue("K1", 8, req(b"C", 3000), us(T0), T0 + 60_000, 10)
+            .unwrap();
+        let timed_out = w.poll_timeouts(T0 + 50, us(T0 + 50));
+        assert_eq!(timed_out.len(), 1);
+        assert_eq!(timed_out[0].outcome, Outcome::TimedOut);
+        // The handle 7 is reused for D, waiting on K2.
+        w.enqueue("K2", 7, req(b"D", 3000), us(T0 + 60), T0 + 60_000, 10)
+            .unwrap();
+        lock::release(&mut slot, b"A", T0 + 70);
+        let wakes = w.settle(&"K1", &mut slot, &mut fences, us(T0 + 70), 0);
+        assert_eq!(outcomes(&wakes), vec![(8, "K1", true)]);
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"C");
+        assert_eq!(w.waiting_on(&"K2"), 1);
+    }
+
+    #[test]
+    fn a_waiter_is_never_granted_at_or_after_its_timeout() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"a", 100), us(T0), T0 + 100, 10)
+            .unwrap();
+        w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        // Lease end and timeout in the same millisecond: timed out, and the
+        // next in line gets the lock.
+        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 100), 0);
+        assert_eq!(wakes[0].outcome, Outcome::TimedOut);
+        assert_eq!(outcomes(&wakes)[1], (2, "k", true));
+        assert!(w.poll_timeouts(T0 + 200, us(T0 + 200)).is_empty(), "once");
+    }
+
+    #[test]
+    fn a_waiter_with_the_holders_token_is_answered_with_a_renewal() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let fence = slot.lock.as_ref().unwrap().fence;
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"h", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 1), 0);
+        assert!(matches!(
+            wakes[0].outcome,
+            Outcome::Granted { fence: f, renewed: true, .. } if f == fence
+        ));
+    }
+
+    #[test]
+    fn restart_delay_holds_waiters_until_it_ends() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"a", 0), us(T0), T0, 10).unwrap();
+        assert!(w
+            .settle(&"k", &mut slot, &mut fences, us(T0), 500)
+            .is_empty());
+        assert_eq!(w.next_wakeup(), Some(T0 + 500));
+        assert_eq!(w.due_keys(T0 + 499), Vec::<&str>::new());
+        assert_eq!(w.due_keys(T0 + 500), vec!["k"]);
+        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 500), 0);
+        assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
+    }
+
+    #[test]
+    fn full_lines_and_double_queueing_are_refused() {
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"a", 0), us(T0), T0, 2).unwrap();
+        assert_eq!(
+            w.enqueue("j", 1, req(b"a", 0), us(T0), T0, 2),
+            Err(LockError::Internal)
+        );
+        w.enqueue("k", 2, req(b"b", 0), us(T0), T0, 2).unwrap();
+        assert_eq!(
+            w.enqueue("k", 3, req(b"c", 0), us(T0), T0, 2),
+            Err(LockError::TooManyWaiters(2))
+        );
+        assert_eq!(w.total(), 2);
+    }
+
+    #[test]
+    fn leaving_frees_everything_and_cancels_the_check() {
+        let mut w = W::default();
+        for c in 0..1000 {
+            w.enqueue("k", c, req(b"a", 10), us(T0), T0 + 50, 2000)
+                .unwrap();
+        }
+        for c in 0..999 {
+            assert_eq!(w.leave(c), Some("k"));
+        }
+        assert_eq!(w.leave(3), None, "already gone");
+        assert!(w.queue_len(&"k") < 100, "compacted");
+        w.leave(999);
+        assert_eq!(w.keys().count(), 0);
+        assert_eq!(w.next_wakeup(), None);
+        assert_eq!(w.waiters.capacity(), 0, "memory given back");
+    }
+
+    #[test]
+    fn one_check_per_key_the_earliest_needed() {
+        let mut w = W::default();
+        w.schedule(&"k", 5);
+        assert_eq!(w.next_wakeup(), None, "nobody waits");
+        w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        w.schedule(&"k", T0 + 150);
+        assert_eq!(w.next_wakeup(), Some(T0 + 100));
+        w.schedule(&"k", T0 + 50);
+        assert_eq!(w.next_wakeup(), Some(T0 + 50));
+        assert_eq!(w.due_keys(T0 + 60), vec!["k"]);
+        assert_eq!(w.next_wakeup(), None, "the settle schedules the next");
+    }
+
+    #[test]
+    fn swapdb_moves_lines_with_their_keys() {
+        let mut w: Waiters<(i32, &str), u32> = Waiters::default();
+        w.enqueue((0, "k"), 1, req(b"a", 0), us(T0), T0 + 9, 10)
+            .unwrap();
+        w.enqueue((1, "k"), 2, req(b"b", 0), us(T0), T0 + 9, 10)
+            .unwrap();
+        w.rename_keys(|(db, k)| (1 - db, k));
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let wakes = w.settle(&(1, "k"), &mut slot, &mut fences, us(T0), 0);
+        assert_eq!(wakes[0].client, 1);
+        assert_eq!(wakes[0].key, (1, "k"));
+        assert_eq!(w.due_keys(T0 + 9), vec![(0, "k")]);
+    }
+}
