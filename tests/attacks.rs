@@ -307,8 +307,7 @@ fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
     };
     // One pipeline, one event-loop iteration: W is granted, then killed
     // before its reply is written.
-    z.send(&["LOCK.RELEASE", "k", "H"]);
-    z.send(&["CLIENT", "KILL", "ID", &wid]);
+    z.pipeline(&[&["LOCK.RELEASE", "k", "H"], &["CLIENT", "KILL", "ID", &wid]]);
     assert_eq!(z.read(), Resp::Int(1));
     assert_eq!(z.read(), Resp::Int(1));
     drop(w);
@@ -331,9 +330,11 @@ fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
             .unwrap()
             .to_string()
     };
-    z.send(&["LOCK.RELEASE", "j", "H"]);
-    z.send(&["CLIENT", "KILL", "ID", &xid]);
-    z.send(&["LOCK.ACQUIRE", "j", "X", "60000"]);
+    z.pipeline(&[
+        &["LOCK.RELEASE", "j", "H"],
+        &["CLIENT", "KILL", "ID", &xid],
+        &["LOCK.ACQUIRE", "j", "X", "60000"],
+    ]);
     assert_eq!(z.read(), Resp::Int(1));
     assert_eq!(z.read(), Resp::Int(1));
     assert!(

@@ -484,10 +484,19 @@ impl RawConn {
     }
 
     pub fn send(&mut self, args: &[&str]) {
+        self.pipeline(&[args]);
+    }
+
+    /// Sends several commands in one write, so the server reads them in one
+    /// go and runs them in the same event-loop iteration.
+    pub fn pipeline(&mut self, commands: &[&[&str]]) {
         use std::io::Write;
-        let mut out = format!("*{}\r\n", args.len());
-        for a in args {
-            out += &format!("${}\r\n{a}\r\n", a.len());
+        let mut out = String::new();
+        for args in commands {
+            out += &format!("*{}\r\n", args.len());
+            for a in *args {
+                out += &format!("${}\r\n{a}\r\n", a.len());
+            }
         }
         self.reader
             .get_mut()
