@@ -35,16 +35,17 @@ fn alive(s: &Server) {
 }
 
 fn block_on(s: &Server, key: &str, token: &str, ttl: i64, timeout: i64) -> RawConn {
-    let mut w = RawConn::connect(s);
-    w.send(&[
-        "LOCK.ACQUIRE",
-        key,
-        token,
-        &ttl.to_string(),
-        "BLOCK",
-        &timeout.to_string(),
-    ]);
-    w
+    RawConn::block_acquire(s, key, token, ttl, timeout)
+}
+
+/// The id of the oldest client blocked in LOCK.ACQUIRE.
+fn first_blocked_client(c: &mut Connection) -> String {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    list.lines()
+        .find(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .unwrap()
+        .to_string()
 }
 
 /// Waits until `n` clients are blocked on the server.
@@ -297,14 +298,7 @@ fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
     let mut v = block_on(&s, "k", "V", 60_000, 0);
     wait_blocked(&s, 2);
     let mut z = RawConn::connect(&s);
-    let wid = {
-        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
-        list.lines()
-            .find(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
-            .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
-            .unwrap()
-            .to_string()
-    };
+    let wid = first_blocked_client(&mut c);
     // One pipeline, one event-loop iteration: W is granted, then killed
     // before its reply is written.
     z.pipeline(&[&["LOCK.RELEASE", "k", "H"], &["CLIENT", "KILL", "ID", &wid]]);
@@ -322,14 +316,7 @@ fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
     acquire(&mut c, "j", "H", 60_000).unwrap();
     let _x = block_on(&s, "j", "X", 60_000, 0);
     wait_blocked(&s, 1);
-    let xid = {
-        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut c).unwrap();
-        list.lines()
-            .find(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
-            .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
-            .unwrap()
-            .to_string()
-    };
+    let xid = first_blocked_client(&mut c);
     z.pipeline(&[
         &["LOCK.RELEASE", "j", "H"],
         &["CLIENT", "KILL", "ID", &xid],

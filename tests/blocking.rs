@@ -14,15 +14,7 @@ const SHORT: Duration = Duration::from_millis(150);
 /// queued it (so queue order is the order of calls).
 fn wait_for_lock(s: &Server, key: &str, token: &str, ttl: i64, timeout: i64) -> RawConn {
     let before = s.info_field("waiters");
-    let mut w = RawConn::connect(s);
-    w.send(&[
-        "LOCK.ACQUIRE",
-        key,
-        token,
-        &ttl.to_string(),
-        "BLOCK",
-        &timeout.to_string(),
-    ]);
+    let w = RawConn::block_acquire(s, key, token, ttl, timeout);
     wait_until(Duration::from_secs(10), || s.info_field("waiters") > before);
     w
 }

@@ -19,21 +19,16 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             ("releases", &STATS.releases),
             ("extends", &STATS.extends),
             ("expirations", &STATS.expirations),
+            ("handoffs", &STATS.handoffs),
+            ("block_timeouts", &STATS.block_timeouts),
+            ("take_backs", &STATS.take_backs),
+            ("refused_evictable", &STATS.refused_evictable),
         ];
         for (name, counter) in counters {
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
         }
         raw::add_info_field_long_long(ctx, "locks", STATS.locks.load(Relaxed));
         raw::add_info_field_unsigned_long_long(ctx, "waiters", handoff::waiters_total() as u64);
-        let more = [
-            ("handoffs", &STATS.handoffs),
-            ("block_timeouts", &STATS.block_timeouts),
-            ("take_backs", &STATS.take_backs),
-            ("refused_evictable", &STATS.refused_evictable),
-        ];
-        for (name, counter) in more {
-            raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
-        }
         raw::add_info_field_unsigned_long_long(
             ctx,
             "wait_time_total_ms",

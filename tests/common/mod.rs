@@ -483,6 +483,27 @@ impl RawConn {
             .collect()
     }
 
+    /// A new connection that has sent `LOCK.ACQUIRE key token ttl BLOCK
+    /// timeout` (not yet answered).
+    pub fn block_acquire(
+        server: &Server,
+        key: &str,
+        token: &str,
+        ttl: i64,
+        timeout: i64,
+    ) -> RawConn {
+        let mut w = RawConn::connect(server);
+        w.send(&[
+            "LOCK.ACQUIRE",
+            key,
+            token,
+            &ttl.to_string(),
+            "BLOCK",
+            &timeout.to_string(),
+        ]);
+        w
+    }
+
     pub fn send(&mut self, args: &[&str]) {
         self.pipeline(&[args]);
     }
