@@ -235,15 +235,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             if at > now_ms {
                 break;
             }
-            let w = self
-                .remove_and_recheck(id, now_ms)
-                .expect("a queued waiter");
-            wakes.push(Wake {
-                client: w.client,
-                key: w.key,
-                outcome: Outcome::TimedOut,
-                waited_us: now_us.saturating_sub(w.since_us).max(0),
-            });
+            wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
         }
         wakes
     }
@@ -353,8 +345,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         None
     }
 
+    /// Takes a waiter out of its line with its outcome. (Within `settle`
+    /// and `fail_all` the check this may schedule is replaced or dropped
+    /// before they return.)
     fn finish(&mut self, id: WaiterId, outcome: Outcome, now_us: i64) -> Option<Wake<K, C>> {
-        let w = self.remove(id)?;
+        let w = self.remove_and_recheck(id, lock::ms(now_us))?;
         Some(Wake {
             client: w.client,
             key: w.key,
