@@ -44,6 +44,9 @@ pub enum LockError {
     GrantsPaused(i64),
     /// The node-wide fencing counter reached i64::MAX.
     FencesExhausted,
+    /// In cluster mode: the key is no longer served here (`ASK`/`MOVED`
+    /// redirect, or `CLUSTERDOWN`), as built by `core::cluster::Route`.
+    Redirect(String),
     /// A bug was caught at the module boundary instead of crashing Redis.
     Internal,
 }
@@ -108,6 +111,7 @@ impl fmt::Display for LockError {
                 "TRYAGAIN new locks are paused for {ms} more ms after restart or promotion (lock.restart-delay-ms)"
             ),
             FencesExhausted => write!(f, "ERR fencing tokens exhausted on this node"),
+            Redirect(to) => write!(f, "{to}"),
             Internal => write!(f, "ERR internal error in the lock module (see the server log)"),
         }
     }
@@ -160,6 +164,8 @@ mod tests {
             .to_string()
             .starts_with("READONLY "));
         assert!(LockError::OutOfMemory.to_string().starts_with("OOM "));
+        let moved = LockError::Redirect("MOVED 3 127.0.0.1:7000".into());
+        assert_eq!(moved.to_string(), "MOVED 3 127.0.0.1:7000");
         assert!(LockError::GrantsPaused(5)
             .to_string()
             .starts_with("TRYAGAIN "));

@@ -9,11 +9,13 @@
 //! * `lock`    — the lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, every hand-off decision
 //! * `fence`   — the fencing high-water mark
+//! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
 //! * `limits`  — every bound on input
 //! * `error`   — every error reply
 
 pub mod args;
+pub mod cluster;
 pub mod error;
 pub mod fence;
 pub mod limits;

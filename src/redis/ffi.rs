@@ -238,3 +238,40 @@ pub fn context_flags(ctx: Ctx) -> u32 {
         None => 0,
     }
 }
+
+/// True when the server runs in cluster mode.
+pub fn in_cluster(ctx: Ctx) -> bool {
+    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
+}
+
+/// The text of `CLUSTER NODES`, or None if it cannot be read.
+pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
+    unsafe {
+        let reply =
+            raw::RedisModule_Call?(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr());
+        if reply.is_null() {
+            return None;
+        }
+        let mut len = 0usize;
+        let ptr = api!(RedisModule_CallReplyStringPtr)(reply, &mut len);
+        let text = (!ptr.is_null()).then(|| {
+            String::from_utf8_lossy(std::slice::from_raw_parts(ptr.cast::<u8>(), len)).into_owned()
+        });
+        api!(RedisModule_FreeCallReply)(reply);
+        text
+    }
+}
+
+/// Whether `name` exists in the selected db.
+pub fn key_exists(ctx: Ctx, name: RString) -> bool {
+    unsafe {
+        let key = api!(RedisModule_OpenKey)(ctx, name, raw::REDISMODULE_READ as c_int);
+        if key.is_null() {
+            return false;
+        }
+        let exists =
+            api!(RedisModule_KeyType)(key.cast()) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
+        api!(RedisModule_CloseKey)(key.cast());
+        exists
+    }
+}

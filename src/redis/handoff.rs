@@ -20,9 +20,13 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::raw;
 
-use super::ffi::{api, guard, is_replica, string_bytes, writes_paused, Ctx, RString, Reply};
+use super::ffi::{
+    api, cluster_nodes, guard, in_cluster, is_replica, key_exists, string_bytes, writes_paused,
+    Ctx, RString, Reply,
+};
 use super::keyspace::LockKey;
 use super::node::{self, count, NodeFences, STATS};
+use crate::core::cluster;
 use crate::core::error::LockError;
 use crate::core::lock;
 use crate::core::waiters::{Outcome, Request, Waiters, Wake};
@@ -317,6 +321,7 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                 }
             });
         }
+        let mut cluster = ClusterView::new(ctx);
         for (key, fence, lease) in &pending.take_backs {
             run_in_db(ctx, key, |name| {
                 if let Ok(mut slot) = LockKey::open(ctx, name, true) {
@@ -324,14 +329,62 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                         count(&STATS.take_backs);
                     }
                 }
-                settle_key(ctx, name, key);
+                settle_here_or_redirect(ctx, name, key, &mut cluster);
             });
         }
         for key in with_waiters(|w| w.due_keys(now_ms)) {
-            run_in_db(ctx, &key, |name| settle_key(ctx, name, &key));
+            run_in_db(ctx, &key, |name| {
+                settle_here_or_redirect(ctx, name, &key, &mut cluster)
+            });
         }
         rearm();
     })
+}
+
+/// This node's view of the cluster, read at most once per timer run and
+/// only when a waited-on key is missing (in cluster mode).
+struct ClusterView {
+    enabled: bool,
+    nodes: Option<Option<String>>,
+}
+
+impl ClusterView {
+    fn new(ctx: Ctx) -> Self {
+        ClusterView {
+            enabled: in_cluster(ctx),
+            nodes: None,
+        }
+    }
+
+    /// Where `name`'s waiters must go instead, if its key is gone from this
+    /// node because its slot is migrating away or served elsewhere
+    /// (resharding's MIGRATE deleted it). A missing key in a slot served
+    /// here is an ordinary free lock.
+    fn redirect(&mut self, ctx: Ctx, name: RString, key: &Key) -> Option<LockError> {
+        if !self.enabled || key_exists(ctx, name) {
+            return None;
+        }
+        let nodes = self
+            .nodes
+            .get_or_insert_with(|| cluster_nodes(ctx))
+            .as_deref()?;
+        cluster::route(nodes, cluster::key_slot(&key.1))
+            .redirect()
+            .map(LockError::Redirect)
+    }
+}
+
+/// Hands `key` on here, or, if it left this node, sends its waiters where
+/// it went (never a second lock for a key in a slot given away).
+fn settle_here_or_redirect(ctx: Ctx, name: RString, key: &Key, cluster: &mut ClusterView) {
+    match cluster.redirect(ctx, name, key) {
+        None => settle_key(ctx, name, key),
+        Some(redirect) => {
+            let wakes = with_waiters(|w| w.fail_all(key, &redirect, node::now_us()));
+            STATS.redirects.fetch_add(wakes.len() as u64, Relaxed);
+            execute(wakes);
+        }
+    }
 }
 
 /// Writes must wait: keep the work and look again shortly. On a replica the

@@ -23,6 +23,7 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             ("block_timeouts", &STATS.block_timeouts),
             ("take_backs", &STATS.take_backs),
             ("refused_evictable", &STATS.refused_evictable),
+            ("redirects", &STATS.redirects),
         ];
         for (name, counter) in counters {
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));

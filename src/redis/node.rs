@@ -120,6 +120,8 @@ pub struct Stats {
     pub wait_total_us: AtomicU64,
     pub wait_max_us: AtomicU64,
     pub refused_evictable: AtomicU64,
+    /// Waiters sent elsewhere (ASK/MOVED) because their key left this node.
+    pub redirects: AtomicU64,
     /// Lock values in the keyspace; a lease that ended still counts until
     /// its key is reclaimed.
     pub locks: AtomicI64,
@@ -137,6 +139,7 @@ pub static STATS: Stats = Stats {
     wait_total_us: AtomicU64::new(0),
     wait_max_us: AtomicU64::new(0),
     refused_evictable: AtomicU64::new(0),
+    redirects: AtomicU64::new(0),
     locks: AtomicI64::new(0),
 };
 

@@ -1,0 +1,439 @@
+//! Redis Cluster: three masters on loopback (with replicas where failover
+//! is tested), the module on every node.
+//!
+//! * routing: a cluster-aware client reaches every key's node, others MOVE it;
+//! * resharding a slot that holds a lock (by hand, and with
+//!   `redis-cli --cluster reshard`): one holder, lease and fence kept, no
+//!   second lock left on the source, waiters told where the key went (`ASK`)
+//!   and granted there, fences for the key keep rising on the target;
+//! * `CLUSTER FAILOVER`: the lock survives, fences stay above every earlier one.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const MASTER_RANGES: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
+
+struct Cluster {
+    /// Masters 0..3, then (if any) replica i+3 of master i.
+    nodes: Vec<Server>,
+    ids: Vec<String>,
+}
+
+impl Cluster {
+    fn start(with_replicas: bool) -> Cluster {
+        let count = if with_replicas { 6 } else { 3 };
+        let nodes: Vec<Server> = (0..count)
+            .map(|_| {
+                Server::builder()
+                    .config("cluster-enabled", "yes")
+                    .config("cluster-port", &free_port().to_string())
+                    .config("cluster-config-file", "nodes.conf")
+                    .config("cluster-node-timeout", "2000")
+                    .start()
+            })
+            .collect();
+        let ids: Vec<String> = nodes
+            .iter()
+            .map(|n| {
+                redis::cmd("CLUSTER")
+                    .arg("MYID")
+                    .query(&mut n.conn())
+                    .unwrap()
+            })
+            .collect();
+        for (node, (lo, hi)) in nodes.iter().zip(MASTER_RANGES) {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("ADDSLOTSRANGE")
+                .arg(lo)
+                .arg(hi)
+                .query(&mut node.conn())
+                .unwrap();
+        }
+        let bus_port = |n: &Server| -> u16 {
+            let v: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("cluster-port")
+                .query(&mut n.conn())
+                .unwrap();
+            v[1].parse().unwrap()
+        };
+        let first_bus = bus_port(&nodes[0]);
+        for node in &nodes[1..] {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(nodes[0].port)
+                .arg(first_bus)
+                .query(&mut node.conn())
+                .unwrap();
+        }
+        let cluster = Cluster { nodes, ids };
+        wait_until(Duration::from_secs(30), || {
+            cluster.nodes.iter().all(|n| {
+                let text: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut n.conn())
+                    .unwrap();
+                text.lines().count() == count && !text.contains("handshake")
+            })
+        });
+        for i in 3..count {
+            let id = cluster.ids[i - 3].clone();
+            wait_until(Duration::from_secs(30), || {
+                redis::cmd("CLUSTER")
+                    .arg("REPLICATE")
+                    .arg(&id)
+                    .query::<()>(&mut cluster.nodes[i].conn())
+                    .is_ok()
+            });
+        }
+        cluster.wait_healthy();
+        cluster
+    }
+
+    fn wait_healthy(&self) {
+        wait_until(Duration::from_secs(30), || {
+            self.nodes.iter().all(|n| {
+                let mut c = n.conn();
+                let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).unwrap();
+                let repl: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
+                info.contains("cluster_state:ok")
+                    && (repl.contains("role:master") || repl.contains("master_link_status:up"))
+            })
+        });
+    }
+
+    fn client(&self) -> redis::cluster::ClusterConnection {
+        let urls: Vec<String> = self.nodes[..3]
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}/", n.port))
+            .collect();
+        redis::cluster::ClusterClient::new(urls)
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    /// `CLUSTER SETSLOT slot NODE id` on every master: the end of a move.
+    fn assign(&self, slot: u16, to: usize) {
+        for node in &self.nodes[..3] {
+            let reply: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&self.ids[to])
+                .query(&mut node.conn());
+            reply.unwrap_or_else(|e| panic!("SETSLOT {slot} NODE on :{}: {e}", node.port));
+        }
+    }
+
+    /// The first steps of moving `slot` from master `from` to `to`.
+    fn start_moving(&self, slot: u16, from: usize, to: usize) {
+        let set = |node: usize, state: &str, id: &str| {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id)
+                .query(&mut self.nodes[node].conn())
+                .unwrap();
+        };
+        set(to, "IMPORTING", &self.ids[from]);
+        set(from, "MIGRATING", &self.ids[to]);
+    }
+}
+
+fn key_slot(node: &Server, key: &str) -> u16 {
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query(&mut node.conn())
+        .unwrap()
+}
+
+/// A key named `<prefix><n>` whose slot master `master` serves, or (with
+/// `slot`) that is exactly in that slot.
+fn key_on(node: &Server, prefix: &str, master: usize, slot: Option<u16>) -> (String, u16) {
+    let mut c = node.conn();
+    let (lo, hi) = MASTER_RANGES[master];
+    for chunk in 0..100 {
+        let names: Vec<String> = (chunk * 10_000..(chunk + 1) * 10_000)
+            .map(|i| format!("{prefix}{i}"))
+            .collect();
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("CLUSTER").arg("KEYSLOT").arg(name);
+        }
+        let slots: Vec<u16> = pipe.query(&mut c).unwrap();
+        for (name, s) in names.into_iter().zip(slots) {
+            let wanted = match slot {
+                Some(want) => s == want,
+                None => (lo..=hi).contains(&s),
+            };
+            if wanted {
+                return (name, s);
+            }
+        }
+    }
+    panic!("no key found for master {master} slot {slot:?}");
+}
+
+fn cluster_acquire(
+    c: &mut redis::cluster::ClusterConnection,
+    key: &str,
+    token: &str,
+    ttl: i64,
+) -> Option<i64> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(token)
+        .arg(ttl)
+        .query(c)
+        .unwrap()
+}
+
+fn cluster_release(c: &mut redis::cluster::ClusterConnection, key: &str, token: &str) -> i64 {
+    redis::cmd("LOCK.RELEASE")
+        .arg(key)
+        .arg(token)
+        .query(c)
+        .unwrap()
+}
+
+/// (token, fence) of the lock at `key` on `node`, None if free.
+fn holder_on(node: &Server, key: &str) -> Option<(String, i64)> {
+    let reply: Option<std::collections::HashMap<String, redis::Value>> = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(&mut node.conn())
+        .unwrap();
+    let info = reply?;
+    let token: String = redis::from_redis_value(&info["token"]).unwrap();
+    let fence: i64 = redis::from_redis_value(&info["fence"]).unwrap();
+    Some((token, fence))
+}
+
+fn waiters_on(node: &Server) -> i64 {
+    node.info_field("waiters")
+}
+
+#[test]
+fn a_cluster_client_reaches_every_keys_node_and_others_redirect() {
+    let cluster = Cluster::start(false);
+    let mut client = cluster.client();
+    for i in 0..30 {
+        let key = format!("order:{i}");
+        let token = format!("worker-{i}");
+        let fence = cluster_acquire(&mut client, &key, &token, 60_000).expect("free lock");
+        let slot = key_slot(&cluster.nodes[0], &key);
+        let owner = MASTER_RANGES
+            .iter()
+            .position(|(lo, hi)| (*lo..=*hi).contains(&slot))
+            .unwrap();
+        assert_eq!(
+            holder_on(&cluster.nodes[owner], &key),
+            Some((token.clone(), fence)),
+            "{key} is held on the node serving slot {slot}"
+        );
+        let other = &cluster.nodes[(owner + 1) % 3];
+        let err = run_err(&mut other.conn(), &["LOCK.ACQUIRE", &key, "x", "1000"]);
+        assert!(
+            err.starts_with(&format!(
+                "MOVED {slot} 127.0.0.1:{}",
+                cluster.nodes[owner].port
+            )),
+            "{err}"
+        );
+        assert_eq!(cluster_release(&mut client, &key, &token), 1);
+    }
+}
+
+#[test]
+fn resharding_a_held_lock_keeps_it_and_sends_waiters_to_the_new_node() {
+    let cluster = Cluster::start(false);
+    let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (key, slot) = key_on(source, "job:", 0, None);
+    let mut client = cluster.client();
+    let first = cluster_acquire(&mut client, &key, "holder", 60_000).unwrap();
+    let mut waiter = RawConn::block_acquire(source, &key, "waiter", 60_000, 30_000);
+    wait_until(Duration::from_secs(10), || waiters_on(source) == 1);
+    let grants_before = source.info_field("grants");
+
+    cluster.start_moving(slot, 0, 1);
+    let migrated: String = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target.port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&key)
+        .query(&mut source.conn())
+        .unwrap();
+    assert_eq!(migrated, "OK");
+
+    // The waiter is told where the key is now, and the source keeps no lock.
+    assert_eq!(
+        waiter.read(),
+        Resp::Error(format!("ASK {slot} 127.0.0.1:{}", target.port))
+    );
+    let keys_left: i64 = redis::cmd("CLUSTER")
+        .arg("COUNTKEYSINSLOT")
+        .arg(slot)
+        .query(&mut source.conn())
+        .unwrap();
+    assert_eq!(keys_left, 0, "no second lock on the source");
+    assert_eq!(source.info_field("grants"), grants_before);
+    assert_eq!(source.info_field("waiters"), 0);
+    assert_eq!(source.info_field("redirects"), 1);
+
+    // It follows the ASK and waits on the target.
+    let mut follower = RawConn::connect(target);
+    follower.pipeline(&[
+        &["ASKING"],
+        &["LOCK.ACQUIRE", &key, "waiter", "60000", "BLOCK", "30000"],
+    ]);
+    assert_eq!(follower.read(), Resp::Simple("OK".into()));
+    wait_until(Duration::from_secs(10), || waiters_on(target) == 1);
+
+    // The move completes: this fails if a stray key is left on the source.
+    cluster.assign(slot, 1);
+    assert_eq!(holder_on(target, &key), Some(("holder".to_string(), first)));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query(&mut target.conn())
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 60_000, "lease kept: {pttl}");
+    let err = run_err(&mut source.conn(), &["LOCK.ACQUIRE", &key, "x", "1000"]);
+    assert!(err.starts_with(&format!("MOVED {slot} ")), "{err}");
+
+    // The holder releases through the cluster client (which follows MOVED);
+    // the waiter is granted on the target, with a larger fence.
+    assert_eq!(cluster_release(&mut client, &key, "holder"), 1);
+    let Resp::Int(second) = follower.read() else {
+        panic!("the follower was not granted")
+    };
+    assert!(second > first, "{second} > {first}");
+    assert_eq!(
+        holder_on(target, &key),
+        Some(("waiter".to_string(), second))
+    );
+}
+
+#[test]
+fn redis_cli_reshard_of_a_held_lock_with_a_waiter() {
+    let cluster = Cluster::start(false);
+    let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
+    // redis-cli moves the source's lowest slots first: put the lock in slot 0.
+    let (key, slot) = key_on(source, "stock:", 0, Some(0));
+    let first = acquire(&mut source.conn(), &key, "holder", 60_000).unwrap();
+    let mut waiter = RawConn::block_acquire(source, &key, "waiter", 60_000, 30_000);
+    wait_until(Duration::from_secs(10), || waiters_on(source) == 1);
+
+    let out = Command::new("redis-cli")
+        .args([
+            "--cluster",
+            "reshard",
+            &format!("127.0.0.1:{}", source.port),
+        ])
+        .args([
+            "--cluster-from",
+            &cluster.ids[0],
+            "--cluster-to",
+            &cluster.ids[1],
+        ])
+        .args(["--cluster-slots", "1", "--cluster-yes"])
+        .output()
+        .expect("redis-cli");
+    assert!(
+        out.status.success(),
+        "reshard failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply = waiter.read();
+    let Resp::Error(err) = &reply else {
+        panic!("the waiter got {reply:?}, not a redirect")
+    };
+    assert!(
+        err.starts_with(&format!("ASK {slot} 127.0.0.1:{}", target.port))
+            || err.starts_with(&format!("MOVED {slot} 127.0.0.1:{}", target.port)),
+        "{err}"
+    );
+    assert_eq!(holder_on(target, &key), Some(("holder".to_string(), first)));
+    assert_eq!(acquire(&mut target.conn(), &key, "other", 1000), None);
+    assert_eq!(release(&mut target.conn(), &key, "holder"), 1);
+    let next = acquire(&mut target.conn(), &key, "other", 1000).unwrap();
+    assert!(next > first, "{next} > {first}");
+}
+
+#[test]
+fn a_free_lock_moved_to_another_node_gets_larger_fences_there() {
+    let cluster = Cluster::start(false);
+    let (source, target) = (&cluster.nodes[0], &cluster.nodes[1]);
+    let (key, slot) = key_on(source, "free:", 0, None);
+    let mut fences = vec![];
+    for _ in 0..5 {
+        fences.push(acquire(&mut source.conn(), &key, "a", 60_000).unwrap());
+        assert_eq!(release(&mut source.conn(), &key, "a"), 1);
+    }
+    // Nothing to migrate: the lock is free, so the fence travels only as
+    // time (fences are drawn as max(mark + 1, now in µs) on every node).
+    cluster.start_moving(slot, 0, 1);
+    cluster.assign(slot, 1);
+    let moved = acquire(&mut target.conn(), &key, "b", 60_000).unwrap();
+    assert!(
+        moved > *fences.iter().max().unwrap(),
+        "{moved} after {fences:?}"
+    );
+}
+
+#[test]
+fn cluster_failover_keeps_the_lock_and_fences_rise() {
+    let cluster = Cluster::start(true);
+    let (master, replica) = (&cluster.nodes[0], &cluster.nodes[3]);
+    let (key, _) = key_on(master, "pay:", 0, None);
+    let mut c = master.conn();
+    let mut earlier = vec![];
+    for i in 0..5 {
+        let (k, _) = key_on(master, &format!("pay{i}:"), 0, None);
+        earlier.push(acquire(&mut c, &k, "t", 60_000).unwrap());
+    }
+    let held = acquire(&mut c, &key, "holder", 60_000).unwrap();
+    earlier.push(held);
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    let mut waiter = RawConn::block_acquire(master, &key, "waiter", 60_000, 30_000);
+    wait_until(Duration::from_secs(10), || waiters_on(master) == 1);
+
+    let _: () = redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .query(&mut replica.conn())
+        .unwrap();
+    wait_until(Duration::from_secs(30), || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut replica.conn())
+            .unwrap();
+        info.contains("role:master")
+    });
+    // The old master's waiter is answered with an error (it must go to the
+    // new master), never with a grant.
+    match waiter.read_within(Duration::from_secs(20)) {
+        Some(Resp::Error(_)) => {}
+        other => panic!("the old master's waiter got {other:?}"),
+    }
+    assert_eq!(holder_on(replica, &key), Some(("holder".to_string(), held)));
+    let mut promoted = replica.conn();
+    assert_eq!(acquire(&mut promoted, &key, "thief", 60_000), None);
+    let (new_key, _) = key_on(replica, "pay-new:", 0, None);
+    let fresh = acquire(&mut promoted, &new_key, "t", 60_000).unwrap();
+    let max_earlier = *earlier.iter().max().unwrap();
+    assert!(fresh > max_earlier, "{fresh} > {max_earlier}");
+    assert_eq!(release(&mut promoted, &key, "holder"), 1);
+    let next = acquire(&mut promoted, &key, "next", 60_000).unwrap();
+    assert!(next > max_earlier, "{next} > {max_earlier}");
+}
