@@ -5,13 +5,16 @@
 use super::error::{show_arg, LockError};
 use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
 
-/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms]`
+/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`
 #[derive(Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     pub token: &'a [u8],
     pub ttl_ms: i64,
     /// `BLOCK timeout-ms`: wait up to this long (0 = no limit) when held.
     pub block_ms: Option<i64>,
+    /// `MINFENCE n`: the fencing token is at least n (0: not given). Its
+    /// upper bound depends on the node's mark and is checked by the caller.
+    pub min_fence: i64,
 }
 
 /// `LOCK.EXTEND key token ttl-ms`
@@ -122,19 +125,33 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
     let token = parse_token(argv[2])?;
     let ttl_ms = parse_ttl(argv[3], max_ttl_ms)?;
     let mut block_ms = None;
+    let mut min_fence = 0;
     let mut options = argv[4..].iter();
     while let Some(option) = options.next() {
-        if !option.eq_ignore_ascii_case(b"BLOCK") || block_ms.is_some() {
+        if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
+            let timeout = options.next().ok_or(LockError::MissingTimeout)?;
+            block_ms = Some(parse_timeout(timeout)?);
+        } else if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
+            let n = options.next().ok_or(LockError::MissingMinFence)?;
+            min_fence = parse_min_fence(n)?;
+        } else {
             return Err(LockError::UnknownOption(show_arg(option)));
         }
-        let timeout = options.next().ok_or(LockError::MissingTimeout)?;
-        block_ms = Some(parse_timeout(timeout)?);
     }
     Ok(AcquireArgs {
         token,
         ttl_ms,
         block_ms,
+        min_fence,
     })
+}
+
+/// MINFENCE's n: a positive integer (the node checks its upper bound).
+pub fn parse_min_fence(arg: &[u8]) -> Result<i64, LockError> {
+    match parse_i64(arg) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(LockError::BadMinFence(show_arg(arg))),
+    }
 }
 
 /// BLOCK's timeout-ms: 0 (wait forever) or a positive integer up to
@@ -298,6 +315,7 @@ mod tests {
                 token: b"t",
                 ttl_ms: 100,
                 block_ms: None,
+                min_fence: 0,
             }
         );
         assert_eq!(
@@ -372,5 +390,66 @@ mod tests {
         assert!(parse_set(&[b"s", b"k", b"t", b"1", b"-1"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1", b"9300000000000000"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1"]).is_err());
+    }
+
+    #[test]
+    fn minfence_in_any_order_and_case_with_block() {
+        let a = parse_acquire(
+            &[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"minfence", b"42"],
+            MAX,
+        )
+        .unwrap();
+        assert_eq!((a.min_fence, a.block_ms), (42, None));
+        let argv: [&[u8]; 8] = [
+            b"LOCK.ACQUIRE",
+            b"k",
+            b"t",
+            b"100",
+            b"MinFence",
+            b"7",
+            b"BLOCK",
+            b"5",
+        ];
+        let a = parse_acquire(&argv, MAX).unwrap();
+        assert_eq!((a.min_fence, a.block_ms), (7, Some(5)));
+        let argv: [&[u8]; 8] = [
+            b"LOCK.ACQUIRE",
+            b"k",
+            b"t",
+            b"100",
+            b"BLOCK",
+            b"5",
+            b"MINFENCE",
+            b"7",
+        ];
+        assert_eq!(parse_acquire(&argv, MAX).unwrap().min_fence, 7);
+    }
+
+    #[test]
+    fn bad_minfence_is_named() {
+        let bad = |argv: &[&[u8]]| parse_acquire(argv, MAX).unwrap_err().to_string();
+        let base: [&[u8]; 4] = [b"LOCK.ACQUIRE", b"k", b"t", b"100"];
+        let with = |extra: &[&'static [u8]]| {
+            let mut v: Vec<&[u8]> = base.to_vec();
+            v.extend_from_slice(extra);
+            bad(&v)
+        };
+        assert_eq!(with(&[b"MINFENCE"]), "ERR MINFENCE needs a fencing token n");
+        for n in [
+            &b"0"[..],
+            b"-1",
+            b"x",
+            b"1.5",
+            b" 1",
+            b"+1",
+            b"99999999999999999999",
+        ] {
+            assert!(
+                with(&[b"MINFENCE", n]).starts_with("ERR invalid MINFENCE"),
+                "{n:?}"
+            );
+        }
+        assert!(with(&[b"MINFENCE", b"1", b"MINFENCE", b"2"])
+            .starts_with("ERR unknown option 'MINFENCE'"));
     }
 }

@@ -25,6 +25,12 @@ pub enum LockError {
     BadTimeout(String),
     /// BLOCK's timeout is above the module's bound.
     TimeoutTooLarge(String),
+    /// MINFENCE without its n.
+    MissingMinFence,
+    /// MINFENCE's n is not an integer from 1 up.
+    BadMinFence(String),
+    /// MINFENCE's n is more than 2^50 above the node's mark and clock.
+    MinFenceTooLarge(String),
     /// A fencing token from outside (RDB, AOF, master) breaks the rules.
     BadFence(&'static str),
     /// `lock.max-waiters-per-key` waiters are queued already.
@@ -82,6 +88,15 @@ impl fmt::Display for LockError {
                 f,
                 "ERR invalid timeout-ms {v}: above the limit of {} ms",
                 crate::core::limits::MAX_DURATION_MS
+            ),
+            MissingMinFence => write!(f, "ERR MINFENCE needs a fencing token n"),
+            BadMinFence(v) => write!(
+                f,
+                "ERR invalid MINFENCE {v}: must be a positive integer fencing token"
+            ),
+            MinFenceTooLarge(v) => write!(
+                f,
+                "ERR invalid MINFENCE {v}: more than 2^50 above this node's fencing tokens and clock"
             ),
             BadFence(why) => write!(f, "ERR invalid fencing token: {why}"),
             TooManyWaiters(max) => write!(
@@ -142,6 +157,9 @@ mod tests {
             LockError::TtlNotPositive("'0'".into()),
             LockError::TtlTooLarge("'9'".into(), 5),
             LockError::TimeoutTooLarge("'9'".into()),
+            LockError::MissingMinFence,
+            LockError::BadMinFence("'x'".into()),
+            LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::TooManyWaiters(3),
             LockError::EvictionUnsafe,

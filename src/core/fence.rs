@@ -23,6 +23,9 @@ use super::limits::MAX_FENCE_LEAD;
 /// Where the engine takes a new fencing token from.
 pub trait FenceSource {
     fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError>;
+    /// MINFENCE: every later token must exceed `fence` (checked like any
+    /// token from outside; refused, changing nothing, when out of bounds).
+    fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError>;
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +75,10 @@ impl FenceCounter {
 }
 
 impl FenceSource for FenceCounter {
+    fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        self.observe(fence, now_us)
+    }
+
     fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
         let next = self
             .hwm

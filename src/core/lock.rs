@@ -98,10 +98,32 @@ pub fn acquire(
     now_us: i64,
     grants_paused_ms: i64,
 ) -> Result<Acquired, LockError> {
+    acquire_min_fence(slot, fences, token, ttl_ms, 0, now_us, grants_paused_ms)
+}
+
+/// `acquire` with `MINFENCE min_fence` (0: none): the token granted, or
+/// already held by this same token, is raised to at least `min_fence`, and
+/// so is the node's mark, so every later grant exceeds it (Redlock's quorum
+/// fencing). A contended or refused ACQUIRE changes nothing, the mark
+/// included.
+pub fn acquire_min_fence(
+    slot: &mut impl LockSlot,
+    fences: &mut impl FenceSource,
+    token: &[u8],
+    ttl_ms: i64,
+    min_fence: i64,
+    now_us: i64,
+    grants_paused_ms: i64,
+) -> Result<Acquired, LockError> {
     let now_ms = ms(now_us);
     let deadline_ms = deadline(now_ms, ttl_ms)?;
     match slot.live(now_ms) {
         Some(held) if held.token == token => {
+            if min_fence > held.fence {
+                fences.raise(min_fence, now_us)?;
+                slot.put(token, min_fence, deadline_ms);
+                return Ok(Acquired::Renewed(min_fence));
+            }
             let fence = held.fence;
             slot.renew(deadline_ms);
             Ok(Acquired::Renewed(fence))
@@ -109,6 +131,9 @@ pub fn acquire(
         Some(_) => Ok(Acquired::Contended),
         None if grants_paused_ms > 0 => Err(LockError::GrantsPaused(grants_paused_ms)),
         None => {
+            if min_fence > 1 {
+                fences.raise(min_fence - 1, now_us)?;
+            }
             let fence = fences.next_fence(now_us)?;
             slot.put(token, fence, deadline_ms);
             Ok(Acquired::Granted(fence))
@@ -357,5 +382,62 @@ pub mod tests {
             Err(LockError::GrantsPaused(400))
         );
         assert!(slot.lock.is_none());
+    }
+
+    #[test]
+    fn min_fence_raises_a_grant_and_every_later_one() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let n = us(T0) + 5_000_000;
+        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 100, n, us(T0), 0);
+        assert_eq!(got, Ok(Acquired::Granted(n)));
+        assert!(fences.hwm() >= n);
+        release(&mut slot, b"a", T0);
+        let next = acquire(&mut slot, &mut fences, b"b", 100, us(T0), 0);
+        assert_eq!(next, Ok(Acquired::Granted(n + 1)));
+    }
+
+    #[test]
+    fn min_fence_below_the_next_token_changes_nothing_about_it() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 100, 3, us(T0), 0);
+        assert_eq!(got, Ok(Acquired::Granted(us(T0))));
+    }
+
+    #[test]
+    fn min_fence_raises_the_holders_own_token_and_renews() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let Ok(Acquired::Granted(first)) = acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0)
+        else {
+            panic!()
+        };
+        let t = first + 1000;
+        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 500, t, us(T0 + 50), 0);
+        assert_eq!(got, Ok(Acquired::Renewed(t)));
+        assert_eq!(
+            fence(&slot, Some(b"a"), T0 + 500),
+            Some(t),
+            "lease renewed too"
+        );
+        assert_eq!(fences.hwm(), t);
+        // Lower or equal: the holder keeps its token, the lease is renewed.
+        let again = acquire_min_fence(&mut slot, &mut fences, b"a", 100, t - 7, us(T0 + 60), 0);
+        assert_eq!(again, Ok(Acquired::Renewed(t)));
+    }
+
+    #[test]
+    fn a_contended_or_refused_min_fence_changes_nothing() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        let (before_slot, before_hwm) = (slot.lock.clone(), fences.hwm());
+        let busy = acquire_min_fence(&mut slot, &mut fences, b"b", 100, i64::MAX / 2, us(T0), 0);
+        assert_eq!(busy, Ok(Acquired::Contended));
+        let huge = acquire_min_fence(&mut slot, &mut fences, b"a", 100, i64::MAX, us(T0), 0);
+        assert!(matches!(huge, Err(LockError::BadFence(_))));
+        assert_eq!((slot.lock.clone(), fences.hwm()), (before_slot, before_hwm));
+        let mut free = MemSlot::default();
+        let paused =
+            acquire_min_fence(&mut free, &mut fences, b"c", 100, before_hwm + 9, us(T0), 5);
+        assert_eq!(paused, Err(LockError::GrantsPaused(5)));
+        assert_eq!((free.lock, fences.hwm()), (None, before_hwm));
     }
 }

@@ -320,6 +320,7 @@ fn run(ops: &[Op]) {
                             token: &token,
                             ttl_ms: ttl,
                             timeout_ms: timeout,
+                            min_fence: 0,
                         };
                         engine
                             .waiters

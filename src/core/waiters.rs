@@ -59,6 +59,8 @@ pub struct Request<'a> {
     pub ttl_ms: i64,
     /// 0: no timeout.
     pub timeout_ms: i64,
+    /// MINFENCE (0: none): the grant's token is at least this.
+    pub min_fence: i64,
 }
 
 struct Waiter<K, C> {
@@ -66,6 +68,7 @@ struct Waiter<K, C> {
     client: C,
     token: Box<[u8]>,
     ttl_ms: i64,
+    min_fence: i64,
     timeout_at_ms: Option<i64>,
     since_us: i64,
 }
@@ -145,6 +148,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 client,
                 token: request.token.into(),
                 ttl_ms: request.ttl_ms,
+                min_fence: request.min_fence,
                 timeout_at_ms,
                 since_us: now_us,
             },
@@ -288,7 +292,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 }
                 _ => {}
             }
-            let outcome = match lock::acquire(slot, fences, &w.token, w.ttl_ms, now_us, 0) {
+            let acquired =
+                lock::acquire_min_fence(slot, fences, &w.token, w.ttl_ms, w.min_fence, now_us, 0);
+            let outcome = match acquired {
                 Ok(Acquired::Granted(fence)) => Outcome::Granted {
                     fence,
                     lease: slot.stored().map_or(0, |l| l.lease),
@@ -417,6 +423,7 @@ mod tests {
             token,
             ttl_ms: 1000,
             timeout_ms,
+            min_fence: 0,
         }
     }
 

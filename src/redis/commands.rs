@@ -109,6 +109,9 @@ pub static COMMANDS: [Command; 6] = [
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_acquire(argv.bytes(), node::max_ttl_ms())?;
+    if a.min_fence > 0 && node::check_fence(a.min_fence).is_err() {
+        return Err(LockError::MinFenceTooLarge(format!("'{}'", a.min_fence)));
+    }
     refuse_on_replica(ctx)?;
     handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     let now_us = node::now_us();
@@ -139,6 +142,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 token: a.token,
                 ttl_ms: a.ttl_ms,
                 timeout_ms,
+                min_fence: a.min_fence,
             };
             return handoff::block(ctx, key, request, until);
         }
@@ -150,7 +154,15 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Ok(Reply::Null);
     }
     Ok(
-        match lock::acquire(&mut slot, &mut NodeFences, a.token, a.ttl_ms, now_us, 0)? {
+        match lock::acquire_min_fence(
+            &mut slot,
+            &mut NodeFences,
+            a.token,
+            a.ttl_ms,
+            a.min_fence,
+            now_us,
+            0,
+        )? {
             Acquired::Granted(fence) => {
                 count(&STATS.grants);
                 Reply::Integer(fence)

@@ -72,6 +72,10 @@ impl FenceSource for NodeFences {
     fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
         fences().next_fence(now_us)
     }
+
+    fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        fences().observe(fence, now_us)
+    }
 }
 
 /// The node (re)started with its data loaded, or was promoted: raise the

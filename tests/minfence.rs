@@ -1,0 +1,150 @@
+//! `LOCK.ACQUIRE key token ttl-ms MINFENCE n`: the token granted, or held
+//! by the same token, is raised to at least n, and so is the node's mark.
+//! Redlock's quorum fencing rests on it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn acquire_min(c: &mut Connection, key: &str, token: &str, ttl: i64, n: i64) -> Option<i64> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(token)
+        .arg(ttl)
+        .arg("MINFENCE")
+        .arg(n)
+        .query(c)
+        .unwrap()
+}
+
+fn hwm(s: &Server) -> i64 {
+    s.info_field("fence_hwm")
+}
+
+#[test]
+fn a_grant_with_minfence_is_at_least_n_and_later_grants_exceed_it() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let now = acquire(&mut c, "warmup", "w", 1000).unwrap();
+    let n = now + 10_000_000_000; // ~3 hours of µs ahead of the clock
+    assert_eq!(acquire_min(&mut c, "k", "a", 60_000, n), Some(n));
+    assert_eq!(fence(&mut c, "k"), Some(n));
+    assert!(hwm(&s) >= n);
+    // Every later grant on this node, on any key, is above n.
+    let other = acquire(&mut c, "other", "b", 1000).unwrap();
+    assert!(other > n, "{other} > {n}");
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    let again = acquire(&mut c, "k", "c", 1000).unwrap();
+    assert!(again > other);
+}
+
+#[test]
+fn minfence_raises_the_holders_token_and_renews_its_lease() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let first = acquire(&mut c, "k", "a", 1000).unwrap();
+    let t = first + 5_000_000;
+    assert_eq!(acquire_min(&mut c, "k", "a", 60_000, t), Some(t));
+    assert_eq!(fence(&mut c, "k"), Some(t));
+    let pttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!(pttl > 1000, "lease renewed to 60 s: {pttl}");
+    // Not above the current token: the same token, lease renewed.
+    assert_eq!(acquire_min(&mut c, "k", "a", 60_000, first), Some(t));
+    assert_eq!(s.info_field("grants"), 1);
+}
+
+#[test]
+fn a_contended_minfence_changes_nothing_not_even_the_mark() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let mark = hwm(&s);
+    assert_eq!(
+        acquire_min(&mut c, "k", "b", 60_000, f + 1_000_000_000),
+        None
+    );
+    assert_eq!(hwm(&s), mark);
+    assert_eq!(fence(&mut c, "k"), Some(f));
+}
+
+#[test]
+fn bad_minfence_values_are_refused_and_change_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let mark = hwm(&s);
+    for (n, expected) in [
+        ("0", "ERR invalid MINFENCE '0'"),
+        ("-5", "ERR invalid MINFENCE '-5'"),
+        ("abc", "ERR invalid MINFENCE 'abc'"),
+        ("1e9", "ERR invalid MINFENCE '1e9'"),
+        (
+            "9223372036854775807",
+            "ERR invalid MINFENCE '9223372036854775807': more than 2^50",
+        ),
+    ] {
+        let err = run_err(&mut c, &["LOCK.ACQUIRE", "k", "a", "1000", "MINFENCE", n]);
+        assert!(err.starts_with(expected), "{n}: {err}");
+        let err = run_err(
+            &mut c,
+            &["LOCK.ACQUIRE", "free", "a", "1000", "MINFENCE", n],
+        );
+        assert!(err.starts_with(expected), "{n}: {err}");
+    }
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "k", "a", "1000", "MINFENCE"]);
+    assert_eq!(err, "ERR MINFENCE needs a fencing token n");
+    assert_eq!(hwm(&s), mark);
+    assert_eq!(fence(&mut c, "k"), Some(f));
+    assert_eq!(fence(&mut c, "free"), None);
+}
+
+#[test]
+fn a_waiter_with_minfence_is_granted_at_least_n() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let n = f + 7_000_000_000;
+    let mut w = RawConn::connect(&s);
+    w.send(&[
+        "LOCK.ACQUIRE",
+        "k",
+        "w",
+        "60000",
+        "BLOCK",
+        "20000",
+        "MINFENCE",
+        &n.to_string(),
+    ]);
+    wait_until(Duration::from_secs(10), || s.info_field("waiters") == 1);
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    assert_eq!(w.read(), Resp::Int(n));
+    assert_eq!(fence(&mut c, "k"), Some(n));
+}
+
+#[test]
+fn minfence_is_replicated_and_persisted() {
+    let master = Server::builder()
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut c = master.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let t = f + 3_000_000_000;
+    assert_eq!(acquire_min(&mut c, "k", "a", 60_000, t), Some(t));
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+    assert_eq!(acked, 1);
+    assert_eq!(fence(&mut replica.conn(), "k"), Some(t));
+    assert!(hwm(&replica) >= t);
+    let mut master = master;
+    master.wait_persistence_idle();
+    master.kill9();
+    master.restart();
+    let mut c = master.conn();
+    assert_eq!(fence(&mut c, "k"), Some(t));
+    let next = acquire(&mut c, "other", "b", 1000).unwrap();
+    assert!(next > t, "{next} > {t} after restart");
+}
