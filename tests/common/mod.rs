@@ -24,7 +24,14 @@ pub fn server_binary() -> String {
 pub fn module_path() -> PathBuf {
     match std::env::var("REDIS_LOCK_MODULE") {
         Ok(p) => PathBuf::from(p),
-        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_lock.so"),
+        // The workspace's target dir: this file is also used by client/tests.
+        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .ancestors()
+            .map(|dir| dir.join("target/release/libredis_lock.so"))
+            .find(|so| so.exists())
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_lock.so")
+            }),
     }
 }
 

@@ -1,0 +1,42 @@
+use std::fmt;
+
+/// What can go wrong talking to the lock nodes.
+#[derive(Debug)]
+pub enum Error {
+    /// A node answered with an error, or the connection failed.
+    Redis(redis::RedisError),
+    /// A node did not answer within the node timeout.
+    Timeout,
+    /// `with_lock` could not acquire the lock within its wait.
+    NotAcquired,
+    /// A bad argument or configuration (no URLs, a TTL of zero, ...).
+    Config(String),
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Redis(e) => write!(f, "{e}"),
+            Error::Timeout => write!(f, "the lock node did not answer in time"),
+            Error::NotAcquired => write!(f, "the lock was not acquired within the wait"),
+            Error::Config(why) => write!(f, "{why}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Redis(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Error::Redis(e)
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

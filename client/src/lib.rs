@@ -1,0 +1,111 @@
+//! Client for the [redis-lock](https://github.com/) Redis module: locks
+//! with fencing tokens on one node, or Redlock over several independent
+//! nodes, with auto-renewal. Async on tokio over the `redis` crate.
+//!
+//! # One node
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::LockClient;
+//!
+//! # async fn demo() -> redis_lock_client::Result<()> {
+//! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
+//! // Wait up to 10 s in the server's FIFO line (no polling).
+//! if let Some(guard) = locks.acquire("order:42", Duration::from_secs(30), Duration::from_secs(10)).await? {
+//!     // Send the fencing token with every write to the protected resource.
+//!     println!("holding order:42 with fence {}", guard.fence());
+//!     guard.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! `try_acquire` makes one attempt (`None` if another holder has the lock),
+//! and `with_lock` runs a closure under the lock, renewing it meanwhile:
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::LockClient;
+//!
+//! # async fn demo() -> redis_lock_client::Result<()> {
+//! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
+//! let total = locks
+//!     .with_lock("stock:7", Duration::from_secs(5), Duration::from_secs(2), |lease| async move {
+//!         // Stop if the lock is lost (a renewal refused, or its validity ran out).
+//!         tokio::select! {
+//!             _ = lease.lost().cancelled() => None,
+//!             n = async { 41 + 1 } => Some((n, lease.fence())),
+//!         }
+//!     })
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Auto-renewal
+//!
+//! With [`Options::auto_renew`] a guard extends its lock at about a third
+//! of the TTL. [`LockGuard::lost`] (a cancellation token) fires when the
+//! lock is lost: a renewal answered 0 on a majority, or no successful
+//! renewal before [`LockGuard::valid_until`]. Releasing stops the renewal
+//! first and waits for one in flight, so no renewal follows a release.
+//!
+//! # Redlock, with fencing tokens that never go backwards
+//!
+//! Given several URLs (N independent masters, usually 5) the client runs
+//! Redlock as published: try every node in parallel, each with a timeout far
+//! below the TTL; the lock is held only if a majority (N/2 + 1) granted it
+//! and less than the TTL has passed; its validity is TTL − elapsed − drift,
+//! drift = 1% of the TTL + 2 ms; on failure it is released on **all** nodes;
+//! attempts are retried after a random pause until the caller's wait ends.
+//! Extending counts only if a majority extended within the validity.
+//!
+//! Each node issues its own fencing tokens, so the client makes one token
+//! for the whole group (**quorum fencing**):
+//!
+//! 1. acquire on every node and collect the tokens of the granting nodes;
+//!    T = their maximum;
+//! 2. send `LOCK.ACQUIRE key token ttl MINFENCE T` to the granting nodes:
+//!    each raises this lock's token, and its node-wide high-water mark, to
+//!    at least T, so every later grant on that node exceeds T.
+//!
+//! The lock and T reach the caller only once a majority confirmed step 2
+//! within the validity. Any two majorities of the N nodes share a node.
+//! A later Redlock grant of the same key needs a majority, so it includes a
+//! node that confirmed T, whose next token is above T; and T' is the maximum
+//! over its majority, so **T' > T**. The resource rejects the older holder.
+//!
+//! Assumptions: the nodes keep their high-water mark across restarts (any
+//! persistence; the module also draws tokens from the clock, so a node that
+//! lost its data issues tokens above T as long as its clock was not set
+//! back); a node that restarts without its data may also have lost the lock
+//! itself, so run nodes with `appendfsync always` or with
+//! `lock.restart-delay-ms` ≥ the longest TTL (Redlock's delayed restart).
+//! Mutual exclusion itself needs bounded process pauses and clock drift
+//! below the allowance; fencing tokens catch the holder a pause or a clock
+//! jump let slip through.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::{LockClient, Options};
+//!
+//! # async fn demo() -> redis_lock_client::Result<()> {
+//! let nodes = ["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/", "redis://10.0.0.3:6379/",
+//!              "redis://10.0.0.4:6379/", "redis://10.0.0.5:6379/"];
+//! let locks = LockClient::with_options(&nodes, Options { auto_renew: true, ..Options::default() })?;
+//! if let Some(guard) = locks.acquire("job:nightly", Duration::from_secs(60), Duration::from_secs(5)).await? {
+//!     let fence = guard.fence(); // above every earlier Redlock grant of job:nightly
+//!     # let _ = fence;
+//!     guard.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
+
+mod client;
+pub mod duration;
+mod error;
+mod guard;
+mod node;
+
+pub use client::{drift, random_token, LockClient, Options};
+pub use error::{Error, Result};
+pub use guard::{Lease, LockGuard};
+pub use node::LockInfo;

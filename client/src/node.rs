@@ -1,0 +1,172 @@
+//! One lock node: the module's commands over a lazily (re)connected
+//! multiplexed connection, every call bounded by a timeout.
+
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use tokio::sync::Mutex;
+
+use crate::error::{Error, Result};
+
+pub(crate) struct Node {
+    client: redis::Client,
+    /// Shared by every lock of this client; replaced after an error, so a
+    /// restarted node is reached again.
+    conn: Mutex<Option<MultiplexedConnection>>,
+}
+
+/// What `LOCK.INFO` reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The holder's token; None if this connection's user may not write the key.
+    pub token: Option<Vec<u8>>,
+    pub fence: i64,
+    /// Milliseconds left of the lease.
+    pub ttl_ms: i64,
+    pub waiters: i64,
+}
+
+impl Node {
+    pub fn new(url: &str) -> Result<Node> {
+        Ok(Node {
+            client: redis::Client::open(url)?,
+            conn: Mutex::new(None),
+        })
+    }
+
+    async fn connection(&self, limit: Duration) -> Result<MultiplexedConnection> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            return Ok(c.clone());
+        }
+        let fresh = within(limit, async {
+            Ok(self.client.get_multiplexed_async_connection().await?)
+        })
+        .await?;
+        *conn = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    async fn forget_connection(&self) {
+        *self.conn.lock().await = None;
+    }
+
+    /// Runs `cmd` on the shared connection within `limit`; an I/O error or a
+    /// timeout drops the connection so the next call reconnects.
+    async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd, limit: Duration) -> Result<T> {
+        let mut conn = self.connection(limit).await?;
+        let result = within(limit, async { Ok(cmd.query_async::<T>(&mut conn).await?) }).await;
+        let broken = match &result {
+            Err(Error::Timeout) => true,
+            Err(Error::Redis(e)) => {
+                e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
+            }
+            _ => false,
+        };
+        if broken {
+            self.forget_connection().await;
+        }
+        result
+    }
+
+    /// `LOCK.ACQUIRE key token ttl [MINFENCE n]`: the fence, or None if held
+    /// by another token.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        min_fence: Option<i64>,
+        limit: Duration,
+    ) -> Result<Option<i64>> {
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(key).arg(token).arg(millis(ttl));
+        if let Some(n) = min_fence {
+            cmd.arg("MINFENCE").arg(n);
+        }
+        self.run(cmd, limit).await
+    }
+
+    /// `LOCK.ACQUIRE ... BLOCK wait`: waits in the server, on a connection
+    /// of its own (a blocked connection would hold up every other command
+    /// multiplexed on it).
+    pub async fn acquire_waiting(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        wait: Duration,
+        limit: Duration,
+    ) -> Result<Option<i64>> {
+        let mut conn = within(limit, async {
+            Ok(self.client.get_multiplexed_async_connection().await?)
+        })
+        .await?;
+        // BLOCK 0 would wait forever: wait at least a millisecond.
+        let block_ms = millis(wait).max(1);
+        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        cmd.arg(key)
+            .arg(token)
+            .arg(millis(ttl))
+            .arg("BLOCK")
+            .arg(block_ms);
+        within(wait + limit, async {
+            Ok(cmd.query_async(&mut conn).await?)
+        })
+        .await
+    }
+
+    pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
+        let mut cmd = redis::cmd("LOCK.RELEASE");
+        cmd.arg(key).arg(token);
+        Ok(self.run::<i64>(cmd, limit).await? == 1)
+    }
+
+    pub async fn extend(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        limit: Duration,
+    ) -> Result<bool> {
+        let mut cmd = redis::cmd("LOCK.EXTEND");
+        cmd.arg(key).arg(token).arg(millis(ttl));
+        Ok(self.run::<i64>(cmd, limit).await? == 1)
+    }
+
+    pub async fn info(&self, key: &str, limit: Duration) -> Result<Option<LockInfo>> {
+        let mut cmd = redis::cmd("LOCK.INFO");
+        cmd.arg(key);
+        let reply: Option<Vec<redis::Value>> = self.run(cmd, limit).await?;
+        let Some(fields) = reply else { return Ok(None) };
+        let mut info = LockInfo {
+            token: None,
+            fence: 0,
+            ttl_ms: 0,
+            waiters: 0,
+        };
+        for pair in fields.chunks(2) {
+            let [name, value] = pair else { break };
+            let name: String = redis::from_redis_value(name)?;
+            match name.as_str() {
+                "token" => info.token = redis::from_redis_value(value)?,
+                "fence" => info.fence = redis::from_redis_value(value)?,
+                "ttl" => info.ttl_ms = redis::from_redis_value(value)?,
+                "waiters" => info.waiters = redis::from_redis_value(value)?,
+                _ => {}
+            }
+        }
+        Ok(Some(info))
+    }
+}
+
+/// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
+pub(crate) fn millis(d: Duration) -> u64 {
+    (d.as_millis().min(u64::MAX as u128) as u64).max(1)
+}
+
+async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or(Err(Error::Timeout))
+}

@@ -1,0 +1,242 @@
+//! The client against one real redis-server with the module.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use redis_lock_client::{LockClient, Options};
+use tokio::time::{sleep, Instant};
+
+fn url(s: &Server) -> String {
+    format!("redis://127.0.0.1:{}/", s.port)
+}
+
+fn renewing(s: &Server) -> LockClient {
+    let options = Options {
+        auto_renew: true,
+        ..Options::default()
+    };
+    LockClient::with_options(&[url(s)], options).unwrap()
+}
+
+fn server_fence(s: &Server, key: &str) -> Option<i64> {
+    common::fence(&mut s.conn(), key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_acquire_grants_once_and_release_frees() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let ttl = Duration::from_secs(10);
+    let guard = locks
+        .try_acquire("order:1", ttl)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(server_fence(&s, "order:1"), Some(guard.fence()));
+    assert!(locks.try_acquire("order:1", ttl).await.unwrap().is_none());
+    let left = guard.valid_until() - Instant::now();
+    assert!(left > Duration::from_secs(9) && left <= ttl, "{left:?}");
+    let first = guard.fence();
+    assert!(guard.release().await.unwrap());
+    assert_eq!(server_fence(&s, "order:1"), None);
+    let next = locks.try_acquire("order:1", ttl).await.unwrap().unwrap();
+    assert!(next.fence() > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_waits_in_the_server_not_by_polling() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let holder = locks
+        .try_acquire("job", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("job", Duration::from_secs(30), Duration::from_secs(20))
+                .await
+        })
+    };
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 1);
+    let first = holder.fence();
+    assert!(holder.release().await.unwrap());
+    let got = waiter.await.unwrap().unwrap().expect("handed the lock");
+    assert!(got.fence() > first);
+    assert_eq!(server_fence(&s, "job"), Some(got.fence()));
+    assert_eq!(s.info_field("contended"), 0, "no polling");
+    assert_eq!(s.info_field("handoffs"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_gives_up_after_the_wait() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let _holder = locks
+        .try_acquire("k", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let start = Instant::now();
+    let got = locks
+        .acquire("k", Duration::from_secs(5), Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(got.is_none());
+    assert!(start.elapsed() >= Duration::from_millis(300));
+    assert_eq!(s.info_field("waiters"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_runs_under_the_lock_and_releases() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let port = s.port;
+    let (fence, seen) = locks
+        .with_lock(
+            "stock:7",
+            Duration::from_secs(5),
+            Duration::from_secs(1),
+            move |lease| async move {
+                let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                (lease.fence(), common::fence(&mut c, "stock:7"))
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(seen, Some(fence));
+    assert_eq!(server_fence(&s, "stock:7"), None, "released after");
+    // Held by someone else: NotAcquired after the wait.
+    let _other = locks
+        .try_acquire("stock:7", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let err = locks
+        .with_lock(
+            "stock:7",
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            |_| async {},
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, redis_lock_client::Error::NotAcquired),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_renewal_keeps_a_short_lock_and_stops_at_release() {
+    let s = Server::start();
+    let locks = renewing(&s);
+    let guard = locks
+        .try_acquire("renewed", Duration::from_millis(600))
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(Duration::from_millis(2000)).await;
+    assert!(guard.is_valid(), "renewed past its TTL");
+    assert!(!guard.lost().is_cancelled());
+    assert_eq!(server_fence(&s, "renewed"), Some(guard.fence()));
+    assert!(s.info_field("extends") >= 3);
+    assert!(guard.release().await.unwrap());
+    let extends = s.info_field("extends");
+    sleep(Duration::from_millis(800)).await;
+    assert_eq!(s.info_field("extends"), extends, "no renewal after release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_lock_fires_the_signal_and_stops_renewing() {
+    let s = Server::start();
+    let locks = renewing(&s);
+    let guard = locks
+        .try_acquire("lost", Duration::from_millis(600))
+        .await
+        .unwrap()
+        .unwrap();
+    // An administrator deletes the lock: the next renewal is answered 0.
+    let _: i64 = redis::cmd("DEL").arg("lost").query(&mut s.conn()).unwrap();
+    let lost = guard.lost();
+    tokio::time::timeout(Duration::from_secs(5), lost.cancelled())
+        .await
+        .expect("lost fires");
+    assert!(!guard.is_valid());
+    let extends = s.info_field("extends");
+    sleep(Duration::from_millis(800)).await;
+    assert_eq!(s.info_field("extends"), extends);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_renewal_the_signal_fires_at_the_validity_deadline() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let guard = locks
+        .try_acquire("short", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    let deadline = guard.valid_until();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost().cancelled())
+        .await
+        .expect("lost fires");
+    assert!(Instant::now() >= deadline);
+    // Extending by hand before the deadline keeps it valid.
+    let guard = locks
+        .try_acquire("short2", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(guard.extend(Duration::from_secs(10)).await.unwrap());
+    sleep(Duration::from_millis(500)).await;
+    assert!(guard.is_valid());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_guard_is_released_in_the_background() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    {
+        let _guard = locks
+            .try_acquire("dropped", Duration::from_secs(60))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let s2 = &s;
+    common::wait_until(Duration::from_secs(5), || {
+        server_fence(s2, "dropped").is_none()
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_node_is_reached_again() {
+    let mut s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let g = locks
+        .try_acquire("a", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(g);
+    s.kill9();
+    assert!(locks
+        .try_acquire("b", Duration::from_secs(1))
+        .await
+        .is_err());
+    s.restart();
+    let g = locks
+        .try_acquire("b", Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(g.is_some());
+}
