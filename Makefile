@@ -16,7 +16,7 @@ run: build
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
 # Unit tests of the pure core, then the integration suite against a real
 # redis-server, then the integration suite against valkey-server.
@@ -26,8 +26,11 @@ test:
 	cargo build --release
 	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey
 
+# The module's tests (release: the module is what they test), then the
+# client's (debug builds are quicker; they load the release module).
 test-redis:
 	REDIS_SERVER=redis-server cargo test --release
+	REDIS_SERVER=redis-server cargo test -p redis-lock-client
 
 # Long runs of the randomized checks (not part of `make test`): the model
 # check of the core with many more cases.
@@ -37,6 +40,7 @@ stress:
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
+	REDIS_SERVER=$(VALKEY_SERVER) cargo test -p redis-lock-client --tests
 
 # Benchmarks: not part of `make test`. Starts its own redis-server and
 # rewrites docs/benchmarks.md.
