@@ -87,8 +87,8 @@ impl Lease {
     /// Fires when the lock is lost: a renewal was refused, or the validity
     /// deadline passed without a successful renewal. Await
     /// `lost().cancelled()` or poll `lost().is_cancelled()`.
-    pub fn lost(&self) -> CancellationToken {
-        self.shared.lost.clone()
+    pub fn lost(&self) -> &CancellationToken {
+        &self.shared.lost
     }
 
     /// Held and within its validity.
@@ -139,7 +139,8 @@ impl LockGuard {
         self.lease.valid_until()
     }
 
-    pub fn lost(&self) -> CancellationToken {
+    /// See [`Lease::lost`]; clone it to hand it to another task.
+    pub fn lost(&self) -> &CancellationToken {
         self.lease.lost()
     }
 
