@@ -37,6 +37,7 @@ test-redis:
 stress:
 	@scripts/prereqs.sh test
 	PROPTEST_CASES=300000 cargo test --release --lib model
+	FAULT_SECONDS=120 cargo test -p redis-lock-client --test faults -- --nocapture
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
