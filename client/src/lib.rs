@@ -2,6 +2,8 @@
 //! with fencing tokens on one node, or Redlock over several independent
 //! nodes, with auto-renewal. Async on tokio over the `redis` crate.
 //!
+//! A blocking facade for code without a runtime is in [`blocking`].
+//!
 //! # One node
 //!
 //! ```no_run
@@ -99,6 +101,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod blocking;
 mod client;
 pub mod duration;
 mod error;

@@ -240,3 +240,29 @@ async fn a_restarted_node_is_reached_again() {
         .unwrap();
     assert!(g.is_some());
 }
+
+#[test]
+fn the_blocking_facade_acquires_extends_and_releases() {
+    let s = Server::start();
+    let locks = redis_lock_client::blocking::LockClient::new(&[url(&s)]).unwrap();
+    let guard = locks
+        .try_acquire("b", Duration::from_secs(5))
+        .unwrap()
+        .expect("free");
+    assert_eq!(server_fence(&s, "b"), Some(guard.fence()));
+    assert!(locks
+        .try_acquire("b", Duration::from_secs(5))
+        .unwrap()
+        .is_none());
+    assert!(guard.extend(Duration::from_secs(30)).unwrap());
+    assert!(guard.is_valid() && !guard.is_lost());
+    assert!(guard.release().unwrap());
+    assert_eq!(server_fence(&s, "b"), None);
+    {
+        let _dropped = locks
+            .try_acquire("b", Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(server_fence(&s, "b"), None, "released on drop");
+}

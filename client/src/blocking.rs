@@ -1,0 +1,117 @@
+//! A blocking facade for code without an async runtime. It runs its own
+//! small tokio runtime (one worker, which also renews held locks).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redis_lock_client::blocking::LockClient;
+//!
+//! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
+//! if let Some(guard) = locks.acquire("order:42", Duration::from_secs(30), Duration::from_secs(10))? {
+//!     println!("fence {}", guard.fence());
+//!     guard.release()?;
+//! }
+//! # Ok::<(), redis_lock_client::Error>(())
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Runtime;
+
+use crate::error::{Error, Result};
+use crate::Options;
+
+pub struct LockClient {
+    inner: crate::LockClient,
+    runtime: Arc<Runtime>,
+}
+
+impl LockClient {
+    pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<LockClient> {
+        Self::with_options(urls, Options::default())
+    }
+
+    pub fn with_options<S: AsRef<str>>(urls: &[S], options: Options) -> Result<LockClient> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start a runtime: {e}")))?;
+        let inner = {
+            let _entered = runtime.enter();
+            crate::LockClient::with_options(urls, options)?
+        };
+        Ok(LockClient {
+            inner,
+            runtime: Arc::new(runtime),
+        })
+    }
+
+    /// See [`crate::LockClient::try_acquire`].
+    pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
+        self.acquire(key, ttl, Duration::ZERO)
+    }
+
+    /// See [`crate::LockClient::acquire`].
+    pub fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Option<LockGuard>> {
+        let guard = self.runtime.block_on(self.inner.acquire(key, ttl, wait))?;
+        Ok(guard.map(|g| LockGuard {
+            inner: Some(g),
+            runtime: self.runtime.clone(),
+        }))
+    }
+}
+
+/// A held lock; released on drop (waiting for the release).
+pub struct LockGuard {
+    inner: Option<crate::LockGuard>,
+    runtime: Arc<Runtime>,
+}
+
+impl LockGuard {
+    fn guard(&self) -> &crate::LockGuard {
+        self.inner.as_ref().expect("present until released")
+    }
+
+    pub fn key(&self) -> &str {
+        self.guard().key()
+    }
+
+    pub fn token(&self) -> &str {
+        self.guard().token()
+    }
+
+    pub fn fence(&self) -> i64 {
+        self.guard().fence()
+    }
+
+    pub fn valid_until(&self) -> tokio::time::Instant {
+        self.guard().valid_until()
+    }
+
+    pub fn is_valid(&self) -> bool {
+        self.guard().is_valid()
+    }
+
+    /// True once the lock is known lost (see [`crate::Lease::lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.guard().lost().is_cancelled()
+    }
+
+    pub fn extend(&self, ttl: Duration) -> Result<bool> {
+        self.runtime.block_on(self.guard().extend(ttl))
+    }
+
+    pub fn release(mut self) -> Result<bool> {
+        let guard = self.inner.take().expect("present until released");
+        self.runtime.block_on(guard.release())
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(guard) = self.inner.take() {
+            let _ = self.runtime.block_on(guard.release());
+        }
+    }
+}
