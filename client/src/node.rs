@@ -52,8 +52,30 @@ impl Node {
     }
 
     /// Runs `cmd` on the shared connection within `limit`; an I/O error or a
-    /// timeout drops the connection so the next call reconnects.
+    /// timeout drops the connection so the next call reconnects. A cached
+    /// connection found broken (the node restarted since) is replaced and
+    /// the command sent once more: every lock command is safe to repeat
+    /// (a same-token ACQUIRE renews, EXTEND sets the same lease).
     async fn run<T: redis::FromRedisValue>(&self, cmd: redis::Cmd, limit: Duration) -> Result<T> {
+        let start = tokio::time::Instant::now();
+        let was_cached = self.conn.lock().await.is_some();
+        let result = self.run_once(&cmd, limit).await;
+        let dropped =
+            matches!(&result, Err(Error::Redis(e)) if e.is_connection_dropped() || e.is_io_error());
+        if was_cached && dropped {
+            let left = limit.saturating_sub(start.elapsed());
+            if !left.is_zero() {
+                return self.run_once(&cmd, left).await;
+            }
+        }
+        result
+    }
+
+    async fn run_once<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+        limit: Duration,
+    ) -> Result<T> {
         let mut conn = self.connection(limit).await?;
         let result = within(limit, async { Ok(cmd.query_async::<T>(&mut conn).await?) }).await;
         let broken = match &result {

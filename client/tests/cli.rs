@@ -335,3 +335,28 @@ fn a_missing_command_is_127_and_releases() {
     assert_eq!(out.status.code(), Some(127));
     assert_eq!(common::fence(&mut s.conn(), "k"), None);
 }
+
+#[test]
+fn losing_a_majority_mid_run_stops_the_command_with_the_lost_lock_code() {
+    let mut nodes: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    let mut args = vec!["run".to_string()];
+    for n in &nodes {
+        args.extend(["--url".into(), url(n)]);
+    }
+    args.extend(["--key", "k", "--ttl", "1s", "--", "sleep", "30"].map(String::from));
+    let child = Command::new(BIN)
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until(Duration::from_secs(10), || {
+        common::fence(&mut nodes[4].conn(), "k").is_some()
+    });
+    let start = Instant::now();
+    for n in &mut nodes[..3] {
+        n.kill9();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
+    assert!(start.elapsed() < Duration::from_secs(20));
+}

@@ -67,6 +67,72 @@ async fn two_of_five_down_still_locks_three_down_does_not() {
     nodes[2].kill9();
     let got = locks.acquire("k", ttl, Duration::from_millis(300)).await;
     assert!(!matches!(got, Ok(Some(_))), "2 of 5 is not a majority");
+    for n in &nodes[3..] {
+        assert_eq!(node_fence(n, "k"), None, "no partial grant left behind");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_costs_only_its_timeout() {
+    let nodes = group(5);
+    let options = Options {
+        node_timeout: Some(Duration::from_millis(100)),
+        ..Options::default()
+    };
+    let locks = LockClient::with_options(&urls(&nodes), options).unwrap();
+    nodes[0].signal("STOP");
+    let start = Instant::now();
+    let guard = locks
+        .try_acquire("k", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("4 of 5 answer");
+    let took = start.elapsed();
+    nodes[0].signal("CONT");
+    assert!(
+        took < Duration::from_secs(5),
+        "bounded by the node timeout: {took:?}"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
+/// A node restarted without its data while a lock is held: with
+/// restart-delay-ms >= the TTL no second holder appears during the lease;
+/// with 0 one can, and its token is larger, so a fenced resource that saw
+/// it rejects the first holder's late write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_without_data_need_the_delay_and_fencing_covers_its_absence() {
+    for delay_ms in [10_000u64, 0] {
+        let mut nodes = group(5);
+        let locks = LockClient::new(&urls(&nodes)).unwrap();
+        let ttl = Duration::from_secs(8);
+        let first = locks.try_acquire("res", ttl).await.unwrap().unwrap();
+        for n in &mut nodes[..3] {
+            n.kill9();
+            n.wipe_data();
+            n.set_config("lock.restart-delay-ms", &delay_ms.to_string());
+            n.restart();
+        }
+        let second = locks.try_acquire("res", ttl).await;
+        if delay_ms > 0 {
+            assert!(
+                !matches!(second, Ok(Some(_))),
+                "a second holder appeared during the lease"
+            );
+        } else {
+            let second = second.unwrap().expect("three fresh nodes grant");
+            let mut highest_seen = 0;
+            for fence in [second.fence(), first.fence()] {
+                let accepted = fence >= highest_seen;
+                highest_seen = highest_seen.max(fence);
+                assert_eq!(
+                    accepted,
+                    fence == second.fence(),
+                    "only the newer holder writes"
+                );
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,10 +320,31 @@ async fn run_under_lock(
 ) -> ExitCode {
     use tokio::signal::unix::{signal, SignalKind};
 
-    let guard = match locks.acquire(key, ttl, wait).await {
-        Ok(Some(guard)) => guard,
-        Ok(None) => return not_acquired(key, wait),
-        Err(e) => return unavailable(e),
+    // Handlers first: a signal that arrives while acquiring must not kill
+    // redis-lock with a grant in flight.
+    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return fail(exit::CANNOT_RUN, "cannot install signal handlers");
+    };
+    let token = random_token();
+    let acquired = tokio::select! {
+        result = locks.acquire_as(key, &token, ttl, wait) => Ok(result),
+        _ = sigterm.recv() => Err(libc::SIGTERM),
+        _ = sigint.recv() => Err(libc::SIGINT),
+        _ = sighup.recv() => Err(libc::SIGHUP),
+    };
+    let guard = match acquired {
+        Ok(Ok(Some(guard))) => guard,
+        Ok(Ok(None)) => return not_acquired(key, wait),
+        Ok(Err(e)) => return unavailable(e),
+        Err(sig) => {
+            // Interrupted: give back whatever was granted meanwhile.
+            let _ = locks.release_token(key, &token).await;
+            return ExitCode::from(128 + sig as u8);
+        }
     };
     let mut child = match tokio::process::Command::new(&cmd[0])
         .args(&cmd[1..])
@@ -353,15 +374,6 @@ async fn run_under_lock(
         if let Some(pid) = pid {
             unsafe { libc::kill(-pid, sig) };
         }
-    };
-    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        send(libc::SIGKILL);
-        let _ = guard.release().await;
-        return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
     let lost = guard.lost().clone();
     let status = loop {
