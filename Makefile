@@ -34,10 +34,15 @@ test-redis:
 
 # Long runs of the randomized checks (not part of `make test`): the model
 # check of the core with many more cases.
+# tests/leaks.rs: a million lock lifecycles must leave used_memory where it
+# was, and valgrind must find no leak or invalid access in the module.
 stress:
 	@scripts/prereqs.sh test
 	PROPTEST_CASES=300000 cargo test --release --lib model
 	FAULT_SECONDS=120 cargo test -p redis-lock-client --test faults -- --nocapture
+	SOAK_CYCLES=1000000 REDIS_SERVER=redis-server cargo test --release --test leaks -- --nocapture
+	REDIS_SERVER=redis-server cargo test --release --test leaks -- --ignored --nocapture
+	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --test leaks -- --ignored --nocapture
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
