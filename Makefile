@@ -45,6 +45,8 @@ stress:
 	SOAK_CYCLES=1000000 REDIS_SERVER=redis-server cargo test --release --test leaks -- --nocapture
 	REDIS_SERVER=redis-server cargo test --release --test leaks -- --ignored --nocapture
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --test leaks -- --ignored --nocapture
+	FUZZ_ITERATIONS=3000000 FUZZ_FILE_CASES=400 REDIS_SERVER=redis-server cargo test --release --test fuzz -- --nocapture
+	FUZZ_ITERATIONS=3000000 FUZZ_FILE_CASES=400 REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --test fuzz -- --nocapture
 
 # Redis's own Tcl test suite (Debian's source of the installed redis-server),
 # run with the module loaded into every server it starts and without; fails
@@ -67,3 +69,18 @@ bench:
 # A few hundred operations of every benchmark, so the harness cannot rot.
 bench-smoke:
 	cargo run --release --example bench -- --smoke --out target/bench-smoke.md
+
+# Coverage-guided fuzzing (cargo fuzz, nightly Rust; not part of `make
+# test`): each target in fuzz/ runs FUZZ_SECONDS (default 60). New inputs go
+# to fuzz/corpus-new/, crashes to fuzz/artifacts/; fuzz/corpus/ is the seed
+# corpus that `make test` runs through the same entry points (core::fuzz).
+# The live fuzzing of a server is tests/fuzz.rs, much longer in `make stress`.
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz:
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+	mkdir -p fuzz/corpus-new/parse_args fuzz/corpus-new/decode_value
+	cargo +nightly fuzz run parse_args fuzz/corpus-new/parse_args fuzz/corpus/parse_args -- \
+		-max_total_time=$(FUZZ_SECONDS) -dict=fuzz/parse_args.dict
+	cargo +nightly fuzz run decode_value fuzz/corpus-new/decode_value fuzz/corpus/decode_value -- \
+		-max_total_time=$(FUZZ_SECONDS)

@@ -11,13 +11,17 @@
 //! * `fence`   — the fencing high-water mark
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
+//! * `codec`   — the persisted form of a lock value, decoded and checked
+//! * `fuzz`    — entry points of the fuzz targets in `fuzz/`
 //! * `limits`  — every bound on input
 //! * `error`   — every error reply
 
 pub mod args;
 pub mod cluster;
+pub mod codec;
 pub mod error;
 pub mod fence;
+pub mod fuzz;
 pub mod limits;
 pub mod lock;
 #[cfg(test)]

@@ -10,14 +10,16 @@
 //! ## RDB aux field (before the keyspace), encoding version 1
 //! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
 //!
-//! Loading refuses encoding versions newer than this build knows, short
-//! reads (the module declares HANDLE_IO_ERRORS, so a damaged RDB, AOF
-//! preamble, diskless sync or `RESTORE` payload is refused, not a crash),
-//! and values that break the invariants above or carry a fence beyond
-//! `core::limits::MAX_FENCE_LEAD` above the node's mark and clock, rather
-//! than guessing. Loading a value never raises the node's fence mark: the
-//! aux field carries it for RDB loads, and a `RESTORE`d value raises it from
-//! the `restore` keyspace event, once Redis has accepted the whole payload.
+//! Loading (`core::codec::decode_value`, the same decoder the fuzzer runs)
+//! refuses encoding versions newer than this build knows, short reads (the
+//! module declares HANDLE_IO_ERRORS, so a damaged RDB, AOF preamble,
+//! diskless sync or `RESTORE` payload is refused, not a crash), and values
+//! that break the invariants above or carry a fence beyond
+//! `core::limits::MAX_FENCE_LEAD` above the node's mark and clock (for a
+//! `RESTORE`, above the clock alone), rather than guessing. Loading a value
+//! never raises the node's fence mark: the aux field carries it for RDB
+//! loads, and a `RESTORE`d value raises it from the `restore` keyspace
+//! event, once Redis has accepted the whole payload.
 //!
 //! ## In memory
 //! One allocation per lock, the token inline (see [`LockBlock`]), plus a
@@ -34,10 +36,10 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use redis_module::raw;
 
-use super::ffi::{api, guard, log_warning};
+use super::ffi::{api, context_flags, guard, log_warning};
 use super::node::{self, STATS};
+use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
-use crate::core::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
 use crate::core::lock::Lock;
 
 /// The type's unlink2 callback: a lock key left the keyspace.
@@ -45,7 +47,7 @@ pub type UnlinkFn = extern "C" fn(*mut raw::RedisModuleKeyOptCtx, *const c_void)
 
 /// Native type names are exactly 9 characters.
 pub const TYPE_NAME: &std::ffi::CStr = c"redislock";
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = codec::ENCODING_VERSION;
 
 pub struct LockType(AtomicPtr<raw::RedisModuleType>);
 
@@ -207,14 +209,28 @@ extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
 
 extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
     guard("rdb_load", std::ptr::null_mut(), || {
-        if encver < 1 || encver > ENCODING_VERSION {
-            log_warning(&format!(
-                "lock: cannot load a lock saved with encoding version {encver}; this build reads up to {ENCODING_VERSION}"
-            ));
-            return std::ptr::null_mut();
-        }
-        match load_v1(rdb) {
-            Ok(block) => block.cast(),
+        // RESTORE (and MIGRATE's RESTORE-ASKING) runs outside loading: its
+        // fence is also bounded by the clock (see codec::check_restored_fence).
+        let loading = raw::REDISMODULE_CTX_FLAGS_LOADING | raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
+        let restoring =
+            context_flags(unsafe { api!(RedisModule_GetContextFromIO)(rdb) }) & loading == 0;
+        let now_us = node::now_us();
+        let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
+            node::check_fence(fence)?;
+            if restoring {
+                codec::check_restored_fence(fence, now_us)?;
+            }
+            Ok(())
+        });
+        // Nothing is allocated for the keyspace until the value is valid.
+        match decoded {
+            Ok(value) => LockBlock::new(Lock {
+                fence: value.fence,
+                deadline_ms: value.deadline_ms,
+                token: value.token.as_ref(),
+                lease: node::new_lease(),
+            })
+            .cast(),
             Err(why) => {
                 log_warning(&format!("lock: refusing to load a lock value: {why}"));
                 std::ptr::null_mut()
@@ -223,30 +239,19 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
     })
 }
 
-/// Reads one value, checking for a short read after every call (the raw
-/// loaders do). Nothing is allocated for the keyspace until all is valid.
-fn load_v1(rdb: *mut raw::RedisModuleIO) -> Result<*mut LockBlock, String> {
-    const SHORT: &str = "the payload is truncated or damaged";
-    let token = raw::load_string_buffer(rdb).map_err(|_| SHORT)?;
-    let fence = raw::load_signed(rdb).map_err(|_| SHORT)?;
-    let deadline_ms = raw::load_signed(rdb).map_err(|_| SHORT)?;
-    let token = token.as_ref();
-    if token.is_empty() || token.len() > MAX_TOKEN_LEN {
-        return Err(format!(
-            "a token of {} bytes (1 to {MAX_TOKEN_LEN} allowed)",
-            token.len()
-        ));
+/// The loader's reads, each checked for a short read (the raw loaders do).
+struct Io(*mut raw::RedisModuleIO);
+
+impl ValueReader for Io {
+    type Bytes = redis_module::RedisBuffer;
+
+    fn string_buffer(&mut self) -> Result<Self::Bytes, Truncated> {
+        raw::load_string_buffer(self.0).map_err(|_| Truncated)
     }
-    if !(0..=MAX_DEADLINE_MS).contains(&deadline_ms) {
-        return Err(format!("deadline {deadline_ms} is out of range"));
+
+    fn signed(&mut self) -> Result<i64, Truncated> {
+        raw::load_signed(self.0).map_err(|_| Truncated)
     }
-    node::check_fence(fence).map_err(|e| format!("fence {fence}: {e}"))?;
-    Ok(LockBlock::new(Lock {
-        fence,
-        deadline_ms,
-        token,
-        lease: node::new_lease(),
-    }))
 }
 
 extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {

@@ -1,0 +1,223 @@
+//! The entry points of the coverage-guided fuzz targets in `fuzz/`
+//! (`cargo +nightly fuzz run parse_args`, `... decode_value`; see `make
+//! fuzz`). Each takes the fuzzer's bytes, runs the real code on them and
+//! panics when a property fails; an error reply or a refused value is a
+//! pass. The unit test below runs both over the seed corpus checked in
+//! under `fuzz/corpus/`, so `make test` keeps the targets and the corpus
+//! from rotting.
+
+use super::args::{self, parse_i64, AcquireArgs, ExtendArgs, IntError, SetArgs};
+use super::codec::{self, RdbBytes, StoredLock};
+use super::error::LockError;
+use super::fence::FenceCounter;
+use super::limits::{DEFAULT_MAX_TTL_MS, MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+
+/// `parse_args`: the input is one argv, its arguments separated by '\n'
+/// (argv[0] is the command name, argv[1] the key). A known command name
+/// runs its parser; any other name runs every parser. Each parser must
+/// agree with the plain reading of the README below, and every error must
+/// be a short printable `ERR ...` line.
+pub fn parse_args(data: &[u8]) {
+    let argv: Vec<&[u8]> = data.split(|&b| b == b'\n').collect();
+    for arg in &argv {
+        check_parse_i64(arg);
+    }
+    let is = |name: &str| argv[0].eq_ignore_ascii_case(name.as_bytes());
+    let known = [
+        "LOCK.ACQUIRE",
+        "LOCK.RELEASE",
+        "LOCK.EXTEND",
+        "LOCK.FENCE",
+        "LOCK.INFO",
+        "LOCK._SET",
+    ];
+    let all = !known.iter().any(|name| is(name));
+    if all || is("LOCK.ACQUIRE") {
+        for max in [DEFAULT_MAX_TTL_MS, 1000, MAX_DURATION_MS] {
+            same(args::parse_acquire(&argv, max), spec_acquire(&argv, max));
+        }
+    }
+    if all || is("LOCK.RELEASE") {
+        let spec = (argv.len() == 3).then(|| spec_token(argv[2])).flatten();
+        same(args::parse_release(&argv), spec);
+    }
+    if all || is("LOCK.EXTEND") {
+        for max in [DEFAULT_MAX_TTL_MS, 1000] {
+            same(args::parse_extend(&argv, max), spec_extend(&argv, max));
+        }
+    }
+    if all || is("LOCK.FENCE") {
+        let spec = match argv.len() {
+            2 => Some(None),
+            3 => spec_token(argv[2]).map(Some),
+            _ => None,
+        };
+        same(args::parse_fence(&argv), spec);
+    }
+    if all || is("LOCK.INFO") {
+        same(args::parse_info(&argv), (argv.len() == 2).then_some(()));
+    }
+    if all || is("LOCK._SET") {
+        same(args::parse_set(&argv), spec_set(&argv));
+    }
+}
+
+/// The node the decoded values are checked against.
+const NOW_US: i64 = 1_700_000_000_000_000;
+const HWM: i64 = NOW_US + 1_000_000;
+
+/// `decode_value`: the input is an encoding version (first byte) and the
+/// bytes Redis stores for a module value. A value that decodes must keep
+/// every invariant and survive re-encoding; a refusal must say why.
+pub fn decode_value(data: &[u8]) {
+    let Some((&encver, body)) = data.split_first() else {
+        return;
+    };
+    let fences = FenceCounter::new(HWM);
+    let check = |fence| fences.check(fence, NOW_US);
+    let mut reader = RdbBytes::new(body);
+    match codec::decode_value(i32::from(encver), &mut reader, check) {
+        Ok(value) => {
+            assert_eq!(encver, 1);
+            check_stored(&value, fences.max_acceptable(NOW_US));
+            let again = codec::encode_value(&value.token, value.fence, value.deadline_ms);
+            let mut reader = RdbBytes::new(&again);
+            let decoded = codec::decode_value(1, &mut reader, check).expect("re-encoded value");
+            assert_eq!(decoded, value);
+            assert!(reader.rest().is_empty());
+        }
+        Err(why) => {
+            let msg = why.to_string();
+            assert!(!msg.is_empty() && msg.len() < 200, "{msg:?}");
+        }
+    }
+}
+
+fn check_stored(value: &StoredLock<Vec<u8>>, max_fence: i64) {
+    assert!((1..=MAX_TOKEN_LEN).contains(&value.token.len()));
+    assert!((1..=max_fence).contains(&value.fence));
+    assert!((0..=MAX_DEADLINE_MS).contains(&value.deadline_ms));
+}
+
+/// A parser's result against the reference reading: both accept with the
+/// same values, or both refuse (with any well-formed error).
+fn same<T: PartialEq + std::fmt::Debug>(parsed: Result<T, LockError>, spec: Option<T>) {
+    match (parsed, spec) {
+        (Ok(got), Some(want)) => assert_eq!(got, want),
+        (Err(e), None) => check_error(&e),
+        (got, want) => panic!("parser: {got:?}, reference: {want:?}"),
+    }
+}
+
+/// Names the problem, in one short printable line, never echoing junk.
+fn check_error(e: &LockError) {
+    let msg = e.to_string();
+    assert!(msg.starts_with("ERR ") && msg.len() > 12, "{msg:?}");
+    assert!(msg.len() < 200, "{msg:?}");
+    assert!(msg.bytes().all(|b| (0x20..0x7f).contains(&b)), "{msg:?}");
+}
+
+/// The reference for integers: what `i64`'s own parser accepts, written
+/// back identically (so no '+', no leading zeros, no "-0").
+fn canonical(s: &[u8]) -> Option<i64> {
+    let v: i64 = std::str::from_utf8(s).ok()?.parse().ok()?;
+    (v.to_string().as_bytes() == s).then_some(v)
+}
+
+fn check_parse_i64(s: &[u8]) {
+    let digits = s.strip_prefix(b"-").unwrap_or(s);
+    let looks_integer = !digits.is_empty()
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits == b"0" || digits[0] != b'0')
+        && s != b"-0";
+    match (parse_i64(s), canonical(s)) {
+        (Ok(got), Some(want)) => assert_eq!(got, want),
+        (Err(IntError::OutOfRange), None) => assert!(looks_integer, "{s:?}"),
+        (Err(IntError::NotInteger), None) => assert!(!looks_integer, "{s:?}"),
+        (got, want) => panic!("{s:?}: parse_i64 {got:?}, reference {want:?}"),
+    }
+}
+
+fn spec_token(t: &[u8]) -> Option<&[u8]> {
+    (1..=MAX_TOKEN_LEN).contains(&t.len()).then_some(t)
+}
+
+fn in_range(arg: &[u8], range: std::ops::RangeInclusive<i64>) -> Option<i64> {
+    canonical(arg).filter(|v| range.contains(v))
+}
+
+/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`: each
+/// option at most once, in any order and case.
+fn spec_acquire<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<AcquireArgs<'a>> {
+    let [_, _, token, ttl, options @ ..] = argv else {
+        return None;
+    };
+    let mut parsed = AcquireArgs {
+        token: spec_token(token)?,
+        ttl_ms: in_range(ttl, 1..=max_ttl)?,
+        block_ms: None,
+        min_fence: 0,
+    };
+    for pair in options.chunks(2) {
+        let [word, value] = pair else {
+            return None;
+        };
+        if word.eq_ignore_ascii_case(b"block") && parsed.block_ms.is_none() {
+            parsed.block_ms = Some(in_range(value, 0..=MAX_DURATION_MS)?);
+        } else if word.eq_ignore_ascii_case(b"minfence") && parsed.min_fence == 0 {
+            parsed.min_fence = in_range(value, 1..=i64::MAX)?;
+        } else {
+            return None;
+        }
+    }
+    Some(parsed)
+}
+
+fn spec_extend<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<ExtendArgs<'a>> {
+    let [_, _, token, ttl] = argv else {
+        return None;
+    };
+    Some(ExtendArgs {
+        token: spec_token(token)?,
+        ttl_ms: in_range(ttl, 1..=max_ttl)?,
+    })
+}
+
+fn spec_set<'a>(argv: &[&'a [u8]]) -> Option<SetArgs<'a>> {
+    let [_, _, token, fence, deadline] = argv else {
+        return None;
+    };
+    Some(SetArgs {
+        token: spec_token(token)?,
+        fence: in_range(fence, 1..=i64::MAX)?,
+        deadline_ms: in_range(deadline, 0..=MAX_DEADLINE_MS)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// Every seed of both targets passes, and there are enough of them.
+    #[test]
+    fn the_fuzz_targets_pass_on_their_seed_corpus() {
+        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+        type Target = fn(&[u8]);
+        let targets: [(&str, Target); 2] = [
+            ("parse_args", super::parse_args),
+            ("decode_value", super::decode_value),
+        ];
+        for (target, run) in targets {
+            let dir = corpus.join(target);
+            let mut seeds = 0;
+            for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir:?}: {e}")) {
+                let path = entry.unwrap().path();
+                let data = std::fs::read(&path).unwrap();
+                let outcome = std::panic::catch_unwind(|| run(&data));
+                assert!(outcome.is_ok(), "{target} fails on the seed {path:?}");
+                seeds += 1;
+            }
+            assert!(seeds >= 20, "{target}: only {seeds} seeds in {dir:?}");
+        }
+    }
+}
