@@ -148,3 +148,53 @@ fn minfence_is_replicated_and_persisted() {
     let next = acquire(&mut c, "other", "b", 1000).unwrap();
     assert!(next > t, "{next} > {t} after restart");
 }
+
+/// Found by the argv fuzzer: when MINFENCE was bounded by the mark, each
+/// call could raise the mark by 2^50, and about 8,200 calls used up every
+/// fencing token of the node for good. It is bounded by the clock now.
+#[test]
+fn repeated_minfence_cannot_ratchet_the_mark_to_exhaustion() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut accepted = 0;
+    for i in 0..200 {
+        let n = hwm(&s).saturating_add(1 << 50).to_string();
+        let reply: redis::RedisResult<Option<i64>> = redis::cmd("LOCK.ACQUIRE")
+            .arg(format!("k{i}"))
+            .arg("t")
+            .arg(1000)
+            .arg("MINFENCE")
+            .arg(&n)
+            .query(&mut c);
+        match reply {
+            Ok(_) => accepted += 1,
+            Err(e) => assert!(error_text(&e).contains("above the clock"), "{e}"),
+        }
+    }
+    assert!(accepted <= 1, "{accepted} raises of 2^50 accepted");
+    assert!(acquire(&mut c, "after", "t", 1000).is_some(), "tokens left");
+}
+
+/// Found by the argv fuzzer: an argv longer than the longest valid one had
+/// its tail cut and silently ignored.
+#[test]
+fn arguments_after_minfence_and_block_are_not_ignored() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for extra in 1..4 {
+        let mut args = vec![
+            "LOCK.ACQUIRE",
+            "k",
+            "t",
+            "100",
+            "BLOCK",
+            "5",
+            "MINFENCE",
+            "7",
+        ];
+        args.extend(std::iter::repeat_n("junk", extra));
+        let err = run_err(&mut c, &args);
+        assert!(err.starts_with("ERR "), "{err}");
+    }
+    assert_eq!(fence(&mut c, "k"), None);
+}

@@ -96,7 +96,7 @@ impl fmt::Display for LockError {
             ),
             MinFenceTooLarge(v) => write!(
                 f,
-                "ERR invalid MINFENCE {v}: more than 2^50 above this node's fencing tokens and clock"
+                "ERR invalid MINFENCE {v}: more than 2^50 (about 35 years of µs) above the clock"
             ),
             BadFence(why) => write!(f, "ERR invalid fencing token: {why}"),
             TooManyWaiters(max) => write!(

@@ -20,6 +20,16 @@
 use super::error::LockError;
 use super::limits::MAX_FENCE_LEAD;
 
+/// MINFENCE's bound: at most `MAX_FENCE_LEAD` (2^50 µs, ~35 years) above
+/// the clock. Each MINFENCE raises the mark, so it must not be bounded by
+/// the mark (8,000 calls would then use up the token space).
+pub fn check_min_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
+    if fence > now_us.saturating_add(MAX_FENCE_LEAD) {
+        return Err(LockError::BadFence("more than 2^50 above the clock"));
+    }
+    Ok(())
+}
+
 /// Where the engine takes a new fencing token from.
 pub trait FenceSource {
     fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError>;
@@ -75,7 +85,10 @@ impl FenceCounter {
 }
 
 impl FenceSource for FenceCounter {
+    /// Bounded by the clock, not the mark: a bound that moved with the
+    /// mark would let repeated MINFENCEs ratchet it to i64::MAX.
     fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        check_min_fence(fence, now_us)?;
         self.observe(fence, now_us)
     }
 
@@ -145,5 +158,15 @@ mod tests {
         assert_eq!(c.next_fence(NOW), Ok(i64::MAX));
         assert_eq!(c.next_fence(NOW), Err(LockError::FencesExhausted));
         assert_eq!(c.hwm(), i64::MAX);
+    }
+
+    #[test]
+    fn min_fence_is_bounded_by_the_clock_not_the_mark() {
+        let mut c = FenceCounter::new(NOW);
+        let lead = MAX_FENCE_LEAD;
+        assert!(c.raise(NOW + lead, NOW).is_ok());
+        // The mark is now NOW + 2^50; another 2^50 on top is refused.
+        assert!(c.raise(NOW + 2 * lead, NOW).is_err());
+        assert_eq!(c.hwm(), NOW + lead);
     }
 }

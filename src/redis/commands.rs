@@ -109,7 +109,8 @@ pub static COMMANDS: [Command; 6] = [
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_acquire(argv.bytes(), node::max_ttl_ms())?;
-    if a.min_fence > 0 && node::check_fence(a.min_fence).is_err() {
+    if a.min_fence > 0 && crate::core::fence::check_min_fence(a.min_fence, node::now_us()).is_err()
+    {
         return Err(LockError::MinFenceTooLarge(format!("'{}'", a.min_fence)));
     }
     refuse_on_replica(ctx)?;

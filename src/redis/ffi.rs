@@ -21,9 +21,11 @@ macro_rules! api {
 }
 pub(crate) use api;
 
-/// No command takes more than this many arguments; longer argvs are cut here
-/// and rejected by the parsers as wrong arity or unknown options.
-pub const MAX_ARGS: usize = 8;
+/// One more than the longest valid argv (`LOCK.ACQUIRE key token ttl BLOCK
+/// t MINFENCE n`, 8): longer argvs are cut here, and the cut argv is still
+/// refused by the parsers (wrong arity, or an odd option word left over),
+/// so no argument is ever silently dropped. Raise it with any new option.
+pub const MAX_ARGS: usize = 9;
 
 /// The command's arguments as byte slices borrowed from Redis's strings.
 pub struct Argv<'a> {

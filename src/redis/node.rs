@@ -74,7 +74,7 @@ impl FenceSource for NodeFences {
     }
 
     fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
-        fences().observe(fence, now_us)
+        fences().raise(fence, now_us)
     }
 }
 
