@@ -37,7 +37,7 @@ test-redis:
 # tests/leaks.rs: a million lock lifecycles must leave used_memory where it
 # was, and valgrind must find no leak or invalid access in the module.
 # Redis's own test suite with the module loaded is `make redis-suite`, apart
-# from stress: all its units take hours.
+# from stress (half an hour for all its units).
 stress:
 	@scripts/prereqs.sh test
 	PROPTEST_CASES=300000 cargo test --release --lib model
@@ -50,8 +50,8 @@ stress:
 
 # Redis's own Tcl test suite (Debian's source of the installed redis-server),
 # run with the module loaded into every server it starts and without; fails
-# if a test fails only with the module. All units by default (hours); choose
-# some with UNITS="integration/replication unit/other", and CLIENTS=2.
+# if a test fails only with the module. All units by default (half an hour on
+# two cores); choose some with UNITS="integration/replication unit/other".
 redis-suite: build
 	scripts/redis-suite.sh
 

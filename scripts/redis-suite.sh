@@ -11,7 +11,8 @@
 #
 # Environment:
 #   UNITS      units to run, e.g. "integration/replication unit/other"
-#              (default: every unit of the suite, which takes hours)
+#              (default: every unit of the suite; both runs of all 84
+#              units took 29 minutes on 2 busy cores with CLIENTS=2)
 #   CLIENTS    parallel test clients (default 2)
 #   REDIS_SRC  cache of the source and the runs (default target/redis-src)
 #   MODULE     the module (default target/release/libredis_lock.so)
