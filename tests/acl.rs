@@ -366,6 +366,42 @@ fn a_read_only_user_sees_no_token_and_cannot_take_release_or_extend() {
     assert!(matches!(waiter.read(), Resp::Int(_)));
 }
 
+/// MINFENCE is an option of LOCK.ACQUIRE, which ACLs cannot take away on its
+/// own: a user confined to `app:*` raises the node-wide mark, so every later
+/// token on the node, on any key, is above what it asked for (within the
+/// bound of 2^50 µs above the clock).
+#[test]
+fn an_app_users_minfence_raises_the_mark_for_every_key() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    set_app_user(&mut admin, "app");
+    let mut app = login(&s, "app");
+    let asked = s.info_field("fence_hwm") + 1_000_000_000_000; // 11.6 days of µs
+    let f: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("app:1")
+        .arg("t")
+        .arg(1000)
+        .arg("MINFENCE")
+        .arg(asked)
+        .query(&mut app)
+        .unwrap();
+    assert!(f >= asked);
+    let other = acquire(&mut admin, "other:1", "admins", 1000).unwrap();
+    assert!(other > f, "another key's token follows the raised mark");
+    let err = run_err(
+        &mut app,
+        &[
+            "LOCK.ACQUIRE",
+            "app:2",
+            "t",
+            "1000",
+            "MINFENCE",
+            "9000000000000000000",
+        ],
+    );
+    assert!(err.starts_with("ERR"), "{err}");
+}
+
 /// What each key permission allows, per the key specs: reading the fence
 /// (FENCE, INFO) needs read access; RELEASE and EXTEND need write access
 /// (and the token); ACQUIRE needs both, since it returns a fence.
