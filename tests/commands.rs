@@ -603,3 +603,33 @@ fn memory_stays_flat_under_a_flood_of_malformed_commands() {
     let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
     assert_eq!(n, 0);
 }
+
+/// Found by Redis's own suite ("RESTORE can set LRU"): the module read
+/// every RESTOREd key for its keyspace-event bookkeeping, which counted as
+/// an access and wiped the IDLETIME the user had just set.
+#[test]
+fn keyspace_bookkeeping_does_not_touch_other_keys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("SET")
+        .arg("plain")
+        .arg("v")
+        .query(&mut c)
+        .unwrap();
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("plain").query(&mut c).unwrap();
+    let _: () = redis::cmd("DEL").arg("plain").query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("plain")
+        .arg(0)
+        .arg(payload)
+        .arg("IDLETIME")
+        .arg(1000)
+        .query(&mut c)
+        .unwrap();
+    let idle: i64 = redis::cmd("OBJECT")
+        .arg("IDLETIME")
+        .arg("plain")
+        .query(&mut c)
+        .unwrap();
+    assert!(idle >= 1000, "IDLETIME kept: {idle}");
+}

@@ -133,7 +133,7 @@ pub extern "C" fn on_keyspace_event(
         if !matches!(event, b"restore" | b"expire" | b"persist") {
             return;
         }
-        let Ok(slot) = LockKey::open(ctx, key, false) else {
+        let Ok(slot) = LockKey::peek(ctx, key) else {
             return;
         };
         let Some(lock) = slot.stored() else {

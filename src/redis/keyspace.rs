@@ -37,6 +37,21 @@ impl LockKey {
         } else {
             raw::REDISMODULE_READ
         };
+        Self::open_mode(ctx, name, mode)
+    }
+
+    /// Reads a key the user touched, for the module's own bookkeeping
+    /// (keyspace events): without counting as an access, so RESTORE's
+    /// IDLETIME/FREQ and the key's LRU/LFU stay as the user left them.
+    pub fn peek(ctx: Ctx, name: RString) -> Result<Self, LockError> {
+        Self::open_mode(
+            ctx,
+            name,
+            raw::REDISMODULE_READ | raw::REDISMODULE_OPEN_KEY_NOTOUCH,
+        )
+    }
+
+    fn open_mode(ctx: Ctx, name: RString, mode: u32) -> Result<Self, LockError> {
         let key = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode as i32) };
         // A read-only open of a missing key returns NULL.
         let Some(key) = NonNull::new(key.cast::<raw::RedisModuleKey>()) else {
