@@ -251,6 +251,26 @@ impl Server {
         set_arg(&mut self.args, name, value);
     }
 
+    /// Changes a module argument (after the .so path) for the next start.
+    pub fn set_module_arg(&mut self, name: &str, value: &str) {
+        match self.module_args.iter().step_by(2).position(|a| a == name) {
+            Some(i) => self.module_args[2 * i + 1] = value.into(),
+            None => self.module_args.extend([name.into(), value.into()]),
+        }
+    }
+
+    /// The next start is as a replica of 127.0.0.1:`master_port` (from its
+    /// first moment, so it never serves as a master), or as a master (None).
+    pub fn set_replicaof(&mut self, master_port: Option<u16>) {
+        if let Some(i) = self.args.iter().position(|a| a == "--replicaof") {
+            self.args.drain(i..i + 3);
+        }
+        if let Some(port) = master_port {
+            self.args
+                .extend(["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+        }
+    }
+
     /// The newest incremental AOF file (Redis 7 multi-part AOF).
     pub fn incr_aof(&self) -> PathBuf {
         let mut files: Vec<PathBuf> = std::fs::read_dir(self.dir.join("appendonlydir"))
@@ -519,17 +539,48 @@ impl RawConn {
     /// go and runs them in the same event-loop iteration.
     pub fn pipeline(&mut self, commands: &[&[&str]]) {
         use std::io::Write;
-        let mut out = String::new();
-        for args in commands {
-            out += &format!("*{}\r\n", args.len());
-            for a in *args {
-                out += &format!("${}\r\n{a}\r\n", a.len());
+        self.reader
+            .get_mut()
+            .write_all(encode(commands).as_bytes())
+            .expect("send");
+    }
+
+    /// Connects to 127.0.0.1:`port`; an error (not a panic) if nothing
+    /// answers within `limit`.
+    pub fn try_connect(port: u16, limit: Duration) -> std::io::Result<RawConn> {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let stream = std::net::TcpStream::connect_timeout(&addr, limit)?;
+        stream.set_nodelay(true)?;
+        stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+        Ok(RawConn {
+            reader: std::io::BufReader::new(stream),
+        })
+    }
+
+    /// Sends one command and waits up to `limit` for its reply: `Ok(None)`
+    /// if none came in time, `Err` if the connection failed or closed. Never
+    /// panics, so a client can survive the server being killed under it.
+    pub fn try_call(&mut self, args: &[&str], limit: Duration) -> std::io::Result<Option<Resp>> {
+        use std::io::{BufRead, ErrorKind, Write};
+        self.reader
+            .get_mut()
+            .write_all(encode(&[args]).as_bytes())?;
+        if self.reader.buffer().is_empty() {
+            let limit = limit.max(Duration::from_millis(1));
+            self.reader.get_ref().set_read_timeout(Some(limit))?;
+            match self.reader.fill_buf() {
+                Ok([]) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(_) => {}
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    return Ok(None)
+                }
+                Err(e) => return Err(e),
             }
         }
         self.reader
-            .get_mut()
-            .write_all(out.as_bytes())
-            .expect("send");
+            .get_ref()
+            .set_read_timeout(Some(Duration::from_secs(10)))?;
+        self.try_parse().map(Some)
     }
 
     /// Waits up to `limit` for a reply; None if none came.
@@ -569,37 +620,65 @@ impl RawConn {
         self.read()
     }
 
-    fn line(&mut self) -> String {
-        use std::io::BufRead;
-        let mut line = String::new();
-        self.reader.read_line(&mut line).expect("read line");
-        line.trim_end_matches("\r\n").to_string()
+    fn parse(&mut self) -> Resp {
+        self.try_parse()
+            .unwrap_or_else(|e| panic!("read reply: {e}"))
     }
 
-    fn parse(&mut self) -> Resp {
+    fn try_line(&mut self) -> std::io::Result<String> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end_matches("\r\n").to_string())
+    }
+
+    fn try_parse(&mut self) -> std::io::Result<Resp> {
         use std::io::Read;
-        let line = self.line();
+        let bad =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let line = self.try_line()?;
+        if line.is_empty() {
+            return Err(bad("empty reply line"));
+        }
         let (kind, rest) = line.split_at(1);
-        match kind {
-            ":" => Resp::Int(rest.parse().unwrap()),
+        let number = |s: &str| {
+            s.parse::<i64>()
+                .map_err(|_| bad(&format!("bad number in {line:?}")))
+        };
+        Ok(match kind {
+            ":" => Resp::Int(number(rest)?),
             "+" => Resp::Simple(rest.into()),
             "-" => Resp::Error(rest.into()),
             "$" if rest == "-1" => Resp::Nil,
             "*" if rest == "-1" => Resp::Nil,
             "$" => {
-                let mut buf = vec![0; rest.parse::<usize>().unwrap() + 2];
-                self.reader.read_exact(&mut buf).unwrap();
+                let mut buf = vec![0; number(rest)? as usize + 2];
+                self.reader.read_exact(&mut buf)?;
                 buf.truncate(buf.len() - 2);
                 Resp::Bulk(buf)
             }
             "*" => Resp::Array(
-                (0..rest.parse::<usize>().unwrap())
-                    .map(|_| self.parse())
-                    .collect(),
+                (0..number(rest)?)
+                    .map(|_| self.try_parse())
+                    .collect::<std::io::Result<_>>()?,
             ),
-            _ => panic!("unexpected reply line {line:?}"),
+            _ => return Err(bad(&format!("unexpected reply line {line:?}"))),
+        })
+    }
+}
+
+/// Commands in RESP2, as one buffer.
+fn encode(commands: &[&[&str]]) -> String {
+    let mut out = String::new();
+    for args in commands {
+        out += &format!("*{}\r\n", args.len());
+        for a in *args {
+            out += &format!("${}\r\n{a}\r\n", a.len());
         }
     }
+    out
 }
 
 pub fn used_memory(c: &mut Connection) -> i64 {
