@@ -114,6 +114,19 @@ impl LockClient {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<LockGuard>> {
+        self.grant(key, token, ttl, wait, self.inner.options.auto_renew)
+            .await
+    }
+
+    /// The one acquisition path: one node or Redlock, then the guard.
+    async fn grant(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        wait: Duration,
+        renew: bool,
+    ) -> Result<Option<LockGuard>> {
         if ttl.is_zero() {
             return Err(Error::Config("the TTL must be positive".into()));
         }
@@ -123,7 +136,6 @@ impl LockClient {
             self.acquire_redlock(key, token, ttl, wait).await?
         };
         Ok(granted.map(|(fence, valid_until)| {
-            let renew = self.inner.options.auto_renew;
             LockGuard::new(
                 self.clone(),
                 Lease::new(key, token, fence, ttl, valid_until),
@@ -148,17 +160,10 @@ impl LockClient {
         Fut: std::future::Future<Output = T>,
     {
         let token = random_token();
-        let granted = if self.inner.nodes.len() == 1 {
-            self.acquire_single(key, &token, ttl, wait).await?
-        } else {
-            self.acquire_redlock(key, &token, ttl, wait).await?
-        };
-        let (fence, valid_until) = granted.ok_or(Error::NotAcquired)?;
-        let guard = LockGuard::new(
-            self.clone(),
-            Lease::new(key, &token, fence, ttl, valid_until),
-            true,
-        );
+        let guard = self
+            .grant(key, &token, ttl, wait, true)
+            .await?
+            .ok_or(Error::NotAcquired)?;
         let out = f(guard.lease()).await;
         // The work is done: a failed release only means the lease ends by itself.
         let _ = guard.release().await;
@@ -174,10 +179,14 @@ impl LockClient {
     ) -> Result<Option<(i64, Instant)>> {
         let node = &self.inner.nodes[0];
         let limit = self.node_timeout(ttl);
-        let start = Instant::now();
-        if wait.is_zero() {
+        // One ACQUIRE; the validity is measured from just before it.
+        let acquire_now = || async {
+            let start = Instant::now();
             let fence = node.acquire(key, token, ttl, None, limit).await?;
-            return Ok(fence.map(|f| (f, start + ttl.saturating_sub(drift(ttl)))));
+            Ok(fence.map(|f| (f, start + ttl.saturating_sub(drift(ttl)))))
+        };
+        if wait.is_zero() {
+            return acquire_now().await;
         }
         if node
             .acquire_waiting(key, token, ttl, wait, limit)
@@ -188,9 +197,7 @@ impl LockClient {
         }
         // The grant happened at some unknown moment while waiting: renew it
         // at once (same token) so the validity is measured from now.
-        let start = Instant::now();
-        let fence = node.acquire(key, token, ttl, None, limit).await?;
-        Ok(fence.map(|f| (f, start + ttl.saturating_sub(drift(ttl)))))
+        acquire_now().await
     }
 
     async fn acquire_redlock(
