@@ -15,7 +15,7 @@ use std::fmt;
 
 use super::args::parse_i64;
 use super::error::LockError;
-use super::limits::{MAX_DEADLINE_MS, MAX_FENCE_LEAD, MAX_TOKEN_LEN};
+use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
 
 /// The newest value encoding this build reads and the one it writes.
 pub const ENCODING_VERSION: i32 = 1;
@@ -112,7 +112,7 @@ pub fn decode_value<R: ValueReader>(
 /// fences raise the mark, so a bound that moved with the mark would let
 /// repeated `RESTORE`s ratchet it to `i64::MAX` in about 8,200 steps.
 pub fn check_restored_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
-    if fence > now_us.saturating_add(MAX_FENCE_LEAD) {
+    if !crate::core::fence::within_clock_lead(fence, now_us) {
         return Err(LockError::BadFence(
             "a RESTOREd token more than 2^50 above the clock",
         ));
@@ -346,6 +346,7 @@ fn push_length(out: &mut Vec<u8>, n: u64) {
 mod tests {
     use super::*;
     use crate::core::fence::FenceCounter;
+    use crate::core::limits::MAX_FENCE_LEAD;
 
     const NOW_US: i64 = 1_700_000_000_000_000;
 

@@ -20,11 +20,17 @@
 use super::error::LockError;
 use super::limits::MAX_FENCE_LEAD;
 
+/// The clock bound shared by every token that raises the mark on request
+/// (MINFENCE, RESTORE): at most `MAX_FENCE_LEAD` above the clock.
+pub fn within_clock_lead(fence: i64, now_us: i64) -> bool {
+    fence <= now_us.saturating_add(MAX_FENCE_LEAD)
+}
+
 /// MINFENCE's bound: at most `MAX_FENCE_LEAD` (2^50 µs, ~35 years) above
 /// the clock. Each MINFENCE raises the mark, so it must not be bounded by
 /// the mark (8,000 calls would then use up the token space).
 pub fn check_min_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
-    if fence > now_us.saturating_add(MAX_FENCE_LEAD) {
+    if !within_clock_lead(fence, now_us) {
         return Err(LockError::BadFence("more than 2^50 above the clock"));
     }
     Ok(())
