@@ -1,6 +1,8 @@
 //! `LockClient`: one node (waiting in the server with BLOCK) or Redlock
 //! over N nodes (a majority, with quorum fencing).
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +24,18 @@ pub struct Options {
     pub retry_delay: Duration,
     /// Renew held locks in the background at about a third of the TTL.
     pub auto_renew: bool,
+    /// Redlock: wait for a held lock in the FIFO line (`BLOCK`) of one node
+    /// per key, the ordering node, then take the others; waiters take turns
+    /// in arrival order. Falls back to random-pause retries while that node
+    /// does not answer. Default true; false: random-pause retries only.
+    pub queue: bool,
+    /// Redlock: quorum fencing (default true): the token handed out is
+    /// confirmed on a majority, so a later grant on any majority gets a
+    /// larger one. False: the largest token of the granting nodes, not
+    /// confirmed, which a later grant on another majority may not exceed
+    /// (see the crate docs). Costs no extra round trip while the nodes'
+    /// clocks agree with this client's (see the crate docs).
+    pub quorum_fencing: bool,
 }
 
 impl Default for Options {
@@ -30,6 +44,8 @@ impl Default for Options {
             node_timeout: None,
             retry_delay: Duration::from_millis(200),
             auto_renew: false,
+            queue: true,
+            quorum_fencing: true,
         }
     }
 }
@@ -43,7 +59,43 @@ pub struct LockClient {
 pub(crate) struct Inner {
     pub(crate) nodes: Vec<Node>,
     pub(crate) options: Options,
+    /// Redlock: keys whose ordering node recently refused this client, and when.
+    contended: std::sync::Mutex<HashMap<String, Instant>>,
+    /// Redlock: the largest token this client asked for in a first phase
+    /// or was granted.
+    highest_fence: AtomicI64,
 }
+
+/// What one node answered to an ACQUIRE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    Granted(i64),
+    Refused,
+    Failed,
+}
+
+/// One Redlock attempt: the grant (token, validity deadline), if any, and
+/// what the ordering node answered.
+struct Round {
+    granted: Option<(i64, Instant)>,
+    order: Reply,
+}
+
+/// How waiting in the ordering node's line ended.
+enum Line {
+    Granted((i64, Instant)),
+    /// The wait is over without the lock (None), or with every node failing.
+    Over(Option<Error>),
+    /// The ordering node stopped answering, or the grant there was lost.
+    Gone,
+}
+
+/// How long a key counts as contended after its ordering node refused.
+const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
+
+/// How far ahead of this client's clock the first-phase token is asked for
+/// (µs): enough for the request to reach a node whose clock agrees.
+const FENCE_LEAD_US: i64 = 2_000;
 
 /// The clock drift Redlock allows for: 1% of the TTL plus 2 ms.
 pub fn drift(ttl: Duration) -> Duration {
@@ -71,7 +123,12 @@ impl LockClient {
             .map(|u| Node::new(u.as_ref()))
             .collect::<Result<Vec<_>>>()?;
         Ok(LockClient {
-            inner: Arc::new(Inner { nodes, options }),
+            inner: Arc::new(Inner {
+                nodes,
+                options,
+                contended: std::sync::Mutex::new(HashMap::new()),
+                highest_fence: AtomicI64::new(0),
+            }),
         })
     }
 
@@ -93,7 +150,10 @@ impl LockClient {
     }
 
     /// Waits up to `wait` for the lock. On one node the client waits in the
-    /// server's FIFO line (BLOCK), without polling; with Redlock it retries
+    /// server's FIFO line (BLOCK), without polling. With Redlock it waits in
+    /// the FIFO line of the key's [ordering node](Self::ordering_node), then
+    /// takes the other nodes, so waiters take turns in arrival order; while
+    /// that node does not answer (or with [`Options::queue`] off) it retries
     /// after random pauses until `wait` has passed.
     pub async fn acquire(
         &self,
@@ -200,6 +260,13 @@ impl LockClient {
         acquire_now().await
     }
 
+    /// Redlock with a wait. With [`Options::queue`] (the default) the
+    /// waiting happens in the server: while another client holds the lock,
+    /// this one waits in the FIFO line (`BLOCK`) of the key's ordering node,
+    /// and once that node grants it, takes the others. Clients that wait
+    /// this way take turns in arrival order. When the ordering node does not
+    /// answer, and with `queue: false`, attempts are retried after random
+    /// pauses instead.
     async fn acquire_redlock(
         &self,
         key: &str,
@@ -208,12 +275,57 @@ impl LockClient {
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
         let deadline = Instant::now() + wait;
+        let order = (self.inner.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
         loop {
-            match self.redlock_round(key, token, ttl).await {
-                Ok(Some(granted)) => return Ok(Some(granted)),
-                Ok(None) => {}
-                Err(e) if Instant::now() >= deadline => return Err(e),
-                Err(_) => {}
+            let line = match order {
+                // Recently contended here: ask the ordering node alone first,
+                // so as not to take the other nodes from under the client
+                // that node has just handed the lock to.
+                Some(o) if self.recently_contended(key) => {
+                    let limit = self.node_timeout(ttl);
+                    match self.inner.nodes[o]
+                        .acquire(key, token, ttl, None, limit)
+                        .await
+                    {
+                        Ok(Some(_)) => Some(self.take_others(key, token, ttl, o, deadline).await),
+                        Ok(None) => {
+                            self.mark_contended(key);
+                            Some(self.wait_in_line(key, token, ttl, o, deadline).await)
+                        }
+                        // Not answering: a round that need not include it.
+                        Err(_) => None,
+                    }
+                }
+                _ => None,
+            };
+            let line = match line {
+                Some(line) => line,
+                None => match self.redlock_round(key, token, ttl, order, None).await {
+                    Ok(Round {
+                        granted: Some(granted),
+                        ..
+                    }) => return Ok(Some(granted)),
+                    Ok(Round {
+                        order: Reply::Refused,
+                        ..
+                    }) => {
+                        let o = order.expect("only the ordering node refuses a round");
+                        self.mark_contended(key);
+                        self.wait_in_line(key, token, ttl, o, deadline).await
+                    }
+                    Ok(_) => Line::Gone,
+                    Err(e) if Instant::now() >= deadline => return Err(e),
+                    Err(_) => Line::Gone,
+                },
+            };
+            match line {
+                Line::Granted(granted) => return Ok(Some(granted)),
+                Line::Over(None) => return Ok(None),
+                Line::Over(Some(e)) => return Err(e),
+                // No grant, and no line to wait in (not queueing, the
+                // ordering node not answering, or the grant there lost):
+                // retry after a random pause.
+                Line::Gone => {}
             }
             let max_delay = self.inner.options.retry_delay.max(Duration::from_millis(1));
             let pause = rand::thread_rng().gen_range(Duration::ZERO..max_delay);
@@ -224,14 +336,186 @@ impl LockClient {
         }
     }
 
+    /// Redlock: the index (in the URLs given) of the node whose FIFO line
+    /// orders the waiters for `key`. Rendezvous hashing of the key with
+    /// each node's `host:port`, so every client given the same nodes, in
+    /// any order, picks the same one, and different keys spread over the
+    /// nodes. 0 for a single node.
+    pub fn ordering_node(&self, key: &str) -> usize {
+        let score = |addr: &str| {
+            // FNV-1a, then a 64-bit finalizer (splitmix64).
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for b in addr.bytes().chain([0xff]).chain(key.bytes()) {
+                h ^= u64::from(b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            h ^= h >> 30;
+            h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            h ^= h >> 27;
+            h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+            h ^ (h >> 31)
+        };
+        (0..self.inner.nodes.len())
+            .max_by_key(|&i| score(self.inner.nodes[i].addr()))
+            .unwrap_or(0)
+    }
+
+    /// Whether an attempt on `key` recently found its ordering node held.
+    fn recently_contended(&self, key: &str) -> bool {
+        let seen = self
+            .inner
+            .contended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        seen.get(key)
+            .is_some_and(|at| at.elapsed() < CONTENDED_MEMORY)
+    }
+
+    fn mark_contended(&self, key: &str) {
+        let mut seen = self
+            .inner
+            .contended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= 1024 {
+            seen.retain(|_, at| at.elapsed() < CONTENDED_MEMORY);
+        }
+        if seen.len() < 4096 {
+            seen.insert(key.to_string(), Instant::now());
+        }
+    }
+
+    /// Waits in the ordering node's line until it grants, then takes the
+    /// other nodes ([`take_others`](Self::take_others)). While waiting it
+    /// pings the ordering node over the shared connection and gives up on
+    /// the line if the node stops answering.
+    async fn wait_in_line(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        o: usize,
+        deadline: Instant,
+    ) -> Line {
+        let node = &self.inner.nodes[o];
+        let limit = self.node_timeout(ttl);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Line::Over(None);
+        }
+        let watch = async {
+            let every = limit.max(Duration::from_millis(50));
+            loop {
+                tokio::time::sleep(every).await;
+                if node.ping(limit).await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            reply = node.acquire_waiting(key, token, ttl, left, limit) => match reply {
+                Ok(Some(_)) => {}
+                Ok(None) => return Line::Over(None),
+                Err(_) => return Line::Gone,
+            },
+            _ = watch => return Line::Gone,
+        }
+        self.take_others(key, token, ttl, o, deadline).await
+    }
+
+    /// Holding the ordering node: rounds on every node (renewing the
+    /// ordering node's grant) until one succeeds or `deadline`, keeping the
+    /// ordering node meanwhile so the clients behind keep their places.
+    async fn take_others(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        o: usize,
+        deadline: Instant,
+    ) -> Line {
+        let max_pause = self.inner.options.retry_delay.max(Duration::from_millis(1));
+        let mut pause = Duration::from_micros(500);
+        loop {
+            let result = self.redlock_round(key, token, ttl, Some(o), Some(o)).await;
+            match result {
+                Ok(Round {
+                    granted: Some(granted),
+                    ..
+                }) => return Line::Granted(granted),
+                Ok(Round {
+                    order: Reply::Granted(_),
+                    ..
+                }) => {}
+                // Our grant on the ordering node is gone (it expired, or
+                // the node restarted): back to the start.
+                Ok(_) | Err(_) => {
+                    self.release_everywhere(key, token, ttl).await;
+                    return match result {
+                        Err(e) if Instant::now() >= deadline => Line::Over(Some(e)),
+                        _ => Line::Gone,
+                    };
+                }
+            }
+            let jittered = rand::thread_rng().gen_range(pause / 2..=pause);
+            if Instant::now() + jittered >= deadline {
+                self.release_everywhere(key, token, ttl).await;
+                return Line::Over(None);
+            }
+            tokio::time::sleep(jittered).await;
+            pause = (pause * 2).min(max_pause);
+        }
+    }
+
+    /// The fencing token to ask for in the first phase (`MINFENCE g`): just
+    /// above this client's clock and above every token it has seen. A node
+    /// grants exactly `g` when its clock and its high-water mark are below
+    /// it, which is the rule on nodes whose clocks agree: then every node of
+    /// the majority already has the same token and the second phase is not
+    /// needed (one round trip instead of two).
+    fn first_phase_fence(&self) -> i64 {
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        let guess = now_us + FENCE_LEAD_US;
+        let seen = &self.inner.highest_fence;
+        let mut prev = seen.load(AtomicOrdering::Relaxed);
+        loop {
+            let next = guess.max(prev + 1);
+            match seen.compare_exchange_weak(
+                prev,
+                next,
+                AtomicOrdering::Relaxed,
+                AtomicOrdering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(actual) => prev = actual,
+            }
+        }
+    }
+
+    fn saw_fence(&self, fence: i64) {
+        self.inner
+            .highest_fence
+            .fetch_max(fence, AtomicOrdering::Relaxed);
+    }
+
     /// One Redlock attempt, with quorum fencing:
-    /// 1. ACQUIRE on every node in parallel; held if a majority granted
-    ///    before the TTL (less drift) ran out. T = the largest fence granted.
-    /// 2. ACQUIRE again with `MINFENCE T` on the granting nodes: their fence
-    ///    for this lock, and their high-water mark, become at least T.
-    ///    Held only if a majority confirmed, still within the validity.
+    /// 1. ACQUIRE on every node in parallel, asking for token g
+    ///    (`MINFENCE g`, see [`first_phase_fence`](Self::first_phase_fence));
+    ///    held if a majority granted before the TTL (less drift) ran out.
+    ///    T = the largest token granted.
+    /// 2. Only on granting nodes whose token is below T: ACQUIRE again with
+    ///    `MINFENCE T`, so their token for this lock, and their high-water
+    ///    mark, become at least T. Held only if a majority has T (from
+    ///    phase 1 or 2), still within the validity. Usually every node
+    ///    granted g and there is no phase 2.
     ///
-    /// On failure the lock is released on every node, also those that
+    /// `order`: the ordering node; if it answers and refuses, the attempt
+    /// fails even with a majority elsewhere (a waiter in its line goes
+    /// first). `keep`: a node whose grant is kept when the attempt fails.
+    /// On failure the lock is released on every other node, also those that
     /// seemed to fail (their grant may have been lost on the way back).
     /// Err only when a majority of nodes could not be asked at all.
     async fn redlock_round(
@@ -239,18 +523,17 @@ impl LockClient {
         key: &str,
         token: &str,
         ttl: Duration,
-    ) -> Result<Option<(i64, Instant)>> {
+        order: Option<usize>,
+        keep: Option<usize>,
+    ) -> Result<Round> {
         let nodes = &self.inner.nodes;
         let limit = self.node_timeout(ttl);
         let quorum = self.quorum();
+        let fencing = self.inner.options.quorum_fencing;
         let in_time = |start: Instant| start.elapsed() + drift(ttl) < ttl;
+        let g = fencing.then(|| self.first_phase_fence());
         let start = Instant::now();
-        let replies = join_all(
-            nodes
-                .iter()
-                .map(|n| n.acquire(key, token, ttl, None, limit)),
-        )
-        .await;
+        let replies = join_all(nodes.iter().map(|n| n.acquire(key, token, ttl, g, limit))).await;
         let granted: Vec<(usize, i64)> = replies
             .iter()
             .enumerate()
@@ -259,28 +542,68 @@ impl LockClient {
                 _ => None,
             })
             .collect();
-        if granted.len() >= quorum && in_time(start) {
+        let order_reply = match order.map(|o| &replies[o]) {
+            Some(Ok(Some(f))) => Reply::Granted(*f),
+            Some(Ok(None)) => Reply::Refused,
+            _ => Reply::Failed,
+        };
+        let allowed = !matches!(order_reply, Reply::Refused) || order.is_none();
+        if allowed && granted.len() >= quorum && in_time(start) {
             let t = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
-            let confirmed = join_all(
-                granted
+            self.saw_fence(t);
+            let mut confirmed = granted.len();
+            if fencing {
+                let behind: Vec<usize> = granted
                     .iter()
-                    .map(|(i, _)| nodes[*i].acquire(key, token, ttl, Some(t), limit)),
-            )
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(Some(f)) if *f >= t))
-            .count();
+                    .filter(|(_, f)| *f < t)
+                    .map(|(i, _)| *i)
+                    .collect();
+                // Usually none: every node granted g. Those behind are
+                // raised too, so every granting node has the same token.
+                confirmed -= behind.len();
+                if !behind.is_empty() {
+                    confirmed += join_all(
+                        behind
+                            .iter()
+                            .map(|&i| nodes[i].acquire(key, token, ttl, Some(t), limit)),
+                    )
+                    .await
+                    .into_iter()
+                    .filter(|r| matches!(r, Ok(Some(f)) if *f >= t))
+                    .count();
+                }
+            }
             if confirmed >= quorum && in_time(start) {
-                return Ok(Some((t, start + ttl - drift(ttl))));
+                return Ok(Round {
+                    granted: Some((t, start + ttl - drift(ttl))),
+                    order: order_reply,
+                });
             }
         }
-        self.release_everywhere(key, token, ttl).await;
+        self.release_except(key, token, ttl, keep).await;
         let failed = replies.iter().filter(|r| r.is_err()).count();
         if failed > nodes.len() - quorum {
             let first = replies.into_iter().find_map(|r| r.err());
             return Err(first.unwrap_or(Error::Timeout));
         }
-        Ok(None)
+        Ok(Round {
+            granted: None,
+            order: order_reply,
+        })
+    }
+
+    /// LOCK.RELEASE on every node but `keep`.
+    async fn release_except(&self, key: &str, token: &str, ttl: Duration, keep: Option<usize>) {
+        let limit = self.node_timeout(ttl);
+        join_all(
+            self.inner
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != keep)
+                .map(|(_, n)| n.release(key, token, limit)),
+        )
+        .await;
     }
 
     /// LOCK.RELEASE on every node; how many released.

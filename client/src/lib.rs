@@ -56,9 +56,23 @@
 //! Redlock as published: try every node in parallel, each with a timeout far
 //! below the TTL; the lock is held only if a majority (N/2 + 1) granted it
 //! and less than the TTL has passed; its validity is TTL − elapsed − drift,
-//! drift = 1% of the TTL + 2 ms; on failure it is released on **all** nodes;
-//! attempts are retried after a random pause until the caller's wait ends.
+//! drift = 1% of the TTL + 2 ms; on failure it is released on **all** nodes.
 //! Extending counts only if a majority extended within the validity.
+//!
+//! While another client holds the lock, a waiting client does not retry
+//! after random pauses (as published Redlock does) but waits in the server:
+//! in the FIFO line (`LOCK.ACQUIRE ... BLOCK`) of one node per key, the
+//! **ordering node** ([`LockClient::ordering_node`], chosen by rendezvous
+//! hashing of the key with the nodes' addresses, so every client agrees).
+//! When that node hands it the lock, it takes the others (retrying them,
+//! still holding the ordering node, until they are free); the waiters take
+//! turns in arrival order. A round counts only if the ordering node granted
+//! it or did not answer, so a newcomer cannot take the other nodes from
+//! under the waiter first in line. While the ordering node does not answer
+//! (it is pinged during the wait), and with [`Options::queue`] off,
+//! attempts are retried after random pauses until the caller's wait ends.
+//! Mutual exclusion and fencing rest on the majority as before; the line
+//! only decides who tries next.
 //!
 //! Each node issues its own fencing tokens, so the client makes one token
 //! for the whole group (**quorum fencing**):
@@ -70,7 +84,17 @@
 //!    at least T, so every later grant on that node exceeds T.
 //!
 //! The lock and T reach the caller only once a majority confirmed step 2
-//! within the validity. Any two majorities of the N nodes share a node.
+//! within the validity.
+//!
+//! Step 1 already asks for a token: `MINFENCE g` with g just above this
+//! client's clock (2 ms ahead) and above every token it has seen. A node
+//! grants exactly g when its own clock and high-water mark are below g, the
+//! rule when clocks agree, so usually every granting node has T = g after
+//! step 1 and step 2 is skipped (one round trip, as without fencing). A
+//! node that granted more (its clock ahead) makes T its token, and the
+//! others are raised in step 2 as above. Tokens then run up to 2 ms ahead
+//! of the client's clock, which matters only for a node that loses its data
+//! and grants again within that time. Any two majorities of the N nodes share a node.
 //! A later Redlock grant of the same key needs a majority, so it includes a
 //! node that confirmed T, whose next token is above T; and T' is the maximum
 //! over its majority, so **T' > T**. The resource rejects the older holder.

@@ -10,9 +10,15 @@ use crate::error::{Error, Result};
 
 pub(crate) struct Node {
     client: redis::Client,
+    /// `host:port` (or the socket path): what Redlock's ordering node is
+    /// chosen by, the same for every client given the same nodes.
+    addr: String,
     /// Shared by every lock of this client; replaced after an error, so a
     /// restarted node is reached again.
     conn: Mutex<Option<MultiplexedConnection>>,
+    /// Connections for BLOCK (a blocked command would hold up everything
+    /// multiplexed behind it), kept after a wait that ended normally.
+    spare: std::sync::Mutex<Vec<MultiplexedConnection>>,
 }
 
 /// What `LOCK.INFO` reports.
@@ -28,10 +34,17 @@ pub struct LockInfo {
 
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
+        let client = redis::Client::open(url)?;
         Ok(Node {
-            client: redis::Client::open(url)?,
+            addr: client.get_connection_info().addr.to_string(),
+            client,
             conn: Mutex::new(None),
+            spare: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
     }
 
     async fn connection(&self, limit: Duration) -> Result<MultiplexedConnection> {
@@ -111,7 +124,8 @@ impl Node {
 
     /// `LOCK.ACQUIRE ... BLOCK wait`: waits in the server, on a connection
     /// of its own (a blocked connection would hold up every other command
-    /// multiplexed on it).
+    /// multiplexed on it), reused for the next wait if this one ended with
+    /// a reply.
     pub async fn acquire_waiting(
         &self,
         key: &str,
@@ -120,10 +134,16 @@ impl Node {
         wait: Duration,
         limit: Duration,
     ) -> Result<Option<i64>> {
-        let mut conn = within(limit, async {
-            Ok(self.client.get_multiplexed_async_connection().await?)
-        })
-        .await?;
+        let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut conn = match spare {
+            Some(c) => c,
+            None => {
+                within(limit, async {
+                    Ok(self.client.get_multiplexed_async_connection().await?)
+                })
+                .await?
+            }
+        };
         // BLOCK 0 would wait forever: wait at least a millisecond.
         let block_ms = millis(wait).max(1);
         let mut cmd = redis::cmd("LOCK.ACQUIRE");
@@ -132,10 +152,27 @@ impl Node {
             .arg(millis(ttl))
             .arg("BLOCK")
             .arg(block_ms);
-        within(wait + limit, async {
+        let reply = within(wait + limit, async {
             Ok(cmd.query_async(&mut conn).await?)
         })
-        .await
+        .await;
+        // Only a connection that answered is idle for sure; a timed-out one
+        // may still have the command queued in the server.
+        if matches!(reply, Ok(_) | Err(Error::Redis(_)))
+            && !matches!(&reply, Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped())
+        {
+            let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+            if spare.len() < 2 {
+                spare.push(conn);
+            }
+        }
+        reply
+    }
+
+    /// PING within `limit`: is the node answering?
+    pub async fn ping(&self, limit: Duration) -> Result<()> {
+        let _: String = self.run(redis::cmd("PING"), limit).await?;
+        Ok(())
     }
 
     pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
