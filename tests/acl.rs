@@ -573,12 +573,10 @@ fn waiters_of_a_deleted_or_killed_user_leave_the_line() {
 }
 
 /// Native blocking commands re-check ACLs when they wake on Valkey 8 (and
-/// Redis 7.2+): a BLPOP whose user lost the key meanwhile gets NOPERM. The
-/// module hands the lock to a waiter whose user has since lost the key (or
-/// the command), as Redis 7.0's BLPOP does. Ignored until the hand-off
-/// checks the waiter's permissions (see the report of the ACL review).
+/// Redis 7.2+): a BLPOP whose user lost the key meanwhile gets NOPERM. So
+/// does a lock waiter whose user lost the key while it waited: the lock goes
+/// to nobody (or the next in line) instead.
 #[test]
-#[ignore = "known gap: the hand-off does not re-check the waiter's ACL"]
 fn a_waiter_whose_access_is_revoked_is_not_granted() {
     let s = Server::start();
     let mut admin = s.conn();

@@ -592,3 +592,172 @@ fn shortening_the_lease_brings_the_hand_off_forward() {
         assert_eq!(holder(&mut c, key).as_deref(), Some("W"));
     }
 }
+
+/// The ids of the clients blocked in LOCK.ACQUIRE, oldest first.
+fn blocked_ids(c: &mut Connection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    list.lines()
+        .filter(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Redis 7.0 answered nothing at all to a waiter that CLIENT UNBLOCK reached
+/// after its grant was decided but before its reply went out (the same
+/// event-loop iteration; MULTI forces it): the grant was taken back and the
+/// client's next command got the wrong reply. Each waiter must get exactly
+/// one reply, and a reply with a fence means it holds the lock.
+#[test]
+fn client_unblock_right_after_a_grant_still_gives_exactly_one_reply() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut admin = RawConn::connect(&s);
+    for (round, mode) in ["TIMEOUT", "ERROR"].into_iter().enumerate() {
+        let key = format!("u{round}");
+        acquire(&mut c, &key, "A", 60_000).unwrap();
+        let mut w = block_on(&s, &key, "W", 60_000, 5_000);
+        let mut next = block_on(&s, &key, "N", 60_000, 5_000);
+        wait_blocked(&s, 2);
+        let id = first_blocked_client(&mut c);
+        admin.pipeline(&[
+            &["MULTI"],
+            &["LOCK.RELEASE", &key, "A"],
+            &["CLIENT", "UNBLOCK", &id, mode],
+            &["EXEC"],
+        ]);
+        for _ in 0..4 {
+            admin.read();
+        }
+        let reply = w
+            .read_within(Duration::from_secs(3))
+            .unwrap_or_else(|| panic!("{mode}: W got no reply"));
+        assert_eq!(w.call(&["PING"]), Resp::Simple("PONG".into()), "{mode}");
+        match (mode, reply) {
+            // Redis 7.0 and 7.2+ both let the decided grant through.
+            ("TIMEOUT", Resp::Int(f)) => {
+                assert_eq!(fence(&mut c, &key), Some(f));
+                assert_eq!(holder(&mut c, &key).as_deref(), Some("W"));
+                assert_eq!(release(&mut c, &key, "W"), 1);
+            }
+            // The error reached W instead of the grant: the grant is taken
+            // back and goes to the next in line.
+            ("ERROR", Resp::Error(e)) if e.starts_with("UNBLOCKED") => {}
+            (mode, other) => panic!("{mode}: W got {other:?}"),
+        }
+        let n = next.read_within(Duration::from_secs(5));
+        assert!(matches!(n, Some(Resp::Int(_))), "{mode}: N got {n:?}");
+        assert_eq!(holder(&mut c, &key).as_deref(), Some("N"));
+        assert_eq!(next.call(&["PING"]), Resp::Simple("PONG".into()));
+    }
+    alive(&s);
+}
+
+/// Random transactions of releases, re-acquires, CLIENT UNBLOCK (both
+/// forms) and CLIENT KILL against a line of waiters, all in one event-loop
+/// iteration: every live waiter gets exactly one reply (a fence, nil or an
+/// UNBLOCKED error), a fence means that waiter holds the lock, and the lock
+/// is never left with a client that did not hear of it.
+#[test]
+fn random_unblocks_and_kills_around_hand_offs_leave_one_reply_each() {
+    use rand::{seq::SliceRandom, Rng, SeedableRng};
+    let seed: u64 = std::env::var("ATTACK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut admin = RawConn::connect(&s);
+    for round in 0..15 {
+        let key = format!("r{round}");
+        acquire(&mut c, &key, "A", 60_000).unwrap();
+        let mut waiters: Vec<(String, RawConn)> = (0..4)
+            .map(|i| {
+                let token = format!("w{i}");
+                let conn = block_on(&s, &key, &token, 60_000, 1_000);
+                wait_blocked(&s, i + 1);
+                (token, conn)
+            })
+            .collect();
+        let ids = blocked_ids(&mut c);
+        assert_eq!(ids.len(), 4, "seed {seed}");
+        let mut cmds: Vec<Vec<String>> = vec![vec!["MULTI".into()]];
+        let mut killed = [false; 4];
+        cmds.push(vec!["LOCK.RELEASE".into(), key.clone(), "A".into()]);
+        for _ in 0..rng.gen_range(1..5) {
+            let i = rng.gen_range(0..4);
+            let cmd = match rng.gen_range(0..4) {
+                0 => vec!["CLIENT", "UNBLOCK", &ids[i]],
+                1 => vec!["CLIENT", "UNBLOCK", &ids[i], "ERROR"],
+                2 => {
+                    killed[i] = true;
+                    vec!["CLIENT", "KILL", "ID", &ids[i]]
+                }
+                _ => vec!["LOCK.RELEASE", &key, &waiters[i].0],
+            };
+            cmds.push(cmd.into_iter().map(String::from).collect());
+        }
+        cmds[2..].shuffle(&mut rng);
+        cmds.push(vec!["EXEC".into()]);
+        let refs: Vec<Vec<&str>> = cmds
+            .iter()
+            .map(|v| v.iter().map(String::as_str).collect())
+            .collect();
+        let refs: Vec<&[&str]> = refs.iter().map(Vec::as_slice).collect();
+        admin.pipeline(&refs);
+        for _ in 0..refs.len() {
+            admin.read();
+        }
+        let mut fences = Vec::new();
+        for (i, (token, w)) in waiters.iter_mut().enumerate() {
+            if killed[i] {
+                continue;
+            }
+            let reply = w
+                .read_within(Duration::from_secs(8))
+                .unwrap_or_else(|| panic!("seed {seed} round {round}: {token} got no reply"));
+            match reply {
+                Resp::Int(f) => fences.push((token.clone(), f)),
+                Resp::Nil => {}
+                Resp::Error(e) if e.starts_with("UNBLOCKED") => {}
+                other => panic!("seed {seed} round {round}: {token} got {other:?}"),
+            }
+            assert_eq!(
+                w.call(&["PING"]),
+                Resp::Simple("PONG".into()),
+                "seed {seed} round {round}: {token} got a second reply"
+            );
+        }
+        // Whoever holds the lock now was told so (the last fence sent), or
+        // was killed: before its reply went out (the grant is then taken
+        // back by the next timer run) or after (it holds until its lease
+        // ends, as any holder that vanished does).
+        let killed_tokens: Vec<&str> = (0..4)
+            .filter(|i| killed[*i])
+            .map(|i| waiters[i].0.as_str())
+            .collect();
+        if let Some(now) = holder(&mut c, &key) {
+            match fences.iter().find(|(t, _)| *t == now) {
+                Some((_, f)) => {
+                    assert_eq!(fence(&mut c, &key), Some(*f), "seed {seed} round {round}");
+                    assert_eq!(
+                        fences.iter().map(|(_, f)| *f).max(),
+                        Some(*f),
+                        "seed {seed} round {round}: {fences:?}"
+                    );
+                }
+                None => assert!(
+                    killed_tokens.contains(&now.as_str()),
+                    "seed {seed} round {round}: {now} holds {key} but was never told: {cmds:?}"
+                ),
+            }
+        }
+        let mut fs: Vec<i64> = fences.iter().map(|(_, f)| *f).collect();
+        fs.sort_unstable();
+        fs.dedup();
+        assert_eq!(fs.len(), fences.len(), "seed {seed}: one fence per grant");
+        assert_eq!(s.info_field("waiters"), 0, "seed {seed}");
+    }
+    alive(&s);
+}

@@ -53,6 +53,9 @@ pub enum LockError {
     /// In cluster mode: the key is no longer served here (`ASK`/`MOVED`
     /// redirect, or `CLUSTERDOWN`), as built by `core::cluster::Route`.
     Redirect(String),
+    /// A waiter's user lost the right to write the key while it waited
+    /// (ACL SETUSER): it is not granted the lock.
+    NoPermission,
     /// A bug was caught at the module boundary instead of crashing Redis.
     Internal,
 }
@@ -111,6 +114,10 @@ impl fmt::Display for LockError {
             OutOfMemory => write!(
                 f,
                 "OOM command not allowed when used memory > 'maxmemory'."
+            ),
+            NoPermission => write!(
+                f,
+                "NOPERM this user may no longer write the lock's key (its ACL changed while it waited)"
             ),
             BadInternalArgument(what) => write!(f, "ERR invalid {what}"),
             InternalCommand(cmd) => write!(

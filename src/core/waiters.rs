@@ -272,6 +272,22 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         now_us: i64,
         grants_paused_ms: i64,
     ) -> Vec<Wake<K, C>> {
+        self.settle_permitted(key, slot, fences, now_us, grants_paused_ms, |_| true)
+    }
+
+    /// [`settle`](Self::settle), where `may_take(client)` says whether a
+    /// waiter may still take the lock (its user's ACL may have changed while
+    /// it waited). One that may not fails with `NoPermission` when its turn
+    /// comes, and the lock goes on to the next in line.
+    pub fn settle_permitted(
+        &mut self,
+        key: &K,
+        slot: &mut impl LockSlot,
+        fences: &mut impl FenceSource,
+        now_us: i64,
+        grants_paused_ms: i64,
+        mut may_take: impl FnMut(C) -> bool,
+    ) -> Vec<Wake<K, C>> {
         let now_ms = lock::ms(now_us);
         let mut wakes = Vec::new();
         while let Some(id) = self.front(key) {
@@ -292,6 +308,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 }
                 _ => {}
             }
+            if !may_take(w.client) {
+                wakes.extend(self.finish(id, Outcome::Failed(LockError::NoPermission), now_us));
+                continue;
+            }
+            let w = &self.waiters[&id];
             let acquired =
                 lock::acquire_min_fence(slot, fences, &w.token, w.ttl_ms, w.min_fence, now_us, 0);
             let outcome = match acquired {
@@ -518,6 +539,25 @@ mod tests {
             wakes[0].outcome,
             Outcome::Granted { fence: f, renewed: true, .. } if f == fence
         ));
+    }
+
+    /// A waiter whose user lost the key (ACL SETUSER while it waited) is
+    /// failed with NOPERM when its turn comes; the next in line is granted.
+    #[test]
+    fn a_waiter_that_may_no_longer_take_the_lock_is_failed_and_skipped() {
+        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let mut w = W::default();
+        w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
+            .unwrap();
+        let wakes = w.settle_permitted(&"k", &mut slot, &mut fences, us(T0 + 100), 0, |c| c != 1);
+        assert_eq!(wakes[0].client, 1);
+        assert_eq!(wakes[0].outcome, Outcome::Failed(LockError::NoPermission));
+        assert_eq!(outcomes(&wakes)[1], (2, "k", true));
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(w.total(), 0);
     }
 
     #[test]

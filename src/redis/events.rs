@@ -153,6 +153,20 @@ pub extern "C" fn on_keyspace_event(
     0
 }
 
+/// Redis 7.0 only (see `handoff`): right before 7.0 sends module replies.
+pub extern "C" fn on_event_loop(
+    _ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard("the before-sleep event", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
+            handoff::before_sleep();
+        }
+    })
+}
+
 /// Subscribes every event above (called once from `module::start`).
 pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
     let subscribe = unsafe { raw::RedisModule_SubscribeToServerEvent }
@@ -167,7 +181,9 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         (raw::REDISMODULE_EVENT_CONFIG, on_config_change),
     ];
-    for (id, callback) in events {
+    let before_sleep = handoff::defers_unblocks()
+        .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));
+    for (id, callback) in events.into_iter().chain(before_sleep) {
         let event = raw::RedisModuleEvent { id, dataver: 1 };
         if unsafe { subscribe(ctx, event, Some(callback)) } != raw::REDISMODULE_OK as c_int {
             return Err("failed to subscribe to a server event");

@@ -190,15 +190,7 @@ unsafe fn send(ctx: Ctx, reply: Reply) {
 /// Whether the user running this command may write `key` (ACL key
 /// patterns). Without a user (timers, the AOF) or without the ACL API, yes.
 pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
-    let api = unsafe {
-        (
-            raw::RedisModule_GetCurrentUserName,
-            raw::RedisModule_GetModuleUserFromUserName,
-            raw::RedisModule_ACLCheckKeyPermissions,
-            raw::RedisModule_FreeModuleUser,
-        )
-    };
-    let (Some(user_name), Some(get_user), Some(check), Some(free_user)) = api else {
+    let Some(user_name) = (unsafe { raw::RedisModule_GetCurrentUserName }) else {
         return true;
     };
     unsafe {
@@ -206,8 +198,27 @@ pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
         if name.is_null() {
             return true;
         }
-        let user = get_user(name);
+        let allowed = user_may_write_key(name, key);
         api!(RedisModule_FreeString)(ctx, name);
+        allowed
+    }
+}
+
+/// Whether the user named `user_name` may write `key`. No when that user
+/// no longer exists; yes without the ACL API.
+pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
+    let api = unsafe {
+        (
+            raw::RedisModule_GetModuleUserFromUserName,
+            raw::RedisModule_ACLCheckKeyPermissions,
+            raw::RedisModule_FreeModuleUser,
+        )
+    };
+    let (Some(get_user), Some(check), Some(free_user)) = api else {
+        return true;
+    };
+    unsafe {
+        let user = get_user(user_name);
         if user.is_null() {
             return false; // the user was deleted meanwhile
         }

@@ -13,6 +13,20 @@
 //!
 //! Nothing here writes while the node is a replica or writes are paused
 //! (CLIENT PAUSE, FAILOVER): hand-offs then wait and are retried shortly.
+//!
+//! A waiter is granted only while its user may still write the key (an ACL
+//! change while it waited fails it with NOPERM when its turn comes).
+//!
+//! Redis 7.0 only: a blocked client that the module has unblocked but whose
+//! reply is not sent yet (that happens in `beforeSleep`) gets no reply at
+//! all if `CLIENT UNBLOCK` reaches it in between (7.0 skips the timeout
+//! callback for it, then unblocks it anyway). So on 7.0 outcomes are kept
+//! here and handed to Redis from the before-sleep event, which 7.0 fires
+//! right before it sends module replies: no command can come in between.
+//! A `CLIENT UNBLOCK` before that reaches a waiter Redis still thinks is
+//! blocked, and `on_timeout` answers with the outcome already decided.
+//! Redis 7.2+ and Valkey leave such a client alone, so there the handle is
+//! unblocked at once.
 
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
@@ -69,6 +83,21 @@ static TIMER: Mutex<Option<(i64, u64)>> = Mutex::new(None);
 /// A context for creating timers from callbacks that have none (unlink2).
 static TIMER_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
 
+/// The client id of every queued waiter's handle, to look its user up when
+/// its turn comes (ACL changes while it waits).
+static CLIENT_IDS: LazyLock<Mutex<std::collections::HashMap<Client, u64>>> =
+    LazyLock::new(Default::default);
+
+/// Redis 7.0: outcomes decided but not yet handed to Redis (see the file
+/// doc), and whether to keep them back at all.
+static DECIDED: Mutex<Vec<(Client, Box<Delivery>)>> = Mutex::new(Vec::new());
+static DECIDED_COUNT: AtomicUsize = AtomicUsize::new(0);
+static DEFER_UNBLOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The first server version that leaves an unblocked module client alone on
+/// CLIENT UNBLOCK (0x00MMmmpp).
+const UNBLOCK_SAFE_VERSION: c_int = 0x00_07_02_00;
+
 /// While hand-offs must wait (replica, paused writes), look again this soon.
 const RETRY_MS: i64 = 10;
 
@@ -108,7 +137,40 @@ pub fn init(ctx: Ctx) -> Result<(), &'static str> {
     let detached = unsafe { raw::RedisModule_GetDetachedThreadSafeContext }
         .ok_or("RedisModule_GetDetachedThreadSafeContext is not available")?;
     TIMER_CTX.store(unsafe { detached(ctx) }, Relaxed);
+    let version = unsafe { raw::RedisModule_GetServerVersion }.map_or(0, |f| unsafe { f() });
+    DEFER_UNBLOCKS.store(version < UNBLOCK_SAFE_VERSION, Relaxed);
     Ok(())
+}
+
+/// Whether outcomes wait for the before-sleep event (Redis 7.0). The event
+/// subscription (`events::subscribe`) must be in place when this is true.
+pub fn defers_unblocks() -> bool {
+    DEFER_UNBLOCKS.load(Relaxed)
+}
+
+/// The before-sleep event: hand the outcomes decided in this event-loop
+/// iteration to Redis, which sends them right after (Redis 7.0).
+pub fn before_sleep() {
+    if DECIDED_COUNT.load(Relaxed) == 0 {
+        return;
+    }
+    let decided = std::mem::take(&mut *locked(&DECIDED));
+    DECIDED_COUNT.store(0, Relaxed);
+    for (client, delivery) in decided {
+        unblock_now(client, delivery);
+    }
+}
+
+/// Takes back the outcome kept for `client`, if any (Redis 7.0).
+fn take_decided(client: Client) -> Option<Box<Delivery>> {
+    if DECIDED_COUNT.load(Relaxed) == 0 {
+        return None;
+    }
+    let mut decided = locked(&DECIDED);
+    let at = decided.iter().position(|(c, _)| *c == client)?;
+    let (_, delivery) = decided.swap_remove(at);
+    DECIDED_COUNT.store(decided.len(), Relaxed);
+    Some(delivery)
 }
 
 /// Runs any hand-off due on `name` before a command touches it.
@@ -164,6 +226,9 @@ pub fn block(
     }
     if let Some(set_disconnect) = unsafe { raw::RedisModule_SetDisconnectCallback } {
         unsafe { set_disconnect(client, Some(on_disconnect)) };
+    }
+    if let Some(get_id) = unsafe { raw::RedisModule_GetClientId } {
+        locked(&CLIENT_IDS).insert(client as Client, unsafe { get_id(ctx) });
     }
     let queued = with_waiters(|w| {
         w.enqueue(
@@ -224,7 +289,8 @@ fn settle_key(ctx: Ctx, name: RString, key: &Key) {
     let wakes = match LockKey::open(ctx, name, true) {
         Ok(mut slot) => with_waiters(|w| {
             let paused = node::grants_paused_ms(lock::ms(now_us));
-            w.settle(key, &mut slot, &mut NodeFences, now_us, paused)
+            let may_take = |client| waiter_may_write(ctx, client, name);
+            w.settle_permitted(key, &mut slot, &mut NodeFences, now_us, paused, may_take)
         }),
         // The key now holds another type: its waiters cannot get a lock.
         Err(err) => with_waiters(|w| w.fail_all(key, &err, now_us)),
@@ -256,8 +322,41 @@ fn execute(wakes: Vec<Wake<Key, Client>>) {
     }
 }
 
+/// Whether the user of the waiter `client` may still write `name` (ACL
+/// key patterns). Yes when it cannot be told (no ACL API, client unknown);
+/// no when its user was deleted.
+fn waiter_may_write(ctx: Ctx, client: Client, name: RString) -> bool {
+    let Some(id) = locked(&CLIENT_IDS).get(&client).copied() else {
+        return true;
+    };
+    let Some(user_name) = (unsafe { raw::RedisModule_GetClientUserNameById }) else {
+        return true;
+    };
+    let user = unsafe { user_name(ctx, id) };
+    if user.is_null() {
+        return true; // the client is gone: its disconnect takes it out of line
+    }
+    let allowed = super::ffi::user_may_write_key(user, name);
+    unsafe { api!(RedisModule_FreeString)(ctx, user) };
+    allowed
+}
+
+/// Gives `client` its one outcome (on Redis 7.0, from the before-sleep
+/// event: see the file doc).
 fn unblock(client: Client, delivery: Delivery) {
-    let data = Box::into_raw(Box::new(delivery));
+    locked(&CLIENT_IDS).remove(&client);
+    let delivery = Box::new(delivery);
+    if defers_unblocks() {
+        let mut decided = locked(&DECIDED);
+        decided.push((client, delivery));
+        DECIDED_COUNT.store(decided.len(), Relaxed);
+    } else {
+        unblock_now(client, delivery);
+    }
+}
+
+fn unblock_now(client: Client, delivery: Box<Delivery>) {
+    let data = Box::into_raw(delivery);
     unsafe {
         api!(RedisModule_UnblockClient)(client as *mut raw::RedisModuleBlockedClient, data.cast())
     };
@@ -422,10 +521,19 @@ fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
 unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_int {
     guard("the blocked-client reply", (), || unsafe {
         let delivery = api!(RedisModule_GetBlockedClientPrivateData)(ctx).cast::<Delivery>();
-        let Some(delivery) = delivery.as_mut() else {
-            api!(RedisModule_ReplyWithNull)(ctx);
-            return;
-        };
+        match delivery.as_mut() {
+            Some(delivery) => reply_outcome(ctx, delivery),
+            None => {
+                api!(RedisModule_ReplyWithNull)(ctx);
+            }
+        }
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+/// Sends a waiter its outcome; a grant counts as delivered.
+fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
+    unsafe {
         match &delivery.outcome {
             Outcome::Granted { fence, .. } => {
                 delivery.delivered = true;
@@ -439,15 +547,38 @@ unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_
                 api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
             }
         }
-    });
-    raw::REDISMODULE_OK as c_int
+    }
+}
+
+/// Releases a handle whose outcome was kept back (Redis 7.0) and is now
+/// settled otherwise: answered by `on_timeout`, or its client went away (a
+/// grant it never received is then taken back).
+fn release_decided(client: Client, delivery: &Delivery) {
+    if let (Outcome::Granted { fence, lease, .. }, Some(key), false) =
+        (&delivery.outcome, &delivery.key, delivery.delivered)
+    {
+        let take_back = (key.clone(), *fence, *lease);
+        queue_work(|p| p.take_backs.push(take_back));
+    }
+    unsafe {
+        api!(RedisModule_UnblockClient)(
+            client as *mut raw::RedisModuleBlockedClient,
+            std::ptr::null_mut(),
+        )
+    };
 }
 
 /// CLIENT UNBLOCK (Redis itself never times these clients out): leave the
-/// line, reply nil.
+/// line, reply nil; or, if its outcome was decided and kept back (Redis
+/// 7.0), reply with that.
 unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_int {
     guard("the blocked-client timeout", (), || unsafe {
         let client = api!(RedisModule_GetBlockedClientHandle)(ctx);
+        if let Some(mut delivery) = take_decided(client as Client) {
+            reply_outcome(ctx, &mut delivery);
+            release_decided(client as Client, &delivery);
+            return;
+        }
         if leave(client) {
             count(&STATS.block_timeouts);
         }
@@ -460,7 +591,12 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
 /// replica: leave the line.
 unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlockedClient) {
     guard("the blocked-client disconnect", (), || {
-        leave(client);
+        match take_decided(client as Client) {
+            Some(delivery) => release_decided(client as Client, &delivery),
+            None => {
+                leave(client);
+            }
+        }
     })
 }
 
@@ -472,6 +608,7 @@ unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlock
 fn leave(client: *mut raw::RedisModuleBlockedClient) -> bool {
     let was_waiting = with_waiters(|w| w.leave(client as Client, node::now_ms())).is_some();
     if was_waiting {
+        locked(&CLIENT_IDS).remove(&(client as Client));
         unsafe { api!(RedisModule_UnblockClient)(client, std::ptr::null_mut()) };
         rearm();
     }
