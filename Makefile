@@ -63,15 +63,20 @@ test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test -p redis-lock-client --tests
 
 # Benchmarks: not part of `make test`. Starts its own redis-server and
-# rewrites docs/benchmarks.md.
+# rewrites docs/benchmarks.md; then the Redlock side by side (five servers;
+# this client, node-redlock and pottery, the peers installed under
+# target/bench-peers/ on first use) rewrites its section of docs/redlock.md.
 bench:
 	@scripts/prereqs.sh test
 	cargo build --release
 	cargo run --release --example bench -- --out docs/benchmarks.md
+	cargo run --release -p redis-lock-client --example redlock_bench -- --out docs/redlock.md
 
-# A few hundred operations of every benchmark, so the harness cannot rot.
+# A few hundred operations of every benchmark, so the harness cannot rot
+# (the Redlock one for this client only: no npm or pip here).
 bench-smoke:
 	cargo run --release --example bench -- --smoke --out target/bench-smoke.md
+	cargo run --release -p redis-lock-client --example redlock_bench -- --smoke --out target/redlock-bench-smoke.md
 
 # Coverage-guided fuzzing (cargo fuzz, nightly Rust; not part of `make
 # test`): each target in fuzz/ runs FUZZ_SECONDS (default 60). New inputs go
