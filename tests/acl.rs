@@ -438,81 +438,107 @@ fn key_permissions_follow_the_key_specs() {
     }
 }
 
-/// The module declares no ACL category for its commands (on Redis 7.0, 8.2
-/// and Valkey 8 alike), so category rules neither grant nor remove them:
-/// `+@write` does not let a user lock, and `+@all -@blocking` or `+@all
-/// -@write` still lets it. Grant and deny lock commands by name. If the module
-/// starts declaring categories, change this test and README's Security
-/// section together.
-#[test]
-fn lock_commands_are_in_no_acl_category() {
-    let s = Server::start();
-    let mut admin = s.conn();
-    let names = [
-        "lock.acquire",
-        "lock.release",
-        "lock.extend",
-        "lock.fence",
-        "lock.info",
-        "lock._set",
-    ];
+/// Whether the server lets modules set ACL categories (Redis 7.2+; Valkey
+/// 8 reports 7.2.4).
+fn server_sets_module_categories(admin: &mut Connection) -> bool {
+    let info: String = redis::cmd("INFO").arg("server").query(admin).unwrap();
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let parts: Vec<u32> = version.split('.').map(|p| p.parse().unwrap()).collect();
+    (parts[0], parts[1]) >= (7, 2)
+}
+
+fn categories_of(admin: &mut Connection, name: &str) -> Vec<String> {
     let info: Vec<Value> = redis::cmd("COMMAND")
         .arg("INFO")
-        .arg(&names)
-        .query(&mut admin)
+        .arg(name)
+        .query(admin)
         .unwrap();
-    for (name, entry) in names.iter().zip(&info) {
-        let Value::Array(fields) = entry else {
-            panic!("{name}: no COMMAND INFO entry: {entry:?}")
-        };
-        // name, arity, flags, first, last, step, ACL categories, ...
-        assert_eq!(fields[6], Value::Array(vec![]), "{name} categories");
-    }
-    for category in [
-        "read",
-        "write",
-        "fast",
-        "slow",
-        "blocking",
-        "dangerous",
-        "keyspace",
-    ] {
-        let listed: Vec<String> = redis::cmd("ACL")
-            .arg("CAT")
-            .arg(category)
-            .query(&mut admin)
-            .unwrap();
-        assert!(
-            !listed.iter().any(|c| c.starts_with("lock.")),
-            "@{category} lists {listed:?}"
-        );
+    let Value::Array(fields) = &info[0] else {
+        panic!("{name}: no COMMAND INFO entry: {info:?}")
+    };
+    // name, arity, flags, first, last, step, ACL categories, ...
+    redis::from_redis_value(&fields[6]).unwrap()
+}
+
+/// Where the server allows it (7.2+, Valkey 8), the lock commands are in
+/// @write/@read, @fast/@blocking, and (7.4+, Valkey 8) @lock: category rules
+/// then grant and deny them like any command. On Redis 7.0 module commands
+/// are in no category, so category rules neither grant nor remove them:
+/// grant and deny lock commands by name there (README, Security).
+#[test]
+fn lock_commands_are_in_acl_categories_where_the_server_allows() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let expected = [
+        ("lock.acquire", &["write", "blocking"][..]),
+        ("lock.release", &["write", "fast"]),
+        ("lock.extend", &["write", "fast"]),
+        ("lock.fence", &["read", "fast"]),
+        ("lock.info", &["read", "fast"]),
+        ("lock._set", &["write"]),
+    ];
+    let categories = server_sets_module_categories(&mut admin);
+    let lock_category: Option<Vec<String>> = redis::cmd("ACL")
+        .arg("CAT")
+        .arg("lock")
+        .query(&mut admin)
+        .ok();
+    for (name, cats) in expected {
+        let got = categories_of(&mut admin, name);
+        if !categories {
+            assert!(got.is_empty(), "{name}: {got:?}");
+            continue;
+        }
+        for cat in cats {
+            assert!(got.contains(&format!("@{cat}")), "{name}: {got:?}");
+        }
+        if let Some(listed) = &lock_category {
+            assert_eq!(
+                listed.iter().any(|c| c == name),
+                name != "lock._set",
+                "{listed:?}"
+            );
+        }
     }
 
     let block = ["LOCK.ACQUIRE", "app:1", "t", "1000", "BLOCK", "100"];
     let release = ["LOCK.RELEASE", "app:1", "t"];
     let info = ["LOCK.INFO", "app:1"];
-    // Category grants: none of the lock commands.
     set_user(
         &mut admin,
         "cats",
-        &["~app:*", "+@read", "+@write", "+@blocking"],
+        &["~app:*", "+@read", "+@write", "+@blocking", "+@fast"],
     );
     for args in [&block[..], &release, &info] {
-        assert!(!may_run(&mut admin, "cats", args), "{args:?}");
+        assert_eq!(may_run(&mut admin, "cats", args), categories, "{args:?}");
     }
-    assert!(may_run(&mut admin, "cats", &["BLPOP", "app:l", "1"]));
-    // Category denials: they stay granted.
     set_user(
         &mut admin,
         "deny",
         &["~app:*", "+@all", "-@blocking", "-@write"],
     );
-    for args in [&block[..], &release, &info] {
-        assert!(may_run(&mut admin, "deny", args), "{args:?}");
-    }
+    assert_eq!(may_run(&mut admin, "deny", &block), !categories);
+    assert_eq!(may_run(&mut admin, "deny", &release), !categories);
+    assert!(may_run(&mut admin, "deny", &info));
     assert!(!may_run(&mut admin, "deny", &["BLPOP", "app:l", "1"]));
-    assert!(!may_run(&mut admin, "deny", &["SET", "app:1", "v"]));
-    // By name it works.
+    if lock_category.is_some() {
+        set_user(&mut admin, "locker", &["~app:*", "+@lock"]);
+        for args in [&block[..], &release, &info] {
+            assert!(may_run(&mut admin, "locker", args), "{args:?}");
+        }
+        assert!(!may_run(
+            &mut admin,
+            "locker",
+            &["LOCK._SET", "app:1", "t", "1", "1"]
+        ));
+        assert!(!may_run(&mut admin, "locker", &["SET", "app:1", "v"]));
+    }
+    // By name it works everywhere.
     set_user(&mut admin, "named", &["~app:*", "+@all", "-lock.acquire"]);
     assert!(!may_run(&mut admin, "named", &block));
     assert!(may_run(&mut admin, "named", &release));

@@ -34,6 +34,10 @@ pub struct Command {
     pub arity: c_int,
     /// Key-spec flags for the key at argv[1] (ACL key permissions).
     key_flags: u64,
+    /// ACL categories, where the server lets modules set them (7.2+,
+    /// Valkey 8); the user-facing commands are also in `@lock` where
+    /// modules may add categories (7.4+).
+    acl_categories: &'static CStr,
     summary: &'static CStr,
 }
 
@@ -63,6 +67,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"write blocking",
         arity: -4,
         key_flags: RW | ACCESS | UPDATE,
+        acl_categories: c"write blocking",
         summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
     },
     Command {
@@ -71,6 +76,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"write fast",
         arity: 3,
         key_flags: RW | DELETE,
+        acl_categories: c"write fast",
         summary: c"Frees the lock if token holds it; replies 1 if it did, 0 otherwise.",
     },
     Command {
@@ -79,6 +85,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"write fast",
         arity: 4,
         key_flags: RW | UPDATE,
+        acl_categories: c"write fast",
         summary: c"Resets the lease of the lock to ttl-ms from now if token holds it; replies 1 if it did, 0 otherwise.",
     },
     Command {
@@ -87,6 +94,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"readonly fast",
         arity: -2,
         key_flags: RO | ACCESS,
+        acl_categories: c"read fast",
         summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil.",
     },
     Command {
@@ -95,6 +103,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"readonly fast",
         arity: 2,
         key_flags: RO | ACCESS,
+        acl_categories: c"read fast",
         summary: c"Replies with token, fence, ttl and waiters of a held lock, or nil.",
     },
     Command {
@@ -103,6 +112,7 @@ pub static COMMANDS: [Command; 6] = [
         flags: c"write",
         arity: 5,
         key_flags: OW | UPDATE,
+        acl_categories: c"write",
         summary: c"Internal: the replicated and AOF form of a grant or renewal. Refused from ordinary clients.",
     },
 ];
@@ -309,6 +319,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 pub fn register(ctx: Ctx) -> Result<(), String> {
     let create = unsafe { raw::RedisModule_CreateCommand }
         .ok_or("RedisModule_CreateCommand is not available")?;
+    let lock_category = add_lock_category(ctx);
     for c in &COMMANDS {
         let ok = unsafe {
             create(
@@ -324,6 +335,7 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
         if ok != raw::REDISMODULE_OK as c_int {
             return Err(format!("could not create command {:?}", c.name));
         }
+        set_acl_categories(ctx, c, lock_category);
         if let Err(e) = set_command_info(ctx, c) {
             log_warning(&format!(
                 "lock: {:?}: {e}; arity and key flags are not declared",
@@ -332,6 +344,42 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Adds the `@lock` ACL category, where the server allows it (7.4+).
+fn add_lock_category(ctx: Ctx) -> bool {
+    match unsafe { raw::RedisModule_AddACLCategory } {
+        Some(add) => unsafe { add(ctx, c"lock".as_ptr()) == raw::REDISMODULE_OK as c_int },
+        None => false,
+    }
+}
+
+/// Puts `c` in its ACL categories (7.2+, Valkey 8): then `-@write` or
+/// `-@blocking` also stop the lock commands. On 7.0 module commands are in
+/// no category: name them in ACL rules (README, Security).
+fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
+    let (Some(get_command), Some(set_categories)) =
+        (unsafe { raw::RedisModule_GetCommand }, unsafe {
+            raw::RedisModule_SetCommandACLCategories
+        })
+    else {
+        return;
+    };
+    let command = unsafe { get_command(ctx, c.name.as_ptr()) };
+    if command.is_null() {
+        return;
+    }
+    let mut categories = c.acl_categories.to_bytes().to_vec();
+    if lock_category && c.name != c"lock._set" {
+        categories.extend_from_slice(b" lock");
+    }
+    let categories = std::ffi::CString::new(categories).unwrap_or_default();
+    if unsafe { set_categories(command, categories.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+        log_warning(&format!(
+            "lock: {:?}: the server refused ACL categories {categories:?}",
+            c.name
+        ));
+    }
 }
 
 fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
