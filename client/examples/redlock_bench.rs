@@ -37,6 +37,8 @@ const CLIENTS: usize = 16;
 const HOLD_MS: u64 = 2;
 const CONTENDED_TTL_MS: u64 = 2000;
 const RETRY_MS: u64 = 20;
+/// Uncontended latency: measured in this many turns of every client.
+const LATENCY_TURNS: usize = 4;
 /// Uncontended latency and the clock jump: a TTL far above either.
 const TTL_MS: u64 = 10_000;
 
@@ -91,12 +93,18 @@ fn ms(us: u64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
 
+#[derive(Default)]
 struct Latency {
     acquire: Vec<u64>,
     release: Vec<u64>,
 }
 
 impl Latency {
+    fn add(&mut self, more: Latency) {
+        self.acquire.extend(more.acquire);
+        self.release.extend(more.release);
+    }
+
     fn row(&mut self, who: &str) -> String {
         let mut total: Vec<u64> = self
             .acquire
@@ -214,16 +222,16 @@ fn options(fencing: bool, queue: bool) -> Options {
     }
 }
 
-async fn our_latency(nodes: &[Server], fencing: bool, a: &Args) -> Latency {
+async fn our_latency(nodes: &[Server], fencing: bool, iterations: usize) -> Latency {
     let locks = LockClient::with_options(&urls(nodes), options(fencing, true)).unwrap();
     let ttl = Duration::from_millis(TTL_MS);
     let key = format!("lat-{fencing}");
-    let warmup = a.iterations / 10;
+    let warmup = iterations / 10;
     let mut out = Latency {
-        acquire: Vec::with_capacity(a.iterations),
-        release: Vec::with_capacity(a.iterations),
+        acquire: Vec::with_capacity(iterations),
+        release: Vec::with_capacity(iterations),
     };
-    for i in 0..warmup + a.iterations {
+    for i in 0..warmup + iterations {
         let t0 = Instant::now();
         let guard = locks
             .acquire(&key, ttl, Duration::from_secs(1))
@@ -583,12 +591,12 @@ fn base(ports: &[u16], mode: &str, key: &str) -> Obj {
         .num("retry_ms", RETRY_MS)
 }
 
-fn peer_latency(p: &Peer, ports: &[u16], a: &Args) -> Result<Latency, String> {
+fn peer_latency(p: &Peer, ports: &[u16], iterations: usize) -> Result<Latency, String> {
     let out = p.run(
         base(ports, "latency", "peer-lat")
             .num("ttl_ms", TTL_MS)
-            .num("warmup", a.iterations / 10)
-            .num("iterations", a.iterations),
+            .num("warmup", iterations / 10)
+            .num("iterations", iterations),
     )?;
     let us = |k| {
         serde_like::numbers(&out, k)
@@ -667,15 +675,24 @@ async fn main() {
     let ours_plain = "this client, no quorum fencing";
 
     // 1. Uncontended latency.
-    let mut lat_fenced = our_latency(&nodes, true, &a).await;
-    let mut lat_plain = our_latency(&nodes, false, &a).await;
-    let mut peer_lat = Vec::new();
-    for p in &peers {
-        match peer_latency(p, &ports, &a) {
-            Ok(l) => peer_lat.push((p, l)),
-            Err(e) => eprintln!("redlock_bench: {e}"),
+    // In turns, so that background load (2 cores) falls on every client alike.
+    let turns = if a.smoke { 1 } else { LATENCY_TURNS };
+    let each = a.iterations / turns;
+    let mut lat_fenced = Latency::default();
+    let mut lat_plain = Latency::default();
+    let mut peer_lat: Vec<(&Peer, Latency)> =
+        peers.iter().map(|p| (p, Latency::default())).collect();
+    for _ in 0..turns {
+        lat_fenced.add(our_latency(&nodes, true, each).await);
+        lat_plain.add(our_latency(&nodes, false, each).await);
+        for (p, l) in &mut peer_lat {
+            match peer_latency(p, &ports, each) {
+                Ok(got) => l.add(got),
+                Err(e) => eprintln!("redlock_bench: {e}"),
+            }
         }
     }
+    peer_lat.retain(|(_, l)| !l.acquire.is_empty());
 
     // 2. Contention.
     let cont_queue = our_contention(&nodes, true, &a).await;
@@ -745,15 +762,17 @@ async fn main() {
     .unwrap();
     writeln!(
         s,
-        "### Uncontended acquire and release ({} each, after {} warm-up)\n",
-        a.iterations,
-        a.iterations / 10
+        "### Uncontended acquire and release ({} each, in {turns} turns of every client, each \
+         after {} warm-up)\n",
+        each * turns,
+        each / 10
     )
     .unwrap();
     writeln!(
         s,
-        "One client, one key, lock free: acquire (TTL {TTL_MS} ms), then release, in a loop. \
-         Milliseconds.\n"
+        "One client, one key, lock free: acquire (TTL {TTL_MS} ms), then release, in a loop \
+         (this client: `acquire` with a 1 s wait; node-redlock: `lock` with `retryCount` 0; \
+         pottery: `acquire(blocking=False)`). Milliseconds.\n"
     )
     .unwrap();
     writeln!(
@@ -833,8 +852,8 @@ async fn main() {
         "Kleppmann's scenario in its simplest faithful form, TTL {TTL_MS} ms: D and E refuse \
          client 1 (a placeholder holds the key there, standing for nodes client 1 cannot \
          reach), so client 1 holds A, B, C; the placeholder goes, and the key is **deleted on \
-         C, standing for C's clock jumping** past the lease (a real libfaketime jump is in the \
-         client's fault tests, not here); client 2 then tries C, D, E. *Overlap*: client 2 was \
+         C, standing for C's clock jumping** past the lease (the real libfaketime jump is \
+         `client/tests/clock.rs`, not here); client 2 then tries C, D, E. *Overlap*: client 2 was \
          granted while client 1's validity had not run out. Then client 2 writes to a fenced \
          store (it remembers the highest token and rejects lower ones) and client 1's late \
          write arrives: is it rejected?\n"
