@@ -340,7 +340,9 @@ impl LockClient {
     /// orders the waiters for `key`. Rendezvous hashing of the key with
     /// each node's `host:port`, so every client given the same nodes, in
     /// any order, picks the same one, and different keys spread over the
-    /// nodes. 0 for a single node.
+    /// nodes. 0 for a single node. Give every client the nodes under the
+    /// same names (a host name and its address count as different): clients
+    /// that pick different ordering nodes stay safe but do not take turns.
     pub fn ordering_node(&self, key: &str) -> usize {
         let score = |addr: &str| {
             // FNV-1a, then a 64-bit finalizer (splitmix64).
@@ -673,5 +675,61 @@ impl LockClient {
     pub async fn info(&self, key: &str) -> Vec<Result<Option<LockInfo>>> {
         let limit = self.node_timeout(Duration::from_secs(5));
         join_all(self.inner.nodes.iter().map(|n| n.info(key, limit))).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn urls() -> Vec<String> {
+        (0..5)
+            .map(|i| format!("redis://127.0.0.1:{}/", 7000 + i))
+            .collect()
+    }
+
+    /// Every client given the same nodes, in any order and with or without
+    /// the trailing slash, picks the same ordering node for a key; keys
+    /// spread over all the nodes.
+    #[test]
+    fn the_ordering_node_depends_on_the_nodes_not_their_order() {
+        let forward = LockClient::new(&urls()).unwrap();
+        let mut reversed_urls: Vec<String> = urls()
+            .into_iter()
+            .map(|u| u.trim_end_matches('/').to_string())
+            .collect();
+        reversed_urls.reverse();
+        let reversed = LockClient::new(&reversed_urls).unwrap();
+        let mut per_node = [0usize; 5];
+        for k in 0..1000 {
+            let key = format!("key:{k}");
+            let a = forward.ordering_node(&key);
+            let b = reversed.ordering_node(&key);
+            assert_eq!(
+                forward.inner.nodes[a].addr(),
+                reversed.inner.nodes[b].addr(),
+                "{key}"
+            );
+            per_node[a] += 1;
+        }
+        assert!(per_node.iter().all(|&n| n > 100), "{per_node:?}");
+        assert_eq!(LockClient::new(&urls()[..1]).unwrap().ordering_node("k"), 0);
+    }
+
+    /// The first-phase token is above the clock and above every token the
+    /// client has seen, and never repeats.
+    #[test]
+    fn first_phase_tokens_rise_above_the_clock_and_what_was_seen() {
+        let locks = LockClient::new(&urls()).unwrap();
+        let now_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64;
+        let g1 = locks.first_phase_fence();
+        assert!(g1 > now_us);
+        let g2 = locks.first_phase_fence();
+        assert!(g2 > g1);
+        locks.saw_fence(now_us + 3_600_000_000);
+        assert!(locks.first_phase_fence() > now_us + 3_600_000_000);
     }
 }
