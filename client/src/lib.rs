@@ -92,9 +92,14 @@
 //! rule when clocks agree, so usually every granting node has T = g after
 //! step 1 and step 2 is skipped (one round trip, as without fencing). A
 //! node that granted more (its clock ahead) makes T its token, and the
-//! others are raised in step 2 as above. Tokens then run up to 2 ms ahead
-//! of the client's clock, which matters only for a node that loses its data
-//! and grants again within that time. Any two majorities of the N nodes share a node.
+//! others are raised in step 2 as above. The order argument is unchanged
+//! (T is still the largest token of a majority that all have it), but
+//! tokens now follow the clients' clocks as well as the nodes': a client
+//! whose clock is ahead of the nodes' by d pushes the group's tokens d
+//! ahead. That matters only where tokens rest on the clock, a node that
+//! restarts without its data: keep client clocks synchronized like the
+//! nodes' (NTP), or let restarted nodes keep their marks (`appendfsync
+//! always`) rather than rely on their clocks. Any two majorities of the N nodes share a node.
 //! A later Redlock grant of the same key needs a majority, so it includes a
 //! node that confirmed T, whose next token is above T; and T' is the maximum
 //! over its majority, so **T' > T**. The resource rejects the older holder.
