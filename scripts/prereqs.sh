@@ -23,6 +23,7 @@ if [ "$mode" = test ]; then
   command -v redis-cli >/dev/null || apt_missing+=(redis-tools)
   command -v valgrind >/dev/null || apt_missing+=(valgrind)
   command -v taskset >/dev/null || apt_missing+=(util-linux)
+  command -v tmux >/dev/null || apt_missing+=(tmux)
   have_pkg libfaketime || apt_missing+=(faketime)
   command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
 fi

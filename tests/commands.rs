@@ -633,3 +633,170 @@ fn keyspace_bookkeeping_does_not_touch_other_keys() {
         .unwrap();
     assert!(idle >= 1000, "IDLETIME kept: {idle}");
 }
+
+/// The `arguments` of one command's COMMAND DOCS entry, each as its
+/// (field, value) map flattened to strings.
+fn documented_args(c: &mut Connection, name: &str) -> Vec<Vec<(String, String)>> {
+    fn text(v: &Value) -> String {
+        match v {
+            Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+            Value::SimpleString(s) => s.clone(),
+            Value::Int(i) => i.to_string(),
+            Value::Array(items) | Value::Set(items) => {
+                items.iter().map(text).collect::<Vec<_>>().join(",")
+            }
+            other => format!("{other:?}"),
+        }
+    }
+    fn pairs(v: &Value) -> Vec<(Value, Value)> {
+        match v {
+            Value::Array(items) => items
+                .chunks(2)
+                .map(|p| (p[0].clone(), p[1].clone()))
+                .collect(),
+            Value::Map(m) => m.clone(),
+            other => panic!("{other:?}"),
+        }
+    }
+    let docs = run(c, &[b"COMMAND", b"DOCS", name.as_bytes()]).unwrap();
+    let (_, entry) = pairs(&docs).into_iter().next().expect("an entry");
+    let (_, args) = pairs(&entry)
+        .into_iter()
+        .find(|(k, _)| text(k) == "arguments")
+        .expect("arguments");
+    let Value::Array(args) = args else { panic!() };
+    args.iter()
+        .map(|a| pairs(a).iter().map(|(k, v)| (text(k), text(v))).collect())
+        .collect()
+}
+
+/// COMMAND DOCS gives every command its arguments (names, types, the BLOCK
+/// and MINFENCE options as optional tokens), which redis-cli shows as hints.
+#[test]
+fn command_docs_describe_every_argument() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // (name, type, token, optional) per argument.
+    let expected: [(&str, &[(&str, &str, &str, bool)]); 6] = [
+        (
+            "lock.acquire",
+            &[
+                ("key", "key", "", false),
+                ("token", "string", "", false),
+                ("ttl-ms", "integer", "", false),
+                ("timeout-ms", "integer", "BLOCK", true),
+                ("min-fence", "integer", "MINFENCE", true),
+            ],
+        ),
+        (
+            "lock.release",
+            &[("key", "key", "", false), ("token", "string", "", false)],
+        ),
+        (
+            "lock.extend",
+            &[
+                ("key", "key", "", false),
+                ("token", "string", "", false),
+                ("ttl-ms", "integer", "", false),
+            ],
+        ),
+        (
+            "lock.fence",
+            &[("key", "key", "", false), ("token", "string", "", true)],
+        ),
+        ("lock.info", &[("key", "key", "", false)]),
+        (
+            "lock._set",
+            &[
+                ("key", "key", "", false),
+                ("token", "string", "", false),
+                ("fence", "integer", "", false),
+                ("deadline-ms", "integer", "", false),
+            ],
+        ),
+    ];
+    for (name, want) in expected {
+        let got = documented_args(&mut c, name);
+        assert_eq!(got.len(), want.len(), "{name}: {got:?}");
+        for (arg, (n, ty, token, optional)) in got.iter().zip(want) {
+            let field = |f: &str| {
+                arg.iter()
+                    .find(|(k, _)| k == f)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            assert_eq!(field("name"), *n, "{name}: {arg:?}");
+            assert_eq!(field("type"), *ty, "{name}: {arg:?}");
+            assert_eq!(field("token"), *token, "{name}: {arg:?}");
+            assert_eq!(
+                field("flags").contains("optional"),
+                *optional,
+                "{name}: {arg:?}"
+            );
+            assert!(!field("summary").is_empty(), "{name}: {arg:?}");
+        }
+    }
+}
+
+/// What a person sees in redis-cli: typing a lock command shows the
+/// remaining arguments as a hint (redis-cli reads them from COMMAND DOCS).
+#[test]
+fn redis_cli_shows_argument_hints() {
+    let have = |cmd: &str, flag: &str| {
+        std::process::Command::new(cmd)
+            .arg(flag)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !have("tmux", "-V") || !have("redis-cli", "--version") {
+        panic!("tmux and redis-cli are needed (scripts/prereqs.sh test installs them)");
+    }
+    let s = Server::start();
+    let session = format!("lockhint{}", s.port);
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .args(args)
+            .output()
+            .expect("tmux")
+    };
+    let port = s.port.to_string();
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "160",
+        "-y",
+        "5",
+        "redis-cli",
+        "-p",
+        &port,
+    ]);
+    let capture = || {
+        String::from_utf8_lossy(&tmux(&["capture-pane", "-t", &session, "-p"]).stdout).into_owned()
+    };
+    let prompt = format!("127.0.0.1:{port}>");
+    wait_until(Duration::from_secs(10), || capture().contains(&prompt));
+    let screen = |typed: &str| {
+        tmux(&["send-keys", "-t", &session, "C-u", typed]);
+        let mut last = String::new();
+        for _ in 0..50 {
+            sleep(Duration::from_millis(100));
+            last = capture();
+            if last.contains(typed) && last.contains('[') {
+                break;
+            }
+        }
+        last
+    };
+    let acquire = screen("LOCK.ACQUIRE orders:1 ");
+    let fence = screen("LOCK.FENCE orders:1 ");
+    tmux(&["kill-session", "-t", &session]);
+    assert!(
+        acquire
+            .contains("LOCK.ACQUIRE orders:1 token ttl-ms [BLOCK timeout-ms] [MINFENCE min-fence]"),
+        "{acquire}"
+    );
+    assert!(fence.contains("LOCK.FENCE orders:1 [token]"), "{fence}");
+}

@@ -39,7 +39,61 @@ pub struct Command {
     /// modules may add categories (7.4+).
     acl_categories: &'static CStr,
     summary: &'static CStr,
+    /// The arguments after the name, for COMMAND DOCS (redis-cli's hints).
+    args: &'static [ArgDoc],
 }
+
+/// One argument as COMMAND DOCS describes it.
+pub struct ArgDoc {
+    name: &'static CStr,
+    kind: raw::RedisModuleCommandArgType,
+    /// The word that introduces it (`BLOCK`), if any.
+    token: Option<&'static CStr>,
+    optional: bool,
+    summary: &'static CStr,
+}
+
+const KEY: raw::RedisModuleCommandArgType = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
+const STRING: raw::RedisModuleCommandArgType =
+    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
+const INTEGER: raw::RedisModuleCommandArgType =
+    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
+
+const fn arg(
+    name: &'static CStr,
+    kind: raw::RedisModuleCommandArgType,
+    summary: &'static CStr,
+) -> ArgDoc {
+    ArgDoc {
+        name,
+        kind,
+        token: None,
+        optional: false,
+        summary,
+    }
+}
+
+const fn option(token: &'static CStr, name: &'static CStr, summary: &'static CStr) -> ArgDoc {
+    ArgDoc {
+        name,
+        kind: INTEGER,
+        token: Some(token),
+        optional: true,
+        summary,
+    }
+}
+
+const LOCK_KEY: ArgDoc = arg(c"key", KEY, c"The lock's key.");
+const TOKEN: ArgDoc = arg(
+    c"token",
+    STRING,
+    c"The holder's secret: unguessable, at most lock.max-token-len bytes.",
+);
+const TTL: ArgDoc = arg(
+    c"ttl-ms",
+    INTEGER,
+    c"The lease, in milliseconds (at most lock.max-ttl-ms).",
+);
 
 macro_rules! callback {
     ($handler:path) => {{
@@ -69,6 +123,13 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: RW | ACCESS | UPDATE,
         acl_categories: c"write blocking",
         summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
+        args: &[
+            LOCK_KEY,
+            TOKEN,
+            TTL,
+            option(c"BLOCK", c"timeout-ms", c"Wait in line up to timeout-ms (0: no timeout) instead of answering nil."),
+            option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
+        ],
     },
     Command {
         name: c"lock.release",
@@ -78,6 +139,7 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: RW | DELETE,
         acl_categories: c"write fast",
         summary: c"Frees the lock if token holds it; replies 1 if it did, 0 otherwise.",
+        args: &[LOCK_KEY, TOKEN],
     },
     Command {
         name: c"lock.extend",
@@ -87,6 +149,7 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: RW | UPDATE,
         acl_categories: c"write fast",
         summary: c"Resets the lease of the lock to ttl-ms from now if token holds it; replies 1 if it did, 0 otherwise.",
+        args: &[LOCK_KEY, TOKEN, TTL],
     },
     Command {
         name: c"lock.fence",
@@ -96,6 +159,13 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: RO | ACCESS,
         acl_categories: c"read fast",
         summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil.",
+        args: &[
+            LOCK_KEY,
+            ArgDoc {
+                optional: true,
+                ..TOKEN
+            },
+        ],
     },
     Command {
         name: c"lock.info",
@@ -105,6 +175,7 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: RO | ACCESS,
         acl_categories: c"read fast",
         summary: c"Replies with token, fence, ttl and waiters of a held lock, or nil.",
+        args: &[LOCK_KEY],
     },
     Command {
         name: c"lock._set",
@@ -114,6 +185,12 @@ pub static COMMANDS: [Command; 6] = [
         key_flags: OW | UPDATE,
         acl_categories: c"write",
         summary: c"Internal: the replicated and AOF form of a grant or renewal. Refused from ordinary clients.",
+        args: &[
+            LOCK_KEY,
+            TOKEN,
+            arg(c"fence", INTEGER, c"The fencing token."),
+            arg(c"deadline-ms", INTEGER, c"The lease's end, in Unix milliseconds."),
+        ],
     },
 ];
 
@@ -408,6 +485,24 @@ fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
     key_specs[0].fk.range.lastkey = 0;
     key_specs[0].fk.range.keystep = 1;
     key_specs[0].fk.range.limit = 0;
+    // The array ends with an all-zero entry; Redis copies it.
+    let mut args: Vec<raw::RedisModuleCommandArg> = c
+        .args
+        .iter()
+        .map(|a| {
+            let mut raw_arg: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
+            raw_arg.name = a.name.as_ptr();
+            raw_arg.type_ = a.kind;
+            raw_arg.key_spec_index = if a.kind == KEY { 0 } else { -1 };
+            raw_arg.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
+            raw_arg.summary = a.summary.as_ptr();
+            if a.optional {
+                raw_arg.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+            }
+            raw_arg
+        })
+        .collect();
+    args.push(unsafe { std::mem::zeroed() });
     let info = raw::RedisModuleCommandInfo {
         version: &version,
         summary: c.summary.as_ptr(),
@@ -417,7 +512,7 @@ fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
         tips: std::ptr::null(),
         arity: c.arity,
         key_specs: key_specs.as_mut_ptr(),
-        args: std::ptr::null_mut(),
+        args: args.as_mut_ptr(),
     };
     if unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
         return Err("RedisModule_SetCommandInfo refused the command info");
