@@ -677,7 +677,8 @@ fn command_docs_describe_every_argument() {
     let s = Server::start();
     let mut c = s.conn();
     // (name, type, token, optional) per argument.
-    let expected: [(&str, &[(&str, &str, &str, bool)]); 6] = [
+    type Arg = (&'static str, &'static str, &'static str, bool);
+    let expected: [(&str, &[Arg]); 6] = [
         (
             "lock.acquire",
             &[
