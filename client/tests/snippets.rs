@@ -1,0 +1,500 @@
+//! The client snippets of docs/clients.md, run against a real server with
+//! the module: each file under docs/snippets/ runs as its own process with
+//! the server's URL in `REDIS_URL`, and its output is checked line by line.
+//! docs/clients.md shows those files verbatim (checked here too;
+//! `SNIPPETS_BLESS=1` rewrites its blocks from the files).
+//!
+//! redis-py and the Node libraries are installed on first use under
+//! target/snippet-deps/ (`pip install --target`, `npm install --prefix`).
+//! If the registry cannot be reached, that snippet's test says so and
+//! passes without running it; any other install failure fails the test.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+#[path = "../../docs/snippets/rust_lock_client.rs"]
+mod rust_lock_client;
+#[path = "../../docs/snippets/rust_redis.rs"]
+mod rust_redis;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+use common::Server;
+
+/// Pinned so a new release cannot change what the snippets do unnoticed.
+const PYTHON_DEPS: &[&str] = &["redis==8.1.0"];
+const NODE_DEPS: &[&str] = &["ioredis@5.11.1", "redis@5.9.0"];
+
+const LOCK_KEY: &str = "lock:invoice:42";
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn snippet(name: &str) -> PathBuf {
+    root().join("docs/snippets").join(name)
+}
+
+fn url(s: &Server) -> String {
+    format!("redis://127.0.0.1:{}/", s.port)
+}
+
+/// Runs a snippet; its stdout, or a panic with both streams.
+fn run(what: &str, cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// The lines of `out` that start with one of `prefixes`, in order, with
+/// each fencing token (a run of 13+ digits) replaced by the name the
+/// caller gives it, e.g. `<A>`: the transcript a test compares.
+fn transcript(out: &str, prefixes: &[&str], names: &[(i64, &str)]) -> Vec<String> {
+    out.lines()
+        .filter(|l| prefixes.iter().any(|p| l.starts_with(p)))
+        .map(|l| {
+            let mut l = l.to_string();
+            for (fence, name) in names {
+                l = l.replace(&fence.to_string(), &format!("<{name}>"));
+            }
+            l
+        })
+        .collect()
+}
+
+/// The number after `prefix` on the first line that starts with it.
+fn number_after(out: &str, prefix: &str) -> i64 {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starting with {prefix:?} in:\n{out}"));
+    line[prefix.len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .find(|w| !w.is_empty())
+        .unwrap_or_else(|| panic!("no number in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+// ------------------------------------------------------------ installs
+
+static INSTALLING: Mutex<()> = Mutex::new(());
+
+/// Network failures of pip and npm: only these let a test skip.
+const UNREACHABLE: &[&str] = &[
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Network is unreachable",
+    "Max retries exceeded",
+    "ConnectTimeoutError",
+    "ENOTFOUND",
+    "EAI_AGAIN",
+    "ECONNREFUSED",
+    "ENETUNREACH",
+    "ETIMEDOUT",
+];
+
+/// Installs `deps` under target/snippet-deps/<name>-<deps> once: into a
+/// fresh directory that is renamed into place when complete, so parallel
+/// runs never see half an install. None if the registry is unreachable.
+fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
+    let _one_at_a_time = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    let tag: String = format!("{kind}-{}", deps.join("-"))
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let base = root().join("target/snippet-deps");
+    let dir = base.join(&tag);
+    if dir.exists() {
+        return Some(dir);
+    }
+    let tmp = base.join(format!("{tag}.partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut cmd = match kind {
+        "python" => {
+            let mut c = Command::new("python3");
+            c.args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-warn-script-location",
+            ])
+            .arg("--target")
+            .arg(&tmp);
+            c
+        }
+        _ => {
+            let mut c = Command::new("npm");
+            c.args(["install", "--no-audit", "--no-fund", "--prefix"])
+                .arg(&tmp);
+            c
+        }
+    };
+    eprintln!("installing {} into {}", deps.join(" "), dir.display());
+    let out = cmd
+        .args(deps)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the {kind} installer: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        if UNREACHABLE.iter().any(|m| stderr.contains(m)) {
+            eprintln!(
+                "SKIPPED: the {kind} package registry cannot be reached, so this \
+                 snippet did not run. The installer said:\n{stderr}"
+            );
+            return None;
+        }
+        panic!("installing {} failed:\n{stderr}", deps.join(" "));
+    }
+    // Another process may have finished first: keep its copy.
+    if std::fs::rename(&tmp, &dir).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(dir.exists(), "could not move the install into {dir:?}");
+    }
+    Some(dir)
+}
+
+// ------------------------------------------------------------ the docs
+
+/// docs/clients.md marks each block that shows a file with
+/// `<!-- snippet: docs/snippets/NAME -->` on the line before its fence,
+/// and a block that shows a snippet's output with `<!-- output: ... -->`.
+/// Returns (file, the block's text, the byte range of the text in the doc).
+fn marked_blocks(doc: &str, kind: &str) -> Vec<(String, String, std::ops::Range<usize>)> {
+    let mark = format!("<!-- {kind}: ");
+    let mut blocks = vec![];
+    let mut at = 0;
+    while let Some(found) = doc[at..].find(&mark) {
+        let start = at + found + mark.len();
+        let end = start + doc[start..].find(" -->").expect("unterminated marker");
+        let file = doc[start..end].to_string();
+        let fence_line = end + doc[end..].find('\n').unwrap() + 1;
+        assert!(
+            doc[fence_line..].starts_with("```"),
+            "the marker for {file} must be followed by a ``` block"
+        );
+        let body = fence_line + doc[fence_line..].find('\n').unwrap() + 1;
+        let close = if doc[body..].starts_with("```\n") {
+            body // an empty block
+        } else {
+            body + doc[body..]
+                .find("\n```\n")
+                .map(|i| i + 1)
+                .unwrap_or_else(|| panic!("unclosed block for {file}"))
+        };
+        blocks.push((file, doc[body..close].to_string(), body..close));
+        at = close;
+    }
+    blocks
+}
+
+#[test]
+fn clients_md_shows_every_snippet_file_verbatim() {
+    let path = root().join("docs/clients.md");
+    let mut doc = std::fs::read_to_string(&path).unwrap();
+    let blocks = marked_blocks(&doc, "snippet");
+    let bless = std::env::var_os("SNIPPETS_BLESS").is_some();
+    let mut stale = vec![];
+    for (file, text, range) in blocks.iter().rev() {
+        let source = std::fs::read_to_string(root().join(file))
+            .unwrap_or_else(|e| panic!("docs/clients.md shows {file}, which cannot be read: {e}"));
+        if &source != text {
+            stale.push(file.clone());
+            if bless {
+                doc.replace_range(range.clone(), &source);
+            }
+        }
+    }
+    if bless && !stale.is_empty() {
+        std::fs::write(&path, &doc).unwrap();
+        eprintln!("rewrote the blocks of {stale:?} in docs/clients.md");
+        stale.clear();
+    }
+    assert!(
+        !blocks.is_empty() && stale.is_empty(),
+        "docs/clients.md differs from {stale:?}: edit the file under docs/snippets/, then \
+         SNIPPETS_BLESS=1 cargo test -p redis-lock-client --test snippets"
+    );
+    let shown: Vec<&str> = blocks.iter().map(|(f, _, _)| f.as_str()).collect();
+    for entry in std::fs::read_dir(root().join("docs/snippets")).unwrap() {
+        let name = format!(
+            "docs/snippets/{}",
+            entry.unwrap().file_name().to_string_lossy()
+        );
+        assert!(
+            shown.contains(&name.as_str()),
+            "{name} is not shown in docs/clients.md"
+        );
+    }
+}
+
+/// The output docs/clients.md shows for a snippet, as lines.
+fn documented_output(file: &str) -> Vec<String> {
+    let doc = std::fs::read_to_string(root().join("docs/clients.md")).unwrap();
+    let (_, text, _) = marked_blocks(&doc, "output")
+        .into_iter()
+        .find(|(f, _, _)| f == &format!("docs/snippets/{file}"))
+        .unwrap_or_else(|| panic!("docs/clients.md shows no output of {file}"));
+    text.lines().map(str::to_string).collect()
+}
+
+// ------------------------------------------------------------ Python
+
+#[test]
+fn python_redis_py_waits_fences_renews_and_releases() {
+    let Some(deps) = install("python", PYTHON_DEPS) else {
+        return;
+    };
+    let s = Server::start();
+    let out = run(
+        "python_redis_py.py",
+        Command::new("python3")
+            .arg(snippet("python_redis_py.py"))
+            .env("PYTHONPATH", &deps)
+            .env("REDIS_URL", format!("{}0", url(&s))),
+    );
+    let a = number_after(&out, "A acquired: fence");
+    let b = number_after(&out, "B acquired: fence");
+    assert!(b > a, "B's fence {b} must be above A's {a}");
+    let lines = transcript(&out, &["A ", "B ", "invoice"], &[(a, "A"), (b, "B")]);
+    assert_eq!(lines, documented_output("python_redis_py.py"), "{out}");
+    assert_eq!(
+        lines,
+        [
+            "A acquired: fence <A>",
+            "A writes: True",
+            "B acquired: fence <B>",
+            "B writes: True",
+            "B renewed: True lost: False",
+            "A writes: False",
+            "A extends: False",
+            "A releases: False",
+            "B releases: True",
+            "invoice 42: ('refunded', <B>)",
+        ],
+        "{out}"
+    );
+    // B waited in line (BLOCK) and was handed the lock when A's lease ended.
+    assert_eq!(s.info_field("handoffs"), 1);
+    assert_eq!(common::fence(&mut s.conn(), LOCK_KEY), None);
+}
+
+// ------------------------------------------------------------ Node.js
+
+fn node(s: &Server, deps: &Path, file: &str) -> String {
+    run(
+        file,
+        Command::new("node")
+            .arg(snippet(file))
+            .env("NODE_PATH", deps.join("node_modules"))
+            .env("REDIS_URL", format!("{}0", url(s))),
+    )
+}
+
+#[test]
+fn node_ioredis_waits_fences_renews_and_releases() {
+    let Some(deps) = install("node", NODE_DEPS) else {
+        return;
+    };
+    let s = Server::start();
+    let out = node(&s, &deps, "node_ioredis.js");
+    let a = number_after(&out, "A acquired: fence");
+    let b = number_after(&out, "B acquired: fence");
+    assert!(b > a, "B's fence {b} must be above A's {a}");
+    assert_eq!(
+        transcript(&out, &["A ", "B ", "invoice"], &[(a, "A"), (b, "B")]),
+        [
+            "A acquired: fence <A>",
+            "A writes: true",
+            "B acquired: fence <B>",
+            "B extends: true",
+            "B writes: true",
+            "A writes: false",
+            "A extends: false",
+            "A releases: false",
+            "B releases: true",
+            "invoice 42: refunded <B>",
+        ],
+        "{out}"
+    );
+    assert_eq!(s.info_field("handoffs"), 1);
+    assert_eq!(common::fence(&mut s.conn(), LOCK_KEY), None);
+}
+
+#[test]
+fn node_redis_hands_the_lock_to_a_blocked_waiter() {
+    let Some(deps) = install("node", NODE_DEPS) else {
+        return;
+    };
+    let s = Server::start();
+    let out = node(&s, &deps, "node_redis.js");
+    let first = number_after(&out, "holder acquired: fence");
+    let next = number_after(&out, "next acquired: fence");
+    assert!(next > first, "{out}");
+    assert_eq!(
+        transcript(&out, &["holder", "next"], &[(first, "1"), (next, "2")]),
+        [
+            "holder acquired: fence <1>",
+            "holder is the holder",
+            "holder extends: 1",
+            "holder releases: 1",
+            "next acquired: fence <2> (higher)",
+            "next releases: 1",
+        ],
+        "{out}"
+    );
+    assert_eq!(s.info_field("grants"), 2);
+    assert_eq!(common::fence(&mut s.conn(), "lock:report"), None);
+}
+
+// ------------------------------------------------------------ Rust
+
+/// The Rust snippets are compiled into this test binary (as modules) and
+/// run in a child process of it, so each has its own environment and exit.
+fn rust_child(s: &Server, test: &str) -> String {
+    run(
+        test,
+        Command::new(std::env::current_exe().unwrap())
+            .args([
+                test,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+                "-q",
+            ])
+            .env("SNIPPET_CHILD", "1")
+            .env("REDIS_URL", url(s)),
+    )
+}
+
+#[test]
+#[ignore = "run in a child process by rust_redis_crate_waits_fences_and_releases"]
+fn child_rust_redis() {
+    if std::env::var_os("SNIPPET_CHILD").is_some() {
+        rust_redis::main().unwrap();
+    }
+}
+
+#[test]
+#[ignore = "run in a child process by rust_lock_client_acquires_renews_and_releases"]
+fn child_rust_lock_client() {
+    if std::env::var_os("SNIPPET_CHILD").is_some() {
+        rust_lock_client::main().unwrap();
+    }
+}
+
+#[test]
+fn rust_redis_crate_waits_fences_and_releases() {
+    let s = Server::start();
+    let out = rust_child(&s, "child_rust_redis");
+    let a = number_after(&out, "A acquired: fence");
+    let b = number_after(&out, "B acquired: fence");
+    assert!(b > a, "{out}");
+    assert_eq!(
+        transcript(&out, &["A ", "B "], &[(a, "A"), (b, "B")]),
+        [
+            "A acquired: fence <A>",
+            "B acquired: fence <B>",
+            "B extends: true",
+            "B writes: true",
+            "A writes: false",
+            "A extends: false",
+            "A releases: false",
+            "B releases: true",
+        ],
+        "{out}"
+    );
+    assert_eq!(s.info_field("handoffs"), 1);
+    assert_eq!(common::fence(&mut s.conn(), LOCK_KEY), None);
+}
+
+#[test]
+fn rust_lock_client_acquires_renews_and_releases() {
+    let s = Server::start();
+    let out = rust_child(&s, "child_rust_lock_client");
+    let first = number_after(&out, "acquired: fence");
+    assert_eq!(
+        transcript(
+            &out,
+            &["acquired", "second", "extends", "releases", "with_lock"],
+            &[(first, "1")]
+        ),
+        [
+            "acquired: fence <1>",
+            "second try_acquire: busy",
+            "extends: true",
+            "releases: true",
+            &format!(
+                "with_lock: fence {} higher: true",
+                number_after(&out, "with_lock: fence")
+            ),
+        ],
+        "{out}"
+    );
+    assert!(number_after(&out, "with_lock: fence") > first);
+    assert_eq!(common::fence(&mut s.conn(), LOCK_KEY), None);
+}
+
+// ------------------------------------------------------------ redis-lock
+
+#[test]
+fn redis_lock_command_runs_a_program_and_holds_across_steps() {
+    let s = Server::start();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_redis-lock"))
+        .parent()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = run(
+        "redis_lock_command.sh",
+        Command::new("sh")
+            .arg("-e")
+            .arg(snippet("redis_lock_command.sh"))
+            .env("PATH", path)
+            .env("REDIS_URL", url(&s)),
+    );
+    let run_fence = number_after(&out, "nightly job runs with fence");
+    let step_fence = number_after(&out, "step 1 with fence");
+    assert!(step_fence > run_fence, "{out}");
+    assert_eq!(
+        transcript(
+            &out,
+            &["nightly", "step", "extended", "released"],
+            &[(run_fence, "1"), (step_fence, "2")]
+        ),
+        [
+            "nightly job runs with fence <1>",
+            "step 1 with fence <2>",
+            "extended",
+            "released",
+        ],
+        "{out}"
+    );
+    assert_eq!(common::fence(&mut s.conn(), "job:nightly"), None);
+}
