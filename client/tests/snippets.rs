@@ -1,8 +1,9 @@
-//! The client snippets of docs/clients.md, run against a real server with
-//! the module: each file under docs/snippets/ runs as its own process with
-//! the server's URL in `REDIS_URL`, and its output is checked line by line.
-//! docs/clients.md shows those files verbatim (checked here too;
-//! `SNIPPETS_BLESS=1` rewrites its blocks from the files).
+//! The snippets of docs/clients.md and docs/migrating.md, run against real
+//! servers with the module: each file under docs/snippets/ runs as its own
+//! process with the server's URL in `REDIS_URL` (`REDIS_URLS` for Redlock),
+//! and its output is checked line by line. The docs show those files
+//! verbatim (checked here too; `SNIPPETS_BLESS=1` rewrites their blocks
+//! from the files).
 //!
 //! redis-py and the Node libraries are installed on first use under
 //! target/snippet-deps/ (`pip install --target`, `npm install --prefix`).
@@ -178,7 +179,10 @@ fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
 
 // ------------------------------------------------------------ the docs
 
-/// docs/clients.md marks each block that shows a file with
+/// The docs that show snippets.
+const DOCS: &[&str] = &["docs/clients.md", "docs/migrating.md"];
+
+/// A doc marks each block that shows a file with
 /// `<!-- snippet: docs/snippets/NAME -->` on the line before its fence,
 /// and a block that shows a snippet's output with `<!-- output: ... -->`.
 /// Returns (file, the block's text, the byte range of the text in the doc).
@@ -211,42 +215,43 @@ fn marked_blocks(doc: &str, kind: &str) -> Vec<(String, String, std::ops::Range<
 }
 
 #[test]
-fn clients_md_shows_every_snippet_file_verbatim() {
-    let path = root().join("docs/clients.md");
-    let mut doc = std::fs::read_to_string(&path).unwrap();
-    let blocks = marked_blocks(&doc, "snippet");
+fn docs_show_every_snippet_file_verbatim() {
     let bless = std::env::var_os("SNIPPETS_BLESS").is_some();
-    let mut stale = vec![];
-    for (file, text, range) in blocks.iter().rev() {
-        let source = std::fs::read_to_string(root().join(file))
-            .unwrap_or_else(|e| panic!("docs/clients.md shows {file}, which cannot be read: {e}"));
-        if &source != text {
-            stale.push(file.clone());
-            if bless {
-                doc.replace_range(range.clone(), &source);
+    let mut shown = vec![];
+    for doc_name in DOCS {
+        let path = root().join(doc_name);
+        let mut doc = std::fs::read_to_string(&path).unwrap();
+        let blocks = marked_blocks(&doc, "snippet");
+        assert!(!blocks.is_empty(), "{doc_name} shows no snippet file");
+        let mut stale = vec![];
+        for (file, text, range) in blocks.iter().rev() {
+            let source = std::fs::read_to_string(root().join(file))
+                .unwrap_or_else(|e| panic!("{doc_name} shows {file}, which cannot be read: {e}"));
+            if &source != text {
+                stale.push(file.clone());
+                if bless {
+                    doc.replace_range(range.clone(), &source);
+                }
             }
         }
+        if bless && !stale.is_empty() {
+            std::fs::write(&path, &doc).unwrap();
+            eprintln!("rewrote the blocks of {stale:?} in {doc_name}");
+            stale.clear();
+        }
+        assert!(
+            stale.is_empty(),
+            "{doc_name} differs from {stale:?}: edit the file under docs/snippets/, then \
+             SNIPPETS_BLESS=1 cargo test -p redis-lock-client --test snippets"
+        );
+        shown.extend(blocks.into_iter().map(|(f, _, _)| f));
     }
-    if bless && !stale.is_empty() {
-        std::fs::write(&path, &doc).unwrap();
-        eprintln!("rewrote the blocks of {stale:?} in docs/clients.md");
-        stale.clear();
-    }
-    assert!(
-        !blocks.is_empty() && stale.is_empty(),
-        "docs/clients.md differs from {stale:?}: edit the file under docs/snippets/, then \
-         SNIPPETS_BLESS=1 cargo test -p redis-lock-client --test snippets"
-    );
-    let shown: Vec<&str> = blocks.iter().map(|(f, _, _)| f.as_str()).collect();
     for entry in std::fs::read_dir(root().join("docs/snippets")).unwrap() {
         let name = format!(
             "docs/snippets/{}",
             entry.unwrap().file_name().to_string_lossy()
         );
-        assert!(
-            shown.contains(&name.as_str()),
-            "{name} is not shown in docs/clients.md"
-        );
+        assert!(shown.contains(&name), "{name} is not shown in {DOCS:?}");
     }
 }
 
@@ -300,6 +305,36 @@ fn python_redis_py_waits_fences_renews_and_releases() {
     // B waited in line (BLOCK) and was handed the lock when A's lease ended.
     assert_eq!(s.info_field("handoffs") - handoffs, 1);
     assert_eq!(common::fence(&mut s.conn(), LOCK_KEY), None);
+}
+
+#[test]
+fn python_fenced_lock_replaces_redis_py_lock_on_the_same_key() {
+    let Some(deps) = install("python", PYTHON_DEPS) else {
+        return;
+    };
+    let s = Server::start();
+    let out = run(
+        "python_fenced_lock.py",
+        Command::new("python3")
+            .arg(snippet("python_fenced_lock.py"))
+            .env("PYTHONPATH", &deps)
+            .env("REDIS_URL", format!("{}0", url(&s))),
+    );
+    let fence = number_after(&out, "new FencedLock acquires: True fence");
+    assert_eq!(
+        transcript(&out, &["old", "new"], &[(fence, "F")]),
+        [
+            "old Lock acquires: True",
+            "new FencedLock acquires: True fence <F>",
+            "old Lock acquires: False",
+            "new extends: True",
+            "new releases: True",
+            "new releases again: False",
+        ],
+        "{out}"
+    );
+    // Released, and nothing left behind by either kind of lock.
+    assert_eq!(common::fence(&mut s.conn(), "invoice:42"), None);
 }
 
 // ------------------------------------------------------------ Node.js
@@ -370,6 +405,66 @@ fn node_redis_hands_the_lock_to_a_blocked_waiter() {
     );
     assert_eq!(s.info_field("grants") - grants, 2);
     assert_eq!(common::fence(&mut s.conn(), "lock:report"), None);
+}
+
+#[test]
+fn node_redlock_gives_the_group_one_fence() {
+    let Some(deps) = install("node", NODE_DEPS) else {
+        return;
+    };
+    let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    // The first node's fence mark runs an hour ahead of the others (as if
+    // its clock had been ahead): the group must still agree on one token.
+    let mut c = servers[0].conn();
+    let now: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("probe")
+        .arg("t")
+        .arg(1000)
+        .query(&mut c)
+        .unwrap();
+    let ahead = now + 3_600_000_000;
+    let _: i64 = redis::cmd("LOCK.ACQUIRE")
+        .arg("raise")
+        .arg("t")
+        .arg(1000)
+        .arg("MINFENCE")
+        .arg(ahead)
+        .query(&mut c)
+        .unwrap();
+    let urls: Vec<String> = servers.iter().map(url).collect();
+    let out = run(
+        "node_redlock.js",
+        Command::new("node")
+            .arg(snippet("node_redlock.js"))
+            .env("NODE_PATH", deps.join("node_modules"))
+            .env("REDIS_URLS", urls.join(",")),
+    );
+    let a = number_after(&out, "A acquired on 3 of 3 nodes: fence");
+    let c_fence = number_after(&out, "C acquired: fence");
+    assert!(
+        a > ahead,
+        "A's fence {a} must be above the raised mark {ahead}"
+    );
+    assert_eq!(
+        transcript(
+            &out,
+            &["A ", "B ", "C ", "every"],
+            &[(a, "A"), (c_fence, "C")]
+        ),
+        [
+            "A acquired on 3 of 3 nodes: fence <A>",
+            "every node has fence <A>",
+            "B acquired: false",
+            "A extends: true",
+            "A releases: true",
+            "C acquired: fence <C> (above A's)",
+            "C releases: true",
+        ],
+        "{out}"
+    );
+    for s in &servers {
+        assert_eq!(common::fence(&mut s.conn(), "invoice:42"), None);
+    }
 }
 
 // ------------------------------------------------------------ Rust
