@@ -160,7 +160,7 @@ fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&tmp);
-        if UNREACHABLE.iter().any(|m| stderr.contains(m)) {
+        if UNREACHABLE.iter().any(|m| stderr.contains(m)) || !registry_reachable(kind) {
             eprintln!(
                 "SKIPPED: the {kind} package registry cannot be reached, so this \
                  snippet did not run. The installer said:\n{stderr}"
@@ -175,6 +175,51 @@ fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
         assert!(dir.exists(), "could not move the install into {dir:?}");
     }
     Some(dir)
+}
+
+/// Whether a TCP connection to the installer's registry opens (asked only
+/// after an install failed, to tell "offline" from a real failure).
+fn registry_reachable(kind: &str) -> bool {
+    let configured = |program: &str, args: &[&str]| {
+        Command::new(program)
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .filter(|url| url.contains("://"))
+    };
+    let url = match kind {
+        "python" => std::env::var("PIP_INDEX_URL")
+            .ok()
+            .or_else(|| {
+                configured(
+                    "python3",
+                    &["-m", "pip", "config", "get", "global.index-url"],
+                )
+            })
+            .unwrap_or_else(|| "https://pypi.org/simple".into()),
+        _ => configured("npm", &["config", "get", "registry"])
+            .unwrap_or_else(|| "https://registry.npmjs.org/".into()),
+    };
+    let (scheme, rest) = url.split_once("://").unwrap_or(("https", &url));
+    let authority = rest.split('/').next().unwrap_or_default();
+    let authority = authority.rsplit('@').next().unwrap_or_default();
+    let address = if authority.contains(':') {
+        authority.to_string()
+    } else {
+        format!("{authority}:{}", if scheme == "http" { 80 } else { 443 })
+    };
+    use std::net::ToSocketAddrs;
+    let reachable = address.to_socket_addrs().is_ok_and(|mut addrs| {
+        addrs.any(|a| {
+            std::net::TcpStream::connect_timeout(&a, std::time::Duration::from_secs(5)).is_ok()
+        })
+    });
+    if !reachable {
+        eprintln!("{url} ({address}) cannot be reached");
+    }
+    reachable
 }
 
 // ------------------------------------------------------------ the docs
