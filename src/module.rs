@@ -8,11 +8,25 @@ use redis_module::configuration::ConfigurationFlags;
 use redis_module::raw::{self, RedisModuleCtx};
 use redis_module::{redis_module, Context, RedisString, Status};
 
-use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS};
+use crate::core::limits::{
+    DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
+};
 use crate::redis::{commands, datatype, events, handoff, info, node, propagation};
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
-    match start(ctx.ctx) {
+/// The names accepted after the module path (the configurations below).
+const OPTION_NAMES: [&str; 5] = [
+    "restart-delay-ms",
+    "max-ttl-ms",
+    "max-waiters-per-key",
+    "max-token-len",
+    "allow-eviction",
+];
+
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let checked =
+        crate::core::args::check_module_args(&args, &OPTION_NAMES).and_then(|()| start(ctx.ctx));
+    match checked {
         Ok(()) => Status::Ok,
         Err(e) => {
             ctx.log_warning(&format!("lock: {e}"));
@@ -21,7 +35,54 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     }
 }
 
+/// The bounds of every numeric option: (name, value, min, max). Redis checks
+/// them on CONFIG SET and config-file lines, but a value given after the
+/// module path becomes the option's default, which Redis does not check.
+fn numeric_options() -> [(&'static str, i64, i64, i64); 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    [
+        (
+            "restart-delay-ms",
+            node::RESTART_DELAY_MS.load(Relaxed),
+            0,
+            MAX_DURATION_MS,
+        ),
+        (
+            "max-ttl-ms",
+            node::MAX_TTL_MS.load(Relaxed),
+            1,
+            MAX_DURATION_MS,
+        ),
+        (
+            "max-waiters-per-key",
+            node::MAX_WAITERS_PER_KEY.load(Relaxed),
+            1,
+            MAX_WAITERS_BOUND,
+        ),
+        (
+            "max-token-len",
+            node::MAX_TOKEN_LEN_OPTION.load(Relaxed),
+            1,
+            MAX_TOKEN_LEN as i64,
+        ),
+    ]
+}
+
+const MAX_WAITERS_BOUND: i64 = 100_000_000;
+
+fn check_module_args() -> Result<(), String> {
+    for (name, value, min, max) in numeric_options() {
+        if !(min..=max).contains(&value) {
+            return Err(format!(
+                "invalid {name} {value}: must be between {min} and {max} inclusive"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn start(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    check_module_args()?;
     // One call: the options are assigned, not added.
     // * HANDLE_IO_ERRORS: a damaged payload is refused instead of a panic,
     //   and replicas may load diskless;
@@ -59,7 +120,8 @@ redis_module! {
         i64: [
             ["restart-delay-ms", &node::RESTART_DELAY_MS, 0, 0, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
             ["max-ttl-ms", &node::MAX_TTL_MS, DEFAULT_MAX_TTL_MS, 1, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
-            ["max-waiters-per-key", &node::MAX_WAITERS_PER_KEY, DEFAULT_MAX_WAITERS_PER_KEY, 1, 100_000_000, ConfigurationFlags::DEFAULT, None],
+            ["max-waiters-per-key", &node::MAX_WAITERS_PER_KEY, DEFAULT_MAX_WAITERS_PER_KEY, 1, MAX_WAITERS_BOUND, ConfigurationFlags::DEFAULT, None],
+            ["max-token-len", &node::MAX_TOKEN_LEN_OPTION, MAX_TOKEN_LEN as i64, 1, MAX_TOKEN_LEN as i64, ConfigurationFlags::DEFAULT, None],
         ],
         string: [],
         bool: [

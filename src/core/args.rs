@@ -111,6 +111,36 @@ pub fn parse_token(arg: &[u8]) -> Result<&[u8], LockError> {
     }
 }
 
+/// `lock.max-token-len` (1 to MAX_TOKEN_LEN) bounds the tokens of new
+/// ACQUIREs only: a holder whose token was accepted before the option was
+/// lowered can still RELEASE and EXTEND.
+pub fn check_token_limit(token: &[u8], max_token_len: usize) -> Result<(), LockError> {
+    match token.len() {
+        n if n > max_token_len => Err(LockError::TokenOverLimit(n, max_token_len)),
+        _ => Ok(()),
+    }
+}
+
+/// The arguments after the module path: `name value` pairs, each name one
+/// of `known` (as written, lower case). The values are checked by the
+/// options themselves; a misspelt name would otherwise be ignored, leaving
+/// an option (say restart-delay-ms on a Redlock node) silently unset.
+pub fn check_module_args(args: &[&[u8]], known: &[&str]) -> Result<(), String> {
+    for pair in args.chunks(2) {
+        let name = String::from_utf8_lossy(pair[0]);
+        if !known.iter().any(|k| k.as_bytes() == pair[0]) {
+            return Err(format!(
+                "unknown option '{name}' after the module path (options: {})",
+                known.join(", ")
+            ));
+        }
+        if pair.len() < 2 {
+            return Err(format!("option '{name}' has no value"));
+        }
+    }
+    Ok(())
+}
+
 fn arity(argv: &[&[u8]], min: usize, max: usize, name: &'static str) -> Result<(), LockError> {
     if argv.len() < min || argv.len() > max {
         return Err(LockError::WrongArity(name));
@@ -304,6 +334,21 @@ mod tests {
         assert_eq!(parse_token(&[7; 512]).map(<[u8]>::len), Ok(512));
         assert_eq!(parse_token(b""), Err(LockError::TokenEmpty));
         assert_eq!(parse_token(&[7; 513]), Err(LockError::TokenTooLong(513)));
+        let known = ["max-ttl-ms", "allow-eviction"];
+        assert_eq!(check_module_args(&[], &known), Ok(()));
+        assert_eq!(
+            check_module_args(&[b"max-ttl-ms", b"5", b"allow-eviction", b"yes"], &known),
+            Ok(())
+        );
+        let err = check_module_args(&[b"max-tll-ms", b"5"], &known).unwrap_err();
+        assert!(err.contains("unknown option 'max-tll-ms'"), "{err}");
+        let err = check_module_args(&[b"max-ttl-ms"], &known).unwrap_err();
+        assert!(err.contains("'max-ttl-ms' has no value"), "{err}");
+        assert_eq!(check_token_limit(&[7; 64], 64), Ok(()));
+        assert_eq!(
+            check_token_limit(&[7; 65], 64),
+            Err(LockError::TokenOverLimit(65, 64))
+        );
     }
 
     #[test]

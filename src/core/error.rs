@@ -18,6 +18,8 @@ pub enum LockError {
     TtlOverflowsClock,
     TokenEmpty,
     TokenTooLong(usize),
+    /// A new ACQUIRE's token is longer than `lock.max-token-len` (given).
+    TokenOverLimit(usize, usize),
     UnknownOption(String),
     /// BLOCK without its timeout.
     MissingTimeout,
@@ -80,6 +82,10 @@ impl fmt::Display for LockError {
                 f,
                 "ERR invalid token: {n} bytes, the limit is {} bytes",
                 crate::core::limits::MAX_TOKEN_LEN
+            ),
+            TokenOverLimit(n, max) => write!(
+                f,
+                "ERR invalid token: {n} bytes, above the limit of {max} bytes (lock.max-token-len)"
             ),
             UnknownOption(o) => write!(f, "ERR unknown option {o}"),
             MissingTimeout => write!(f, "ERR BLOCK needs a timeout-ms (0 waits forever)"),

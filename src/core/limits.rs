@@ -1,7 +1,8 @@
 //! Bounds on everything a client or a loaded file can hand the module. Each
 //! keeps arithmetic on time and tokens far from overflow.
 
-/// Tokens are binary-safe, 1 to 512 bytes.
+/// Tokens are binary-safe, 1 to 512 bytes; `lock.max-token-len` can lower
+/// the bound for new ACQUIREs, never raise it.
 pub const MAX_TOKEN_LEN: usize = 512;
 
 /// The longest lease or BLOCK timeout the module accepts at all: about ten

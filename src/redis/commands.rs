@@ -196,6 +196,7 @@ pub static COMMANDS: [Command; 6] = [
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_acquire(argv.bytes(), node::max_ttl_ms())?;
+    args::check_token_limit(a.token, node::max_token_len())?;
     if a.min_fence > 0 && crate::core::fence::check_min_fence(a.min_fence, node::now_us()).is_err()
     {
         return Err(LockError::MinFenceTooLarge(format!("'{}'", a.min_fence)));

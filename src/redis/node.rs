@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use crate::core::error::LockError;
 use crate::core::fence::{FenceCounter, FenceSource};
-use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY};
+use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
 
 /// The node's one fence counter (the rules live in `core::fence`).
 static FENCES: Mutex<FenceCounter> = Mutex::new(FenceCounter::new(0));
@@ -27,6 +27,8 @@ pub static RESTART_DELAY_MS: AtomicI64 = AtomicI64::new(0);
 pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS);
 /// `lock.max-waiters-per-key`: the longest BLOCK line on one key.
 pub static MAX_WAITERS_PER_KEY: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_KEY);
+/// `lock.max-token-len`: the longest token a new ACQUIRE may use.
+pub static MAX_TOKEN_LEN_OPTION: AtomicI64 = AtomicI64::new(MAX_TOKEN_LEN as i64);
 /// `lock.allow-eviction`: grant even while maxmemory-policy can evict locks.
 pub static ALLOW_EVICTION: AtomicBool = AtomicBool::new(false);
 
@@ -105,6 +107,12 @@ pub fn new_lease() -> u64 {
 
 pub fn max_ttl_ms() -> i64 {
     MAX_TTL_MS.load(Relaxed)
+}
+
+pub fn max_token_len() -> usize {
+    MAX_TOKEN_LEN_OPTION
+        .load(Relaxed)
+        .clamp(1, MAX_TOKEN_LEN as i64) as usize
 }
 
 pub fn max_waiters_per_key() -> usize {

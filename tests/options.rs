@@ -1,0 +1,245 @@
+//! Every module option: given after the module path, as a `lock.*` line in
+//! the config (here: its command-line form), read and changed with CONFIG
+//! GET/SET, refused when out of range, and doing what it says.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn config_get(c: &mut Connection, name: &str) -> String {
+    let pair: Vec<String> = redis::cmd("CONFIG").arg("GET").arg(name).query(c).unwrap();
+    assert_eq!(pair.len(), 2, "{name}: {pair:?}");
+    pair[1].clone()
+}
+
+fn config_set(c: &mut Connection, name: &str, value: &str) -> Result<(), String> {
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query::<()>(c)
+        .map_err(|e| error_text(&e))
+}
+
+fn try_acquire(
+    c: &mut Connection,
+    key: &str,
+    token: &str,
+    ttl: i64,
+) -> Result<Option<i64>, String> {
+    redis::cmd("LOCK.ACQUIRE")
+        .arg(key)
+        .arg(token)
+        .arg(ttl)
+        .query(c)
+        .map_err(|e| error_text(&e))
+}
+
+#[test]
+fn every_option_is_listed_with_its_default() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let all: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("lock.*")
+        .query(&mut c)
+        .unwrap();
+    let mut pairs: Vec<(String, String)> = all
+        .chunks(2)
+        .map(|p| (p[0].clone(), p[1].clone()))
+        .collect();
+    pairs.sort();
+    let expected = [
+        ("lock.allow-eviction", "no"),
+        ("lock.max-token-len", "512"),
+        ("lock.max-ttl-ms", "604800000"),
+        ("lock.max-waiters-per-key", "100000"),
+        ("lock.restart-delay-ms", "0"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(pairs, expected);
+}
+
+#[test]
+fn options_from_the_module_line_and_from_config_lines() {
+    let s = Server::builder()
+        .module_arg("max-ttl-ms", "5000")
+        .module_arg("max-token-len", "8")
+        .config("lock.max-waiters-per-key", "3")
+        .start();
+    let mut c = s.conn();
+    assert_eq!(config_get(&mut c, "lock.max-ttl-ms"), "5000");
+    assert_eq!(config_get(&mut c, "lock.max-token-len"), "8");
+    assert_eq!(config_get(&mut c, "lock.max-waiters-per-key"), "3");
+    let err = try_acquire(&mut c, "k", "t", 5001).unwrap_err();
+    assert!(err.contains("lock.max-ttl-ms"), "{err}");
+    let err = try_acquire(&mut c, "k", "123456789", 1000).unwrap_err();
+    assert!(
+        err.contains("9 bytes") && err.contains("lock.max-token-len"),
+        "{err}"
+    );
+    assert!(try_acquire(&mut c, "k", "12345678", 5000)
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn bad_values_are_refused_and_change_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let cases = [
+        (
+            "lock.max-ttl-ms",
+            &["0", "-1", "316224000001", "1.5", "abc", ""][..],
+        ),
+        ("lock.max-token-len", &["0", "513", "x"]),
+        ("lock.max-waiters-per-key", &["0", "100000001", "-5"]),
+        ("lock.restart-delay-ms", &["-1", "316224000001", "1e3"]),
+        ("lock.allow-eviction", &["maybe", "2"]),
+    ];
+    for (name, values) in cases {
+        let before = config_get(&mut c, name);
+        for value in values {
+            let err = config_set(&mut c, name, value).unwrap_err();
+            assert!(err.contains(name), "{name} {value:?}: {err}");
+            assert!(
+                err.contains("between") || err.contains("parsed") || err.contains("'yes' or 'no'"),
+                "{name} {value:?}: {err}"
+            );
+            assert_eq!(config_get(&mut c, name), before, "{name} {value:?}");
+        }
+    }
+    // The bounds themselves are accepted.
+    for (name, value) in [
+        ("lock.max-ttl-ms", "316224000000"),
+        ("lock.max-ttl-ms", "1"),
+        ("lock.max-token-len", "1"),
+        ("lock.max-token-len", "512"),
+        ("lock.max-waiters-per-key", "1"),
+        ("lock.restart-delay-ms", "0"),
+    ] {
+        config_set(&mut c, name, value).unwrap();
+        assert_eq!(config_get(&mut c, name), value);
+    }
+}
+
+/// Starts a server with `args` after the module path (or as config lines)
+/// and returns its log if it exited by itself within 10 s; panics if it
+/// kept running.
+fn refused_start(module_args: &[&str], config: &[&str]) -> String {
+    let port = free_port().to_string();
+    let mut child = Command::new(server_binary())
+        .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
+        .args(config)
+        .arg("--loadmodule")
+        .arg(module_path())
+        .args(module_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the server");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the server started with {module_args:?} {config:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(!status.success(), "{module_args:?} {config:?}");
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// A bad value, a misspelt name or a name without a value after the module
+/// path stops the server at start with a log line naming it (Redis itself
+/// does not check values given there); a bad `lock.*` config line too.
+#[test]
+fn bad_options_at_start_stop_the_server_with_a_message() {
+    let cases: [(&[&str], &str); 9] = [
+        (&["max-token-len", "9999"], "invalid max-token-len 9999"),
+        (&["max-token-len", "0"], "invalid max-token-len 0"),
+        (&["max-ttl-ms", "999999999999999"], "invalid max-ttl-ms"),
+        (&["max-ttl-ms", "0"], "invalid max-ttl-ms 0"),
+        (&["restart-delay-ms", "-5"], "invalid restart-delay-ms -5"),
+        (
+            &["max-waiters-per-key", "0"],
+            "invalid max-waiters-per-key 0",
+        ),
+        (&["max-ttl-ms", "abc"], "invalid digit"),
+        (
+            &["restart-dealy-ms", "30000"],
+            "unknown option 'restart-dealy-ms'",
+        ),
+        (
+            &["max-ttl-ms", "5000", "max-token-len"],
+            "'max-token-len' has no value",
+        ),
+    ];
+    for (args, message) in cases {
+        let log = refused_start(args, &[]);
+        assert!(log.contains(message), "{args:?}: {log}");
+    }
+    let log = refused_start(&[], &["--lock.max-token-len", "9999"]);
+    assert!(log.contains("max-token-len"), "{log}");
+}
+
+#[test]
+fn runtime_changes_take_effect_at_once() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // max-ttl-ms
+    config_set(&mut c, "lock.max-ttl-ms", "1000").unwrap();
+    assert!(try_acquire(&mut c, "a", "t", 1001).is_err());
+    config_set(&mut c, "lock.max-ttl-ms", "2000").unwrap();
+    assert!(try_acquire(&mut c, "a", "t", 1001).unwrap().is_some());
+    let err = redis::cmd("LOCK.EXTEND")
+        .arg("a")
+        .arg("t")
+        .arg(2001)
+        .query::<i64>(&mut c)
+        .unwrap_err();
+    assert!(error_text(&err).contains("lock.max-ttl-ms"));
+    config_set(&mut c, "lock.max-ttl-ms", "604800000").unwrap();
+
+    // max-token-len: lowering it leaves a longer token's holder in charge.
+    acquire(&mut c, "b", "a-rather-long-token", 60_000).unwrap();
+    config_set(&mut c, "lock.max-token-len", "4").unwrap();
+    assert!(try_acquire(&mut c, "c", "12345", 1000).is_err());
+    assert!(try_acquire(&mut c, "c", "1234", 1000).unwrap().is_some());
+    assert!(fence(&mut c, "b").is_some());
+    assert_eq!(extend(&mut c, "b", "a-rather-long-token", 60_000), 1);
+    assert_eq!(release(&mut c, "b", "a-rather-long-token"), 1);
+
+    // max-waiters-per-key: the line is full at the limit.
+    config_set(&mut c, "lock.max-waiters-per-key", "2").unwrap();
+    acquire(&mut c, "w", "h", 60_000).unwrap();
+    let _waiters = RawConn::queue_waiters(&s, "w", 2);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 2);
+    let mut third = RawConn::connect(&s);
+    let reply = third.call(&["LOCK.ACQUIRE", "w", "x", "1000", "BLOCK", "0"]);
+    assert!(
+        matches!(&reply, Resp::Error(e) if e.contains("too many waiters")),
+        "{reply:?}"
+    );
+    assert_eq!(s.info_field("waiters"), 2);
+
+    // restart-delay-ms counts from the start: raising it pauses new grants
+    // (TRYAGAIN), lowering it to 0 lifts the pause at once.
+    config_set(&mut c, "lock.restart-delay-ms", "3600000").unwrap();
+    let err = try_acquire(&mut c, "r", "t", 1000).unwrap_err();
+    assert!(err.starts_with("TRYAGAIN"), "{err}");
+    config_set(&mut c, "lock.restart-delay-ms", "0").unwrap();
+    assert!(try_acquire(&mut c, "r", "t", 1000).unwrap().is_some());
+}
