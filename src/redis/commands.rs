@@ -11,8 +11,8 @@ use redis_module::raw;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::ffi::{
-    api, context_flags, is_replica, log_warning, may_write_key, run_command, Argv, Ctx, RString,
-    Reply, Value,
+    api, context_flags, is_replica, lock_events, log_warning, may_write_key, notify_lock_event,
+    run_command, Argv, Ctx, RString, Reply, Value,
 };
 use super::handoff;
 use super::keyspace::LockKey;
@@ -254,10 +254,12 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         )? {
             Acquired::Granted(fence) => {
                 count(&STATS.grants);
+                notify_lock_event(ctx, lock_events::ACQUIRE, argv.key());
                 Reply::Integer(fence)
             }
             Acquired::Renewed(fence) => {
                 count(&STATS.extends);
+                notify_lock_event(ctx, lock_events::EXTEND, argv.key());
                 let deadline = lock::deadline(now_ms, a.ttl_ms)?;
                 handoff::lease_changed(ctx, argv.key_bytes(), deadline);
                 Reply::Integer(fence)
@@ -313,6 +315,7 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     };
     if released {
         count(&STATS.releases);
+        notify_lock_event(ctx, lock_events::RELEASE, argv.key());
         // The next waiter gets the lock in this same command.
         handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     }
@@ -328,6 +331,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let extended = lock::extend(&mut slot, a.token, a.ttl_ms, now_ms)?;
     if extended {
         count(&STATS.extends);
+        notify_lock_event(ctx, lock_events::EXTEND, argv.key());
         handoff::lease_changed(ctx, argv.key_bytes(), lock::deadline(now_ms, a.ttl_ms)?);
     }
     Ok(Reply::Integer(extended.into()))

@@ -7,7 +7,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw;
 
-use super::ffi::{api, context_flags, guard, log_warning, string_bytes, Ctx, RString};
+use super::ffi::{
+    api, context_flags, guard, lock_events, log_warning, notify_lock_event, string_bytes, Ctx,
+    RString,
+};
 use super::keyspace::LockKey;
 use super::node::{self, SERVER};
 use super::{handoff, propagation};
@@ -130,6 +133,12 @@ pub extern "C" fn on_keyspace_event(
             return;
         }
         let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
+        if event == b"expired" {
+            if handoff::was_lock(ctx, unsafe { string_bytes(key) }) {
+                notify_lock_event(ctx, lock_events::EXPIRE, key);
+            }
+            return;
+        }
         if !matches!(event, b"restore" | b"expire" | b"persist") {
             return;
         }
@@ -192,7 +201,7 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
     let keyspace = unsafe {
         api!(RedisModule_SubscribeToKeyspaceEvents)(
             ctx,
-            raw::REDISMODULE_NOTIFY_GENERIC as c_int,
+            (raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED) as c_int,
             Some(on_keyspace_event),
         )
     };

@@ -288,3 +288,41 @@ pub fn key_exists(ctx: Ctx, name: RString) -> bool {
         exists
     }
 }
+
+/// The keyspace events a lock emits, in the module class (`d` in
+/// `notify-keyspace-events`): `PSUBSCRIBE __keyspace@0__:orders:*` shows a
+/// lock's life.
+pub mod lock_events {
+    use std::ffi::CStr;
+    pub const ACQUIRE: &CStr = c"lock.acquire";
+    pub const RELEASE: &CStr = c"lock.release";
+    pub const EXTEND: &CStr = c"lock.extend";
+    pub const EXPIRE: &CStr = c"lock.expire";
+    pub const HANDOFF: &CStr = c"lock.handoff";
+}
+
+/// Whether module-class keyspace events are on (`notify-keyspace-events`
+/// with `d`, or `A`): the cheap check before any notification work.
+pub fn lock_events_on() -> bool {
+    match unsafe { raw::RedisModule_GetNotifyKeyspaceEvents } {
+        Some(get) => (unsafe { get() } & raw::REDISMODULE_NOTIFY_MODULE as c_int) != 0,
+        None => false,
+    }
+}
+
+/// Emits `event` for `key` (in the context's selected db), if enabled.
+pub fn notify_lock_event(ctx: Ctx, event: &std::ffi::CStr, key: RString) {
+    if !lock_events_on() {
+        return;
+    }
+    if let Some(notify) = unsafe { raw::RedisModule_NotifyKeyspaceEvent } {
+        unsafe {
+            notify(
+                ctx,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                key,
+            )
+        };
+    }
+}

@@ -35,8 +35,8 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use redis_module::raw;
 
 use super::ffi::{
-    api, cluster_nodes, guard, in_cluster, is_replica, key_exists, string_bytes, writes_paused,
-    Ctx, RString, Reply,
+    api, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, lock_events_on,
+    notify_lock_event, string_bytes, writes_paused, Ctx, RString, Reply,
 };
 use super::keyspace::LockKey;
 use super::node::{self, count, NodeFences, STATS};
@@ -295,6 +295,17 @@ fn settle_key(ctx: Ctx, name: RString, key: &Key) {
         // The key now holds another type: its waiters cannot get a lock.
         Err(err) => with_waiters(|w| w.fail_all(key, &err, now_us)),
     };
+    for wake in &wakes {
+        match wake.outcome {
+            Outcome::Granted { renewed: false, .. } => {
+                notify_lock_event(ctx, lock_events::HANDOFF, name)
+            }
+            Outcome::Granted { renewed: true, .. } => {
+                notify_lock_event(ctx, lock_events::EXTEND, name)
+            }
+            _ => {}
+        }
+    }
     execute(wakes);
     rearm();
 }
@@ -426,6 +437,8 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                 if let Ok(mut slot) = LockKey::open(ctx, name, true) {
                     if lock::take_back(&mut slot, *fence, *lease, now_ms) {
                         count(&STATS.take_backs);
+                        drop(slot);
+                        notify_lock_event(ctx, lock_events::RELEASE, name);
                     }
                 }
                 settle_here_or_redirect(ctx, name, key, &mut cluster);
@@ -636,7 +649,8 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, data: *mut c_void) {
 /// expiry, eviction, MOVE, RENAME). It cannot write: queue a check.
 pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const c_void) {
     guard("unlink", (), || {
-        if waiters_total() == 0 {
+        let events = lock_events_on();
+        if waiters_total() == 0 && !events {
             return;
         }
         let key: Key = unsafe {
@@ -644,8 +658,30 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
             let db = api!(RedisModule_GetDbIdFromOptCtx)(opt);
             (db, string_bytes(name.cast_mut()).into())
         };
-        queue_work(|p| p.freed.push(key));
+        if events {
+            *locked(&LAST_UNLINKED) = Some(key.clone());
+        }
+        if waiters_total() > 0 {
+            queue_work(|p| p.freed.push(key));
+        }
     })
+}
+
+/// The last lock key that left the keyspace, while lock events are on:
+/// Redis sends `expired` right after it deletes an expired key, when its
+/// type can no longer be read.
+static LAST_UNLINKED: Mutex<Option<Key>> = Mutex::new(None);
+
+/// Whether the key Redis just expired (`expired` event for `name`) was a
+/// lock; it then gets a `lock.expire` event.
+pub fn was_lock(ctx: Ctx, name: &[u8]) -> bool {
+    let key = key_of(ctx, name);
+    let mut last = locked(&LAST_UNLINKED);
+    if last.as_ref() == Some(&key) {
+        *last = None;
+        return true;
+    }
+    false
 }
 
 /// FLUSHDB / FLUSHALL finished (db -1: all): check every waited-on key there.
