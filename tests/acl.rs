@@ -193,6 +193,9 @@ fn an_app_user_locks_only_keys_of_its_pattern() {
 
 #[test]
 fn the_internal_command_is_refused_from_every_client() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
     let master = Server::start();
     let replica = Server::builder().config("replica-read-only", "no").start();
     replica.replicate_from(&master);

@@ -114,6 +114,9 @@ fn restore(c: &mut Connection, key: &str, payload: &[u8]) -> redis::RedisResult<
 /// server stays up, and a refused payload leaves the fence mark alone.
 #[test]
 fn damaged_restore_payloads_are_refused_and_change_nothing() {
+    if common::skip_unless(common::Needs::OwnServer, "reads the server's log") {
+        return;
+    }
     let s = Server::start();
     let mut c = s.conn();
     acquire(&mut c, "k", "holder-token", 60_000).unwrap();
@@ -205,6 +208,9 @@ fn huge_leases_and_timeouts_are_refused_without_leaving_a_waiter() {
 /// now waits for the pause to end.
 #[test]
 fn a_lease_ending_during_client_pause_is_handed_off_after_the_pause() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
     for with_replica in [false, true] {
         let s = Server::start();
         let replica = with_replica.then(|| {
@@ -336,6 +342,9 @@ fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
 /// with replica-read-only no.
 #[test]
 fn a_writable_replica_refuses_lock_writes() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
     let master = Server::start();
     let replica = Server::builder().config("replica-read-only", "no").start();
     replica.replicate_from(&master);
@@ -361,6 +370,9 @@ fn a_writable_replica_refuses_lock_writes() {
 /// refused, with a warning and an INFO field, unless allowed.
 #[test]
 fn grants_are_refused_while_the_policy_can_evict_locks() {
+    if common::skip_unless(common::Needs::OwnServer, "reads the server's log") {
+        return;
+    }
     let s = Server::start();
     let mut c = s.conn();
     acquire(&mut c, "held", "a", 60_000).unwrap();
@@ -512,6 +524,9 @@ fn commands_that_change_nothing_do_not_abort_watch() {
 
 #[test]
 fn block_during_the_restart_delay_waits_instead_of_failing() {
+    if common::skip_unless(common::Needs::OwnServer, "starts with restart-delay-ms") {
+        return;
+    }
     let s = Server::builder()
         .module_arg("restart-delay-ms", "800")
         .start();

@@ -597,7 +597,7 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
         "LOCK.EXTEND" => n == 4,
         "LOCK.FENCE" => n >= 2,
         "LOCK.INFO" => n == 2,
-        _ => n == 5,
+        _ => n == 5 || n == 6,
     };
     if !arity_ok {
         return Expect::Error(vec!["wrong number of arguments"]);
@@ -1136,13 +1136,18 @@ fn damage(rng: &mut Rng, bytes: &mut Vec<u8>, range: std::ops::Range<usize>, num
     }
 }
 
-/// Where the fence and the deadline of a value are (both 64-bit lengths
-/// at its end), given the position of the EOF opcode that follows it.
+/// Where the fence, the deadline and the grant time of a value are (all
+/// 64-bit lengths at its end, encoding version 2), given the position of
+/// the EOF opcode that follows it.
 fn number_fields(bytes: &[u8], eof: usize) -> Vec<usize> {
-    let fence = eof - 18;
-    let deadline = eof - 8;
-    assert_eq!((bytes[fence - 1], bytes[deadline - 1]), (0x81, 0x81));
-    vec![fence, deadline]
+    let fence = eof - 28;
+    let deadline = eof - 18;
+    let granted = eof - 8;
+    assert_eq!(
+        (bytes[fence - 1], bytes[deadline - 1], bytes[granted - 1]),
+        (0x81, 0x81, 0x81)
+    );
+    vec![fence, deadline, granted]
 }
 
 /// A restored or loaded lock must be whole: a token of 1 to 512 bytes, a
@@ -1484,6 +1489,12 @@ fn check_loaded(boot: &Boot) -> usize {
 
 #[test]
 fn damaged_rdb_files_are_refused_or_load_only_whole_locks() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts the server binary by hand on damaged files",
+    ) {
+        return;
+    }
     let started = Instant::now();
     let mut rng = Rng::for_test("RDB fuzz", 3);
     let cases = env_number("FUZZ_FILE_CASES", 40) as usize;
@@ -1778,6 +1789,12 @@ fn load_aof_with(commands: &[Vec<&[u8]>]) -> (String, bool) {
 /// it; the module logs a fence beyond its bound.)
 #[test]
 fn damaged_lock_set_commands_in_the_aof_are_refused() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts the server binary by hand on damaged files",
+    ) {
+        return;
+    }
     let deadline = (now_us() / 1000 + 600_000).to_string();
     let too_far = (now_us() + 2 * MAX_FENCE_LEAD).to_string();
     let big = vec![b'x'; 513];
@@ -1822,6 +1839,12 @@ fn damaged_lock_set_commands_in_the_aof_are_refused() {
 /// module, which refuses them; Valkey refuses the whole file.
 #[test]
 fn lock_commands_of_the_wrong_arity_in_the_aof_are_refused() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts the server binary by hand on damaged files",
+    ) {
+        return;
+    }
     let deadline = (now_us() / 1000 + 600_000).to_string();
     let bad: Vec<Vec<&[u8]>> = vec![
         vec![b"LOCK._SET", b"", b"tok", b"5"],
@@ -1842,6 +1865,12 @@ fn lock_commands_of_the_wrong_arity_in_the_aof_are_refused() {
 /// refuses to start with a log line, or starts with whole locks only.
 #[test]
 fn damaged_aof_files_are_refused_or_load_only_whole_locks() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts the server binary by hand on damaged files",
+    ) {
+        return;
+    }
     let started = Instant::now();
     let mut rng = Rng::for_test("AOF fuzz", 4);
     let cases = env_number("FUZZ_FILE_CASES", 40) as usize;

@@ -547,6 +547,12 @@ fn other_endings(s: &Server, c: &mut Connection) {
 #[test]
 #[ignore = "slow: runs the server under valgrind (make stress)"]
 fn valgrind_finds_no_leak_or_invalid_access_in_the_module() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "runs the server under valgrind",
+    ) {
+        return;
+    }
     let cycles: u64 = std::env::var("VALGRIND_CYCLES")
         .ok()
         .map(|v| v.parse().expect("VALGRIND_CYCLES: a number"))

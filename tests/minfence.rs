@@ -42,6 +42,9 @@ fn a_grant_with_minfence_is_at_least_n_and_later_grants_exceed_it() {
 
 #[test]
 fn minfence_raises_the_holders_token_and_renews_its_lease() {
+    if common::skip_unless(common::Needs::OwnServer, "counts INFO lock from zero") {
+        return;
+    }
     let s = Server::start();
     let mut c = s.conn();
     let first = acquire(&mut c, "k", "a", 1000).unwrap();
@@ -125,6 +128,9 @@ fn a_waiter_with_minfence_is_granted_at_least_n() {
 
 #[test]
 fn minfence_is_replicated_and_persisted() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
     let master = Server::builder()
         .config("appendonly", "yes")
         .config("appendfsync", "always")

@@ -177,6 +177,12 @@ fn partitioned_client(nodes: &[Server], cut: &[usize], proxies: &mut Vec<Proxy>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clock_jump_gives_two_holders_and_the_fence_rejects_the_first() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "runs a node under libfaketime with its own server binary",
+    ) {
+        return;
+    }
     let clock_file = std::env::temp_dir().join(format!("redis-lock-clock-{}", std::process::id()));
     set_offset(&clock_file, "+0");
     let faketime = libfaketime();

@@ -48,6 +48,9 @@ async fn try_acquire_grants_once_and_release_frees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_waits_in_the_server_not_by_polling() {
+    if common::skip_unless(common::Needs::OwnServer, "counts INFO lock from zero") {
+        return;
+    }
     let s = Server::start();
     let locks = LockClient::new(&[url(&s)]).unwrap();
     let holder = locks
@@ -220,6 +223,9 @@ async fn a_dropped_guard_is_released_in_the_background() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_node_is_reached_again() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts the server") {
+        return;
+    }
     let mut s = Server::start();
     let locks = LockClient::new(&[url(&s)]).unwrap();
     let g = locks

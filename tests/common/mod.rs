@@ -4,6 +4,23 @@
 //! Environment:
 //! * `REDIS_SERVER`      — the server binary (default `redis-server`)
 //! * `REDIS_LOCK_MODULE` — the module (default `target/release/libredis_lock.so`)
+//! * `REDIS_LOCK_DOCKER_IMAGE` — run every test server as a container of
+//!   this image instead (`make docker-test`): `docker run --network host`,
+//!   bound to 127.0.0.1, its data directory mounted at `/data`, the module
+//!   the image's own (`/usr/local/lib/redis/modules/libredis_lock.so`).
+//!   Restart is `docker start` of the same container (a new container on the
+//!   same data directory when its arguments changed), kill -9 is `docker
+//!   kill`, SIGSTOP/SIGCONT are `docker pause`/`unpause`, `pid()` is the
+//!   server's host PID. Containers are named `redis-lock-test-<pid>-<n>`,
+//!   labelled `redis-lock-test`, and removed on drop (also when a test
+//!   panics); `make docker-test` removes any a killed test run left behind.
+//! * `REDIS_LOCK_TEST_URL` — `redis://127.0.0.1:PORT`: the single-server
+//!   suites use this server, one test at a time, flushed before each test.
+//!   Tests that need a server of their own (restarts, kill, persistence,
+//!   start-up options, more than one server) skip themselves with a reason.
+//!
+//! Tests that cannot run in a mode call [`skip_unless`] first, which prints
+//! why and returns true.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -16,6 +33,124 @@ use std::time::{Duration, Instant};
 pub use redis::{Connection, Value};
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
+
+/// Where the test servers run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A local process of `REDIS_SERVER`.
+    Local,
+    /// A container of this image (`REDIS_LOCK_DOCKER_IMAGE`).
+    Docker(String),
+    /// A server someone else started (`REDIS_LOCK_TEST_URL`), at this port
+    /// of 127.0.0.1.
+    External(u16),
+}
+
+pub fn mode() -> Mode {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    if let Some(url) = var("REDIS_LOCK_TEST_URL") {
+        return Mode::External(parse_test_url(&url));
+    }
+    match var("REDIS_LOCK_DOCKER_IMAGE") {
+        Some(image) => Mode::Docker(image),
+        None => Mode::Local,
+    }
+}
+
+/// The port of a `redis://127.0.0.1:PORT[/]` URL. Tests only ever talk to
+/// the loopback range, so any other host is refused.
+fn parse_test_url(url: &str) -> u16 {
+    let rest = url
+        .strip_prefix("redis://")
+        .unwrap_or_else(|| panic!("REDIS_LOCK_TEST_URL={url}: expected redis://127.0.0.1:PORT"));
+    let rest = rest.trim_end_matches('/');
+    let (host, port) = rest
+        .rsplit_once(':')
+        .unwrap_or_else(|| panic!("REDIS_LOCK_TEST_URL={url}: no port"));
+    assert!(
+        host == "127.0.0.1",
+        "REDIS_LOCK_TEST_URL={url}: the tests talk only to 127.0.0.1 (no password, database 0)"
+    );
+    port.parse()
+        .unwrap_or_else(|_| panic!("REDIS_LOCK_TEST_URL={url}: bad port"))
+}
+
+/// What a test needs beyond a plain server it can send commands to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// A server of its own: restarts, kill -9, start-up options, persistence
+    /// files, more than one server, or counters from zero. Not with
+    /// `REDIS_LOCK_TEST_URL`.
+    OwnServer,
+    /// A local server process: another binary, a wrapper (valgrind,
+    /// libfaketime), or files started by hand. Not in a container either.
+    LocalProcess,
+}
+
+/// True (and says why on stderr) when this test cannot run in the current
+/// mode: call it first and return if it says so.
+pub fn skip_unless(needs: Needs, reason: &str) -> bool {
+    let skip = match (mode(), needs) {
+        (Mode::Local, _) => false,
+        (Mode::Docker(_), Needs::OwnServer) => false,
+        (Mode::Docker(image), Needs::LocalProcess) => {
+            eprintln!(
+                "skipped: {reason}: cannot run in a container of {image} (REDIS_LOCK_DOCKER_IMAGE)"
+            );
+            true
+        }
+        (Mode::External(port), _) => {
+            eprintln!("skipped: {reason}: needs a server of its own, not 127.0.0.1:{port} (REDIS_LOCK_TEST_URL)");
+            true
+        }
+    };
+    if skip {
+        println!("skipped: {reason}");
+    }
+    skip
+}
+
+/// The module's path inside the image (`Dockerfile`).
+pub const MODULE_IN_IMAGE: &str = "/usr/local/lib/redis/modules/libredis_lock.so";
+
+/// Runs `docker args...`; its stdout, trimmed, or Err with its stderr.
+pub fn docker(args: &[&str]) -> Result<String, String> {
+    let out = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run docker: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    } else {
+        Err(format!(
+            "docker {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A test server's container (docker mode).
+struct Container {
+    name: String,
+    /// The server arguments it was created with.
+    args: Vec<String>,
+    running: bool,
+    /// `docker pause`d (set through `&self` by [`Server::signal`]).
+    paused: std::sync::atomic::AtomicBool,
+}
+
+/// One test at a time on an external server (`REDIS_LOCK_TEST_URL`): in
+/// use, and its change.
+static EXTERNAL: (std::sync::Mutex<bool>, std::sync::Condvar) =
+    (std::sync::Mutex::new(false), std::sync::Condvar::new());
+
+thread_local! {
+    /// This thread's test holds the external server (a second one would wait
+    /// for itself).
+    static USING_EXTERNAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
 
 pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
@@ -54,6 +189,9 @@ fn fresh_dir() -> PathBuf {
 
 pub struct Server {
     child: Option<Child>,
+    container: Option<Container>,
+    /// This test uses the external server (and holds [`EXTERNAL`]).
+    external: bool,
     pub port: u16,
     pub dir: PathBuf,
     /// Server config arguments (`--name value` pairs) used at every start.
@@ -99,8 +237,21 @@ impl Builder {
     }
 
     pub fn start(self) -> Server {
+        if let Mode::External(port) = mode() {
+            return Server::external(port, self);
+        }
+        if !self.wrapper.is_empty() || self.binary != server_binary() {
+            if let Mode::Docker(image) = mode() {
+                panic!(
+                    "a wrapped server or another binary cannot run in {image}: \
+                     call common::skip_unless(Needs::LocalProcess, ...) first"
+                );
+            }
+        }
         let mut server = Server {
             child: None,
+            container: None,
+            external: false,
             port: free_port(),
             dir: fresh_dir(),
             args: self.args,
@@ -132,11 +283,150 @@ impl Server {
         Server::builder().start()
     }
 
+    /// The server at 127.0.0.1:`port`, flushed, with the builder's options
+    /// set at run time; one test at a time.
+    fn external(port: u16, builder: Builder) -> Server {
+        assert!(
+            !USING_EXTERNAL.with(|u| u.get()),
+            "this test needs more than one server: call common::skip_unless(Needs::OwnServer, ...) \
+             first (REDIS_LOCK_TEST_URL)"
+        );
+        {
+            let mut busy = EXTERNAL.0.lock().unwrap_or_else(|p| p.into_inner());
+            while *busy {
+                busy = EXTERNAL.1.wait(busy).unwrap_or_else(|p| p.into_inner());
+            }
+            *busy = true;
+        }
+        USING_EXTERNAL.with(|u| u.set(true));
+        assert!(
+            builder.wrapper.is_empty() && builder.module_args.is_empty(),
+            "this test needs a server of its own: call common::skip_unless(Needs::OwnServer, ...) \
+             first (REDIS_LOCK_TEST_URL)"
+        );
+        let server = Server {
+            child: None,
+            container: None,
+            external: true,
+            port,
+            dir: fresh_dir(),
+            args: builder.args,
+            module_args: vec![],
+            wrapper: vec![],
+            binary: String::new(),
+        };
+        let mut c = server
+            .try_conn()
+            .unwrap_or_else(|e| panic!("REDIS_LOCK_TEST_URL: 127.0.0.1:{port}: {e}"));
+        reset_external(&mut c);
+        for pair in server.args.chunks(2) {
+            let name = pair[0].trim_start_matches("--");
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(&pair[1])
+                .query(&mut c)
+                .unwrap_or_else(|e| {
+                    panic!("REDIS_LOCK_TEST_URL: CONFIG SET {name} {}: {e}", pair[1])
+                });
+        }
+        server
+    }
+
+    fn is_external(&self) -> bool {
+        self.external
+    }
+
+    /// The server's arguments (the module's path inside the image in docker
+    /// mode).
+    fn server_args(&self, dir: &str, module: &str) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--daemonize".into(),
+            "no".into(),
+            "--enable-debug-command".into(),
+            "yes".into(),
+            "--dir".into(),
+            dir.into(),
+            "--logfile".into(),
+            format!("{}/server.log", dir.trim_end_matches('/')),
+        ];
+        args.extend(self.args.iter().cloned());
+        args.push("--loadmodule".into());
+        args.push(module.into());
+        args.extend(self.module_args.iter().cloned());
+        args
+    }
+
+    /// Starts (or restarts) the container: `docker start` of the same one
+    /// when its arguments are unchanged, else a new one on the same data
+    /// directory.
+    fn boot_container(&mut self, image: &str) -> Result<(), String> {
+        let args = self.server_args("/data", MODULE_IN_IMAGE);
+        if let Some(c) = &self.container {
+            if c.args == args {
+                docker(&["start", &c.name])?;
+                self.container.as_mut().unwrap().running = true;
+                return Ok(());
+            }
+            let _ = docker(&["rm", "-f", "-v", &c.name]);
+            self.container = None;
+        }
+        // redis-lock-test-<pid>-<n>, as its data directory.
+        let name = self.dir.file_name().unwrap().to_string_lossy().to_string();
+        let volume = format!("{}:/data", self.dir.display());
+        let label = format!("redis-lock-test={}", std::process::id());
+        let mut cmd: Vec<&str> = vec![
+            "run",
+            "-d",
+            "--name",
+            &name,
+            "--label",
+            &label,
+            "--network",
+            "host",
+            "-v",
+            &volume,
+            image,
+        ];
+        cmd.extend(args.iter().map(|a| a.as_str()));
+        let _ = docker(&["rm", "-f", "-v", &name]);
+        docker(&cmd)?;
+        self.container = Some(Container {
+            name,
+            args,
+            running: true,
+            paused: Default::default(),
+        });
+        Ok(())
+    }
+
+    fn container_running(&self) -> bool {
+        let Some(c) = &self.container else {
+            return false;
+        };
+        docker(&["inspect", "-f", "{{.State.Running}}", &c.name]).is_ok_and(|s| s == "true")
+    }
+
     fn boot(&mut self) {
+        assert!(!self.is_external(), "cannot restart the external server");
         for attempt in 0..3 {
             if attempt > 0 {
                 // The port was taken between choosing and binding: pick another.
                 self.port = free_port();
+            }
+            if let Mode::Docker(image) = mode() {
+                if let Err(e) = self.boot_container(&image) {
+                    panic!("cannot start a container of {image}: {e}");
+                }
+                if self.wait_ready(Duration::from_secs(60)) {
+                    return;
+                }
+                self.kill9();
+                continue;
             }
             let mut cmd = match self.wrapper.split_first() {
                 Some((program, args)) => {
@@ -173,9 +463,14 @@ impl Server {
 
     fn wait_ready(&mut self, limit: Duration) -> bool {
         let start = Instant::now();
+        let mut polls = 0u32;
         while start.elapsed() < limit {
             if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
                 return false; // exited (bad config, port in use)
+            }
+            polls += 1;
+            if self.container.is_some() && polls.is_multiple_of(10) && !self.container_running() {
+                return false;
             }
             if let Ok(mut c) = self.try_conn() {
                 if let Ok(pong) = redis::cmd("PING").query::<String>(&mut c) {
@@ -193,7 +488,16 @@ impl Server {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 
+    /// The server's PID (its host PID in docker mode).
     pub fn pid(&self) -> u32 {
+        if let Some(c) = &self.container {
+            assert!(c.running, "server is running");
+            return docker(&["inspect", "-f", "{{.State.Pid}}", &c.name])
+                .expect("docker inspect")
+                .parse()
+                .expect("a PID");
+        }
+        assert!(!self.is_external(), "the external server's PID is unknown");
         self.child.as_ref().expect("server is running").id()
     }
 
@@ -217,6 +521,17 @@ impl Server {
 
     /// SIGKILL: no save, no AOF flush beyond what the fsync policy did.
     pub fn kill9(&mut self) {
+        assert!(!self.is_external(), "cannot kill the external server");
+        if let Some(c) = self.container.as_mut() {
+            if c.paused.swap(false, Ordering::Relaxed) {
+                let _ = docker(&["unpause", &c.name]);
+            }
+            if c.running {
+                let _ = docker(&["kill", &c.name]);
+                let _ = docker(&["wait", &c.name]);
+                c.running = false;
+            }
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -225,8 +540,17 @@ impl Server {
 
     /// A clean SHUTDOWN (saves if persistence is configured).
     pub fn shutdown(&mut self) {
+        assert!(!self.is_external(), "cannot shut down the external server");
         if let Ok(mut c) = self.try_conn() {
             let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
+        }
+        if self.container.as_ref().is_some_and(|c| c.running) {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(20) && self.container_running() {
+                sleep(Duration::from_millis(50));
+            }
+            self.kill9();
+            return;
         }
         if let Some(mut child) = self.child.take() {
             let start = Instant::now();
@@ -306,11 +630,43 @@ impl Server {
     /// Replaces the data directory with an empty one (as after losing a disk).
     pub fn wipe_data(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
+        assert!(!self.is_external(), "cannot wipe the external server");
+        if let Some(c) = &self.container {
+            assert!(!c.running, "stop the server first");
+            // Empty it in place: the container mounts this directory.
+            for entry in std::fs::read_dir(&self.dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    std::fs::remove_dir_all(&path).unwrap();
+                } else {
+                    std::fs::remove_file(&path).unwrap();
+                }
+            }
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
         std::fs::create_dir_all(&self.dir).unwrap();
     }
 
+    /// Sends a signal (`"STOP"`, `"CONT"`, ...). In docker mode STOP and CONT
+    /// are `docker pause`/`unpause` (the cgroup freezer: as stopped as
+    /// SIGSTOP for every client), others `docker kill -s`.
     pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.container {
+            let result = match sig {
+                "STOP" => docker(&["pause", &c.name]),
+                "CONT" => docker(&["unpause", &c.name]),
+                _ => docker(&["kill", "-s", sig, &c.name]),
+            };
+            result.unwrap();
+            match sig {
+                "STOP" => c.paused.store(true, Ordering::Relaxed),
+                "CONT" => c.paused.store(false, Ordering::Relaxed),
+                _ => {}
+            }
+            return;
+        }
+        assert!(!self.is_external(), "cannot signal the external server");
         let status = Command::new("kill")
             .arg(format!("-{sig}"))
             .arg(self.pid().to_string())
@@ -359,6 +715,25 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        if self.is_external() {
+            if let Ok(mut c) = self.try_conn() {
+                reset_external(&mut c);
+            }
+            USING_EXTERNAL.with(|u| u.set(false));
+            *EXTERNAL.0.lock().unwrap_or_else(|p| p.into_inner()) = false;
+            EXTERNAL.1.notify_one();
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
+        if let Some(c) = self.container.take() {
+            // Unpause first: a paused container may refuse removal.
+            if c.paused.load(Ordering::Relaxed) {
+                let _ = docker(&["unpause", &c.name]);
+            }
+            let _ = docker(&["rm", "-f", "-v", &c.name]);
+            let _ = std::fs::remove_dir_all(&self.dir);
+            return;
+        }
         if let Some(child) = self.child.as_ref() {
             // A paused server ignores SIGKILL until resumed? No, but resume
             // anyway so nothing is left stopped.
@@ -370,6 +745,47 @@ impl Drop for Server {
         self.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The external server's configuration and ACL users when this test binary
+/// first used it.
+type Baseline = (Vec<(String, String)>, Vec<String>);
+static EXTERNAL_BASELINE: std::sync::OnceLock<Baseline> = std::sync::OnceLock::new();
+
+fn config_all(c: &mut Connection) -> Vec<(String, String)> {
+    let flat: Vec<String> = redis::cmd("CONFIG").arg("GET").arg("*").query(c).unwrap();
+    flat.chunks(2)
+        .map(|kv| (kv[0].clone(), kv[1].clone()))
+        .collect()
+}
+
+fn acl_users(c: &mut Connection) -> Vec<String> {
+    redis::cmd("ACL").arg("USERS").query(c).unwrap()
+}
+
+/// Puts the external server back as this test binary found it: empty, its
+/// configuration (`lock.*` included) and ACL users as at first use, not
+/// paused, active expiry on, no scripts. What cannot be undone (the
+/// module's counters, its fence mark) is why some tests skip.
+fn reset_external(c: &mut Connection) {
+    let (config, users) = EXTERNAL_BASELINE.get_or_init(|| (config_all(c), acl_users(c)));
+    let _: redis::RedisResult<()> = redis::cmd("CLIENT").arg("UNPAUSE").query(c);
+    for (name, value) in config_all(c) {
+        if let Some((_, was)) = config.iter().find(|(n, _)| *n == name) {
+            if *was != value {
+                let _: redis::RedisResult<()> =
+                    redis::cmd("CONFIG").arg("SET").arg(&name).arg(was).query(c);
+            }
+        }
+    }
+    for user in acl_users(c) {
+        if !users.contains(&user) {
+            let _: redis::RedisResult<()> = redis::cmd("ACL").arg("DELUSER").arg(&user).query(c);
+        }
+    }
+    let _: redis::RedisResult<()> = redis::cmd("DEBUG").arg("SET-ACTIVE-EXPIRE").arg(1).query(c);
+    let _: redis::RedisResult<()> = redis::cmd("SCRIPT").arg("FLUSH").query(c);
+    let _: () = redis::cmd("FLUSHALL").query(c).unwrap();
 }
 
 /// Sets `--name value` in a server argument list, replacing an earlier value.
