@@ -7,6 +7,13 @@ use common::*;
 use std::thread::sleep;
 use std::time::Duration;
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 fn lock_info(c: &mut Connection, key: &str) -> Value {
     run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
 }
@@ -91,12 +98,14 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let s = Server::start();
     let mut c = s.conn();
     assert_eq!(lock_info(&mut c, "k"), Value::Nil);
+    let before = now_ms();
     let f = acquire(&mut c, "k", "tok", 10_000).unwrap();
+    let after = now_ms();
 
     let Value::Array(items) = lock_info(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
-    assert_eq!(items.len(), 8);
+    assert_eq!(items.len(), 10);
     let fields: Vec<(String, Value)> = items
         .chunks(2)
         .map(|p| {
@@ -117,12 +126,28 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     };
     assert!(ttl > 0 && ttl <= 10_000);
     assert_eq!(fields[3], ("waiters".into(), Value::Int(0)));
+    // When this holder was granted (Unix ms), kept by its renewals.
+    assert_eq!(fields[4].0, "granted");
+    let Value::Int(granted) = fields[4].1 else {
+        panic!("{:?}", fields[4])
+    };
+    assert!(
+        (before..=after).contains(&granted),
+        "{before} {granted} {after}"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(extend(&mut c, "k", "tok", 10_000), 1);
+    assert_eq!(acquire(&mut c, "k", "tok", 10_000), Some(f));
+    let Value::Array(items) = lock_info(&mut c, "k") else {
+        panic!()
+    };
+    assert_eq!(items[9], Value::Int(granted));
 
     let mut c3 = s.conn3();
     let Value::Map(map) = lock_info(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
-    assert_eq!(map.len(), 4);
+    assert_eq!(map.len(), 5);
     assert_eq!(
         map[1],
         (Value::BulkString(b"fence".to_vec()), Value::Int(f))
@@ -716,6 +741,7 @@ fn command_docs_describe_every_argument() {
                 ("token", "string", "", false),
                 ("fence", "integer", "", false),
                 ("deadline-ms", "integer", "", false),
+                ("granted-ms", "integer", "", true),
             ],
         ),
     ];
@@ -803,4 +829,53 @@ fn redis_cli_shows_argument_hints() {
         "{acquire}"
     );
     assert!(fence.contains("LOCK.FENCE orders:1 [token]"), "{fence}");
+}
+
+/// `INFO lock` histograms: cumulative power-of-two buckets (`le_1` ...
+/// `le_1048576`, `le_inf`) with `_count` and `_sum` (ms), for the time
+/// BLOCK waiters waited (`wait_ms`) and the time holders held (`hold_ms`:
+/// to release, or to the lease's end when it ran out).
+#[test]
+fn info_lock_has_wait_and_hold_histograms() {
+    if common::skip_unless(common::Needs::OwnServer, "counts INFO lock from zero") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    let buckets = |name: &str| -> Vec<(i64, i64)> {
+        let mut out: Vec<(i64, i64)> = (0..=20)
+            .map(|i| (1i64 << i, s.info_field(&format!("{name}_le_{}", 1i64 << i))))
+            .collect();
+        out.push((i64::MAX, s.info_field(&format!("{name}_le_inf"))));
+        out
+    };
+    for name in ["wait_ms", "hold_ms"] {
+        assert!(buckets(name).iter().all(|(_, n)| *n == 0), "{name}");
+        assert_eq!(s.info_field(&format!("{name}_count")), 0);
+    }
+    // Held about 300 ms, then released; the waiter waited about as long.
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let mut w = RawConn::block_acquire(&s, "k", "w", 200, 10_000);
+    sleep(Duration::from_millis(300));
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    assert!(matches!(w.read(), Resp::Int(_)));
+    // W's 200 ms lease runs out: held for exactly its lease.
+    wait_until(Duration::from_secs(10), || {
+        s.info_field("hold_ms_count") == 2
+    });
+    assert_eq!(s.info_field("wait_ms_count"), 1);
+    let wait_sum = s.info_field("wait_ms_sum");
+    assert!((250..10_000).contains(&wait_sum), "{wait_sum}");
+    let hold_sum = s.info_field("hold_ms_sum");
+    assert!((450..10_200).contains(&hold_sum), "{hold_sum}");
+    for name in ["wait_ms", "hold_ms"] {
+        let b = buckets(name);
+        assert!(b.windows(2).all(|p| p[0].1 <= p[1].1), "cumulative: {b:?}");
+        assert_eq!(b.last().unwrap().1, s.info_field(&format!("{name}_count")));
+        // Nothing took under 128 ms.
+        assert_eq!(b[6], (64, 0), "{name}: {b:?}");
+    }
+    // The expired 200 ms lease is in the le_256 bucket exactly.
+    let hold = buckets("hold_ms");
+    assert!(hold[8].1 >= 1, "{hold:?}");
 }

@@ -346,3 +346,68 @@ fn aof_enabled_at_runtime_keeps_later_grants() {
     let pttl: i64 = redis::cmd("PTTL").arg("before").query(&mut c).unwrap();
     assert!(pttl > 60_000, "the extension was logged: {pttl}");
 }
+
+/// `granted` of LOCK.INFO (Unix ms, the last field), or None if nil.
+fn granted_of(c: &mut Connection, key: &str) -> Option<i64> {
+    match info_of(c, key) {
+        Value::Array(v) => {
+            assert_eq!(redis::from_redis_value::<String>(&v[8]).unwrap(), "granted");
+            redis::from_redis_value(&v[9]).unwrap()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// When the holder was granted survives an RDB restart, an AOF rewrite
+/// without RDB preamble (LOCK._SET carries it) and replication; a lock from
+/// an AOF written by an earlier build (LOCK._SET without it) loads with the
+/// grant time unknown (nil).
+#[test]
+fn the_grant_time_survives_restarts_rewrites_and_replication() {
+    let mut s = aof_server("always", "no");
+    let mut c = s.conn();
+    let before = now_ms();
+    acquire(&mut c, "k", "a", 600_000).unwrap();
+    let granted = granted_of(&mut c, "k").expect("known");
+    assert!((before..=now_ms()).contains(&granted));
+    sleep(Duration::from_millis(20));
+    assert_eq!(extend(&mut c, "k", "a", 600_000), 1);
+    assert_eq!(granted_of(&mut c, "k"), Some(granted), "kept by renewals");
+
+    let replica = Server::start();
+    replica.replicate_from(&s);
+    let mut r = replica.conn();
+    wait_until(Duration::from_secs(10), || {
+        matches!(info_of(&mut r, "k"), Value::Array(_))
+    });
+    assert_eq!(granted_of(&mut r, "k"), Some(granted), "replicated");
+    drop(replica);
+
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    s.shutdown();
+    // An earlier build's AOF line: no granted-ms.
+    let deadline = (now_ms() + 600_000).to_string();
+    let mut aof = std::fs::OpenOptions::new()
+        .append(true)
+        .open(s.incr_aof())
+        .unwrap();
+    aof.write_all(resp(&["LOCK._SET", "old", "b", "5", &deadline]).as_bytes())
+        .unwrap();
+    drop(aof);
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(granted_of(&mut c, "k"), Some(granted), "AOF rewrite");
+    assert_eq!(granted_of(&mut c, "old"), None, "unknown for an old line");
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("appendonly")
+        .arg("no")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(granted_of(&mut c, "k"), Some(granted), "RDB");
+    assert_eq!(granted_of(&mut c, "old"), None, "RDB");
+}

@@ -24,13 +24,15 @@ pub struct ExtendArgs<'a> {
     pub ttl_ms: i64,
 }
 
-/// `LOCK._SET key token fence deadline-ms`: the replicated effect of a grant
-/// or renewal, with an absolute deadline (Unix ms).
+/// `LOCK._SET key token fence deadline-ms [granted-ms]`: the replicated
+/// effect of a grant or renewal, with an absolute deadline and grant time
+/// (Unix ms). Without granted-ms (AOFs of earlier builds) it is 0: unknown.
 #[derive(Debug, PartialEq, Eq)]
 pub struct SetArgs<'a> {
     pub token: &'a [u8],
     pub fence: i64,
     pub deadline_ms: i64,
+    pub granted_ms: i64,
 }
 
 /// Why a string is not an i64, so errors can tell "abc" from "9e99".
@@ -222,7 +224,7 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), LockError> {
 }
 
 pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
-    arity(argv, 5, 5, "lock._set")?;
+    arity(argv, 5, 6, "lock._set")?;
     let token = parse_token(argv[2])?;
     let fence = match parse_i64(argv[3]) {
         Ok(f) if f > 0 => f,
@@ -232,10 +234,16 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
         Ok(d) if (0..=MAX_DEADLINE_MS).contains(&d) => d,
         _ => return Err(LockError::BadInternalArgument("deadline-ms")),
     };
+    let granted_ms = match argv.get(5).map(|g| parse_i64(g)) {
+        None => 0,
+        Some(Ok(g)) if (0..=deadline_ms).contains(&g) => g,
+        Some(_) => return Err(LockError::BadInternalArgument("granted-ms")),
+    };
     Ok(SetArgs {
         token,
         fence,
         deadline_ms,
+        granted_ms,
     })
 }
 
@@ -435,6 +443,13 @@ mod tests {
         assert!(parse_set(&[b"s", b"k", b"t", b"1", b"-1"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1", b"9300000000000000"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"1"]).is_err());
+        assert_eq!(ok.granted_ms, 0);
+        let with =
+            parse_set(&[b"s", b"k", b"t", b"42", b"1700000000000", b"1699999999000"]).unwrap();
+        assert_eq!(with.granted_ms, 1_699_999_999_000);
+        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1001"]).is_err());
+        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"-1"]).is_err());
+        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", b"x"]).is_err());
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! The persisted form of a lock value, decoded and validated without Redis.
 //!
-//! A value is three fields (the format table is in `redis::datatype`):
-//! the token (`RM_SaveStringBuffer`), the fence and the deadline
-//! (`RM_SaveSigned`). [`decode_value`] reads them through a [`ValueReader`]
+//! A value is the token (`RM_SaveStringBuffer`), the fence and the deadline
+//! (`RM_SaveSigned`), and from encoding version 2 the grant time
+//! (`RM_SaveSigned`); the format table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
 //! and checks them; it is the only decoder: the module's `rdb_load` runs it
 //! over the `RedisModuleIO` Redis hands it, and the fuzzer (`fuzz/`) and the
 //! unit tests run it over [`RdbBytes`], which reads the very bytes Redis
@@ -18,7 +18,7 @@ use super::error::LockError;
 use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
 
 /// The newest value encoding this build reads and the one it writes.
-pub const ENCODING_VERSION: i32 = 1;
+pub const ENCODING_VERSION: i32 = 2;
 
 /// A read ran past the data, or the data there is not what the field needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub struct StoredLock<B> {
     pub token: B,
     pub fence: i64,
     pub deadline_ms: i64,
+    /// 0 when unknown (encoding version 1).
+    pub granted_ms: i64,
 }
 
 /// Why a value is refused. Displayed in the server log line.
@@ -50,6 +52,8 @@ pub enum DecodeError {
     Truncated,
     TokenLength(usize),
     Deadline(i64),
+    /// A grant time after the deadline, or out of range.
+    Granted(i64),
     Fence(i64, LockError),
 }
 
@@ -65,6 +69,9 @@ impl fmt::Display for DecodeError {
                 write!(f, "a token of {n} bytes (1 to {MAX_TOKEN_LEN} allowed)")
             }
             DecodeError::Deadline(d) => write!(f, "deadline {d} is out of range"),
+            DecodeError::Granted(g) => {
+                write!(f, "grant time {g} is out of range or after the deadline")
+            }
             DecodeError::Fence(fence, why) => write!(f, "fence {fence}: {why}"),
         }
     }
@@ -91,6 +98,7 @@ pub fn decode_value<R: ValueReader>(
     let token = reader.string_buffer()?;
     let fence = reader.signed()?;
     let deadline_ms = reader.signed()?;
+    let granted_ms = if encver >= 2 { reader.signed()? } else { 0 };
     let len = token.as_ref().len();
     if len == 0 || len > MAX_TOKEN_LEN {
         return Err(DecodeError::TokenLength(len));
@@ -98,11 +106,15 @@ pub fn decode_value<R: ValueReader>(
     if !(0..=MAX_DEADLINE_MS).contains(&deadline_ms) {
         return Err(DecodeError::Deadline(deadline_ms));
     }
+    if !(0..=deadline_ms).contains(&granted_ms) {
+        return Err(DecodeError::Granted(granted_ms));
+    }
     check_fence(fence).map_err(|e| DecodeError::Fence(fence, e))?;
     Ok(StoredLock {
         token,
         fence,
         deadline_ms,
+        granted_ms,
     })
 }
 
@@ -327,6 +339,15 @@ pub fn encode_value(token: &[u8], fence: i64, deadline_ms: i64) -> Vec<u8> {
     out
 }
 
+/// The bytes Redis stores for a value of encoding version 2: version 1's,
+/// then the grant time.
+pub fn encode_value_v2(token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) -> Vec<u8> {
+    let mut out = encode_value(token, fence, deadline_ms);
+    push_length(&mut out, OPCODE_UINT);
+    push_length(&mut out, granted_ms as u64);
+    out
+}
+
 /// `rdbSaveLen`.
 fn push_length(out: &mut Vec<u8>, n: u64) {
     if n < 1 << 6 {
@@ -422,6 +443,35 @@ mod tests {
         }
     }
 
+    /// Version 2 adds the grant time; a version 1 value (an RDB or DUMP
+    /// from an earlier build) still loads, with the grant time unknown (0).
+    #[test]
+    fn version_2_carries_the_grant_time_and_version_1_still_loads() {
+        let v1 = decode(dump_value(DUMP_PLAIN)).unwrap();
+        assert_eq!(v1.granted_ms, 0);
+        let granted = v1.deadline_ms - 100_000;
+        let bytes = encode_value_v2(&v1.token, v1.fence, v1.deadline_ms, granted);
+        let v2 = decode_value(2, &mut RdbBytes::new(&bytes), accept).unwrap();
+        assert_eq!(
+            (v2.token, v2.fence, v2.deadline_ms, v2.granted_ms),
+            (v1.token.clone(), v1.fence, v1.deadline_ms, granted)
+        );
+        // Read as version 2, a version 1 value is short by one field.
+        assert_eq!(
+            decode_value(2, &mut RdbBytes::new(dump_value(DUMP_PLAIN)), accept),
+            Err(DecodeError::Truncated)
+        );
+        let late = encode_value_v2(&v1.token, v1.fence, 5, 6);
+        assert_eq!(
+            decode_value(2, &mut RdbBytes::new(&late), accept),
+            Err(DecodeError::Granted(6))
+        );
+        assert_eq!(
+            decode_value(3, &mut RdbBytes::new(&bytes), accept),
+            Err(DecodeError::Version(3))
+        );
+    }
+
     #[test]
     fn refuses_every_truncation_and_names_the_problem() {
         let value = dump_value(DUMP_PLAIN);
@@ -464,9 +514,9 @@ mod tests {
             assert!(err.to_string().starts_with(&format!("fence {fence}: ")));
         }
         decode(&encode_value(b"t", NOW_US + MAX_FENCE_LEAD, ok_deadline)).unwrap();
-        let err = decode_value(2, &mut RdbBytes::new(b""), accept).unwrap_err();
-        assert_eq!(err, DecodeError::Version(2));
-        assert!(err.to_string().contains("encoding version 2"));
+        let err = decode_value(3, &mut RdbBytes::new(b""), accept).unwrap_err();
+        assert_eq!(err, DecodeError::Version(3));
+        assert!(err.to_string().contains("encoding version 3"));
     }
 
     #[test]

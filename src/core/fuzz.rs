@@ -78,11 +78,20 @@ pub fn decode_value(data: &[u8]) {
     let mut reader = RdbBytes::new(body);
     match codec::decode_value(i32::from(encver), &mut reader, check) {
         Ok(value) => {
-            assert_eq!(encver, 1);
+            assert!(encver == 1 || encver == 2);
             check_stored(&value, fences.max_acceptable(NOW_US));
-            let again = codec::encode_value(&value.token, value.fence, value.deadline_ms);
+            let again = match encver {
+                1 => codec::encode_value(&value.token, value.fence, value.deadline_ms),
+                _ => codec::encode_value_v2(
+                    &value.token,
+                    value.fence,
+                    value.deadline_ms,
+                    value.granted_ms,
+                ),
+            };
             let mut reader = RdbBytes::new(&again);
-            let decoded = codec::decode_value(1, &mut reader, check).expect("re-encoded value");
+            let decoded = codec::decode_value(i32::from(encver), &mut reader, check)
+                .expect("re-encoded value");
             assert_eq!(decoded, value);
             assert!(reader.rest().is_empty());
         }
@@ -97,6 +106,7 @@ fn check_stored(value: &StoredLock<Vec<u8>>, max_fence: i64) {
     assert!((1..=MAX_TOKEN_LEN).contains(&value.token.len()));
     assert!((1..=max_fence).contains(&value.fence));
     assert!((0..=MAX_DEADLINE_MS).contains(&value.deadline_ms));
+    assert!((0..=value.deadline_ms).contains(&value.granted_ms));
 }
 
 /// A parser's result against the reference reading: both accept with the
@@ -184,13 +194,20 @@ fn spec_extend<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<ExtendArgs<'a>> {
 }
 
 fn spec_set<'a>(argv: &[&'a [u8]]) -> Option<SetArgs<'a>> {
-    let [_, _, token, fence, deadline] = argv else {
-        return None;
+    let (token, fence, deadline, granted) = match argv {
+        [_, _, token, fence, deadline] => (token, fence, deadline, None),
+        [_, _, token, fence, deadline, granted] => (token, fence, deadline, Some(granted)),
+        _ => return None,
     };
+    let deadline_ms = in_range(deadline, 0..=MAX_DEADLINE_MS)?;
     Some(SetArgs {
         token: spec_token(token)?,
         fence: in_range(fence, 1..=i64::MAX)?,
-        deadline_ms: in_range(deadline, 0..=MAX_DEADLINE_MS)?,
+        deadline_ms,
+        granted_ms: match granted {
+            None => 0,
+            Some(g) => in_range(g, 0..=deadline_ms)?,
+        },
     })
 }
 

@@ -25,6 +25,10 @@ pub struct Lock<'a> {
     /// the lease, and replicas and the AOF see the same deadline as the master.
     pub deadline_ms: i64,
     pub token: &'a [u8],
+    /// When this holder was granted the lock (Unix ms; kept by renewals).
+    /// 0 when unknown: a lock loaded from encoding version 1 or from an old
+    /// AOF's `LOCK._SET` without it.
+    pub granted_ms: i64,
     /// Changes with every grant and renewal, and is never reused while the
     /// process lives (the store assigns it; it is not persisted). A take-back
     /// of an undelivered grant matches on it, so it never removes a lease
@@ -48,7 +52,7 @@ pub trait LockSlot {
     /// The lock stored under the key, live or expired.
     fn stored(&self) -> Option<Lock<'_>>;
     /// Installs a new holder, replacing whatever was stored, with a new lease id.
-    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64);
+    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64);
     /// Same holder, new deadline and new lease id.
     fn renew(&mut self, deadline_ms: i64);
     /// Frees the lock.
@@ -120,8 +124,9 @@ pub fn acquire_min_fence(
     match slot.live(now_ms) {
         Some(held) if held.token == token => {
             if min_fence > held.fence {
+                let granted_ms = held.granted_ms;
                 fences.raise(min_fence, now_us)?;
-                slot.put(token, min_fence, deadline_ms);
+                slot.put(token, min_fence, deadline_ms, granted_ms);
                 return Ok(Acquired::Renewed(min_fence));
             }
             let fence = held.fence;
@@ -135,7 +140,7 @@ pub fn acquire_min_fence(
                 fences.raise(min_fence - 1, now_us)?;
             }
             let fence = fences.next_fence(now_us)?;
-            slot.put(token, fence, deadline_ms);
+            slot.put(token, fence, deadline_ms, now_ms);
             Ok(Acquired::Granted(fence))
         }
     }
@@ -197,6 +202,7 @@ pub mod tests {
         pub deadline_ms: i64,
         pub token: Vec<u8>,
         pub lease: u64,
+        pub granted_ms: i64,
     }
 
     /// The engine's view of a key, over a plain Option; lease ids from a
@@ -213,16 +219,18 @@ pub mod tests {
                 fence: s.fence,
                 deadline_ms: s.deadline_ms,
                 token: &s.token,
+                granted_ms: s.granted_ms,
                 lease: s.lease,
             })
         }
-        fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
+        fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
             self.next_lease += 1;
             self.lock = Some(Stored {
                 fence,
                 deadline_ms,
                 token: token.to_vec(),
                 lease: self.next_lease,
+                granted_ms,
             });
         }
         fn renew(&mut self, deadline_ms: i64) {
@@ -257,6 +265,33 @@ pub mod tests {
         let got = acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0);
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
         assert_eq!(deadline_of(&slot), T0 + 100);
+    }
+
+    #[test]
+    fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
+        let (mut slot, mut fences) = fixture();
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0);
+        acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 50), 0).unwrap();
+        extend(&mut slot, b"a", 100, T0 + 60).unwrap();
+        let raised = acquire_min_fence(
+            &mut slot,
+            &mut fences,
+            b"a",
+            100,
+            us(T0) + 9,
+            us(T0 + 70),
+            0,
+        );
+        assert_eq!(raised, Ok(Acquired::Renewed(us(T0) + 9)));
+        assert_eq!(
+            slot.lock.as_ref().unwrap().granted_ms,
+            T0,
+            "renewals keep it"
+        );
+        assert!(release(&mut slot, b"a", T0 + 80));
+        acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 90), 0).unwrap();
+        assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0 + 90);
     }
 
     #[test]

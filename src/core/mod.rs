@@ -9,6 +9,7 @@
 //! * `lock`    — the lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, every hand-off decision
 //! * `fence`   — the fencing high-water mark
+//! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
 //! * `codec`   — the persisted form of a lock value, decoded and checked
@@ -22,6 +23,7 @@ pub mod codec;
 pub mod error;
 pub mod fence;
 pub mod fuzz;
+pub mod histogram;
 pub mod limits;
 pub mod lock;
 #[cfg(test)]

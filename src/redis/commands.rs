@@ -174,14 +174,14 @@ pub static COMMANDS: [Command; 6] = [
         arity: 2,
         key_flags: RO | ACCESS,
         acl_categories: c"read fast",
-        summary: c"Replies with token, fence, ttl and waiters of a held lock, or nil.",
+        summary: c"Replies with token, fence, ttl, waiters and granted (Unix ms) of a held lock, or nil.",
         args: &[LOCK_KEY],
     },
     Command {
         name: c"lock._set",
         callback: callback!(set),
         flags: c"write",
-        arity: 5,
+        arity: -5,
         key_flags: OW | UPDATE,
         acl_categories: c"write",
         summary: c"Internal: the replicated and AOF form of a grant or renewal. Refused from ordinary clients.",
@@ -190,6 +190,10 @@ pub static COMMANDS: [Command; 6] = [
             TOKEN,
             arg(c"fence", INTEGER, c"The fencing token."),
             arg(c"deadline-ms", INTEGER, c"The lease's end, in Unix milliseconds."),
+            ArgDoc {
+                optional: true,
+                ..arg(c"granted-ms", INTEGER, c"When the holder was granted, in Unix milliseconds.")
+            },
         ],
     },
 ];
@@ -368,12 +372,20 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                     "waiters",
                     Value::Integer(handoff::waiting_on(ctx, argv.key_bytes()) as i64),
                 ),
+                // Last, so replies read by position stay as they were.
+                (
+                    "granted",
+                    match held.granted_ms {
+                        0 => Value::Null,
+                        at => Value::Integer(at),
+                    },
+                ),
             ])
         }
     })
 }
 
-/// `LOCK._SET key token fence deadline-ms`: applies a grant or renewal made
+/// `LOCK._SET key token fence deadline-ms [granted-ms]`: applies a grant or renewal made
 /// by the master (replication stream) or logged earlier (AOF). A fence
 /// beyond the bound is refused (and logged), changing nothing.
 fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
@@ -390,7 +402,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(err);
     }
     let mut slot = LockKey::open(ctx, argv.key(), true)?;
-    slot.write(a.token, a.fence, a.deadline_ms);
+    slot.write(a.token, a.fence, a.deadline_ms, a.granted_ms);
     node::observe_fence(a.fence)?;
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     Ok(Reply::Ok)

@@ -1,13 +1,18 @@
 //! The `redislock` data type and its persistence format.
 //!
-//! ## RDB value, encoding version 1
+//! ## RDB value, encoding version 2
 //! | field       | RDB call            | meaning                              |
 //! |-------------|---------------------|--------------------------------------|
 //! | token       | SaveStringBuffer    | holder token, 1–512 bytes            |
 //! | fence       | SaveSigned          | fencing token of this grant, > 0     |
 //! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms   |
+//! | granted_ms  | SaveSigned          | when this holder was granted, Unix ms (0 ≤ it ≤ deadline_ms; 0: unknown) |
 //!
-//! ## RDB aux field (before the keyspace), encoding version 1
+//! Version 1 (earlier builds) is the same without `granted_ms`; it still
+//! loads, with the grant time unknown. An RDB written by this build does not
+//! load into an earlier one (Redis refuses the newer encoding version).
+//!
+//! ## RDB aux field (before the keyspace), encoding version 2 (as 1)
 //! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
 //!
 //! Loading (`core::codec::decode_value`, the same decoder the fuzzer runs)
@@ -26,7 +31,8 @@
 //! lease id that is not persisted (see `core::lock::Lock::lease`).
 //!
 //! ## AOF rewrite
-//! Each lock is written as `LOCK._SET key token fence deadline-ms`, the same
+//! Each lock is written as `LOCK._SET key token fence deadline-ms
+//! granted-ms`, the same
 //! effect the master replicates, so an AOF without an RDB preamble restores
 //! both the lock and (through its fence) the high-water mark.
 
@@ -93,13 +99,14 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
 }
 
 /// A lock as the keyspace stores it: one allocation holding
-/// `fence | deadline_ms | token length | token bytes`, so a grant costs one
-/// allocation and a lock with a 36-byte token fits a 56-byte block.
+/// `fence | deadline_ms | granted_ms | lease | token length | token bytes`,
+/// so a grant costs one allocation (a 36-byte token: a 72-byte block).
 /// Always handled through raw pointers: the token lies past the struct.
 #[repr(C)]
 pub struct LockBlock {
     fence: i64,
     deadline_ms: i64,
+    granted_ms: i64,
     lease: u64,
     len: u32,
     token: [u8; 0],
@@ -122,6 +129,7 @@ impl LockBlock {
             (*block).fence = lock.fence;
             (*block).deadline_ms = lock.deadline_ms;
             (*block).lease = lock.lease;
+            (*block).granted_ms = lock.granted_ms;
             (*block).len = lock.token.len() as u32;
             let token = block.cast::<u8>().add(TOKEN_OFFSET);
             std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
@@ -138,15 +146,23 @@ impl LockBlock {
             fence: (*block).fence,
             deadline_ms: (*block).deadline_ms,
             token: std::slice::from_raw_parts(token, (*block).len as usize),
+            granted_ms: (*block).granted_ms,
             lease: (*block).lease,
         }
     }
 
     /// # Safety
     /// `block` comes from [`LockBlock::new`].
-    pub unsafe fn set(block: *mut LockBlock, fence: i64, deadline_ms: i64, lease: u64) {
+    pub unsafe fn set(
+        block: *mut LockBlock,
+        fence: i64,
+        deadline_ms: i64,
+        granted_ms: i64,
+        lease: u64,
+    ) {
         (*block).fence = fence;
         (*block).deadline_ms = deadline_ms;
+        (*block).granted_ms = granted_ms;
         (*block).lease = lease;
     }
 
@@ -189,8 +205,9 @@ extern "C" fn free(value: *mut c_void) {
         }
         let block = value.cast::<LockBlock>();
         let released = RELEASING_LIVE_LOCK.get();
-        if !released && !unsafe { LockBlock::view(block) }.is_live(node::now_ms()) {
-            node::count(&STATS.expirations);
+        let lock = unsafe { LockBlock::view(block) };
+        if !released && !lock.is_live(node::now_ms()) {
+            node::lease_ended(&lock);
         }
         unsafe { LockBlock::free(block) };
     })
@@ -203,6 +220,7 @@ extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
             api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
             api!(RedisModule_SaveSigned)(rdb, lock.fence);
             api!(RedisModule_SaveSigned)(rdb, lock.deadline_ms);
+            api!(RedisModule_SaveSigned)(rdb, lock.granted_ms);
         }
     })
 }
@@ -228,6 +246,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
                 fence: value.fence,
                 deadline_ms: value.deadline_ms,
                 token: value.token.as_ref(),
+                granted_ms: value.granted_ms,
                 lease: node::new_lease(),
             })
             .cast(),
@@ -264,8 +283,7 @@ extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
 
 extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int) -> c_int {
     guard("aux_load", raw::REDISMODULE_ERR as c_int, || {
-        if encver < 1
-            || encver > ENCODING_VERSION
+        if !(1..=ENCODING_VERSION).contains(&encver)
             || when != raw::REDISMODULE_AUX_BEFORE_RDB as c_int
         {
             log_warning(&format!(
@@ -297,12 +315,13 @@ extern "C" fn aof_rewrite(
             api!(RedisModule_EmitAOF)(
                 aof,
                 c"LOCK._SET".as_ptr(),
-                c"sbll".as_ptr(),
+                c"sblll".as_ptr(),
                 key,
                 lock.token.as_ptr(),
                 lock.token.len(),
                 lock.fence,
                 lock.deadline_ms,
+                lock.granted_ms,
             )
         };
     })
@@ -325,6 +344,7 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
             );
             api!(RedisModule_DigestAddLongLong)(md, lock.fence);
             api!(RedisModule_DigestAddLongLong)(md, lock.deadline_ms);
+            api!(RedisModule_DigestAddLongLong)(md, lock.granted_ms);
             api!(RedisModule_DigestEndSequence)(md);
         }
     })

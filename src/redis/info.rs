@@ -7,6 +7,7 @@ use redis_module::raw;
 use super::ffi::guard;
 use super::handoff;
 use super::node::{self, SERVER, STATS};
+use crate::core::histogram;
 
 pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
     guard("INFO", (), || {
@@ -40,6 +41,20 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             "wait_time_max_ms",
             STATS.wait_max_us.load(Relaxed) / 1000,
         );
+        for (name, histogram) in [
+            ("wait_ms", &node::WAIT_TIMES),
+            ("hold_ms", &node::HOLD_TIMES),
+        ] {
+            let cumulative = histogram::cumulative(&histogram.counts());
+            for (i, n) in cumulative.iter().enumerate() {
+                let field = format!("{name}_{}", histogram::bucket_name(i));
+                raw::add_info_field_unsigned_long_long(ctx, &field, *n);
+            }
+            let count = histogram.count.load(Relaxed);
+            raw::add_info_field_unsigned_long_long(ctx, &format!("{name}_count"), count);
+            let sum = histogram.sum_ms.load(Relaxed);
+            raw::add_info_field_unsigned_long_long(ctx, &format!("{name}_sum"), sum);
+        }
         raw::add_info_field_long_long(ctx, "fence_hwm", node::fence_hwm());
         raw::add_info_field_long_long(
             ctx,

@@ -5,7 +5,7 @@
 //! the key as modified (WATCH, client-side caching: only real changes do, as
 //! the module sets NO_IMPLICIT_SIGNAL_MODIFIED), and is replicated as an
 //! absolute effect, never as the relative command:
-//! * a grant or renewal as `LOCK._SET key token fence deadline-ms`
+//! * a grant or renewal as `LOCK._SET key token fence deadline-ms granted-ms`
 //! * a release as `DEL key`
 //!
 //! Unless nothing can receive effects: see `propagation`.
@@ -78,22 +78,23 @@ impl LockKey {
 
     /// Stores `lock` under the key with its expiry, without replicating:
     /// used directly when applying a replicated or AOF effect.
-    pub fn write(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
+    pub fn write(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
         let lease = new_lease();
         match self.stored() {
             // Same token: update in place, no allocation. (A different value
             // is freed, and counted there if it had expired.)
             Some(current) if current.token == token => {
                 if !current.is_live(super::node::now_ms()) {
-                    super::node::count(&super::node::STATS.expirations);
+                    super::node::lease_ended(&current);
                 }
-                unsafe { LockBlock::set(self.value, fence, deadline_ms, lease) };
+                unsafe { LockBlock::set(self.value, fence, deadline_ms, granted_ms, lease) };
             }
             _ => {
                 let value = LockBlock::new(Lock {
                     fence,
                     deadline_ms,
                     token,
+                    granted_ms,
                     lease,
                 });
                 unsafe {
@@ -156,12 +157,13 @@ impl LockKey {
             api!(RedisModule_Replicate)(
                 self.ctx,
                 c"LOCK._SET".as_ptr(),
-                c"sbll".as_ptr(),
+                c"sblll".as_ptr(),
                 self.name,
                 lock.token.as_ptr(),
                 lock.token.len(),
                 lock.fence,
                 lock.deadline_ms,
+                lock.granted_ms,
             )
         };
     }
@@ -177,14 +179,15 @@ impl LockSlot for LockKey {
         Some(unsafe { LockBlock::view(self.value) })
     }
 
-    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64) {
-        self.write(token, fence, deadline_ms);
+    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
+        self.write(token, fence, deadline_ms, granted_ms);
         self.replicate_set();
     }
 
     fn renew(&mut self, deadline_ms: i64) {
         if let Some(lock) = self.stored() {
-            unsafe { LockBlock::set(self.value, lock.fence, deadline_ms, new_lease()) };
+            let (fence, granted_ms) = (lock.fence, lock.granted_ms);
+            unsafe { LockBlock::set(self.value, fence, deadline_ms, granted_ms, new_lease()) };
             self.set_expiry(deadline_ms);
             self.signal_modified();
             self.replicate_set();
@@ -195,7 +198,12 @@ impl LockSlot for LockKey {
         if self.value.is_null() {
             return;
         }
-        let live = unsafe { LockBlock::view(self.value) }.is_live(super::node::now_ms());
+        let lock = unsafe { LockBlock::view(self.value) };
+        let now_ms = super::node::now_ms();
+        let live = lock.is_live(now_ms);
+        if live && lock.granted_ms > 0 {
+            super::node::record_hold(now_ms - lock.granted_ms);
+        }
         // The free callback need not read the clock to decide whether a
         // lease ran out.
         datatype::RELEASING_LIVE_LOCK.set(live);

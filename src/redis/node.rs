@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use crate::core::error::LockError;
 use crate::core::fence::{FenceCounter, FenceSource};
+use crate::core::histogram;
 use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
 
 /// The node's one fence counter (the rules live in `core::fence`).
@@ -163,7 +164,57 @@ pub fn record_wait(waited_us: i64) {
     let waited = waited_us.max(0) as u64;
     STATS.wait_total_us.fetch_add(waited, Relaxed);
     STATS.wait_max_us.fetch_max(waited, Relaxed);
+    WAIT_TIMES.record(waited_us / 1000);
 }
+
+/// A holder's time with the lock ended after `held_ms` (released, or taken
+/// back).
+pub fn record_hold(held_ms: i64) {
+    HOLD_TIMES.record(held_ms);
+}
+
+/// A lease ran out (the lock is being removed or replaced after its
+/// deadline): an expiration, held from its grant to its deadline.
+pub fn lease_ended(lock: &crate::core::lock::Lock<'_>) {
+    count(&STATS.expirations);
+    if lock.granted_ms > 0 {
+        record_hold(lock.deadline_ms - lock.granted_ms);
+    }
+}
+
+/// Counts per power-of-two bucket (see `core::histogram`), with a total.
+pub struct Histogram {
+    pub buckets: [AtomicU64; histogram::BUCKETS],
+    pub count: AtomicU64,
+    pub sum_ms: AtomicU64,
+}
+
+impl Histogram {
+    const fn new() -> Self {
+        Histogram {
+            buckets: [const { AtomicU64::new(0) }; histogram::BUCKETS],
+            count: AtomicU64::new(0),
+            sum_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, ms: i64) {
+        self.buckets[histogram::bucket_of(ms)].fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        self.sum_ms.fetch_add(ms.max(0) as u64, Relaxed);
+    }
+
+    /// The buckets' counts now.
+    pub fn counts(&self) -> [u64; histogram::BUCKETS] {
+        std::array::from_fn(|i| self.buckets[i].load(Relaxed))
+    }
+}
+
+/// How long BLOCK waiters waited before they were granted.
+pub static WAIT_TIMES: Histogram = Histogram::new();
+/// How long holders held their lock: until release (or take-back), or
+/// until the lease ran out.
+pub static HOLD_TIMES: Histogram = Histogram::new();
 
 /// Server state the hot path needs, cached from events (reading the context
 /// flags on every command costs more than a grant's own logic).
