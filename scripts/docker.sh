@@ -99,7 +99,7 @@ image() {
   from=$(base)
   [ -f target/release/libredis_lock.so ] || cargo build --release
   echo "Building $IMAGE (Dockerfile on $from) ..."
-  docker build -q --build-arg BASE="$from" -t "$IMAGE" . >/dev/null
+  docker build -q --force-rm --build-arg BASE="$from" -t "$IMAGE" . >/dev/null
 }
 
 build() {
@@ -116,7 +116,7 @@ build() {
       rm -rf "$ctx" && mkdir -p "$ctx/ca"
       cp docker/rust-builder.Dockerfile "$ctx/Dockerfile"
       cp /usr/local/share/ca-certificates/*.crt "$ctx/ca/" 2>/dev/null || true
-      docker build --network host --build-arg BASE="$LOCAL_BASE" -t "$LOCAL_RUST" \
+      docker build --force-rm --network host --build-arg BASE="$LOCAL_BASE" -t "$LOCAL_RUST" \
         "$ctx" >"$LOG_DIR/rust-builder.log" 2>&1 || {
         tail -20 "$LOG_DIR/rust-builder.log" >&2
         exit 1
@@ -124,7 +124,7 @@ build() {
     fi
   fi
   echo "Building $IMAGE-build (Dockerfile.build: $rust, then $from) ..."
-  docker build --network host --build-arg RUST_IMAGE="$rust" --build-arg BASE="$from" \
+  docker build --force-rm --network host --build-arg RUST_IMAGE="$rust" --build-arg BASE="$from" \
     -f Dockerfile.build -t "$IMAGE-build" . >"$LOG_DIR/docker-build.log" 2>&1 || {
     tail -30 "$LOG_DIR/docker-build.log" >&2
     exit 1

