@@ -81,7 +81,15 @@ fn check_module_args() -> Result<(), String> {
     Ok(())
 }
 
+fn check_server_version() -> Result<(), String> {
+    let version = unsafe { raw::RedisModule_GetServerVersion }
+        .map(|get| unsafe { get() })
+        .unwrap_or(0);
+    crate::core::limits::check_server_version(version)
+}
+
 fn start(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+    check_server_version()?;
     check_module_args()?;
     // One call: the options are assigned, not added.
     // * HANDLE_IO_ERRORS: a damaged payload is refused instead of a panic,

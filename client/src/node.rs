@@ -30,6 +30,9 @@ pub struct LockInfo {
     /// Milliseconds left of the lease.
     pub ttl_ms: i64,
     pub waiters: i64,
+    /// When the holder was granted (Unix ms); None when the server does not
+    /// know (a lock loaded from an earlier build's data, or an older module).
+    pub granted_ms: Option<i64>,
 }
 
 impl Node {
@@ -203,6 +206,7 @@ impl Node {
             fence: 0,
             ttl_ms: 0,
             waiters: 0,
+            granted_ms: None,
         };
         for pair in fields.chunks(2) {
             let [name, value] = pair else { break };
@@ -212,6 +216,7 @@ impl Node {
                 "fence" => info.fence = redis::from_redis_value(value)?,
                 "ttl" => info.ttl_ms = redis::from_redis_value(value)?,
                 "waiters" => info.waiters = redis::from_redis_value(value)?,
+                "granted" => info.granted_ms = redis::from_redis_value(value)?,
                 _ => {}
             }
         }

@@ -272,3 +272,30 @@ fn the_blocking_facade_acquires_extends_and_releases() {
     }
     assert_eq!(server_fence(&s, "b"), None, "released on drop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_reports_the_holder_and_when_it_was_granted() {
+    let s = Server::start();
+    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let before = now_ms();
+    let guard = locks
+        .try_acquire("order:9", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("free");
+    let after = now_ms();
+    let info = locks.info("order:9").await.remove(0).unwrap().expect("held");
+    assert_eq!(info.fence, guard.fence());
+    assert_eq!(info.waiters, 0);
+    assert!(info.ttl_ms > 0 && info.ttl_ms <= 10_000);
+    let granted = info.granted_ms.expect("known");
+    assert!((before..=after).contains(&granted), "{before} {granted} {after}");
+    guard.release().await.unwrap();
+    assert_eq!(locks.info("order:9").await.remove(0).unwrap(), None);
+}

@@ -25,3 +25,38 @@ pub const DEFAULT_MAX_WAITERS_PER_KEY: i64 = 100_000;
 /// The latest lease deadline a stored or replicated lock may carry: the
 /// year 10000, in Unix ms. Far from overflow when turned into µs.
 pub const MAX_DEADLINE_MS: i64 = 253_402_300_800_000;
+
+/// The oldest server the module runs on (0x00MMmmpp, as
+/// RedisModule_GetServerVersion gives it): 7.0 has every API the module
+/// relies on (module configs, command info and key specs, the event-loop
+/// event). Valkey reports 7.2.4.
+pub const MIN_SERVER_VERSION: i32 = 0x00_07_00_00;
+
+/// A clear refusal at load on an older server (0: the server is too old to
+/// say its version), instead of a crash later.
+pub fn check_server_version(version: i32) -> Result<(), String> {
+    if version >= MIN_SERVER_VERSION {
+        return Ok(());
+    }
+    let shown = match version {
+        0 => "older than 6.0.9".to_string(),
+        v => format!("{}.{}.{}", v >> 16, (v >> 8) & 0xff, v & 0xff),
+    };
+    Err(format!(
+        "this module needs Redis 7.0 or later (or Valkey 7.2 or later); this server is {shown}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_before_7_0_are_refused_with_their_version() {
+        assert_eq!(check_server_version(0x00_07_00_0f), Ok(()));
+        assert_eq!(check_server_version(0x00_08_02_03), Ok(()));
+        let err = check_server_version(0x00_06_02_0e).unwrap_err();
+        assert!(err.contains("needs Redis 7.0") && err.ends_with("6.2.14"), "{err}");
+        assert!(check_server_version(0).unwrap_err().contains("older than 6.0.9"));
+    }
+}
