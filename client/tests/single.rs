@@ -290,12 +290,20 @@ async fn info_reports_the_holder_and_when_it_was_granted() {
         .unwrap()
         .expect("free");
     let after = now_ms();
-    let info = locks.info("order:9").await.remove(0).unwrap().expect("held");
+    let info = locks
+        .info("order:9")
+        .await
+        .remove(0)
+        .unwrap()
+        .expect("held");
     assert_eq!(info.fence, guard.fence());
     assert_eq!(info.waiters, 0);
     assert!(info.ttl_ms > 0 && info.ttl_ms <= 10_000);
     let granted = info.granted_ms.expect("known");
-    assert!((before..=after).contains(&granted), "{before} {granted} {after}");
+    assert!(
+        (before..=after).contains(&granted),
+        "{before} {granted} {after}"
+    );
     guard.release().await.unwrap();
     assert_eq!(locks.info("order:9").await.remove(0).unwrap(), None);
 }

@@ -56,7 +56,12 @@ mod tests {
         assert_eq!(check_server_version(0x00_07_00_0f), Ok(()));
         assert_eq!(check_server_version(0x00_08_02_03), Ok(()));
         let err = check_server_version(0x00_06_02_0e).unwrap_err();
-        assert!(err.contains("needs Redis 7.0") && err.ends_with("6.2.14"), "{err}");
-        assert!(check_server_version(0).unwrap_err().contains("older than 6.0.9"));
+        assert!(
+            err.contains("needs Redis 7.0") && err.ends_with("6.2.14"),
+            "{err}"
+        );
+        assert!(check_server_version(0)
+            .unwrap_err()
+            .contains("older than 6.0.9"));
     }
 }
