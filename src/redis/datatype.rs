@@ -196,6 +196,9 @@ pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockErr
 thread_local! {
     /// Set while the module itself deletes a live lock (see `slot::remove`).
     pub static RELEASING_LIVE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set while the module itself deletes a lock (release, take-back, an
+    /// ended lock put back): no `expired` event follows that deletion.
+    pub static MODULE_REMOVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 extern "C" fn free(value: *mut c_void) {

@@ -139,6 +139,7 @@ pub extern "C" fn on_keyspace_event(
             }
             return;
         }
+        handoff::forget_unlinked();
         if !matches!(event, b"restore" | b"expire" | b"persist") {
             return;
         }

@@ -34,6 +34,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use redis_module::raw;
 
+use super::datatype::LockBlock;
 use super::ffi::{
     api, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, lock_events_on,
     notify_lock_event, string_bytes, writes_paused, Ctx, RString, Reply,
@@ -647,9 +648,13 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, data: *mut c_void) {
 
 /// Type callback: a lock key left the keyspace (DEL, UNLINK, overwrite,
 /// expiry, eviction, MOVE, RENAME). It cannot write: queue a check.
-pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const c_void) {
+pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, value: *const c_void) {
     guard("unlink", (), || {
-        let events = lock_events_on();
+        // Only a lock whose lease ended can be leaving by expiry.
+        let events = lock_events_on()
+            && !super::datatype::MODULE_REMOVING.get()
+            && !value.is_null()
+            && !unsafe { LockBlock::view(value.cast()) }.is_live(node::now_ms());
         if waiters_total() == 0 && !events {
             return;
         }
@@ -660,6 +665,8 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
         };
         if events {
             *locked(&LAST_UNLINKED) = Some(key.clone());
+        } else if lock_events_on() {
+            *locked(&LAST_UNLINKED) = None;
         }
         if waiters_total() > 0 {
             queue_work(|p| p.freed.push(key));
@@ -667,13 +674,21 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
     })
 }
 
-/// The last lock key that left the keyspace, while lock events are on:
-/// Redis sends `expired` right after it deletes an expired key, when its
-/// type can no longer be read.
+/// The last lock key that left the keyspace after its lease ended, while
+/// lock events are on: Redis sends `expired` right after it deletes an
+/// expired key, when its type can no longer be read. Any other keyspace
+/// event clears it (`forget_unlinked`), so a later key of another type
+/// with the same name is never taken for a lock.
 static LAST_UNLINKED: Mutex<Option<Key>> = Mutex::new(None);
 
 /// Whether the key Redis just expired (`expired` event for `name`) was a
 /// lock; it then gets a `lock.expire` event.
+pub fn forget_unlinked() {
+    if lock_events_on() {
+        *locked(&LAST_UNLINKED) = None;
+    }
+}
+
 pub fn was_lock(ctx: Ctx, name: &[u8]) -> bool {
     let key = key_of(ctx, name);
     let mut last = locked(&LAST_UNLINKED);

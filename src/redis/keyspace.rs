@@ -207,7 +207,9 @@ impl LockSlot for LockKey {
         // The free callback need not read the clock to decide whether a
         // lease ran out.
         datatype::RELEASING_LIVE_LOCK.set(live);
+        datatype::MODULE_REMOVING.set(true);
         unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
+        datatype::MODULE_REMOVING.set(false);
         datatype::RELEASING_LIVE_LOCK.set(false);
         self.signal_modified();
         if propagation::effects_needed() {
