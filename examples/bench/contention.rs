@@ -177,6 +177,10 @@ pub struct ContentionResult {
     pub client_commands: u64,
     pub server_commands: u64,
     pub wait_us: Summary,
+    /// Every wait, sorted, in µs (for the chart).
+    pub waits: Vec<u64>,
+    /// Grants of each client.
+    pub per_client: Vec<u64>,
     pub min_grants: u64,
     pub max_grants: u64,
 }
@@ -260,8 +264,10 @@ pub fn run(
     let mut all_waits = Vec::new();
     let (mut grants, mut client_commands) = (0, 0);
     let (mut min_grants, mut max_grants) = (u64::MAX, 0);
+    let mut per_client = Vec::with_capacity(clients);
     for h in handles {
         let (g, w, c) = h.join().unwrap();
+        per_client.push(g);
         grants += g;
         client_commands += c;
         min_grants = min_grants.min(g);
@@ -277,21 +283,25 @@ pub fn run(
         client_commands,
         server_commands: server_commands(&mut admin),
         wait_us: Summary::of(&mut all_waits),
+        waits: all_waits,
+        per_client,
         min_grants,
         max_grants,
     }
 }
 
+/// The crashed holder's lease.
+pub const CRASH_LEASE_MS: u64 = 30;
+
 /// Delay from a crashed holder's lease deadline to the next grant, in µs:
 /// a holder takes the lock with a short lease and never releases it, while
-/// `waiters` clients wait for it with `strategy`.
+/// `waiters` clients wait for it with `strategy`. One delay per trial.
 pub fn crash_handoff_delays(
     server: &Server,
     strategy: Strategy,
     waiters: usize,
     trials: usize,
-) -> Summary {
-    const LEASE_MS: u64 = 30;
+) -> Vec<u64> {
     let mut crasher = Client::new(server, strategy, "crashed-holder".into());
     let mut pool: Vec<Client> = (0..waiters)
         .map(|i| Client::new(server, strategy, format!("waiter-{i}")))
@@ -301,8 +311,8 @@ pub fn crash_handoff_delays(
     for trial in 0..trials {
         let key = format!("crash:{strategy:?}:{trial}");
         let sent = Instant::now();
-        assert!(crasher.acquire(&key, LEASE_MS, &never));
-        let deadline = sent + Duration::from_millis(LEASE_MS);
+        assert!(crasher.acquire(&key, CRASH_LEASE_MS, &never));
+        let deadline = sent + Duration::from_millis(CRASH_LEASE_MS);
         let first_grant = thread::scope(|s| {
             let handles: Vec<_> = pool
                 .iter_mut()
@@ -324,5 +334,5 @@ pub fn crash_handoff_delays(
         });
         delays.push(first_grant.saturating_duration_since(deadline).as_micros() as u64);
     }
-    Summary::of(&mut delays)
+    delays
 }

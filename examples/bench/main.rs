@@ -5,6 +5,7 @@
 //!
 //!     cargo run --release --example bench -- [--smoke] [--seconds S] [--out PATH] [--only SECTION]
 
+mod charts;
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod contention;
@@ -12,13 +13,14 @@ mod cost;
 mod load;
 mod scale;
 mod stats;
+mod svg;
 
 use std::fmt::Write as _;
 use std::process::Command;
 
 use common::Server;
 use contention::Strategy;
-use stats::{median, ms};
+use stats::{median, ms, Summary};
 
 struct Options {
     smoke: bool,
@@ -163,6 +165,7 @@ fn contention_section(doc: &mut String, server: &Server, o: &Options) {
     let mut checks: Vec<String> = Vec::new();
     writeln!(doc, "| strategy | hold | grants/s | vs 2. | server cmds/grant | client cmds/grant | wait p50 ms | wait p99 ms | wait max ms | grants min/max per client | fairness |").unwrap();
     writeln!(doc, "|---|---|---|---|---|---|---|---|---|---|---|").unwrap();
+    let mut runs = vec![];
     for hold_ms in [0, 1] {
         let results: Vec<_> = Strategy::ALL
             .iter()
@@ -213,7 +216,24 @@ fn contention_section(doc: &mut String, server: &Server, o: &Options) {
             )
             .unwrap();
         }
+        runs.push((hold_ms, results));
     }
+    let wait_svg = chart(
+        o,
+        "contention-wait",
+        &charts::waits(&runs, clients, o.seconds),
+    );
+    let fair_svg = chart(
+        o,
+        "contention-fairness",
+        &charts::fairness(&runs, clients, o.seconds),
+    );
+    writeln!(
+        doc,
+        "\n![Wait-time distribution per strategy, hold 0 and 1 ms]({wait_svg})\n\n\
+         ![Grants per client per strategy, hold 0 and 1 ms]({fair_svg})"
+    )
+    .unwrap();
     writeln!(
         doc,
         "\n### Crashed holder: delay from its lease deadline to the next grant\n\n\
@@ -223,8 +243,11 @@ fn contention_section(doc: &mut String, server: &Server, o: &Options) {
     .unwrap();
     writeln!(doc, "| strategy | p50 ms | p99 ms | max ms |").unwrap();
     writeln!(doc, "|---|---|---|---|").unwrap();
+    let mut handoffs = vec![];
     for s in Strategy::ALL {
-        let d = contention::crash_handoff_delays(server, s, 8, trials);
+        let mut delays = contention::crash_handoff_delays(server, s, 8, trials);
+        let d = Summary::of(&mut delays);
+        handoffs.push((s, delays));
         writeln!(
             doc,
             "| {} | {} | {} | {} |",
@@ -242,11 +265,32 @@ fn contention_section(doc: &mut String, server: &Server, o: &Options) {
             ));
         }
     }
+    let handoff_svg = chart(
+        o,
+        "contention-handoff",
+        &charts::handoff(&handoffs, contention::CRASH_LEASE_MS, 8),
+    );
+    writeln!(
+        doc,
+        "\n![Delay from a crashed holder's lease deadline to the next grant, per strategy]({handoff_svg})"
+    )
+    .unwrap();
     writeln!(doc, "\n### Targets (issue: blocking hand-off)\n").unwrap();
     for c in &checks {
         writeln!(doc, "- {c}").unwrap();
     }
     writeln!(doc, "\n{CONTENTION_NOTES}").unwrap();
+}
+
+/// Writes a chart next to the report as `bench-NAME.svg`; returns its path
+/// relative to the report, for the link.
+fn chart(o: &Options, name: &str, svg: &str) -> String {
+    let file = format!("bench-{name}.svg");
+    let dir = std::path::Path::new(&o.out)
+        .parent()
+        .unwrap_or(std::path::Path::new(""));
+    std::fs::write(dir.join(&file), svg).expect("write a chart");
+    file
 }
 
 fn target(what: &str, got: String, met: bool) -> String {
