@@ -12,7 +12,7 @@ use super::ffi::{
     RString,
 };
 use super::keyspace::LockKey;
-use super::node::{self, SERVER};
+use super::node::{self, SERVER, STATS};
 use super::{handoff, propagation};
 use crate::core::lock::LockSlot;
 
@@ -141,6 +141,12 @@ pub extern "C" fn on_keyspace_event(
         }
         handoff::forget_unlinked();
         if !matches!(event, b"restore" | b"expire" | b"persist") {
+            return;
+        }
+        // No lock on the node (a RESTOREd one is counted before its event):
+        // a TTL change cannot be a lock's, and other writes with a TTL skip
+        // opening the key.
+        if STATS.locks.load(Relaxed) <= 0 {
             return;
         }
         let Ok(slot) = LockKey::peek(ctx, key) else {
