@@ -32,18 +32,8 @@ struct Round {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_tasks_two_hundred_rounds_lose_no_increment_under_crashes() {
-    let delay = (TTL.as_millis() + 100).to_string();
-    let nodes: Vec<Server> = (0..5)
-        .map(|_| {
-            Server::builder()
-                .module_arg("restart-delay-ms", &delay)
-                .start()
-        })
-        .collect();
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|s| format!("redis://127.0.0.1:{}/", s.port))
-        .collect();
+    let nodes = Server::redlock_nodes(5, TTL.as_millis());
+    let urls: Vec<String> = nodes.iter().map(Server::url).collect();
     let options = Options {
         node_timeout: Some(Duration::from_millis(50)),
         retry_delay: Duration::from_millis(20),

@@ -62,18 +62,8 @@ async fn redlock_holds_under_crashes_and_pauses() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(6);
-    let delay = (TTL.as_millis() + 100).to_string();
-    let nodes: Vec<Server> = (0..5)
-        .map(|_| {
-            Server::builder()
-                .module_arg("restart-delay-ms", &delay)
-                .start()
-        })
-        .collect();
-    let urls: Vec<String> = nodes
-        .iter()
-        .map(|s| format!("redis://127.0.0.1:{}/", s.port))
-        .collect();
+    let nodes = Server::redlock_nodes(5, TTL.as_millis());
+    let urls: Vec<String> = nodes.iter().map(Server::url).collect();
     let options = Options {
         retry_delay: Duration::from_millis(30),
         node_timeout: Some(Duration::from_millis(50)),

@@ -16,10 +16,7 @@ fn group(n: usize) -> Vec<Server> {
 }
 
 fn urls(nodes: &[Server]) -> Vec<String> {
-    nodes
-        .iter()
-        .map(|s| format!("redis://127.0.0.1:{}/", s.port))
-        .collect()
+    nodes.iter().map(Server::url).collect()
 }
 
 fn fast_retries() -> Options {

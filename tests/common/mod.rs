@@ -489,6 +489,24 @@ impl Server {
     }
 
     /// The server's PID (its host PID in docker mode).
+    /// This server's `redis://` URL (for clients that take one).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `n` servers whose restart delay outlasts a lease of `ttl_ms` (Redlock
+    /// nodes that may be killed and restarted without their data).
+    pub fn redlock_nodes(n: usize, ttl_ms: u128) -> Vec<Server> {
+        let delay = (ttl_ms + 100).to_string();
+        (0..n)
+            .map(|_| {
+                Server::builder()
+                    .module_arg("restart-delay-ms", &delay)
+                    .start()
+            })
+            .collect()
+    }
+
     pub fn pid(&self) -> u32 {
         if let Some(c) = &self.container {
             assert!(c.running, "server is running");
