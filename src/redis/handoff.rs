@@ -690,13 +690,21 @@ pub fn forget_unlinked() {
 }
 
 pub fn was_lock(ctx: Ctx, name: &[u8]) -> bool {
-    let key = key_of(ctx, name);
-    let mut last = locked(&LAST_UNLINKED);
-    if last.as_ref() == Some(&key) {
-        *last = None;
-        return true;
+    // Every expiring key of any type comes here: nothing to look at (and
+    // nothing to allocate) unless a lock was just unlinked.
+    if !lock_events_on() {
+        return false;
     }
-    false
+    let mut last = locked(&LAST_UNLINKED);
+    let Some((db, unlinked)) = last.as_ref() else {
+        return false;
+    };
+    let db_now = unsafe { api!(RedisModule_GetSelectedDb)(ctx) };
+    if *db != db_now || **unlinked != *name {
+        return false;
+    }
+    *last = None;
+    true
 }
 
 /// FLUSHDB / FLUSHALL finished (db -1: all): check every waited-on key there.
