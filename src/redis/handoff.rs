@@ -567,13 +567,8 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
 /// Releases a handle whose outcome was kept back (Redis 7.0) and is now
 /// settled otherwise: answered by `on_timeout`, or its client went away (a
 /// grant it never received is then taken back).
-fn release_decided(client: Client, delivery: &Delivery) {
-    if let (Outcome::Granted { fence, lease, .. }, Some(key), false) =
-        (&delivery.outcome, &delivery.key, delivery.delivered)
-    {
-        let take_back = (key.clone(), *fence, *lease);
-        queue_work(|p| p.take_backs.push(take_back));
-    }
+fn release_decided(client: Client, delivery: Delivery) {
+    take_back_if_undelivered(delivery);
     unsafe {
         api!(RedisModule_UnblockClient)(
             client as *mut raw::RedisModuleBlockedClient,
@@ -590,7 +585,7 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
         let client = api!(RedisModule_GetBlockedClientHandle)(ctx);
         if let Some(mut delivery) = take_decided(client as Client) {
             reply_outcome(ctx, &mut delivery);
-            release_decided(client as Client, &delivery);
+            release_decided(client as Client, *delivery);
             return;
         }
         if leave(client) {
@@ -606,7 +601,7 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
 unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlockedClient) {
     guard("the blocked-client disconnect", (), || {
         match take_decided(client as Client) {
-            Some(delivery) => release_decided(client as Client, &delivery),
+            Some(delivery) => release_decided(client as Client, *delivery),
             None => {
                 leave(client);
             }
@@ -638,12 +633,18 @@ unsafe extern "C" fn free_delivery(_ctx: Ctx, data: *mut c_void) {
             return;
         }
         let delivery = unsafe { Box::from_raw(data.cast::<Delivery>()) };
-        if let (Outcome::Granted { fence, lease, .. }, Some(key), false) =
-            (delivery.outcome, delivery.key, delivery.delivered)
-        {
-            queue_work(|p| p.take_backs.push((key, fence, lease)));
-        }
+        take_back_if_undelivered(*delivery);
     })
+}
+
+/// A grant whose client never received it is taken back (from the timer),
+/// so the lock is never left with a client that does not know it holds it.
+fn take_back_if_undelivered(delivery: Delivery) {
+    if let (Outcome::Granted { fence, lease, .. }, Some(key), false) =
+        (delivery.outcome, delivery.key, delivery.delivered)
+    {
+        queue_work(|p| p.take_backs.push((key, fence, lease)));
+    }
 }
 
 /// Type callback: a lock key left the keyspace (DEL, UNLINK, overwrite,
