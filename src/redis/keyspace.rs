@@ -180,6 +180,15 @@ impl LockSlot for LockKey {
     }
 
     fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
+        // A lease that ended but whose key Redis has not expired yet (its
+        // expiry is strict: at the deadline millisecond the key is still
+        // there) is replaced here: say so, as Redis's expiry would have.
+        if self
+            .stored()
+            .is_some_and(|held| !held.is_live(super::node::now_ms()))
+        {
+            super::ffi::notify_lock_event(self.ctx, super::ffi::lock_events::EXPIRE, self.name);
+        }
         self.write(token, fence, deadline_ms, granted_ms);
         self.replicate_set();
     }
