@@ -687,16 +687,23 @@ fn random_unblocks_and_kills_around_hand_offs_leave_one_reply_each() {
     for round in 0..15 {
         let key = format!("r{round}");
         acquire(&mut c, &key, "A", 60_000).unwrap();
+        // Each waiter's own client id, asked before it blocks (CLIENT
+        // LIST's order is not a promise).
+        let mut ids = Vec::new();
         let mut waiters: Vec<(String, RawConn)> = (0..4)
             .map(|i| {
                 let token = format!("w{i}");
-                let conn = block_on(&s, &key, &token, 60_000, 1_000);
-                wait_blocked(&s, i + 1);
+                let mut conn = RawConn::connect(&s);
+                let Resp::Int(id) = conn.call(&["CLIENT", "ID"]) else {
+                    panic!("CLIENT ID")
+                };
+                ids.push(id.to_string());
+                conn.send(&["LOCK.ACQUIRE", &key, &token, "60000", "BLOCK", "1000"]);
+                wait_blocked(&s, i as i64 + 1);
                 (token, conn)
             })
             .collect();
-        let ids = blocked_ids(&mut c);
-        assert_eq!(ids.len(), 4, "seed {seed}");
+        assert_eq!(blocked_ids(&mut c).len(), 4, "seed {seed}");
         let mut cmds: Vec<Vec<String>> = vec![vec!["MULTI".into()]];
         let mut killed = [false; 4];
         cmds.push(vec!["LOCK.RELEASE".into(), key.clone(), "A".into()]);
