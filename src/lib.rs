@@ -8,7 +8,9 @@
 //! * the persistence format ....... `redis::datatype`
 //! * module options, start-up ..... this file
 
-pub mod core;
+/// The pure engine, its own crate (`core/`): `cargo test -p redis-lock-core`
+/// runs without Redis or clang.
+pub use redis_lock_core as core;
 #[cfg(not(test))]
 mod module;
 #[cfg_attr(test, allow(dead_code))]

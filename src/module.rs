@@ -4,8 +4,6 @@
 
 use std::os::raw::c_int;
 
-use std::sync::atomic::{AtomicBool, AtomicI64};
-
 use redis_module::configuration::{
     register_bool_configuration, register_i64_configuration, ConfigurationFlags,
 };
@@ -16,7 +14,9 @@ use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::limits::{
     DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
 };
-use crate::redis::{commands, datatype, events, handoff, info, node, propagation};
+use crate::redis::{
+    blocked, commands, datatype, engine, events, info, keyspace_events, propagation, timer,
+};
 
 /// Every option: a module config (`CONFIG GET/SET lock.<name>`, a
 /// `lock.<name>` line in redis.conf) that can also follow the module path.
@@ -28,7 +28,7 @@ const OPTIONS: [(OptionSpec, Target); 5] = [
             min: 0,
             max: MAX_DURATION_MS,
         },
-        Target::Numeric(&node::RESTART_DELAY_MS),
+        Target::Numeric(&engine::RESTART_DELAY_MS),
     ),
     (
         OptionSpec::Numeric {
@@ -37,7 +37,7 @@ const OPTIONS: [(OptionSpec, Target); 5] = [
             min: 1,
             max: MAX_DURATION_MS,
         },
-        Target::Numeric(&node::MAX_TTL_MS),
+        Target::Numeric(&engine::MAX_TTL_MS),
     ),
     (
         OptionSpec::Numeric {
@@ -46,7 +46,7 @@ const OPTIONS: [(OptionSpec, Target); 5] = [
             min: 1,
             max: MAX_WAITERS_BOUND,
         },
-        Target::Numeric(&node::MAX_WAITERS_PER_KEY),
+        Target::Numeric(&engine::MAX_WAITERS_PER_KEY),
     ),
     (
         OptionSpec::Numeric {
@@ -55,21 +55,21 @@ const OPTIONS: [(OptionSpec, Target); 5] = [
             min: 1,
             max: MAX_TOKEN_LEN as i64,
         },
-        Target::Numeric(&node::MAX_TOKEN_LEN_OPTION),
+        Target::Numeric(&engine::MAX_TOKEN_LEN),
     ),
     (
         OptionSpec::Bool {
             name: "allow-eviction",
             default: false,
         },
-        Target::Bool(&node::ALLOW_EVICTION),
+        Target::Bool(&engine::ALLOW_EVICTION),
     ),
 ];
 
 /// Where an option's value lives.
 enum Target {
-    Numeric(&'static AtomicI64),
-    Bool(&'static AtomicBool),
+    Numeric(&'static engine::NumericOption),
+    Bool(&'static engine::BoolOption),
 }
 
 const MAX_WAITERS_BOUND: i64 = 100_000_000;
@@ -151,16 +151,17 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
         | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
         | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
     unsafe { set_options(ctx, options as c_int) };
-    datatype::register(ctx, handoff::on_unlink)?;
+    datatype::register(ctx, keyspace_events::on_unlink)?;
     commands::register(ctx)?;
-    handoff::init(ctx)?;
+    timer::init(ctx)?;
+    blocked::init();
     propagation::init(ctx)?;
     events::subscribe(ctx)?;
     events::read_server_state(ctx);
     redis_module::raw::register_info_function(ctx, Some(info::info_section));
     // Without persistence no loading event comes: start the fence mark and
     // the restart delay from the module's own start.
-    node::start_serving_as_master();
+    engine::start_serving();
     Ok(())
 }
 

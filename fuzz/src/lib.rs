@@ -1,7 +1,5 @@
-//! The module's pure core (`src/core`), compiled in without Redis. The fuzz
+//! The module's pure core (`core/`, the `redis-lock-core` crate). The fuzz
 //! targets call its entry points in `core::fuzz`, the same functions the
-//! unit test `core::fuzz::tests` runs over `corpus/`.
-#![allow(dead_code)]
+//! unit test `fuzz::tests` of that crate runs over `corpus/`.
 
-#[path = "../../src/core/mod.rs"]
-pub mod core;
+pub use redis_lock_core as core;

@@ -8,19 +8,18 @@ use std::os::raw::c_int;
 
 use redis_module::raw;
 
-use std::sync::atomic::Ordering::Relaxed;
-
+use super::blocked;
+use super::engine::{self, WaiterAcl};
 use super::ffi::{
-    api, context_flags, is_replica, lock_events, log_warning, may_write_key, notify_lock_event,
-    run_command, Argv, Ctx, RString, Reply, Value,
+    api, context_flags, lock_events, log_warning, may_write_key, notify_lock_event, run_command,
+    Argv, Ctx, RString, Reply, Value,
 };
-use super::handoff;
 use super::keyspace::LockKey;
-use super::node::{self, count, NodeFences, STATS};
+use super::node::{self, count, STATS};
 use crate::core::args;
 use crate::core::error::LockError;
-use crate::core::lock::{self, Acquired, LockSlot};
-use crate::core::waiters::Request;
+use crate::core::lock::{self, LockSlot};
+use crate::core::node::{Acquire, AcquireRequest};
 
 type Callback = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
 
@@ -198,107 +197,56 @@ pub static COMMANDS: [Command; 6] = [
     },
 ];
 
+/// The key a command names, opened for writing, as the node takes it.
+fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
+    LockKey::open(ctx, argv.key(), true)
+}
+
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let a = args::parse_acquire(argv.bytes(), node::max_ttl_ms())?;
-    args::check_token_limit(a.token, node::max_token_len())?;
-    if a.min_fence > 0 && crate::core::fence::check_min_fence(a.min_fence, node::now_us()).is_err()
-    {
-        return Err(LockError::MinFenceTooLarge(format!("'{}'", a.min_fence)));
-    }
-    refuse_on_replica(ctx)?;
-    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
+    let has_options = argv.bytes().len() > 4;
+    let key = engine::command_key(ctx, argv.key_bytes(), has_options);
     let now_us = node::now_us();
-    let now_ms = lock::ms(now_us);
-    let mut slot = LockKey::open(ctx, argv.key(), true)?;
-    // Decide before writing: a contended ACQUIRE changes nothing.
-    let held = slot
-        .live(now_ms)
-        .map(|l| (l.token == a.token, l.deadline_ms));
-    let wait_until = match held {
-        Some((true, _)) => None,
-        Some((false, until)) => Some(until),
-        None => {
-            refuse_new_lock(ctx)?;
-            match node::grants_paused_ms(now_ms) {
-                0 => None,
-                paused if a.block_ms.is_some() => Some(now_ms.saturating_add(paused)),
-                paused => return Err(LockError::GrantsPaused(paused)),
-            }
+    let decided = engine::with_engine(|n| {
+        let a = args::parse_acquire(argv.bytes(), n.limits().max_ttl_ms)?;
+        let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
+        let mut slot = open_for_write(ctx, argv);
+        let request = AcquireRequest {
+            token: a.token,
+            ttl_ms: a.ttl_ms,
+            block_ms: a.block_ms,
+            min_fence: a.min_fence,
+        };
+        let mut acl = WaiterAcl {
+            ctx,
+            name: argv.key(),
+        };
+        let slot = slot.as_mut().map_err(|e| e.clone());
+        n.acquire(&key, slot, request, cond, &mut acl, now_us)
+    });
+    engine::deliver_wakes(ctx, Some(argv.key()));
+    Ok(match decided {
+        Ok(Acquire::Granted(fence)) => {
+            count(&STATS.grants);
+            notify_lock_event(ctx, lock_events::ACQUIRE, argv.key());
+            Reply::Integer(fence)
         }
-    };
-    if let Some(until) = wait_until {
-        if let (Some(timeout_ms), true) = (a.block_ms, may_block(ctx)) {
-            refuse_new_lock(ctx)?;
-            drop(slot);
-            let key = handoff::key_of(ctx, argv.key_bytes());
-            let request = Request {
-                token: a.token,
-                ttl_ms: a.ttl_ms,
-                timeout_ms,
-                min_fence: a.min_fence,
-            };
-            return handoff::block(ctx, key, request, until);
+        Ok(Acquire::Renewed(fence)) => {
+            count(&STATS.extends);
+            notify_lock_event(ctx, lock_events::EXTEND, argv.key());
+            Reply::Integer(fence)
         }
-        if held.is_none() {
-            // Paused, and BLOCK cannot wait here (MULTI, Lua).
-            return Err(LockError::GrantsPaused(node::grants_paused_ms(now_ms)));
+        Ok(Acquire::Contended) => {
+            count(&STATS.contended);
+            Reply::Null
         }
-        count(&STATS.contended);
-        return Ok(Reply::Null);
-    }
-    Ok(
-        match lock::acquire_min_fence(
-            &mut slot,
-            &mut NodeFences,
-            a.token,
-            a.ttl_ms,
-            a.min_fence,
-            now_us,
-            0,
-        )? {
-            Acquired::Granted(fence) => {
-                count(&STATS.grants);
-                notify_lock_event(ctx, lock_events::ACQUIRE, argv.key());
-                Reply::Integer(fence)
+        Ok(Acquire::Wait(ticket)) => return blocked::block(ctx, ticket),
+        Err(err) => {
+            if err == LockError::EvictionUnsafe {
+                count(&STATS.refused_evictable);
             }
-            Acquired::Renewed(fence) => {
-                count(&STATS.extends);
-                notify_lock_event(ctx, lock_events::EXTEND, argv.key());
-                let deadline = lock::deadline(now_ms, a.ttl_ms)?;
-                handoff::lease_changed(ctx, argv.key_bytes(), deadline);
-                Reply::Integer(fence)
-            }
-            Acquired::Contended => {
-                count(&STATS.contended);
-                Reply::Null
-            }
-        },
-    )
-}
-
-/// A replica never changes a lock on its own (also with
-/// `replica-read-only no`): its master's effects are the only writes.
-fn refuse_on_replica(ctx: Ctx) -> Result<(), LockError> {
-    if node::SERVER.replica.load(Relaxed) && is_replica(ctx) {
-        return Err(LockError::ReadOnlyReplica);
-    }
-    Ok(())
-}
-
-/// A new lock (a grant, or a place in line) is refused while held locks can
-/// be evicted (unless `lock.allow-eviction`), and above maxmemory. Renewing
-/// a lock one holds is never refused: it is the safe retry.
-fn refuse_new_lock(ctx: Ctx) -> Result<(), LockError> {
-    if node::SERVER.evictable.load(Relaxed) && !node::ALLOW_EVICTION.load(Relaxed) {
-        count(&STATS.refused_evictable);
-        return Err(LockError::EvictionUnsafe);
-    }
-    if node::SERVER.maxmemory.load(Relaxed)
-        && context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0
-    {
-        return Err(LockError::OutOfMemory);
-    }
-    Ok(())
+            return Err(err);
+        }
+    })
 }
 
 /// Inside MULTI/EXEC and Lua, BLOCK answers at once, as BLPOP does there.
@@ -311,34 +259,47 @@ fn may_block(ctx: Ctx) -> bool {
 
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
-    refuse_on_replica(ctx)?;
-    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
-    let released = {
-        let mut slot = LockKey::open(ctx, argv.key(), true)?;
-        lock::release(&mut slot, token, node::now_ms())
-    };
-    if released {
+    let key = engine::command_key(ctx, argv.key_bytes(), false);
+    let now_us = node::now_us();
+    let released = engine::with_engine(|n| {
+        let cond = engine::conditions(ctx, false);
+        let mut slot = open_for_write(ctx, argv);
+        let mut acl = WaiterAcl {
+            ctx,
+            name: argv.key(),
+        };
+        let slot = slot.as_mut().map_err(|e| e.clone());
+        n.release(&key, slot, token, cond, &mut acl, now_us)
+    });
+    if released == Ok(true) {
         count(&STATS.releases);
         notify_lock_event(ctx, lock_events::RELEASE, argv.key());
-        // The next waiter gets the lock in this same command.
-        handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
     }
-    Ok(Reply::Integer(released.into()))
+    // The next waiter got the lock in this same command.
+    engine::deliver_wakes(ctx, Some(argv.key()));
+    Ok(Reply::Integer(released?.into()))
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let a = args::parse_extend(argv.bytes(), node::max_ttl_ms())?;
-    refuse_on_replica(ctx)?;
-    handoff::settle_if_waiting(ctx, argv.key(), argv.key_bytes());
-    let mut slot = LockKey::open(ctx, argv.key(), true)?;
-    let now_ms = node::now_ms();
-    let extended = lock::extend(&mut slot, a.token, a.ttl_ms, now_ms)?;
-    if extended {
+    let key = engine::command_key(ctx, argv.key_bytes(), false);
+    let now_us = node::now_us();
+    let extended = engine::with_engine(|n| {
+        let a = args::parse_extend(argv.bytes(), n.limits().max_ttl_ms)?;
+        let cond = engine::conditions(ctx, false);
+        let mut slot = open_for_write(ctx, argv);
+        let mut acl = WaiterAcl {
+            ctx,
+            name: argv.key(),
+        };
+        let slot = slot.as_mut().map_err(|e| e.clone());
+        n.extend(&key, slot, a.token, a.ttl_ms, cond, &mut acl, now_us)
+    });
+    engine::deliver_wakes(ctx, Some(argv.key()));
+    if extended == Ok(true) {
         count(&STATS.extends);
         notify_lock_event(ctx, lock_events::EXTEND, argv.key());
-        handoff::lease_changed(ctx, argv.key_bytes(), lock::deadline(now_ms, a.ttl_ms)?);
     }
-    Ok(Reply::Integer(extended.into()))
+    Ok(Reply::Integer(extended?.into()))
 }
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
@@ -370,7 +331,7 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 ("ttl", Value::Integer(held.remaining_ms(now))),
                 (
                     "waiters",
-                    Value::Integer(handoff::waiting_on(ctx, argv.key_bytes()) as i64),
+                    Value::Integer(waiting_on(ctx, argv.key_bytes()) as i64),
                 ),
                 // Last, so replies read by position stay as they were.
                 (
@@ -394,7 +355,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand("LOCK._SET"));
     }
     let a = args::parse_set(argv.bytes())?;
-    if let Err(err) = node::check_fence(a.fence) {
+    if let Err(err) = engine::check_fence(a.fence) {
         log_warning(&format!(
             "lock: refusing LOCK._SET with fence {}: {err}",
             a.fence
@@ -403,9 +364,17 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     }
     let mut slot = LockKey::open(ctx, argv.key(), true)?;
     slot.write(a.token, a.fence, a.deadline_ms, a.granted_ms);
-    node::observe_fence(a.fence)?;
+    engine::observe_fence(a.fence)?;
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     Ok(Reply::Ok)
+}
+
+fn waiting_on(ctx: Ctx, name: &[u8]) -> usize {
+    if engine::waiters_total() == 0 {
+        return 0;
+    }
+    let key = engine::key_of(ctx, name);
+    engine::with_engine(|n| n.waiting_on(&key))
 }
 
 /// Creates every command of the table, with arity, key spec and summary where

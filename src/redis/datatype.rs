@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use redis_module::raw;
 
+use super::engine;
 use super::ffi::{api, context_flags, guard, log_warning};
 use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
@@ -237,7 +238,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             context_flags(unsafe { api!(RedisModule_GetContextFromIO)(rdb) }) & loading == 0;
         let now_us = node::now_us();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
-            node::check_fence(fence)?;
+            engine::check_fence(fence)?;
             if restoring {
                 codec::check_restored_fence(fence, now_us)?;
             }
@@ -279,7 +280,7 @@ impl ValueReader for Io {
 extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     guard("aux_save", (), || {
         if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
-            unsafe { api!(RedisModule_SaveSigned)(rdb, node::fence_hwm()) };
+            unsafe { api!(RedisModule_SaveSigned)(rdb, engine::fence_hwm()) };
         }
     })
 }
@@ -296,7 +297,7 @@ extern "C" fn aux_load(rdb: *mut raw::RedisModuleIO, encver: c_int, when: c_int)
         }
         let observed = raw::load_signed(rdb)
             .map_err(|_| "the data is truncated or damaged".to_string())
-            .and_then(|hwm| node::observe_fence(hwm).map_err(|e| format!("mark {hwm}: {e}")));
+            .and_then(|hwm| engine::observe_fence(hwm).map_err(|e| format!("mark {hwm}: {e}")));
         match observed {
             Ok(()) => raw::REDISMODULE_OK as c_int,
             Err(why) => {

@@ -12,8 +12,8 @@ use super::ffi::{
     RString,
 };
 use super::keyspace::LockKey;
-use super::node::{self, SERVER, STATS};
-use super::{handoff, propagation};
+use super::node::{SERVER, STATS};
+use super::{blocked, engine, keyspace_events, propagation, timer};
 use crate::core::lock::LockSlot;
 
 pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
@@ -50,7 +50,7 @@ pub extern "C" fn on_loading(
             propagation::check_replication_state(ctx);
             read_server_state(ctx);
             if !SERVER.replica.load(Relaxed) {
-                node::start_serving_as_master();
+                engine::start_serving();
             }
         }
     })
@@ -68,7 +68,7 @@ pub extern "C" fn on_role_changed(
         read_server_state(ctx);
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
             SERVER.replica.store(false, Relaxed);
-            node::start_serving_as_master();
+            engine::start_serving();
         } else {
             SERVER.replica.store(true, Relaxed);
         }
@@ -86,7 +86,7 @@ pub extern "C" fn on_flush(
             return;
         }
         let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-        handoff::flushed(info.dbnum);
+        timer::flushed(info.dbnum);
     })
 }
 
@@ -101,7 +101,7 @@ pub extern "C" fn on_swapdb(
             return;
         }
         let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-        handoff::swapped(info.dbnum_first, info.dbnum_second);
+        timer::swapped(info.dbnum_first, info.dbnum_second);
     })
 }
 
@@ -134,12 +134,12 @@ pub extern "C" fn on_keyspace_event(
         }
         let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
         if event == b"expired" {
-            if handoff::was_lock(ctx, unsafe { string_bytes(key) }) {
+            if keyspace_events::was_lock(ctx, unsafe { string_bytes(key) }) {
                 notify_lock_event(ctx, lock_events::EXPIRE, key);
             }
             return;
         }
-        handoff::forget_unlinked();
+        keyspace_events::forget_unlinked();
         if !matches!(event, b"restore" | b"expire" | b"persist") {
             return;
         }
@@ -156,20 +156,20 @@ pub extern "C" fn on_keyspace_event(
             return;
         };
         if event == b"restore" {
-            if let Err(err) = node::observe_fence(lock.fence) {
+            if let Err(err) = engine::observe_fence(lock.fence) {
                 log_warning(&format!("lock: a RESTOREd lock's fence is refused: {err}"));
             }
         }
         drop(slot);
         if !SERVER.replica.load(Relaxed) {
             let name = unsafe { string_bytes(key) };
-            handoff::expiry_changed(handoff::key_of(ctx, name));
+            keyspace_events::expiry_changed(engine::key_of(ctx, name));
         }
     });
     0
 }
 
-/// Redis 7.0 only (see `handoff`): right before 7.0 sends module replies.
+/// Redis 7.0 only (see `blocked`): right before 7.0 sends module replies.
 pub extern "C" fn on_event_loop(
     _ctx: Ctx,
     _event: raw::RedisModuleEvent,
@@ -178,7 +178,7 @@ pub extern "C" fn on_event_loop(
 ) {
     guard("the before-sleep event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-            handoff::before_sleep();
+            blocked::before_sleep();
         }
     })
 }
@@ -197,7 +197,7 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         (raw::REDISMODULE_EVENT_CONFIG, on_config_change),
     ];
-    let before_sleep = handoff::defers_unblocks()
+    let before_sleep = blocked::defers_unblocks()
         .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));
     for (id, callback) in events.into_iter().chain(before_sleep) {
         let event = raw::RedisModuleEvent { id, dataver: 1 };

@@ -229,6 +229,43 @@ pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
     }
 }
 
+/// Whether the user named `user_name` may still run `LOCK.ACQUIRE` on
+/// `key`: the command itself (`ACL SETUSER u -lock.acquire`, where the
+/// server can check it, as Valkey and Redis 8 do for a BLPOP waiter) and
+/// write access to the key.
+pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
+    if !user_may_write_key(user_name, key) {
+        return false;
+    }
+    let api = unsafe {
+        (
+            raw::RedisModule_GetModuleUserFromUserName,
+            raw::RedisModule_ACLCheckCommandPermissions,
+            raw::RedisModule_FreeModuleUser,
+        )
+    };
+    let (Some(get_user), Some(check), Some(free_user)) = api else {
+        return true;
+    };
+    unsafe {
+        let user = get_user(user_name);
+        if user.is_null() {
+            return false;
+        }
+        let create = |w: &[u8]| api!(RedisModule_CreateString)(ctx, w.as_ptr().cast(), w.len());
+        let mut argv = [create(b"LOCK.ACQUIRE"), key, create(b"t"), create(b"1")];
+        let allowed =
+            check(user, argv.as_mut_ptr(), argv.len() as c_int) == raw::REDISMODULE_OK as c_int;
+        for (i, s) in argv.into_iter().enumerate() {
+            if i != 1 {
+                api!(RedisModule_FreeString)(ctx, s);
+            }
+        }
+        free_user(user);
+        allowed
+    }
+}
+
 /// True on a replica (also one with `replica-read-only no`).
 pub fn is_replica(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0

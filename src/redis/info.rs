@@ -4,8 +4,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw;
 
+use super::engine;
 use super::ffi::guard;
-use super::handoff;
 use super::node::{self, SERVER, STATS};
 use crate::core::histogram;
 
@@ -30,7 +30,7 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));
         }
         raw::add_info_field_long_long(ctx, "locks", STATS.locks.load(Relaxed));
-        raw::add_info_field_unsigned_long_long(ctx, "waiters", handoff::waiters_total() as u64);
+        raw::add_info_field_unsigned_long_long(ctx, "waiters", engine::waiters_total() as u64);
         raw::add_info_field_unsigned_long_long(
             ctx,
             "wait_time_total_ms",
@@ -55,11 +55,11 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             let sum = histogram.sum_ms.load(Relaxed);
             raw::add_info_field_unsigned_long_long(ctx, &format!("{name}_sum"), sum);
         }
-        raw::add_info_field_long_long(ctx, "fence_hwm", node::fence_hwm());
+        raw::add_info_field_long_long(ctx, "fence_hwm", engine::fence_hwm());
         raw::add_info_field_long_long(
             ctx,
             "grants_paused_ms",
-            node::grants_paused_ms(node::now_ms()),
+            engine::with_engine(|n| n.grants_paused_ms(node::now_ms())),
         );
         raw::add_info_field_long_long(
             ctx,

@@ -3,24 +3,29 @@
 //!
 //! * `commands`  — the command table and one handler per command
 //! * `events`    — server events and keyspace notifications
-//! * `handoff`   — BLOCK: blocked clients and the timer that executes the
-//!   decisions of `core::waiters`
+//! * `engine`    — the server's one `core::node::Node` (every lock
+//!   decision), its options, the server's conditions, delivering outcomes
+//! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
+//! * `timer`     — the one module timer and its inbox of inputs
+//! * `keyspace_events` — lock keys that Redis unlinks, expires or re-times
 //! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockSlot`;
 //!   every change it makes is replicated as an absolute effect
 //! * `datatype`  — the `redislock` data type: RDB/AOF persistence, digest,
 //!   memory usage (the persistence format is documented there)
 //! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
-//! * `node`      — node-wide state: fence mark, options, restart delay,
-//!   counters, the clock
+//! * `node`      — the clock, lease ids, cached server state, counters
 //! * `ffi`       — the few unsafe helpers everything above shares
 
+pub mod blocked;
 pub mod commands;
 pub mod datatype;
+pub mod engine;
 pub mod events;
 pub mod ffi;
-pub mod handoff;
 pub mod info;
 pub mod keyspace;
+pub mod keyspace_events;
 pub mod node;
 pub mod propagation;
+pub mod timer;

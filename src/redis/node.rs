@@ -1,40 +1,11 @@
-//! Node-wide state: the fencing high-water mark, the options, the restart
-//! delay, the clock and the counters shown by `INFO lock`. Commands, timers
-//! and events all run on Redis's main thread; a forked RDB child reads the
-//! mark in its own copy of memory. Counters are atomics because lazy-free
+//! Server-wide state the glue keeps beside the node (`engine`): the clock,
+//! lease ids, the server state cached from events, and the counters and
+//! histograms shown by `INFO lock`. Counters are atomics because lazy-free
 //! threads run the type's `free`.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
 
-use crate::core::error::LockError;
-use crate::core::fence::{FenceCounter, FenceSource};
 use crate::core::histogram;
-use crate::core::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
-
-/// The node's one fence counter (the rules live in `core::fence`).
-static FENCES: Mutex<FenceCounter> = Mutex::new(FenceCounter::new(0));
-
-fn fences() -> std::sync::MutexGuard<'static, FenceCounter> {
-    FENCES
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `lock.restart-delay-ms`: how long after loading data or promotion the node
-/// refuses new grants.
-pub static RESTART_DELAY_MS: AtomicI64 = AtomicI64::new(0);
-/// `lock.max-ttl-ms`: the longest lease ACQUIRE and EXTEND accept.
-pub static MAX_TTL_MS: AtomicI64 = AtomicI64::new(DEFAULT_MAX_TTL_MS);
-/// `lock.max-waiters-per-key`: the longest BLOCK line on one key.
-pub static MAX_WAITERS_PER_KEY: AtomicI64 = AtomicI64::new(DEFAULT_MAX_WAITERS_PER_KEY);
-/// `lock.max-token-len`: the longest token a new ACQUIRE may use.
-pub static MAX_TOKEN_LEN_OPTION: AtomicI64 = AtomicI64::new(MAX_TOKEN_LEN as i64);
-/// `lock.allow-eviction`: grant even while maxmemory-policy can evict locks.
-pub static ALLOW_EVICTION: AtomicBool = AtomicBool::new(false);
-
-/// When the node last loaded its data or became master (Unix ms).
-static GRANTS_PAUSED_SINCE_MS: AtomicI64 = AtomicI64::new(0);
 
 pub fn now_ms() -> i64 {
     now_us() / 1000
@@ -53,71 +24,11 @@ pub fn now_us() -> i64 {
     ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
 }
 
-pub fn fence_hwm() -> i64 {
-    fences().hwm()
-}
-
-/// A token issued elsewhere (master, AOF, RDB, RESTORE) was applied here:
-/// raise the mark, or refuse a token beyond the bound (changing nothing).
-pub fn observe_fence(fence: i64) -> Result<(), LockError> {
-    fences().observe(fence, now_us())
-}
-
-/// Whether `observe_fence` would accept `fence` now.
-pub fn check_fence(fence: i64) -> Result<(), LockError> {
-    fences().check(fence, now_us())
-}
-
-/// Issues fencing tokens from the node's counter.
-pub struct NodeFences;
-
-impl FenceSource for NodeFences {
-    fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
-        fences().next_fence(now_us)
-    }
-
-    fn raise(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
-        fences().raise(fence, now_us)
-    }
-}
-
-/// The node (re)started with its data loaded, or was promoted: raise the
-/// fence mark to the clock and start the restart delay.
-pub fn start_serving_as_master() {
-    let now = now_us();
-    fences().raise_to_clock(now);
-    GRANTS_PAUSED_SINCE_MS.store(now / 1000, Relaxed);
-}
-
-/// How many more ms new grants are refused (0 when grants are allowed).
-pub fn grants_paused_ms(now_ms: i64) -> i64 {
-    let delay = RESTART_DELAY_MS.load(Relaxed);
-    if delay <= 0 {
-        return 0;
-    }
-    let until = GRANTS_PAUSED_SINCE_MS.load(Relaxed).saturating_add(delay);
-    until.saturating_sub(now_ms).max(0)
-}
-
 /// Lease ids: unique for the life of the process (see `core::lock::Lock::lease`).
 static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
 
 pub fn new_lease() -> u64 {
     NEXT_LEASE.fetch_add(1, Relaxed)
-}
-
-pub fn max_ttl_ms() -> i64 {
-    MAX_TTL_MS.load(Relaxed)
-}
-
-pub fn max_token_len() -> usize {
-    MAX_TOKEN_LEN_OPTION
-        .load(Relaxed)
-        .clamp(1, MAX_TOKEN_LEN as i64) as usize
-}
-
-pub fn max_waiters_per_key() -> usize {
-    MAX_WAITERS_PER_KEY.load(Relaxed).max(1) as usize
 }
 
 /// The counters of `INFO lock`.

@@ -53,6 +53,14 @@ pub struct Wake<K, C> {
     pub waited_us: i64,
 }
 
+/// The waiter whose turn it is, as `settle_checked`'s `admit` sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Turn<'a, C> {
+    pub client: C,
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+}
+
 /// A client asking to wait.
 pub struct Request<'a> {
     pub token: &'a [u8],
@@ -272,21 +280,22 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         now_us: i64,
         grants_paused_ms: i64,
     ) -> Vec<Wake<K, C>> {
-        self.settle_permitted(key, slot, fences, now_us, grants_paused_ms, |_| true)
+        self.settle_checked(key, slot, fences, now_us, grants_paused_ms, |_| Ok(()))
     }
 
-    /// [`settle`](Self::settle), where `may_take(client)` says whether a
-    /// waiter may still take the lock (its user's ACL may have changed while
-    /// it waited). One that may not fails with `NoPermission` when its turn
-    /// comes, and the lock goes on to the next in line.
-    pub fn settle_permitted(
+    /// [`settle`](Self::settle), where `admit` says whether the waiter whose
+    /// turn it is may still take the lock now: its user's ACL, or the
+    /// node's limits, may have changed while it waited. One that may not is
+    /// answered with `admit`'s error when its turn comes, and the lock goes
+    /// on to the next in line.
+    pub fn settle_checked(
         &mut self,
         key: &K,
         slot: &mut impl LockSlot,
         fences: &mut impl FenceSource,
         now_us: i64,
         grants_paused_ms: i64,
-        mut may_take: impl FnMut(C) -> bool,
+        mut admit: impl FnMut(Turn<'_, C>) -> Result<(), LockError>,
     ) -> Vec<Wake<K, C>> {
         let now_ms = lock::ms(now_us);
         let mut wakes = Vec::new();
@@ -308,13 +317,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 }
                 _ => {}
             }
-            if !may_take(w.client) {
-                wakes.extend(self.finish(id, Outcome::Failed(LockError::NoPermission), now_us));
+            let turn = Turn {
+                client: w.client,
+                token: &w.token,
+                ttl_ms: w.ttl_ms,
+            };
+            if let Err(err) = admit(turn) {
+                wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
                 continue;
             }
             let w = &self.waiters[&id];
-            let acquired =
-                lock::acquire_min_fence(slot, fences, &w.token, w.ttl_ms, w.min_fence, now_us, 0);
+            let acquired = lock::acquire(slot, fences, &w.token, w.ttl_ms, w.min_fence, now_us);
             let outcome = match acquired {
                 Ok(Acquired::Granted(fence)) => Outcome::Granted {
                     fence,
@@ -429,8 +442,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::fence::FenceCounter;
-    use crate::core::lock::tests::MemSlot;
+    use crate::fence::FenceCounter;
+    use crate::lock::tests::MemSlot;
 
     type W = Waiters<&'static str, u32>;
     const T0: i64 = 1_700_000_000_000;
@@ -449,7 +462,7 @@ mod tests {
     }
 
     fn held_by(slot: &mut MemSlot, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
-        lock::acquire(slot, fences, token, until_ms - T0, us(T0), 0).unwrap();
+        lock::acquire(slot, fences, token, until_ms - T0, 0, us(T0)).unwrap();
     }
 
     fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
@@ -552,7 +565,13 @@ mod tests {
             .unwrap();
         w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
             .unwrap();
-        let wakes = w.settle_permitted(&"k", &mut slot, &mut fences, us(T0 + 100), 0, |c| c != 1);
+        let wakes = w.settle_checked(&"k", &mut slot, &mut fences, us(T0 + 100), 0, |t| {
+            if t.client == 1 {
+                Err(LockError::NoPermission)
+            } else {
+                Ok(())
+            }
+        });
         assert_eq!(wakes[0].client, 1);
         assert_eq!(wakes[0].outcome, Outcome::Failed(LockError::NoPermission));
         assert_eq!(outcomes(&wakes)[1], (2, "k", true));

@@ -81,7 +81,7 @@ impl fmt::Display for LockError {
             TokenTooLong(n) => write!(
                 f,
                 "ERR invalid token: {n} bytes, the limit is {} bytes",
-                crate::core::limits::MAX_TOKEN_LEN
+                crate::limits::MAX_TOKEN_LEN
             ),
             TokenOverLimit(n, max) => write!(
                 f,
@@ -96,7 +96,7 @@ impl fmt::Display for LockError {
             TimeoutTooLarge(v) => write!(
                 f,
                 "ERR invalid timeout-ms {v}: above the limit of {} ms",
-                crate::core::limits::MAX_DURATION_MS
+                crate::limits::MAX_DURATION_MS
             ),
             MissingMinFence => write!(f, "ERR MINFENCE needs a fencing token n"),
             BadMinFence(v) => write!(

@@ -311,7 +311,7 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
 mod tests {
     use super::*;
 
-    const MAX: i64 = crate::core::limits::DEFAULT_MAX_TTL_MS;
+    const MAX: i64 = crate::limits::DEFAULT_MAX_TTL_MS;
 
     #[test]
     fn parse_i64_follows_redis_string2ll() {

@@ -218,7 +218,7 @@ mod tests {
     /// Every seed of both targets passes, and there are enough of them.
     #[test]
     fn the_fuzz_targets_pass_on_their_seed_corpus() {
-        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus");
+        let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
         type Target = fn(&[u8]);
         let targets: [(&str, Target); 2] = [
             ("parse_args", super::parse_args),

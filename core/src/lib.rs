@@ -22,10 +22,14 @@ pub mod cluster;
 pub mod codec;
 pub mod error;
 pub mod fence;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod histogram;
 pub mod limits;
 pub mod lock;
 #[cfg(test)]
 mod model;
+pub mod node;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod rdb_bytes;
 pub mod waiters;

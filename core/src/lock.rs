@@ -79,12 +79,6 @@ pub enum Acquired {
     Contended,
 }
 
-/// What `acquire` would do, decided without changing anything: a contended
-/// ACQUIRE must not touch the key (it would abort other clients' WATCH).
-pub fn would_change(slot: &impl LockSlot, token: &[u8], now_ms: i64) -> bool {
-    slot.live(now_ms).is_none_or(|held| held.token == token)
-}
-
 /// The absolute deadline of a lease of `ttl_ms` starting now.
 pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
     now_ms
@@ -92,32 +86,24 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
         .ok_or(LockError::TtlOverflowsClock)
 }
 
-/// `grants_paused_ms` > 0 means restart-delay-ms is in force: a free lock is
-/// not granted (TRYAGAIN), but a holder may still renew.
+/// Takes the lock for `token` if it is free or already `token`'s, with
+/// `MINFENCE min_fence` (0: none): Redlock's quorum fencing, where the
+/// granted token is at least `min_fence` and so is the node's mark, so
+/// every later grant exceeds it. Whether a free lock may be granted now
+/// (restart delay, eviction, memory) is the node's decision
+/// (`node::Node::acquire`), made before this is called.
+///
+/// A holder that asks for a `min_fence` above its own token gets a *fresh*
+/// token, `max(mark + 1, min_fence, now)`: never a token another lock
+/// already holds (the mark may be above `min_fence` already). A contended
+/// or refused ACQUIRE changes nothing, the mark included.
 pub fn acquire(
-    slot: &mut impl LockSlot,
-    fences: &mut impl FenceSource,
-    token: &[u8],
-    ttl_ms: i64,
-    now_us: i64,
-    grants_paused_ms: i64,
-) -> Result<Acquired, LockError> {
-    acquire_min_fence(slot, fences, token, ttl_ms, 0, now_us, grants_paused_ms)
-}
-
-/// `acquire` with `MINFENCE min_fence` (0: none): the token granted, or
-/// already held by this same token, is raised to at least `min_fence`, and
-/// so is the node's mark, so every later grant exceeds it (Redlock's quorum
-/// fencing). A contended or refused ACQUIRE changes nothing, the mark
-/// included.
-pub fn acquire_min_fence(
     slot: &mut impl LockSlot,
     fences: &mut impl FenceSource,
     token: &[u8],
     ttl_ms: i64,
     min_fence: i64,
     now_us: i64,
-    grants_paused_ms: i64,
 ) -> Result<Acquired, LockError> {
     let now_ms = ms(now_us);
     let deadline_ms = deadline(now_ms, ttl_ms)?;
@@ -125,25 +111,33 @@ pub fn acquire_min_fence(
         Some(held) if held.token == token => {
             if min_fence > held.fence {
                 let granted_ms = held.granted_ms;
-                fences.raise(min_fence, now_us)?;
-                slot.put(token, min_fence, deadline_ms, granted_ms);
-                return Ok(Acquired::Renewed(min_fence));
+                let fence = fresh_fence(fences, min_fence, now_us)?;
+                slot.put(token, fence, deadline_ms, granted_ms);
+                return Ok(Acquired::Renewed(fence));
             }
             let fence = held.fence;
             slot.renew(deadline_ms);
             Ok(Acquired::Renewed(fence))
         }
         Some(_) => Ok(Acquired::Contended),
-        None if grants_paused_ms > 0 => Err(LockError::GrantsPaused(grants_paused_ms)),
         None => {
-            if min_fence > 1 {
-                fences.raise(min_fence - 1, now_us)?;
-            }
-            let fence = fences.next_fence(now_us)?;
+            let fence = fresh_fence(fences, min_fence, now_us)?;
             slot.put(token, fence, deadline_ms, now_ms);
             Ok(Acquired::Granted(fence))
         }
     }
+}
+
+/// A token never issued before, at least `min_fence` (0: no floor).
+fn fresh_fence(
+    fences: &mut impl FenceSource,
+    min_fence: i64,
+    now_us: i64,
+) -> Result<i64, LockError> {
+    if min_fence > 1 {
+        fences.raise(min_fence - 1, now_us)?;
+    }
+    fences.next_fence(now_us)
 }
 
 /// True when `token` held the lock and it is now free.
@@ -194,7 +188,7 @@ pub fn take_back(slot: &mut impl LockSlot, fence: i64, lease: u64, now_ms: i64) 
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::core::fence::FenceCounter;
+    use crate::fence::FenceCounter;
 
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub struct Stored {
@@ -262,7 +256,7 @@ pub mod tests {
     #[test]
     fn first_acquire_grants_with_a_clock_fence_and_absolute_deadline() {
         let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0);
+        let got = acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
         assert_eq!(deadline_of(&slot), T0 + 100);
     }
@@ -270,36 +264,28 @@ pub mod tests {
     #[test]
     fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0);
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 50), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0 + 50)).unwrap();
         extend(&mut slot, b"a", 100, T0 + 60).unwrap();
-        let raised = acquire_min_fence(
-            &mut slot,
-            &mut fences,
-            b"a",
-            100,
-            us(T0) + 9,
-            us(T0 + 70),
-            0,
-        );
-        assert_eq!(raised, Ok(Acquired::Renewed(us(T0) + 9)));
+        let raised = acquire(&mut slot, &mut fences, b"a", 100, us(T0) + 9, us(T0 + 70));
+        assert_eq!(raised, Ok(Acquired::Renewed(us(T0 + 70))), "a fresh token");
         assert_eq!(
             slot.lock.as_ref().unwrap().granted_ms,
             T0,
             "renewals keep it"
         );
         assert!(release(&mut slot, b"a", T0 + 80));
-        acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 90), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 90)).unwrap();
         assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0 + 90);
     }
 
     #[test]
     fn same_token_gets_same_fence_and_a_fresh_lease() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         let lease = slot.lock.as_ref().unwrap().lease;
-        let again = acquire(&mut slot, &mut fences, b"a", 500, us(T0 + 50), 0);
+        let again = acquire(&mut slot, &mut fences, b"a", 500, 0, us(T0 + 50));
         assert_eq!(again, Ok(Acquired::Renewed(us(T0))));
         assert_eq!(deadline_of(&slot), T0 + 550);
         assert_eq!(fences.hwm(), us(T0), "a renewal issues no token");
@@ -309,20 +295,17 @@ pub mod tests {
     #[test]
     fn other_token_is_contended_until_the_instant_the_lease_ends() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
-        assert!(!would_change(&slot, b"b", T0 + 99));
-        assert!(would_change(&slot, b"a", T0 + 99));
-        let busy = acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 99), 0);
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
+        let busy = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 99));
         assert_eq!(busy, Ok(Acquired::Contended));
-        assert!(would_change(&slot, b"b", T0 + 100));
-        let free = acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 100), 0);
+        let free = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 100));
         assert_eq!(free, Ok(Acquired::Granted(us(T0 + 100))));
     }
 
     #[test]
     fn release_only_by_the_live_holder() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         assert!(!release(&mut slot, b"b", T0 + 1));
         assert!(slot.lock.is_some());
         assert!(release(&mut slot, b"a", T0 + 1));
@@ -333,14 +316,14 @@ pub mod tests {
     #[test]
     fn release_after_expiry_is_zero() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         assert!(!release(&mut slot, b"a", T0 + 100));
     }
 
     #[test]
     fn extend_renews_the_holder_and_never_revives() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         assert_eq!(extend(&mut slot, b"b", 1000, T0 + 10), Ok(false));
         assert_eq!(extend(&mut slot, b"a", 1000, T0 + 10), Ok(true));
         assert_eq!(deadline_of(&slot), T0 + 1010);
@@ -352,7 +335,7 @@ pub mod tests {
     fn fence_reads_the_live_holder_only() {
         let (mut slot, mut fences) = fixture();
         assert_eq!(fence(&slot, None, T0), None);
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         assert_eq!(fence(&slot, None, T0), Some(us(T0)));
         assert_eq!(fence(&slot, Some(b"a"), T0), Some(us(T0)));
         assert_eq!(fence(&slot, Some(b"b"), T0), None);
@@ -365,7 +348,7 @@ pub mod tests {
         let mut last = 0;
         for i in 0..10 {
             let now = T0 + (i / 3) * 1000;
-            let Ok(Acquired::Granted(f)) = acquire(&mut slot, &mut fences, b"x", 10, us(now), 0)
+            let Ok(Acquired::Granted(f)) = acquire(&mut slot, &mut fences, b"x", 10, 0, us(now))
             else {
                 panic!("expected a grant");
             };
@@ -378,7 +361,7 @@ pub mod tests {
     #[test]
     fn overflowing_deadline_is_an_error_and_changes_nothing() {
         let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", i64::MAX, us(T0), 0);
+        let got = acquire(&mut slot, &mut fences, b"a", i64::MAX, 0, us(T0));
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
         assert!(slot.lock.is_none());
         assert_eq!(fences.hwm(), 0);
@@ -387,10 +370,10 @@ pub mod tests {
     #[test]
     fn take_back_removes_only_the_very_lease_it_granted() {
         let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         let granted = slot.lock.clone().unwrap();
         // The same token renews on another connection before the take-back.
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 1), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0 + 1)).unwrap();
         assert!(!take_back(&mut slot, granted.fence, granted.lease, T0 + 2));
         assert!(slot.lock.is_some(), "the renewed lease stays");
         let renewed = slot.lock.clone().unwrap();
@@ -399,54 +382,33 @@ pub mod tests {
     }
 
     #[test]
-    fn paused_node_refuses_new_grants_but_lets_holders_renew() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
-        assert_eq!(
-            acquire(&mut slot, &mut fences, b"a", 100, us(T0 + 1), 500),
-            Ok(Acquired::Renewed(us(T0)))
-        );
-        assert_eq!(
-            acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 1), 500),
-            Ok(Acquired::Contended)
-        );
-        assert_eq!(extend(&mut slot, b"a", 100, T0 + 2), Ok(true));
-        assert!(release(&mut slot, b"a", T0 + 3));
-        assert_eq!(
-            acquire(&mut slot, &mut fences, b"b", 100, us(T0 + 4), 400),
-            Err(LockError::GrantsPaused(400))
-        );
-        assert!(slot.lock.is_none());
-    }
-
-    #[test]
     fn min_fence_raises_a_grant_and_every_later_one() {
         let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
         let n = us(T0) + 5_000_000;
-        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 100, n, us(T0), 0);
+        let got = acquire(&mut slot, &mut fences, b"a", 100, n, us(T0));
         assert_eq!(got, Ok(Acquired::Granted(n)));
         assert!(fences.hwm() >= n);
         release(&mut slot, b"a", T0);
-        let next = acquire(&mut slot, &mut fences, b"b", 100, us(T0), 0);
+        let next = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0));
         assert_eq!(next, Ok(Acquired::Granted(n + 1)));
     }
 
     #[test]
     fn min_fence_below_the_next_token_changes_nothing_about_it() {
         let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 100, 3, us(T0), 0);
+        let got = acquire(&mut slot, &mut fences, b"a", 100, 3, us(T0));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
     }
 
     #[test]
     fn min_fence_raises_the_holders_own_token_and_renews() {
         let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        let Ok(Acquired::Granted(first)) = acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0)
+        let Ok(Acquired::Granted(first)) = acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0))
         else {
             panic!()
         };
-        let t = first + 1000;
-        let got = acquire_min_fence(&mut slot, &mut fences, b"a", 500, t, us(T0 + 50), 0);
+        let t = first + 1_000_000;
+        let got = acquire(&mut slot, &mut fences, b"a", 500, t, us(T0 + 50));
         assert_eq!(got, Ok(Acquired::Renewed(t)));
         assert_eq!(
             fence(&slot, Some(b"a"), T0 + 500),
@@ -455,24 +417,43 @@ pub mod tests {
         );
         assert_eq!(fences.hwm(), t);
         // Lower or equal: the holder keeps its token, the lease is renewed.
-        let again = acquire_min_fence(&mut slot, &mut fences, b"a", 100, t - 7, us(T0 + 60), 0);
+        let again = acquire(&mut slot, &mut fences, b"a", 100, t - 7, us(T0 + 60));
         assert_eq!(again, Ok(Acquired::Renewed(t)));
     }
 
     #[test]
     fn a_contended_or_refused_min_fence_changes_nothing() {
         let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        acquire(&mut slot, &mut fences, b"a", 100, us(T0), 0).unwrap();
+        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
         let (before_slot, before_hwm) = (slot.lock.clone(), fences.hwm());
-        let busy = acquire_min_fence(&mut slot, &mut fences, b"b", 100, i64::MAX / 2, us(T0), 0);
+        let busy = acquire(&mut slot, &mut fences, b"b", 100, i64::MAX / 2, us(T0));
         assert_eq!(busy, Ok(Acquired::Contended));
-        let huge = acquire_min_fence(&mut slot, &mut fences, b"a", 100, i64::MAX, us(T0), 0);
+        let huge = acquire(&mut slot, &mut fences, b"a", 100, i64::MAX, us(T0));
         assert!(matches!(huge, Err(LockError::BadFence(_))));
         assert_eq!((slot.lock.clone(), fences.hwm()), (before_slot, before_hwm));
-        let mut free = MemSlot::default();
-        let paused =
-            acquire_min_fence(&mut free, &mut fences, b"c", 100, before_hwm + 9, us(T0), 5);
-        assert_eq!(paused, Err(LockError::GrantsPaused(5)));
-        assert_eq!((free.lock, fences.hwm()), (None, before_hwm));
+    }
+
+    /// Defect 4 of issue 15: a holder raised to another lock's token by
+    /// MINFENCE must not end up with that very token.
+    #[test]
+    fn min_fence_never_hands_out_a_token_another_lock_holds() {
+        let mut fences = FenceCounter::default();
+        let (mut a, mut b) = (MemSlot::default(), MemSlot::default());
+        let Ok(Acquired::Granted(fa)) = acquire(&mut a, &mut fences, b"A", 60_000, 0, us(T0))
+        else {
+            panic!()
+        };
+        let Ok(Acquired::Granted(fb)) = acquire(&mut b, &mut fences, b"B", 60_000, 0, us(T0))
+        else {
+            panic!()
+        };
+        assert!(fb > fa);
+        let Ok(Acquired::Renewed(raised)) = acquire(&mut a, &mut fences, b"A", 60_000, fb, us(T0))
+        else {
+            panic!()
+        };
+        assert!(raised > fb, "fresh and at least MINFENCE: {raised} vs {fb}");
+        assert_eq!(fence(&a, None, T0), Some(raised));
+        assert_eq!(fences.hwm(), raised);
     }
 }

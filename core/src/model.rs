@@ -1,0 +1,855 @@
+//! Model check of the production [`Node`]: random histories over three keys
+//! drive the same `Node` the Redis glue drives (the harness plays the glue:
+//! it opens a key as a [`MemSlot`], passes the server's conditions in and
+//! runs the timer only when the node asks), and a deliberately simple
+//! reference model side by side, which settles every key on every tick.
+//! After every step both must agree on every reply, every wake, every lock
+//! and the fence mark; and whole-history properties must hold: one holder
+//! per key, fences strictly increasing and never shared by two locks, a
+//! waiter answered exactly once and granted only its own key, in FIFO order,
+//! never at or after its timeout, and no waiter left in line while its lock
+//! is free and grants are allowed.
+//!
+//! The history covers MINFENCE, restart-delay and its runtime changes, a
+//! lower max-ttl-ms while clients wait, take-back of an undelivered grant,
+//! ACL denial at hand-off, WRONGTYPE, SWAPDB, replica demotion and
+//! promotion, and a key that leaves the node (cluster redirect).
+//!
+//! Client handles come from a small pool and are reused as soon as their
+//! waiter is answered or leaves, as Redis reuses blocked-client addresses.
+//! `PROPTEST_CASES` raises the case count (`make stress` does).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use proptest::prelude::*;
+
+use super::error::LockError;
+use super::lock::tests::MemSlot;
+use super::lock::LockSlot;
+use super::node::{Acquire, AcquireRequest, Conditions, Limits, Node, Served};
+use super::waiters::{Outcome, Wake};
+
+const KEYS: u8 = 3;
+const CLIENTS: u8 = 6;
+const T0_MS: i64 = 1_700_000_000_000;
+/// The two values `lock.max-ttl-ms` takes in a history.
+const MAX_TTL: [i64; 2] = [1000, 15];
+/// The two values `lock.restart-delay-ms` takes.
+const DELAY: [i64; 2] = [0, 30];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire {
+        client: u8,
+        key: u8,
+        token: u8,
+        ttl: i64,
+        block: Option<i64>,
+        /// MINFENCE as an offset from the node's mark (None: no MINFENCE).
+        min_fence: Option<i8>,
+    },
+    Release {
+        client: u8,
+        key: u8,
+        token: u8,
+    },
+    Extend {
+        client: u8,
+        key: u8,
+        token: u8,
+        ttl: i64,
+    },
+    /// DEL / UNLINK / FLUSHALL of one key: the lock is gone, waiters stay.
+    Delete {
+        key: u8,
+    },
+    /// SET key value: the key now holds another type.
+    WrongType {
+        key: u8,
+    },
+    /// SWAPDB: keys 0 and 1 trade places, with their lines.
+    Swap,
+    /// The key's slot moved to another node (MIGRATE during resharding).
+    Migrate {
+        key: u8,
+    },
+    /// The client disconnects (or CLIENT UNBLOCK): it leaves its line.
+    Disconnect {
+        client: u8,
+    },
+    /// The client went away right after a hand-off granted it, before the
+    /// reply was written: the grant is undelivered.
+    Vanish {
+        client: u8,
+    },
+    /// ACL SETUSER: the client's user loses `lock.acquire` (or the key).
+    Deny {
+        client: u8,
+    },
+    /// CONFIG SET lock.max-ttl-ms / lock.restart-delay-ms.
+    Config {
+        max_ttl: usize,
+        delay: usize,
+    },
+    /// REPLICAOF host port: waiters are disconnected, writes refused.
+    Demote,
+    /// REPLICAOF NO ONE (or a restart with its data): the node serves.
+    Promote,
+    Advance {
+        ms: i64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64,
+              prop::option::weighted(0.7, 0..30i64), prop::option::weighted(0.15, -3..4i8))
+            .prop_map(|(client, key, token, ttl, block, min_fence)|
+                Op::Acquire { client, key, token, ttl, block, min_fence }),
+        4 => (0..CLIENTS, 0..KEYS, 0..4u8).prop_map(|(client, key, token)| Op::Release { client, key, token }),
+        2 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64)
+            .prop_map(|(client, key, token, ttl)| Op::Extend { client, key, token, ttl }),
+        1 => (0..KEYS).prop_map(|key| Op::Delete { key }),
+        1 => (0..KEYS).prop_map(|key| Op::WrongType { key }),
+        1 => Just(Op::Swap),
+        1 => (0..KEYS).prop_map(|key| Op::Migrate { key }),
+        2 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
+        2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
+        1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
+        1 => (0..2usize, 0..2usize).prop_map(|(max_ttl, delay)| Op::Config { max_ttl, delay }),
+        1 => Just(Op::Demote),
+        1 => Just(Op::Promote),
+        6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+fn token(t: u8) -> Vec<u8> {
+    vec![b'a' + t]
+}
+
+/// What a command or a wake-up told a client, comparable across both sides.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Told {
+    Fence(i64),
+    Nil,
+    Blocked,
+    Released(bool),
+    Extended(bool),
+    Error(String),
+}
+
+fn error(e: LockError) -> Told {
+    Told::Error(e.to_string())
+}
+
+// ---- the reference model: plain vectors, rules written out longhand ----
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    token: Vec<u8>,
+    fence: i64,
+    deadline_ms: i64,
+    lease: u64,
+}
+
+#[derive(Debug, Clone)]
+struct RefWaiter {
+    client: u8,
+    token: Vec<u8>,
+    ttl: i64,
+    min_fence: i64,
+    timeout_at: Option<i64>,
+}
+
+#[derive(Default)]
+struct Reference {
+    hwm: i64,
+    leases: u64,
+    locks: BTreeMap<u8, Held>,
+    lines: BTreeMap<u8, Vec<RefWaiter>>,
+    max_ttl: i64,
+    delay: i64,
+    serving_since: i64,
+    replica: bool,
+    wrongtype: BTreeSet<u8>,
+    gone: BTreeSet<u8>,
+    denied: BTreeSet<u8>,
+    take_backs: Vec<(u8, i64, u64)>,
+}
+
+impl Reference {
+    fn live(&self, key: u8, now: i64) -> Option<&Held> {
+        self.locks.get(&key).filter(|h| now < h.deadline_ms)
+    }
+
+    fn paused(&self, now: i64) -> i64 {
+        if self.delay == 0 {
+            return 0;
+        }
+        (self.serving_since + self.delay - now).max(0)
+    }
+
+    fn fresh_fence(&mut self, min_fence: i64, now: i64) -> i64 {
+        self.hwm = (self.hwm + 1).max(min_fence).max(now * 1000);
+        self.hwm
+    }
+
+    /// Grants or renews; the lock is free or `token`'s.
+    fn grant(&mut self, key: u8, token: &[u8], ttl: i64, min_fence: i64, now: i64) -> i64 {
+        self.leases += 1;
+        let lease = self.leases;
+        if let Some(h) = self
+            .locks
+            .get(&key)
+            .filter(|h| now < h.deadline_ms)
+            .cloned()
+        {
+            assert_eq!(h.token, token);
+            let fence = if min_fence > h.fence {
+                self.fresh_fence(min_fence, now)
+            } else {
+                h.fence
+            };
+            self.locks.insert(
+                key,
+                Held {
+                    fence,
+                    deadline_ms: now + ttl,
+                    lease,
+                    ..h
+                },
+            );
+            return fence;
+        }
+        let fence = self.fresh_fence(min_fence, now);
+        self.locks.insert(
+            key,
+            Held {
+                token: token.to_vec(),
+                fence,
+                deadline_ms: now + ttl,
+                lease,
+            },
+        );
+        fence
+    }
+
+    /// Hands `key` on as far as it goes now.
+    fn settle(&mut self, key: u8, now: i64, told: &mut Vec<(u8, Told)>) {
+        if self.replica {
+            return;
+        }
+        let fail_all = if self.gone.contains(&key) {
+            Some(LockError::Redirect(redirect_of(key)))
+        } else if self.wrongtype.contains(&key) {
+            Some(LockError::WrongType)
+        } else {
+            None
+        };
+        loop {
+            let Some(front) = self.lines.get(&key).and_then(|l| l.first()).cloned() else {
+                return;
+            };
+            let answer = |this: &mut Self, told: &mut Vec<(u8, Told)>, t: Told| {
+                this.lines.get_mut(&key).unwrap().remove(0);
+                told.push((front.client, t));
+            };
+            if let Some(err) = &fail_all {
+                answer(self, told, error(err.clone()));
+                continue;
+            }
+            if front.timeout_at.is_some_and(|t| t <= now) {
+                answer(self, told, Told::Nil);
+                continue;
+            }
+            match self.live(key, now) {
+                Some(h) if h.token != front.token => return,
+                None if self.paused(now) > 0 => return,
+                _ => {}
+            }
+            if front.ttl > self.max_ttl {
+                let err = LockError::TtlTooLarge(front.ttl.to_string(), self.max_ttl);
+                answer(self, told, error(err));
+                continue;
+            }
+            if self.denied.contains(&front.client) {
+                answer(self, told, error(LockError::NoPermission));
+                continue;
+            }
+            self.lines.get_mut(&key).unwrap().remove(0);
+            let fence = self.grant(key, &front.token, front.ttl, front.min_fence, now);
+            told.push((front.client, Told::Fence(fence)));
+        }
+    }
+
+    /// The timer at `now`: take-backs, timeouts, then every key.
+    fn tick(&mut self, now: i64, told: &mut Vec<(u8, Told)>) {
+        if self.replica {
+            self.take_backs.clear();
+        }
+        for (key, fence, lease) in std::mem::take(&mut self.take_backs) {
+            let same = self
+                .live(key, now)
+                .is_some_and(|h| h.fence == fence && h.lease == lease);
+            if same {
+                self.locks.remove(&key);
+            }
+        }
+        for line in self.lines.values_mut() {
+            line.retain(|w| {
+                let out = w.timeout_at.is_some_and(|t| t <= now);
+                if out {
+                    told.push((w.client, Told::Nil));
+                }
+                !out
+            });
+        }
+        for key in 0..KEYS {
+            self.settle(key, now, told);
+        }
+    }
+
+    fn waiting(&self, client: u8) -> bool {
+        self.lines.values().flatten().any(|w| w.client == client)
+    }
+
+    fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
+        if self.replica {
+            return error(LockError::ReadOnlyReplica);
+        }
+        let mut ignored = Vec::new();
+        self.settle(key, now, &mut ignored);
+        assert!(ignored.is_empty(), "the timer settled this key already");
+        if self.wrongtype.contains(&key) {
+            return error(LockError::WrongType);
+        }
+        match self.live(key, now) {
+            Some(h) if h.token == r.token => {
+                Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now))
+            }
+            Some(_) => match r.block {
+                Some(timeout) => self.enqueue(client, key, r, timeout, now),
+                None => Told::Nil,
+            },
+            None => match (self.paused(now), r.block) {
+                (0, _) => Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now)),
+                (_, Some(timeout)) => self.enqueue(client, key, r, timeout, now),
+                (paused, None) => error(LockError::GrantsPaused(paused)),
+            },
+        }
+    }
+
+    fn enqueue(&mut self, client: u8, key: u8, r: &Request, timeout: i64, now: i64) -> Told {
+        self.lines.entry(key).or_default().push(RefWaiter {
+            client,
+            token: r.token.clone(),
+            ttl: r.ttl,
+            min_fence: r.min_fence,
+            timeout_at: (timeout > 0).then_some(now + timeout),
+        });
+        Told::Blocked
+    }
+}
+
+fn redirect_of(key: u8) -> String {
+    format!("MOVED {key} 127.0.0.1:7001")
+}
+
+struct Request {
+    token: Vec<u8>,
+    ttl: i64,
+    block: Option<i64>,
+    min_fence: i64,
+}
+
+// ---- the harness: the glue's part, over in-memory keys ----
+
+struct Harness {
+    node: Node<u8, u8>,
+    slots: HashMap<u8, MemSlot>,
+    next_lease: u64,
+    wrongtype: BTreeSet<u8>,
+    gone: BTreeSet<u8>,
+    denied: BTreeSet<u8>,
+    replica: bool,
+}
+
+impl Harness {
+    fn cond(&self, may_block: bool) -> Conditions {
+        let mut cond = Conditions::empty();
+        cond.set(Conditions::REPLICA, self.replica);
+        cond.set(Conditions::MAY_BLOCK, may_block);
+        cond
+    }
+
+    /// Opens `key` as the glue does: a shared lease counter, as the
+    /// glue's is process-wide.
+    fn with_slot<R>(
+        &mut self,
+        key: u8,
+        f: impl FnOnce(&mut Node<u8, u8>, Result<&mut MemSlot, LockError>, &BTreeSet<u8>) -> R,
+    ) -> R {
+        let mut slot = self.slots.remove(&key).unwrap_or_default();
+        slot.next_lease = self.next_lease;
+        let open = match self.wrongtype.contains(&key) {
+            true => Err(LockError::WrongType),
+            false => Ok(&mut slot),
+        };
+        let out = f(&mut self.node, open, &self.denied);
+        self.next_lease = slot.next_lease;
+        self.slots.insert(key, slot);
+        out
+    }
+
+    fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
+        let cond = self.cond(true);
+        let decided = self.with_slot(key, |node, slot, denied| {
+            let req = AcquireRequest {
+                token: &r.token,
+                ttl_ms: r.ttl,
+                block_ms: r.block,
+                min_fence: r.min_fence,
+            };
+            node.acquire(
+                &key,
+                slot,
+                req,
+                cond,
+                &mut |c: u8| !denied.contains(&c),
+                now * 1000,
+            )
+        });
+        match decided {
+            Ok(Acquire::Granted(f) | Acquire::Renewed(f)) => Told::Fence(f),
+            Ok(Acquire::Contended) => Told::Nil,
+            Ok(Acquire::Wait(ticket)) => {
+                self.node.enqueue(ticket, client).unwrap();
+                Told::Blocked
+            }
+            Err(e) => error(e),
+        }
+    }
+
+    /// The module timer: runs only when the node asked for `now` or before.
+    fn timer(&mut self, now: i64) {
+        if self.node.next_wakeup().is_none_or(|at| at > now) {
+            return;
+        }
+        let cond = self.cond(false);
+        let work = self.node.timer(cond, now * 1000);
+        for (key, fence, lease) in work.take_backs {
+            let _ = self.with_slot(key, |node, slot, _| {
+                slot.map(|s| node.take_back(s, fence, lease, now))
+            });
+        }
+        for key in work.settle {
+            let served = if self.gone.contains(&key) {
+                Served::Elsewhere(redirect_of(key))
+            } else {
+                Served::Here
+            };
+            self.with_slot(key, |node, slot, denied| {
+                let admit = &mut |c: u8| !denied.contains(&c);
+                node.settle(&key, slot, served, cond, admit, now * 1000)
+            });
+        }
+    }
+
+    fn wakes(&mut self) -> Vec<Wake<u8, u8>> {
+        std::iter::from_fn(|| self.node.poll_wake()).collect()
+    }
+}
+
+fn told_of(wake: &Wake<u8, u8>) -> Told {
+    match &wake.outcome {
+        Outcome::Granted { fence, .. } => Told::Fence(*fence),
+        Outcome::TimedOut => Told::Nil,
+        Outcome::Failed(e) => error(e.clone()),
+    }
+}
+
+/// The waits the history has open: client -> (key, token, timeout_at).
+type Asked = HashMap<u8, (u8, Vec<u8>, Option<i64>)>;
+
+/// Each wake answers a client that was waiting, once, on the key it asked
+/// for; a grant is of a live lock it now holds, before its timeout. Grants
+/// are remembered for `Vanish`.
+fn check_wakes(
+    h: &Harness,
+    asked: &mut Asked,
+    granted: &mut HashMap<u8, (u8, i64, u64)>,
+    wakes: &[Wake<u8, u8>],
+    now: i64,
+) {
+    for wake in wakes {
+        let (key, token, timeout_at) = asked
+            .remove(&wake.client)
+            .expect("woken once, while waiting");
+        assert_eq!(wake.key, key, "granted only its own key");
+        if let Outcome::Granted { fence, lease, .. } = wake.outcome {
+            assert!(
+                timeout_at.is_none_or(|t| now < t),
+                "granted after its timeout"
+            );
+            let held = h.slots.get(&key).and_then(|s| s.live(now));
+            let held = held.expect("the granted lock is live when granted");
+            // (A later waiter with the same token may have renewed it since,
+            // with MINFENCE: a fresh, larger fence.)
+            assert_eq!(held.token, &token[..]);
+            assert!(held.fence >= fence);
+            granted.insert(wake.client, (key, fence, lease));
+        }
+    }
+}
+
+fn run(ops: &[Op]) {
+    let mut now = T0_MS;
+    let mut model = Reference {
+        max_ttl: MAX_TTL[0],
+        ..Reference::default()
+    };
+    let mut h = Harness {
+        node: Node::default(),
+        slots: HashMap::new(),
+        next_lease: 0,
+        wrongtype: BTreeSet::new(),
+        gone: BTreeSet::new(),
+        denied: BTreeSet::new(),
+        replica: false,
+    };
+    let mut asked: Asked = HashMap::new();
+    // client -> its last grant by hand-off, while it may still vanish.
+    let mut granted: HashMap<u8, (u8, i64, u64)> = HashMap::new();
+    // Every fence a lock has held, to check that none is ever reused.
+    let mut fences_seen: BTreeSet<i64> = BTreeSet::new();
+
+    for (step, op) in ops.iter().enumerate() {
+        let hwm_before = h.node.fence_hwm();
+        let mut model_told: Vec<(u8, Told)> = Vec::new();
+        let mut replies: (Option<Told>, Option<Told>) = (None, None);
+        // A client that sends a command has its reply: it can no longer
+        // vanish with an undelivered grant.
+        if let Op::Acquire { client, .. } | Op::Release { client, .. } | Op::Extend { client, .. } =
+            *op
+        {
+            if model.waiting(client) || model.denied.contains(&client) {
+                continue; // a blocked client sends nothing; Redis refuses a denied one
+            }
+            granted.remove(&client);
+        }
+        match *op {
+            Op::Acquire {
+                client,
+                key,
+                token: t,
+                ttl,
+                block,
+                min_fence,
+            } => {
+                if model.gone.contains(&key) {
+                    continue; // Redis redirects the command itself
+                }
+                let r = Request {
+                    token: token(t),
+                    ttl,
+                    block,
+                    min_fence: min_fence.map_or(0, |d| (model.hwm + d as i64).max(1)),
+                };
+                if ttl > model.max_ttl {
+                    // Refused by the parser, before the node is asked.
+                    continue;
+                }
+                replies.0 = Some(model.acquire(client, key, &r, now));
+                let reply = h.acquire(client, key, &r, now);
+                if reply == Told::Blocked {
+                    asked.insert(
+                        client,
+                        (
+                            key,
+                            r.token.clone(),
+                            block.filter(|t| *t > 0).map(|t| now + t),
+                        ),
+                    );
+                }
+                replies.1 = Some(reply);
+            }
+            Op::Release { key, token: t, .. } => {
+                if model.gone.contains(&key) {
+                    continue;
+                }
+                let token = token(t);
+                replies.0 = Some(if model.replica {
+                    error(LockError::ReadOnlyReplica)
+                } else {
+                    model.settle(key, now, &mut model_told);
+                    if model.wrongtype.contains(&key) {
+                        error(LockError::WrongType)
+                    } else {
+                        let released = model.live(key, now).is_some_and(|l| l.token == token);
+                        if released {
+                            model.locks.remove(&key);
+                            model.settle(key, now, &mut model_told);
+                        }
+                        Told::Released(released)
+                    }
+                });
+                let cond = h.cond(false);
+                let out = h.with_slot(key, |node, slot, denied| {
+                    node.release(
+                        &key,
+                        slot,
+                        &token,
+                        cond,
+                        &mut |c: u8| !denied.contains(&c),
+                        now * 1000,
+                    )
+                });
+                replies.1 = Some(out.map_or_else(error, Told::Released));
+            }
+            Op::Extend {
+                key, token: t, ttl, ..
+            } => {
+                if model.gone.contains(&key) || ttl > model.max_ttl {
+                    continue;
+                }
+                let token = token(t);
+                replies.0 = Some(if model.replica {
+                    error(LockError::ReadOnlyReplica)
+                } else {
+                    model.settle(key, now, &mut model_told);
+                    if model.wrongtype.contains(&key) {
+                        error(LockError::WrongType)
+                    } else {
+                        let held = model.live(key, now).is_some_and(|l| l.token == token);
+                        if held {
+                            model.leases += 1;
+                            let lease = model.leases;
+                            let l = model.locks.get_mut(&key).unwrap();
+                            l.deadline_ms = now + ttl;
+                            l.lease = lease;
+                        }
+                        Told::Extended(held)
+                    }
+                });
+                let cond = h.cond(false);
+                let out = h.with_slot(key, |node, slot, denied| {
+                    node.extend(
+                        &key,
+                        slot,
+                        &token,
+                        ttl,
+                        cond,
+                        &mut |c: u8| !denied.contains(&c),
+                        now * 1000,
+                    )
+                });
+                replies.1 = Some(out.map_or_else(error, Told::Extended));
+            }
+            Op::Delete { key } => {
+                if model.gone.contains(&key) || model.replica {
+                    continue;
+                }
+                model.locks.remove(&key);
+                model.wrongtype.remove(&key);
+                h.wrongtype.remove(&key);
+                h.slots.remove(&key);
+                // unlink2 queues a check for the next timer run.
+                h.node.keys_changed(|k| *k == key, now);
+            }
+            Op::WrongType { key } => {
+                if model.gone.contains(&key) || model.replica {
+                    continue;
+                }
+                model.locks.remove(&key);
+                model.wrongtype.insert(key);
+                h.wrongtype.insert(key);
+                h.slots.remove(&key);
+                h.node.keys_changed(|k| *k == key, now);
+            }
+            Op::Swap => {
+                if !model.gone.is_empty() || model.replica {
+                    continue; // no SWAPDB in a cluster; a replica's master swaps
+                }
+                let swap = |k: &u8| match *k {
+                    0 => 1,
+                    1 => 0,
+                    k => k,
+                };
+                let (l0, l1) = (model.locks.remove(&0), model.locks.remove(&1));
+                l1.map(|l| model.locks.insert(0, l));
+                l0.map(|l| model.locks.insert(1, l));
+                let (w0, w1) = (model.lines.remove(&0), model.lines.remove(&1));
+                w1.map(|l| model.lines.insert(0, l));
+                w0.map(|l| model.lines.insert(1, l));
+                for set in [&mut model.wrongtype, &mut h.wrongtype] {
+                    *set = set.iter().map(swap).collect();
+                }
+                let (s0, s1) = (h.slots.remove(&0), h.slots.remove(&1));
+                s1.map(|s| h.slots.insert(0, s));
+                s0.map(|s| h.slots.insert(1, s));
+                for (key, _, _) in asked.values_mut() {
+                    *key = swap(key);
+                }
+                for (key, _, _) in granted.values_mut() {
+                    *key = swap(key);
+                }
+                for (key, _, _) in &mut model.take_backs {
+                    *key = swap(key);
+                }
+                h.node.rename_keys(swap, |k| *k < 2, now);
+            }
+            Op::Migrate { key } => {
+                if model.replica {
+                    continue;
+                }
+                model.locks.remove(&key);
+                model.wrongtype.remove(&key);
+                model.gone.insert(key);
+                h.wrongtype.remove(&key);
+                h.gone.insert(key);
+                h.slots.remove(&key);
+                h.node.keys_changed(|k| *k == key, now);
+            }
+            Op::Disconnect { client } => {
+                for line in model.lines.values_mut() {
+                    line.retain(|w| w.client != client);
+                }
+                let left = h.node.leave(client, now);
+                assert_eq!(left, asked.remove(&client).is_some());
+                granted.remove(&client);
+            }
+            Op::Vanish { client } => {
+                let Some((key, fence, lease)) = granted.remove(&client) else {
+                    continue;
+                };
+                model.take_backs.push((key, fence, lease));
+                h.node.undelivered(key, fence, lease, now);
+            }
+            Op::Deny { client } => {
+                model.denied.insert(client);
+                h.denied.insert(client);
+            }
+            Op::Config { max_ttl, delay } => {
+                model.max_ttl = MAX_TTL[max_ttl];
+                model.delay = DELAY[delay];
+                let limits = Limits {
+                    max_ttl_ms: MAX_TTL[max_ttl],
+                    restart_delay_ms: DELAY[delay],
+                    ..Limits::default()
+                };
+                h.node.set_limits(limits, now);
+            }
+            Op::Demote => {
+                if model.replica {
+                    continue;
+                }
+                model.replica = true;
+                h.replica = true;
+                // Redis answers every waiter itself (-UNBLOCKED); the
+                // module only learns that each one left.
+                let mut model_left: Vec<u8> = std::mem::take(&mut model.lines)
+                    .into_values()
+                    .flatten()
+                    .map(|w| w.client)
+                    .collect();
+                let mut engine_left: Vec<u8> = asked.drain().map(|(client, _)| client).collect();
+                for client in &engine_left {
+                    assert!(
+                        h.node.leave(*client, now),
+                        "step {step}: a waiter leaves on demotion"
+                    );
+                }
+                model_left.sort();
+                engine_left.sort();
+                assert_eq!(
+                    model_left, engine_left,
+                    "step {step}: the lines on demotion"
+                );
+            }
+            Op::Promote => {
+                if !model.replica {
+                    continue;
+                }
+                model.replica = false;
+                model.serving_since = now;
+                model.hwm = model.hwm.max(now * 1000);
+                h.replica = false;
+                h.node.start_serving(now * 1000);
+            }
+            Op::Advance { ms } => {
+                for _ in 0..ms {
+                    now += 1;
+                    let mut model_tick = Vec::new();
+                    model.tick(now, &mut model_tick);
+                    h.timer(now);
+                    let wakes = h.wakes();
+                    compare(step, op, model_tick, &wakes);
+                    check_wakes(&h, &mut asked, &mut granted, &wakes, now);
+                }
+            }
+        }
+        // The timer also runs at the end of the event-loop iteration.
+        model.tick(now, &mut model_told);
+        h.timer(now);
+        let wakes = h.wakes();
+
+        assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
+        compare(step, op, model_told, &wakes);
+        check_wakes(&h, &mut asked, &mut granted, &wakes, now);
+
+        let mut live_fences = BTreeSet::new();
+        for key in 0..KEYS {
+            let engine_lock = h
+                .slots
+                .get(&key)
+                .and_then(|s| s.live(now))
+                .map(|l| (l.token.to_vec(), l.fence, l.deadline_ms));
+            let model_lock = model
+                .live(key, now)
+                .map(|h| (h.token.clone(), h.fence, h.deadline_ms));
+            assert_eq!(engine_lock, model_lock, "step {step} {op:?}: lock {key}");
+            if let Some((_, fence, _)) = engine_lock {
+                assert!(
+                    live_fences.insert(fence),
+                    "step {step}: two locks hold fence {fence}"
+                );
+                // A fence not held before this step was drawn in it: above
+                // every token the node had issued when the step began.
+                if !fences_seen.contains(&fence) {
+                    assert!(
+                        fence > hwm_before,
+                        "step {step}: a new fence {fence} at or below the mark {hwm_before}"
+                    );
+                    fences_seen.insert(fence);
+                }
+            }
+            let grantable = !h.replica && h.node.grants_paused_ms(now) == 0;
+            if h.node.waiting_on(&key) > 0 && grantable {
+                assert!(
+                    engine_lock.is_some(),
+                    "step {step} {op:?}: a waiter is stranded on a free lock {key}"
+                );
+            }
+        }
+        assert_eq!(h.node.fence_hwm(), model.hwm, "step {step}: fence mark");
+    }
+}
+
+fn compare(step: usize, op: &Op, mut model_told: Vec<(u8, Told)>, wakes: &[Wake<u8, u8>]) {
+    let mut engine_told: Vec<(u8, Told)> = wakes.iter().map(|w| (w.client, told_of(w))).collect();
+    model_told.sort();
+    engine_told.sort();
+    assert_eq!(model_told, engine_told, "step {step} {op:?}: wakes");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2000),
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_node_agrees_with_the_reference_model(ops in prop::collection::vec(op(), 1..80)) {
+        run(&ops);
+    }
+}

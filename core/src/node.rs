@@ -1,0 +1,1037 @@
+//! The node: every lock decision of one server, in one place.
+//!
+//! A [`Node`] owns the fencing counter, the waiter lines, the restart-delay
+//! clock, the limits (the `lock.*` options) and the grants whose reply was
+//! lost. The Redis glue and the model test drive the very same `Node`:
+//!
+//! * inputs are `handle_*`-style calls: [`acquire`](Node::acquire),
+//!   [`release`](Node::release), [`extend`](Node::extend),
+//!   [`enqueue`](Node::enqueue), [`leave`](Node::leave),
+//!   [`undelivered`](Node::undelivered), [`timer`](Node::timer),
+//!   [`settle`](Node::settle), [`take_back`](Node::take_back),
+//!   [`set_limits`](Node::set_limits), [`start_serving`](Node::start_serving),
+//!   [`keys_changed`](Node::keys_changed), [`rename_keys`](Node::rename_keys);
+//!   each carries the time, and what only the server knows
+//!   ([`Conditions`], whether a waiter may still run the command on the key
+//!   ([`Admission`]), whether the key is still served here ([`Served`]));
+//! * outputs are the call's reply, the waiters to answer
+//!   ([`poll_wake`](Node::poll_wake), each exactly once) and when to call
+//!   [`timer`](Node::timer) next ([`next_wakeup`](Node::next_wakeup)).
+//!
+//! Nothing here reads a clock, opens a key or talks to a client: keys come
+//! in as a [`LockSlot`], and the glue executes what comes out.
+
+use std::collections::VecDeque;
+use std::hash::Hash;
+
+use bitflags::bitflags;
+
+use crate::args;
+use crate::error::LockError;
+use crate::fence::{self, FenceCounter};
+use crate::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
+use crate::lock::{self, Acquired, LockSlot};
+use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
+
+/// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
+/// again this soon.
+pub const RETRY_MS: i64 = 10;
+
+/// The `lock.*` options, as the node applies them: to new commands, and to
+/// every hand-off from the moment they change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `lock.max-ttl-ms`: the longest lease a grant may carry.
+    pub max_ttl_ms: i64,
+    /// `lock.max-token-len`: the longest token a new grant may use.
+    pub max_token_len: usize,
+    /// `lock.max-waiters-per-key`: the longest BLOCK line on one key.
+    pub max_waiters_per_key: usize,
+    /// `lock.restart-delay-ms`: no new grants this long after the node
+    /// loaded its data or was promoted.
+    pub restart_delay_ms: i64,
+    /// `lock.allow-eviction`: grant while maxmemory-policy can evict locks.
+    pub allow_eviction: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_ttl_ms: DEFAULT_MAX_TTL_MS,
+            max_token_len: MAX_TOKEN_LEN,
+            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY as usize,
+            restart_delay_ms: 0,
+            allow_eviction: false,
+        }
+    }
+}
+
+bitflags! {
+    /// What only the server knows at the moment of a call.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct Conditions: u8 {
+        /// This node is a replica: its master's effects are its only writes.
+        const REPLICA = 1 << 0;
+        /// The calling client may block (not in MULTI, Lua or a
+        /// no-blocking context): BLOCK waits instead of answering at once.
+        const MAY_BLOCK = 1 << 1;
+        /// maxmemory-policy can evict keys, and so held locks.
+        const EVICTABLE = 1 << 2;
+        /// Used memory is above maxmemory.
+        const OOM = 1 << 3;
+        /// Writes are held back (CLIENT PAUSE WRITE, FAILOVER): a hand-off
+        /// or take-back must wait.
+        const WRITES_PAUSED = 1 << 4;
+    }
+}
+
+/// Whether the key a waiter waits on is still served by this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Served {
+    Here,
+    /// Its slot moved (cluster resharding or failover): the waiters are
+    /// answered with this redirect (`ASK ...`, `MOVED ...`, `CLUSTERDOWN ...`).
+    Elsewhere(String),
+}
+
+/// Whether a waiter may still take the lock when its turn comes: its user
+/// may have lost the command or the key (ACL SETUSER) while it waited.
+pub trait Admission<C> {
+    fn may_take(&mut self, client: C) -> bool;
+}
+
+/// Every waiter is still admitted (no ACL to ask).
+pub struct AdmitAll;
+
+impl<C> Admission<C> for AdmitAll {
+    fn may_take(&mut self, _client: C) -> bool {
+        true
+    }
+}
+
+impl<C, F: FnMut(C) -> bool> Admission<C> for F {
+    fn may_take(&mut self, client: C) -> bool {
+        self(client)
+    }
+}
+
+/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`, parsed.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+    /// BLOCK timeout-ms (0: no timeout); None without BLOCK.
+    pub block_ms: Option<i64>,
+    /// MINFENCE n (0: none).
+    pub min_fence: i64,
+}
+
+/// What an ACQUIRE comes to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Acquire<K> {
+    /// A new grant with a new fencing token.
+    Granted(i64),
+    /// The token already held the lock: lease reset (and a fresh token if
+    /// MINFENCE asked for more than it had).
+    Renewed(i64),
+    /// Another token holds the lock (nil).
+    Contended,
+    /// The client must wait in line: block it, then [`Node::enqueue`] it.
+    Wait(WaitTicket<K>),
+}
+
+/// A decision to queue a client, to be carried out once the glue has blocked
+/// it ([`Node::enqueue`]). The line was checked for room when it was made.
+#[derive(Debug, PartialEq, Eq)]
+pub struct WaitTicket<K> {
+    key: K,
+    token: Box<[u8]>,
+    ttl_ms: i64,
+    timeout_ms: i64,
+    min_fence: i64,
+    since_us: i64,
+    /// When the key must be looked at again: the holder's lease end, or the
+    /// end of the restart delay.
+    check_at_ms: i64,
+}
+
+/// What a timer run must do, in this order: take these grants back, then
+/// settle these keys (open each and call [`Node::take_back`] /
+/// [`Node::settle`]). Waiters that timed out are already in the wake queue.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TimerWork<K> {
+    pub take_backs: Vec<(K, i64, u64)>,
+    pub settle: Vec<K>,
+}
+
+impl<K> Default for TimerWork<K> {
+    fn default() -> Self {
+        TimerWork {
+            take_backs: Vec::new(),
+            settle: Vec::new(),
+        }
+    }
+}
+
+pub struct Node<K, C> {
+    fences: FenceCounter,
+    waiters: Waiters<K, C>,
+    limits: Limits,
+    /// When the node last started serving as master (loaded its data or
+    /// was promoted), Unix ms: the restart delay runs from here.
+    serving_since_ms: i64,
+    /// Grants whose reply never reached their client: (key, fence, lease),
+    /// and when the timer must take them back.
+    undelivered: Vec<(K, i64, u64)>,
+    undelivered_at_ms: Option<i64>,
+    wakes: VecDeque<Wake<K, C>>,
+}
+
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
+    fn default() -> Self {
+        Node {
+            fences: FenceCounter::default(),
+            waiters: Waiters::default(),
+            limits: Limits::default(),
+            serving_since_ms: 0,
+            undelivered: Vec::new(),
+            undelivered_at_ms: None,
+            wakes: VecDeque::new(),
+        }
+    }
+}
+
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+    // ---- getters ----
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    pub fn fence_hwm(&self) -> i64 {
+        self.fences.hwm()
+    }
+
+    pub fn waiting_on(&self, key: &K) -> usize {
+        self.waiters.waiting_on(key)
+    }
+
+    pub fn total_waiters(&self) -> usize {
+        self.waiters.total()
+    }
+
+    /// How many more ms new grants are refused (0: grants are allowed).
+    pub fn grants_paused_ms(&self, now_ms: i64) -> i64 {
+        let delay = self.limits.restart_delay_ms;
+        if delay <= 0 {
+            return 0;
+        }
+        let until = self.serving_since_ms.saturating_add(delay);
+        until.saturating_sub(now_ms).max(0)
+    }
+
+    // ---- outputs ----
+
+    /// The next waiter to answer, with its one outcome.
+    pub fn poll_wake(&mut self) -> Option<Wake<K, C>> {
+        self.wakes.pop_front()
+    }
+
+    /// When [`timer`](Self::timer) must run next (Unix ms).
+    pub fn next_wakeup(&self) -> Option<i64> {
+        match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- commands ----
+
+    /// `LOCK.ACQUIRE`. Any hand-off due on the key runs first, so nobody
+    /// barges in ahead of the line.
+    pub fn acquire<S: LockSlot>(
+        &mut self,
+        key: &K,
+        slot: Result<&mut S, LockError>,
+        req: AcquireRequest<'_>,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now_us: i64,
+    ) -> Result<Acquire<K>, LockError> {
+        args::check_token_limit(req.token, self.limits.max_token_len)?;
+        if req.min_fence > 0 && fence::check_min_fence(req.min_fence, now_us).is_err() {
+            return Err(LockError::MinFenceTooLarge(format!("'{}'", req.min_fence)));
+        }
+        let slot = self.open_in_command(key, slot, cond, now_us)?;
+        self.settle_in_command(key, slot, cond, admission, now_us);
+        let now_ms = lock::ms(now_us);
+        // Decide before writing: a contended ACQUIRE changes nothing (it
+        // would abort other clients' WATCH).
+        let check_at_ms = match slot.live(now_ms) {
+            Some(held) if held.token == req.token => None,
+            Some(held) => Some(held.deadline_ms),
+            None => {
+                self.admit_new_lock(cond)?;
+                match self.grants_paused_ms(now_ms) {
+                    0 => None,
+                    paused if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) => {
+                        Some(now_ms.saturating_add(paused))
+                    }
+                    paused => return Err(LockError::GrantsPaused(paused)),
+                }
+            }
+        };
+        if let Some(check_at_ms) = check_at_ms {
+            return match req.block_ms {
+                Some(timeout_ms) if cond.contains(Conditions::MAY_BLOCK) => {
+                    self.admit_new_lock(cond)?;
+                    let max = self.limits.max_waiters_per_key;
+                    if self.waiters.waiting_on(key) >= max {
+                        return Err(LockError::TooManyWaiters(max as i64));
+                    }
+                    Ok(Acquire::Wait(WaitTicket {
+                        key: key.clone(),
+                        token: req.token.into(),
+                        ttl_ms: req.ttl_ms,
+                        timeout_ms,
+                        min_fence: req.min_fence,
+                        since_us: now_us,
+                        check_at_ms,
+                    }))
+                }
+                _ => Ok(Acquire::Contended),
+            };
+        }
+        let acquired = lock::acquire(
+            slot,
+            &mut self.fences,
+            req.token,
+            req.ttl_ms,
+            req.min_fence,
+            now_us,
+        )?;
+        Ok(match acquired {
+            Acquired::Granted(fence) => Acquire::Granted(fence),
+            Acquired::Renewed(fence) => {
+                // The lease may now end sooner than the check planned.
+                self.waiters
+                    .schedule(key, now_ms.saturating_add(req.ttl_ms));
+                Acquire::Renewed(fence)
+            }
+            Acquired::Contended => Acquire::Contended,
+        })
+    }
+
+    /// Queues a client the glue blocked on a [`WaitTicket`].
+    pub fn enqueue(&mut self, ticket: WaitTicket<K>, client: C) -> Result<(), LockError> {
+        let request = Request {
+            token: &ticket.token,
+            ttl_ms: ticket.ttl_ms,
+            timeout_ms: ticket.timeout_ms,
+            min_fence: ticket.min_fence,
+        };
+        self.waiters
+            .enqueue(
+                ticket.key,
+                client,
+                request,
+                ticket.since_us,
+                ticket.check_at_ms,
+                usize::MAX,
+            )
+            .map(|_| ())
+    }
+
+    /// `LOCK.RELEASE`: true when `token` held the lock; the next waiter is
+    /// then handed it in this same call.
+    pub fn release<S: LockSlot>(
+        &mut self,
+        key: &K,
+        slot: Result<&mut S, LockError>,
+        token: &[u8],
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now_us: i64,
+    ) -> Result<bool, LockError> {
+        let slot = self.open_in_command(key, slot, cond, now_us)?;
+        self.settle_in_command(key, slot, cond, admission, now_us);
+        let released = lock::release(slot, token, lock::ms(now_us));
+        if released {
+            self.settle_in_command(key, slot, cond, admission, now_us);
+        }
+        Ok(released)
+    }
+
+    /// `LOCK.EXTEND`: true when `token` holds the lock; its lease then ends
+    /// `ttl_ms` from now. An ended lease is never revived.
+    pub fn extend<S: LockSlot>(
+        &mut self,
+        key: &K,
+        slot: Result<&mut S, LockError>,
+        token: &[u8],
+        ttl_ms: i64,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now_us: i64,
+    ) -> Result<bool, LockError> {
+        let slot = self.open_in_command(key, slot, cond, now_us)?;
+        self.settle_in_command(key, slot, cond, admission, now_us);
+        let now_ms = lock::ms(now_us);
+        let extended = lock::extend(slot, token, ttl_ms, now_ms)?;
+        if extended {
+            self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
+        }
+        Ok(extended)
+    }
+
+    // ---- waiters and the timer ----
+
+    /// The client left on its own (disconnected, CLIENT UNBLOCK, the node
+    /// became a replica): it gets no outcome. True if it was waiting.
+    pub fn leave(&mut self, client: C, now_ms: i64) -> bool {
+        self.waiters.leave(client, now_ms).is_some()
+    }
+
+    /// A grant's reply never reached its client (it went away between the
+    /// hand-off and the reply): take the grant back at the next timer run,
+    /// if the lease is still exactly that one, so the lock is never left
+    /// with a client that does not know it holds it.
+    pub fn undelivered(&mut self, key: K, fence: i64, lease: u64, now_ms: i64) {
+        self.undelivered.push((key, fence, lease));
+        let at = self.undelivered_at_ms.map_or(now_ms, |at| at.min(now_ms));
+        self.undelivered_at_ms = Some(at);
+    }
+
+    /// The timer. Waiters whose timeout came are answered (that writes
+    /// nothing, so it also runs while writes must wait). On a replica, or
+    /// while writes are held back, nothing is handed on: due keys are looked
+    /// at again in [`RETRY_MS`]; take-backs wait too, except on a replica,
+    /// where they are the master's to make and are dropped.
+    pub fn timer(&mut self, cond: Conditions, now_us: i64) -> TimerWork<K> {
+        let now_ms = lock::ms(now_us);
+        let timed_out = self.waiters.poll_timeouts(now_ms, now_us);
+        self.wakes.extend(timed_out);
+        let due = self.waiters.due_keys(now_ms);
+        let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
+        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+            let retry_at = now_ms.saturating_add(RETRY_MS);
+            for key in &due {
+                self.waiters.schedule(key, retry_at);
+            }
+            if cond.contains(Conditions::REPLICA) {
+                self.undelivered.clear();
+                self.undelivered_at_ms = None;
+            } else if take_backs_due {
+                self.undelivered_at_ms = Some(retry_at);
+            }
+            return TimerWork::default();
+        }
+        let mut work = TimerWork {
+            take_backs: Vec::new(),
+            settle: due,
+        };
+        if take_backs_due {
+            work.take_backs = std::mem::take(&mut self.undelivered);
+            self.undelivered_at_ms = None;
+            // A lock taken back goes on to the next in line.
+            let keys = work.take_backs.iter().map(|(key, _, _)| key.clone());
+            work.settle.extend(keys.collect::<Vec<_>>());
+        }
+        work
+    }
+
+    /// Takes back a grant that never reached its client, if the lock still
+    /// holds exactly that lease. True if it did (the key is in the same
+    /// [`TimerWork::settle`], so its line moves on).
+    pub fn take_back(
+        &mut self,
+        slot: &mut impl LockSlot,
+        fence: i64,
+        lease: u64,
+        now_ms: i64,
+    ) -> bool {
+        lock::take_back(slot, fence, lease, now_ms)
+    }
+
+    /// Hands `key` on from the timer, as far as it goes now: to the first
+    /// in line that may take it, or, when the key left this node, sends its
+    /// line where it went (never a second lock for a key given away). A key
+    /// that now holds another type fails its whole line with `slot`'s error.
+    pub fn settle<S: LockSlot>(
+        &mut self,
+        key: &K,
+        slot: Result<&mut S, LockError>,
+        served: Served,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now_us: i64,
+    ) {
+        if self.waiters.waiting_on(key) == 0 {
+            return;
+        }
+        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+            let retry_at = lock::ms(now_us).saturating_add(RETRY_MS);
+            self.waiters.schedule(key, retry_at);
+            return;
+        }
+        if let Served::Elsewhere(redirect) = served {
+            let wakes = self
+                .waiters
+                .fail_all(key, &LockError::Redirect(redirect), now_us);
+            self.wakes.extend(wakes);
+            return;
+        }
+        match slot {
+            Ok(slot) => self.settle_in_command(key, slot, cond, admission, now_us),
+            Err(err) => {
+                let wakes = self.waiters.fail_all(key, &err, now_us);
+                self.wakes.extend(wakes);
+            }
+        }
+    }
+
+    /// The key a write command touches: refused on a replica first; a key
+    /// of another type (WRONGTYPE) fails its whole line and the command.
+    fn open_in_command<'s, S: LockSlot>(
+        &mut self,
+        key: &K,
+        slot: Result<&'s mut S, LockError>,
+        cond: Conditions,
+        now_us: i64,
+    ) -> Result<&'s mut S, LockError> {
+        refuse_on_replica(cond)?;
+        slot.inspect_err(|err| {
+            let wakes = self.waiters.fail_all(key, err, now_us);
+            self.wakes.extend(wakes);
+        })
+    }
+
+    /// A key with waiters is settled before any command touches it (the
+    /// command's own key is served here, or Redis would have redirected it).
+    fn settle_in_command(
+        &mut self,
+        key: &K,
+        slot: &mut impl LockSlot,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now_us: i64,
+    ) {
+        if self.waiters.waiting_on(key) == 0 {
+            return;
+        }
+        let paused = self.grants_paused_ms(lock::ms(now_us));
+        let limits = self.limits;
+        let eviction_unsafe = cond.contains(Conditions::EVICTABLE) && !limits.allow_eviction;
+        // A hand-off applies the limits in force when it grants, and the
+        // waiter's ACL as it is now.
+        let admit = |turn: Turn<'_, C>| -> Result<(), LockError> {
+            if turn.ttl_ms > limits.max_ttl_ms {
+                return Err(LockError::TtlTooLarge(
+                    turn.ttl_ms.to_string(),
+                    limits.max_ttl_ms,
+                ));
+            }
+            args::check_token_limit(turn.token, limits.max_token_len)?;
+            if eviction_unsafe {
+                return Err(LockError::EvictionUnsafe);
+            }
+            if !admission.may_take(turn.client) {
+                return Err(LockError::NoPermission);
+            }
+            Ok(())
+        };
+        let wakes = self
+            .waiters
+            .settle_checked(key, slot, &mut self.fences, now_us, paused, admit);
+        self.wakes.extend(wakes);
+    }
+
+    // ---- node-wide events ----
+
+    /// The options changed (CONFIG SET): every line is looked at again now,
+    /// under the new limits (a shorter restart delay may have ended; a
+    /// lower max-ttl-ms applies to the next hand-off).
+    pub fn set_limits(&mut self, limits: Limits, now_ms: i64) {
+        if limits == self.limits {
+            return;
+        }
+        self.limits = limits;
+        self.keys_changed(|_| true, now_ms);
+    }
+
+    /// The node loaded its data, or was promoted: the fence mark rises to
+    /// the clock, and the restart delay starts.
+    pub fn start_serving(&mut self, now_us: i64) {
+        self.fences.raise_to_clock(now_us);
+        self.serving_since_ms = lock::ms(now_us);
+    }
+
+    /// Locks may have changed under every waited-on key that `affected`
+    /// selects (DEL, UNLINK, overwrite, flush, eviction): look at them now.
+    pub fn keys_changed(&mut self, affected: impl Fn(&K) -> bool, now_ms: i64) {
+        let keys: Vec<K> = self
+            .waiters
+            .keys()
+            .filter(|k| affected(k))
+            .cloned()
+            .collect();
+        for key in keys {
+            self.waiters.schedule(&key, now_ms);
+        }
+    }
+
+    /// SWAPDB moved whole databases: lines move with their keys (`rename`
+    /// must be a bijection), and every moved key is looked at now.
+    pub fn rename_keys(
+        &mut self,
+        rename: impl Fn(&K) -> K,
+        moved: impl Fn(&K) -> bool,
+        now_ms: i64,
+    ) {
+        self.waiters.rename_keys(rename);
+        self.keys_changed(moved, now_ms);
+    }
+
+    // ---- the fence mark ----
+
+    /// Whether a token from outside (master, AOF, RDB, RESTORE) is
+    /// acceptable now.
+    pub fn check_fence(&self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        self.fences.check(fence, now_us)
+    }
+
+    /// A token from outside was applied: raise the mark (or refuse it,
+    /// changing nothing).
+    pub fn observe_fence(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
+        self.fences.observe(fence, now_us)
+    }
+
+    /// Checks a new grant or place in line against what the server can
+    /// keep: locks that could be evicted, or memory above maxmemory.
+    /// Renewing a lock one holds is never refused: it is the safe retry.
+    fn admit_new_lock(&self, cond: Conditions) -> Result<(), LockError> {
+        if cond.contains(Conditions::EVICTABLE) && !self.limits.allow_eviction {
+            return Err(LockError::EvictionUnsafe);
+        }
+        if cond.contains(Conditions::OOM) {
+            return Err(LockError::OutOfMemory);
+        }
+        Ok(())
+    }
+}
+
+/// A replica never changes a lock on its own (also with `replica-read-only
+/// no`): its master's effects are its only writes.
+fn refuse_on_replica(cond: Conditions) -> Result<(), LockError> {
+    if cond.contains(Conditions::REPLICA) {
+        return Err(LockError::ReadOnlyReplica);
+    }
+    Ok(())
+}
+
+/// Whether a wake is a grant (new, or a renewal of the waiter's own token).
+pub fn is_grant<K, C>(wake: &Wake<K, C>) -> bool {
+    matches!(wake.outcome, Outcome::Granted { .. })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::tests::MemSlot;
+
+    type N = Node<&'static str, u32>;
+    const T0: i64 = 1_700_000_000_000;
+
+    fn us(ms: i64) -> i64 {
+        ms * 1000
+    }
+
+    fn req(token: &[u8], ttl_ms: i64, block_ms: Option<i64>) -> AcquireRequest<'_> {
+        AcquireRequest {
+            token,
+            ttl_ms,
+            block_ms,
+            min_fence: 0,
+        }
+    }
+
+    const BLOCKING: Conditions = Conditions::MAY_BLOCK;
+
+    fn wakes(node: &mut N) -> Vec<Wake<&'static str, u32>> {
+        std::iter::from_fn(|| node.poll_wake()).collect()
+    }
+
+    fn wait(node: &mut N, slot: &mut MemSlot, client: u32, r: AcquireRequest<'_>, now_ms: i64) {
+        match node.acquire(&"k", Ok(slot), r, BLOCKING, &mut AdmitAll, us(now_ms)) {
+            Ok(Acquire::Wait(ticket)) => node.enqueue(ticket, client).unwrap(),
+            other => panic!("expected to wait, got {other:?}"),
+        }
+    }
+
+    /// Runs the timer at `now_ms` over one key, as the glue does.
+    fn tick(node: &mut N, slot: &mut MemSlot, now_ms: i64) {
+        let work = node.timer(Conditions::empty(), us(now_ms));
+        for (_, fence, lease) in work.take_backs {
+            node.take_back(slot, fence, lease, now_ms);
+        }
+        for key in work.settle {
+            node.settle(
+                &key,
+                Ok(slot),
+                Served::Here,
+                Conditions::empty(),
+                &mut AdmitAll,
+                us(now_ms),
+            );
+        }
+    }
+
+    #[test]
+    fn a_paused_node_refuses_new_grants_and_lets_holders_renew() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.set_limits(
+            Limits {
+                restart_delay_ms: 500,
+                ..Limits::default()
+            },
+            T0,
+        );
+        let got = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"a", 100, None),
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0),
+        );
+        assert_eq!(
+            got,
+            Ok(Acquire::Granted(us(T0))),
+            "not serving yet: no delay"
+        );
+        node.start_serving(us(T0));
+        let renew = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"a", 100, None),
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0 + 1),
+        );
+        assert_eq!(renew, Ok(Acquire::Renewed(us(T0))));
+        assert_eq!(
+            node.release(
+                &"k",
+                Ok(&mut slot),
+                b"a",
+                Conditions::empty(),
+                &mut AdmitAll,
+                us(T0 + 2)
+            ),
+            Ok(true)
+        );
+        let paused = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"b", 100, None),
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0 + 100),
+        );
+        assert_eq!(paused, Err(LockError::GrantsPaused(400)));
+        assert!(slot.lock.is_none());
+    }
+
+    /// Defect 1 of issue 15: lowering lock.restart-delay-ms while a client
+    /// waits out the delay must serve it at once.
+    #[test]
+    fn lowering_the_restart_delay_serves_the_waiters_it_held() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.set_limits(
+            Limits {
+                restart_delay_ms: 20_000,
+                ..Limits::default()
+            },
+            T0,
+        );
+        node.start_serving(us(T0));
+        wait(&mut node, &mut slot, 1, req(b"w", 5000, Some(5000)), T0);
+        assert_eq!(
+            node.next_wakeup(),
+            Some(T0 + 5000),
+            "its timeout comes first"
+        );
+        node.set_limits(Limits::default(), T0 + 300);
+        assert_eq!(node.next_wakeup(), Some(T0 + 300));
+        tick(&mut node, &mut slot, T0 + 300);
+        let woken = wakes(&mut node);
+        assert_eq!(woken.len(), 1);
+        assert!(is_grant(&woken[0]), "{woken:?}");
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"w");
+    }
+
+    /// Defect 2 of issue 15: a hand-off applies the max-ttl-ms in force
+    /// when it grants; the waiter is told so instead of getting a lease
+    /// the node no longer allows.
+    #[test]
+    fn a_hand_off_applies_the_limits_in_force_then() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 300, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"w", 600_000, Some(5000)), T0);
+        wait(&mut node, &mut slot, 2, req(b"v", 500, Some(5000)), T0);
+        node.set_limits(
+            Limits {
+                max_ttl_ms: 1000,
+                ..Limits::default()
+            },
+            T0 + 10,
+        );
+        tick(&mut node, &mut slot, T0 + 10);
+        assert!(wakes(&mut node).is_empty(), "still held");
+        tick(&mut node, &mut slot, T0 + 300);
+        let woken = wakes(&mut node);
+        assert_eq!(woken.len(), 2);
+        assert_eq!(woken[0].client, 1);
+        assert_eq!(
+            woken[0].outcome,
+            Outcome::Failed(LockError::TtlTooLarge("600000".into(), 1000))
+        );
+        assert!(is_grant(&woken[1]));
+        assert_eq!(slot.lock.as_ref().unwrap().deadline_ms, T0 + 800);
+    }
+
+    #[test]
+    fn a_waiter_whose_user_lost_the_command_is_refused_and_skipped() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut slot, 2, req(b"b", 100, Some(0)), T0);
+        let released = node.release(
+            &"k",
+            Ok(&mut slot),
+            b"h",
+            Conditions::empty(),
+            &mut |c: u32| c != 1,
+            us(T0 + 5),
+        );
+        assert_eq!(released, Ok(true));
+        let woken = wakes(&mut node);
+        assert_eq!(woken[0].outcome, Outcome::Failed(LockError::NoPermission));
+        assert!(is_grant(&woken[1]));
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+    }
+
+    #[test]
+    fn an_undelivered_grant_is_taken_back_and_handed_on() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut slot, 2, req(b"b", 100, Some(0)), T0);
+        node.release(
+            &"k",
+            Ok(&mut slot),
+            b"h",
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0 + 1),
+        )
+        .unwrap();
+        let Outcome::Granted { fence, lease, .. } = wakes(&mut node)[0].outcome.clone() else {
+            panic!()
+        };
+        node.undelivered("k", fence, lease, T0 + 1);
+        // While writes are paused it waits; on the next run it goes.
+        assert_eq!(
+            node.timer(Conditions::WRITES_PAUSED, us(T0 + 1)),
+            TimerWork::default()
+        );
+        assert_eq!(node.next_wakeup(), Some(T0 + 1 + RETRY_MS));
+        tick(&mut node, &mut slot, T0 + 11);
+        let woken = wakes(&mut node);
+        assert_eq!((woken.len(), woken[0].client), (1, 2));
+        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+    }
+
+    #[test]
+    fn a_replica_hands_nothing_on_and_drops_take_backs() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(50)), T0);
+        node.undelivered("k", 1, 1, T0);
+        assert_eq!(
+            node.timer(Conditions::REPLICA, us(T0 + 100)),
+            TimerWork::default()
+        );
+        let woken = wakes(&mut node);
+        assert_eq!(woken[0].outcome, Outcome::TimedOut, "timeouts still run");
+        assert_eq!(node.next_wakeup(), None, "take-back dropped");
+        let refused = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"x", 100, None),
+            Conditions::REPLICA,
+            &mut AdmitAll,
+            us(T0),
+        );
+        assert_eq!(refused, Err(LockError::ReadOnlyReplica));
+    }
+
+    #[test]
+    fn a_key_that_left_the_node_redirects_its_line() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        slot.lock = None;
+        node.keys_changed(|_| true, T0 + 1);
+        let redirect = Served::Elsewhere("ASK 1 127.0.0.1:7001".into());
+        node.settle(
+            &"k",
+            Ok(&mut slot),
+            redirect,
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0 + 1),
+        );
+        let woken = wakes(&mut node);
+        assert_eq!(
+            woken[0].outcome,
+            Outcome::Failed(LockError::Redirect("ASK 1 127.0.0.1:7001".into()))
+        );
+        assert!(slot.lock.is_none(), "no lock granted for a key given away");
+    }
+
+    #[test]
+    fn full_lines_refuse_before_anyone_blocks() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.set_limits(
+            Limits {
+                max_waiters_per_key: 1,
+                ..Limits::default()
+            },
+            T0,
+        );
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        let full = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"b", 100, Some(0)),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        );
+        assert_eq!(full, Err(LockError::TooManyWaiters(1)));
+        let not_blocking = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"b", 100, Some(0)),
+            Conditions::empty(),
+            &mut AdmitAll,
+            us(T0),
+        );
+        assert_eq!(not_blocking, Ok(Acquire::Contended), "MULTI: nil at once");
+    }
+
+    #[test]
+    fn eviction_unsafe_servers_refuse_new_locks_and_hand_offs_but_not_renewals() {
+        let mut node = N::default();
+        let mut slot = MemSlot::default();
+        node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            us(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        let evictable = Conditions::EVICTABLE | Conditions::MAY_BLOCK;
+        let renew = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"h", 100, None),
+            evictable,
+            &mut AdmitAll,
+            us(T0 + 1),
+        );
+        assert_eq!(renew, Ok(Acquire::Renewed(us(T0))));
+        node.release(
+            &"k",
+            Ok(&mut slot),
+            b"h",
+            evictable,
+            &mut AdmitAll,
+            us(T0 + 2),
+        )
+        .unwrap();
+        let woken = wakes(&mut node);
+        assert_eq!(woken[0].outcome, Outcome::Failed(LockError::EvictionUnsafe));
+        assert!(slot.lock.is_none());
+        let fresh = node.acquire(
+            &"k",
+            Ok(&mut slot),
+            req(b"x", 100, None),
+            evictable,
+            &mut AdmitAll,
+            us(T0 + 3),
+        );
+        assert_eq!(fresh, Err(LockError::EvictionUnsafe));
+    }
+}

@@ -1,0 +1,240 @@
+//! The one module timer, armed for the node's next wake-up, and the inbox
+//! of inputs from callbacks that cannot enter the engine or write (unlink2,
+//! flush, SWAPDB, keyspace events, undelivered grants). A timer run feeds
+//! the inbox to the node, asks it what is due ([`Node::timer`]) and
+//! executes that: take-backs, then hand-offs key by key, each with the
+//! server's conditions and whether the key is still served here.
+//!
+//! [`Node::timer`]: crate::core::node::Node::timer
+
+use std::collections::HashSet;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+
+use redis_module::raw;
+
+use super::engine::{self, Key, WaiterAcl};
+use super::ffi::{
+    api, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, notify_lock_event,
+    writes_paused, Ctx, RString,
+};
+use super::keyspace::LockKey;
+use super::node::{self, count, STATS};
+use crate::core::cluster;
+use crate::core::lock;
+use crate::core::node::{Conditions, Served, RETRY_MS};
+
+/// Inputs for the next timer run.
+#[derive(Default)]
+pub struct Inbox {
+    /// Keys whose lock may have changed (DEL, UNLINK, overwrite, flush, ...).
+    pub changed: Vec<Key>,
+    /// Keys whose Redis expiry may no longer match the lease.
+    pub expiry: Vec<Key>,
+    /// Grants whose reply never reached their client: (key, fence, lease).
+    pub undelivered: Vec<(Key, i64, u64)>,
+}
+
+static INBOX: Mutex<Inbox> = Mutex::new(Inbox {
+    changed: Vec::new(),
+    expiry: Vec::new(),
+    undelivered: Vec::new(),
+});
+
+/// The one armed timer: (when, id).
+static TIMER: Mutex<Option<(i64, u64)>> = Mutex::new(None);
+
+/// A context for creating timers from callbacks that have none (unlink2).
+static TIMER_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+
+fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Called once at load: a detached context to create timers with.
+pub fn init(ctx: Ctx) -> Result<(), &'static str> {
+    let detached = unsafe { raw::RedisModule_GetDetachedThreadSafeContext }
+        .ok_or("RedisModule_GetDetachedThreadSafeContext is not available")?;
+    TIMER_CTX.store(unsafe { detached(ctx) }, Relaxed);
+    Ok(())
+}
+
+/// Puts an input in the inbox and has the timer run at once.
+pub fn queue(f: impl FnOnce(&mut Inbox)) {
+    f(&mut locked(&INBOX));
+    arm_at(node::now_ms());
+}
+
+/// Arms the timer for the node's next wake-up.
+pub fn rearm() {
+    if let Some(at) = engine::with_engine(|n| n.next_wakeup()) {
+        arm_at(at);
+    }
+}
+
+/// Makes sure the timer runs at `at_ms` or earlier.
+fn arm_at(at_ms: i64) {
+    let ctx = TIMER_CTX.load(Relaxed);
+    if ctx.is_null() {
+        return;
+    }
+    let mut timer = locked(&TIMER);
+    if let Some((armed_at, id)) = *timer {
+        if armed_at <= at_ms {
+            return;
+        }
+        let mut data: *mut c_void = std::ptr::null_mut();
+        unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+    }
+    // Round up so the timer never runs before `at_ms` has passed. at_ms is
+    // bounded (limits::MAX_DEADLINE_MS), so this cannot overflow.
+    let period_ms = ((at_ms.saturating_mul(1000) - node::now_us()).max(0) + 999) / 1000;
+    let id = unsafe {
+        api!(RedisModule_CreateTimer)(ctx, period_ms, Some(on_timer), std::ptr::null_mut())
+    };
+    *timer = Some((at_ms, id));
+}
+
+extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    guard("the hand-off timer", (), || {
+        *locked(&TIMER) = None;
+        let now_us = node::now_us();
+        let now_ms = lock::ms(now_us);
+        let inbox = std::mem::take(&mut *locked(&INBOX));
+        let mut cond = engine::conditions(ctx, false);
+        cond.set(Conditions::REPLICA, is_replica(ctx));
+        cond.set(Conditions::WRITES_PAUSED, writes_paused());
+        let changed: HashSet<&Key> = inbox.changed.iter().collect();
+        let work = engine::with_engine(|n| {
+            if !changed.is_empty() {
+                n.keys_changed(|k| changed.contains(k), now_ms);
+            }
+            for (key, fence, lease) in inbox.undelivered {
+                n.undelivered(key, fence, lease, now_ms);
+            }
+            n.timer(cond, now_us)
+        });
+        // Timeouts write nothing: they go out even while writes must wait.
+        engine::deliver_wakes(ctx, None);
+        let blocked = cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED);
+        if blocked {
+            // On a replica the master fixes expiries; while writes are
+            // paused, try again shortly.
+            if !cond.contains(Conditions::REPLICA) && !inbox.expiry.is_empty() {
+                locked(&INBOX).expiry.extend(inbox.expiry);
+                arm_at(now_ms + RETRY_MS);
+            }
+            return engine::deliver_wakes(ctx, None);
+        }
+        for key in &inbox.expiry {
+            run_in_db(ctx, key, |name| {
+                if let Ok(mut slot) = LockKey::open(ctx, name, true) {
+                    slot.restore_expiry(now_ms);
+                }
+            });
+        }
+        for (key, fence, lease) in &work.take_backs {
+            run_in_db(ctx, key, |name| {
+                let Ok(mut slot) = LockKey::open(ctx, name, true) else {
+                    return;
+                };
+                if engine::with_engine(|n| n.take_back(&mut slot, *fence, *lease, now_ms)) {
+                    count(&STATS.take_backs);
+                    drop(slot);
+                    notify_lock_event(ctx, lock_events::RELEASE, name);
+                }
+            });
+        }
+        let mut cluster = ClusterView::new(ctx);
+        for key in &work.settle {
+            run_in_db(ctx, key, |name| {
+                let served = cluster.served(ctx, name, key);
+                let mut slot = LockKey::open(ctx, name, true);
+                let slot = slot.as_mut().map_err(|e| e.clone());
+                let mut acl = WaiterAcl { ctx, name };
+                engine::with_engine(|n| n.settle(key, slot, served, cond, &mut acl, now_us));
+                engine::deliver_wakes(ctx, Some(name));
+            });
+        }
+        engine::deliver_wakes(ctx, None);
+    })
+}
+
+/// This node's view of the cluster, read at most once per timer run and
+/// only when a waited-on key is missing (in cluster mode).
+struct ClusterView {
+    enabled: bool,
+    nodes: Option<Option<String>>,
+}
+
+impl ClusterView {
+    fn new(ctx: Ctx) -> Self {
+        ClusterView {
+            enabled: in_cluster(ctx),
+            nodes: None,
+        }
+    }
+
+    /// Whether `name` is still served here. A missing key whose slot is
+    /// migrating away or served elsewhere (resharding's MIGRATE deleted it)
+    /// left this node; a missing key in a slot served here is a free lock.
+    fn served(&mut self, ctx: Ctx, name: RString, key: &Key) -> Served {
+        if !self.enabled || key_exists(ctx, name) {
+            return Served::Here;
+        }
+        let Some(nodes) = self
+            .nodes
+            .get_or_insert_with(|| cluster_nodes(ctx))
+            .as_deref()
+        else {
+            return Served::Here;
+        };
+        match cluster::route(nodes, cluster::key_slot(&key.1)).redirect() {
+            Some(redirect) => Served::Elsewhere(redirect),
+            None => Served::Here,
+        }
+    }
+}
+
+/// Runs `f` with `key`'s name as a Redis string, in `key`'s db.
+fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
+    unsafe {
+        if api!(RedisModule_SelectDb)(ctx, key.0) != raw::REDISMODULE_OK as c_int {
+            return; // the db no longer exists (CONFIG SET databases)
+        }
+        let name = api!(RedisModule_CreateString)(ctx, key.1.as_ptr().cast(), key.1.len());
+        f(name);
+        api!(RedisModule_FreeString)(ctx, name);
+    }
+}
+
+/// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,
+/// FLUSHALL).
+pub fn flushed(db: i32) {
+    if engine::waiters_total() == 0 {
+        return;
+    }
+    let now_ms = node::now_ms();
+    engine::with_engine(|n| n.keys_changed(|k| db < 0 || k.0 == db, now_ms));
+    rearm();
+}
+
+/// SWAPDB a b: lines move with their databases, and every key in both is
+/// looked at again (its lock may differ now).
+pub fn swapped(a: i32, b: i32) {
+    if engine::waiters_total() == 0 {
+        return;
+    }
+    let now_ms = node::now_ms();
+    let swap = |(db, name): &Key| {
+        let db = match *db {
+            d if d == a => b,
+            d if d == b => a,
+            d => d,
+        };
+        (db, name.clone())
+    };
+    engine::with_engine(|n| n.rename_keys(swap, |k| k.0 == a || k.0 == b, now_ms));
+    rearm();
+}
