@@ -659,3 +659,36 @@ fn dump_shows_the_token_to_readers_and_copy_is_refused() {
         .unwrap();
     assert_eq!(n, 0);
 }
+
+/// Issue 15, defect 3: the re-check at hand-off covers the command too. A
+/// waiter whose user lost `lock.acquire` while it waited is answered NOPERM
+/// (as Valkey 8 and Redis 8 answer a BLPOP waiter), and the lock goes to
+/// the next in line.
+#[test]
+fn a_waiter_whose_user_lost_the_command_is_not_granted() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    set_app_user(&mut admin, "app");
+    set_app_user(&mut admin, "other");
+    acquire(&mut admin, "app:1", "holder", 60_000).unwrap();
+    let mut w = raw_login(&s, "app");
+    w.send(&["LOCK.ACQUIRE", "app:1", "w", "60000", "BLOCK", "0"]);
+    wait_waiters(&s, 1);
+    let mut next = raw_login(&s, "other");
+    next.send(&["LOCK.ACQUIRE", "app:1", "n", "60000", "BLOCK", "0"]);
+    wait_waiters(&s, 2);
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("app")
+        .arg("-lock.acquire")
+        .query(&mut admin)
+        .unwrap();
+    assert_eq!(release(&mut admin, "app:1", "holder"), 1);
+    let reply = w.read();
+    assert!(
+        matches!(&reply, Resp::Error(e) if e.starts_with("NOPERM")),
+        "the revoked waiter got {reply:?}"
+    );
+    assert!(matches!(next.read(), Resp::Int(_)));
+    assert_eq!(holder(&mut admin, "app:1").as_deref(), Some("n"));
+}

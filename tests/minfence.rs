@@ -204,3 +204,22 @@ fn arguments_after_minfence_and_block_are_not_ignored() {
     }
     assert_eq!(fence(&mut c, "k"), None);
 }
+
+/// Issue 15, defect 4: a renewal with MINFENCE equal to another lock's token
+/// must not give the holder that very token: two locks never share one.
+#[test]
+fn a_renewal_raised_by_minfence_never_duplicates_a_token() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let fa = acquire(&mut c, "a", "TA", 60_000).unwrap();
+    let fb = acquire(&mut c, "b", "TB", 60_000).unwrap();
+    assert!(fb > fa);
+    let raised = acquire_min(&mut c, "a", "TA", 60_000, fb).unwrap();
+    assert!(raised >= fb, "at least MINFENCE");
+    assert_ne!(raised, fb, "not the token lock b holds");
+    assert_eq!(fence(&mut c, "a"), Some(raised));
+    assert_eq!(fence(&mut c, "b"), Some(fb));
+    assert!(hwm(&s) >= raised);
+    let next = acquire(&mut c, "c", "TC", 1000).unwrap();
+    assert!(next > raised);
+}

@@ -310,3 +310,63 @@ fn an_older_server_refuses_the_module_with_a_message() {
     );
     assert!(!log.contains("crashed"), "{log}");
 }
+
+/// Issue 15, defect 1: a waiter held by the restart delay is served as soon
+/// as the delay is lowered, not left to time out while the lock is free.
+#[test]
+fn lowering_the_restart_delay_serves_waiters_at_once() {
+    if common::skip_unless(common::Needs::OwnServer, "starts with restart-delay-ms") {
+        return;
+    }
+    let s = Server::builder()
+        .module_arg("restart-delay-ms", "20000")
+        .start();
+    let mut w = RawConn::connect(&s);
+    w.send(&["LOCK.ACQUIRE", "k", "W", "5000", "BLOCK", "5000"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 1);
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = s.conn();
+    config_set(&mut c, "lock.restart-delay-ms", "0").unwrap();
+    let reply = w.read_within(Duration::from_secs(3));
+    assert!(
+        matches!(reply, Some(Resp::Int(_))),
+        "the waiter is granted once the delay is lifted: {reply:?}"
+    );
+    let info: Vec<Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
+    assert_eq!(info[1], Value::BulkString(b"W".to_vec()));
+}
+
+/// Issue 15, defect 2: a hand-off applies the max-ttl-ms in force when it
+/// grants. A waiter that asked for a longer lease than the node now allows
+/// is answered with the limit's error (a silently shorter lease would let
+/// it believe it holds the lock longer than it does) and the lock goes on.
+#[test]
+fn a_hand_off_applies_a_lowered_max_ttl() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 300).unwrap();
+    let mut long = RawConn::connect(&s);
+    long.send(&["LOCK.ACQUIRE", "k", "W", "600000", "BLOCK", "5000"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 1);
+    let mut short = RawConn::connect(&s);
+    short.send(&["LOCK.ACQUIRE", "k", "V", "800", "BLOCK", "5000"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 2);
+    config_set(&mut c, "lock.max-ttl-ms", "1000").unwrap();
+    let reply = long.read_within(Duration::from_secs(3));
+    assert!(
+        matches!(&reply, Some(Resp::Error(e)) if e.contains("lock.max-ttl-ms")),
+        "{reply:?}"
+    );
+    assert!(matches!(
+        short.read_within(Duration::from_secs(3)),
+        Some(Resp::Int(_))
+    ));
+    let ttl: i64 = {
+        let info: Vec<Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
+        match info[5] {
+            Value::Int(ttl) => ttl,
+            ref other => panic!("{other:?}"),
+        }
+    };
+    assert!(ttl <= 1000, "the lease granted is within the limit: {ttl}");
+}
