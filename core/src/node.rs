@@ -232,6 +232,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     // ---- outputs ----
 
+    /// Whether [`poll_wake`](Self::poll_wake) has anything.
+    pub fn has_wakes(&self) -> bool {
+        !self.wakes.is_empty()
+    }
+
     /// The next waiter to answer, with its one outcome.
     pub fn poll_wake(&mut self) -> Option<Wake<K, C>> {
         self.wakes.pop_front()
@@ -364,6 +369,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// `LOCK.EXTEND`: true when `token` holds the lock; its lease then ends
     /// `ttl_ms` from now. An ended lease is never revived.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     pub fn extend<S: LockSlot>(
         &mut self,
         key: &K,

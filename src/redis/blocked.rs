@@ -253,8 +253,8 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
 /// Releases a handle whose outcome was kept back (Redis 7.0) and is now
 /// settled otherwise: answered by `on_timeout`, or its client went away (a
 /// grant it never received is then taken back).
-fn release_decided(handle: Handle, delivery: Box<Delivery>) {
-    report_if_undelivered(*delivery);
+fn release_decided(handle: Handle, delivery: Delivery) {
+    report_if_undelivered(delivery);
     handle.unblock(None);
 }
 
@@ -266,7 +266,7 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
         let client = api!(RedisModule_GetBlockedClientHandle)(ctx) as Client;
         if let Some((handle, mut delivery)) = take_decided(client) {
             reply_outcome(ctx, &mut delivery);
-            release_decided(handle, delivery);
+            release_decided(handle, *delivery);
             return;
         }
         if leave(client) {
@@ -282,7 +282,7 @@ unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> 
 unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlockedClient) {
     guard("the blocked-client disconnect", (), || {
         match take_decided(client as Client) {
-            Some((handle, delivery)) => release_decided(handle, delivery),
+            Some((handle, delivery)) => release_decided(handle, *delivery),
             None => {
                 leave(client as Client);
             }

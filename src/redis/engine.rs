@@ -7,7 +7,7 @@
 //! * [`deliver_wakes`]: the waiters the node answered, counted, announced
 //!   (keyspace events) and handed to `blocked` for their one reply.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex, TryLockError};
 
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
@@ -35,6 +35,10 @@ static ENGINE: LazyLock<Mutex<Node<Key, Client>>> = LazyLock::new(Default::defau
 /// every command is "nobody waits anywhere".
 static WAITING: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether the node has waiters to answer: most commands have none, and
+/// skip delivering.
+static HAS_WAKES: AtomicBool = AtomicBool::new(false);
+
 /// Runs `f` on the node. Everything runs on Redis's main thread, so the
 /// lock is never contended; a re-entrant call (a Redis callback reaching
 /// the engine while it is in use) is a bug, and panics (caught at the entry
@@ -47,6 +51,7 @@ pub fn with_engine<R>(f: impl FnOnce(&mut Node<Key, Client>) -> R) -> R {
     };
     let result = f(&mut node);
     WAITING.store(node.total_waiters(), Relaxed);
+    HAS_WAKES.store(node.has_wakes(), Relaxed);
     result
 }
 
@@ -109,6 +114,14 @@ impl Admission<Client> for WaiterAcl {
 /// (through `blocked`), with its counters and, for grants, the keyspace
 /// event on `name` (the key the node just settled).
 pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
+    if !HAS_WAKES.load(Relaxed) {
+        // Nothing decided for a waiter; with none waiting, nothing to arm
+        // either (a renewal's earlier check only matters to waiters).
+        if waiters_total() > 0 {
+            timer::rearm();
+        }
+        return;
+    }
     let wakes: Vec<_> = with_engine(|n| std::iter::from_fn(|| n.poll_wake()).collect());
     for wake in wakes {
         let grant = match wake.outcome {

@@ -125,7 +125,7 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                 locked(&INBOX).expiry.extend(inbox.expiry);
                 arm_at(now_ms + RETRY_MS);
             }
-            return engine::deliver_wakes(ctx, None);
+            return rearm();
         }
         for key in &inbox.expiry {
             run_in_db(ctx, key, |name| {
@@ -157,7 +157,7 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
                 engine::deliver_wakes(ctx, Some(name));
             });
         }
-        engine::deliver_wakes(ctx, None);
+        rearm();
     })
 }
 

@@ -469,7 +469,7 @@ impl Server {
                 return false; // exited (bad config, port in use)
             }
             polls += 1;
-            if self.container.is_some() && polls.is_multiple_of(10) && !self.container_running() {
+            if self.container.is_some() && polls % 10 == 0 && !self.container_running() {
                 return false;
             }
             if let Ok(mut c) = self.try_conn() {
