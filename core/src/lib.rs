@@ -1,21 +1,24 @@
-//! The pure lock engine. Nothing here knows about Redis or reads a clock:
-//! time comes in as a parameter (Unix µs or ms), storage through the
-//! [`lock::LockSlot`] trait, fencing tokens from a [`fence::FenceSource`],
-//! and blocked clients are opaque handles. Functions return what happened
-//! (replies, [`waiters::Wake`]s, when to call again); the Redis glue in
-//! `crate::redis` executes that. The unit tests here and the model test in
-//! `core::model` (a test module) drive it with a hand-driven clock.
+//! The pure lock engine of the redis-lock module. Nothing here knows about
+//! Redis or reads a clock: time comes in as a parameter (Unix µs or ms),
+//! keys through the [`lock::LockSlot`] trait, and blocked clients are
+//! opaque handles. [`node::Node`] makes every lock decision of a server
+//! and returns what to do (replies, waiters to answer, when to call again);
+//! the Redis glue (`src/redis/` of the module) executes that, and so does
+//! the model test (`model`), with a hand-driven clock.
 //!
-//! * `lock`    — the lock state machine (acquire, release, extend, take-back)
-//! * `waiters` — FIFO waiter lines, BLOCK timeouts, every hand-off decision
+//! * `node`    — the node: every lock decision, inputs in, actions out
+//! * `lock`    — the per-key lock state machine (acquire, release, extend, take-back)
+//! * `waiters` — FIFO waiter lines, BLOCK timeouts, the order of hand-offs
 //! * `fence`   — the fencing high-water mark
 //! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
 //! * `codec`   — the persisted form of a lock value, decoded and checked
-//! * `fuzz`    — entry points of the fuzz targets in `fuzz/`
 //! * `limits`  — every bound on input
 //! * `error`   — every error reply
+//! * `fuzz`, `rdb_bytes` — the fuzz targets' entry points and Redis's RDB
+//!   encoding of a value (tests and the `fuzzing` feature only)
+#![forbid(unsafe_code)]
 
 pub mod args;
 pub mod cluster;
