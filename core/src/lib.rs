@@ -1,6 +1,6 @@
 //! The pure lock engine of the redis-lock module. Nothing here knows about
 //! Redis or reads a clock: time comes in as a parameter (Unix µs or ms),
-//! keys through the [`lock::LockSlot`] trait, and blocked clients are
+//! keys through the [`lock::LockStore`] trait, and blocked clients are
 //! opaque handles. [`node::Node`] makes every lock decision of a server
 //! and returns what to do (replies, waiters to answer, when to call again);
 //! the Redis glue (`src/redis/` of the module) executes that, and so does
@@ -10,6 +10,7 @@
 //! * `lock`    — the per-key lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, the order of hand-offs
 //! * `fence`   — the fencing high-water mark
+//! * `time`    — the two clocks (monotonic for leases, wall for fences)
 //! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
@@ -35,4 +36,5 @@ mod model;
 pub mod node;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod rdb_bytes;
+pub mod time;
 pub mod waiters;

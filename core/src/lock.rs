@@ -1,7 +1,9 @@
 //! The lock state machine. A lock is `key -> holder token + fencing token +
-//! absolute deadline`. It is free when the key holds no lock or when its
-//! deadline has passed: expiry is decided here, by the deadline, at the
-//! instant it passes, never by when Redis gets round to deleting the key.
+//! deadline`. It is free when the key holds no lock or when its deadline has
+//! passed: expiry is decided here, by the deadline on the node's monotonic
+//! clock (see `time`), at the instant it passes; an ended lock still in the
+//! keyspace is reclaimed ([`reclaim`]) when a command touches it or the
+//! background sweep finds it.
 //!
 //! | command | free (or expired)        | held by `token`           | held by another |
 //! |---------|--------------------------|---------------------------|-----------------|
@@ -10,19 +12,21 @@
 //! | extend  | 0 (never revives)        | 1, lease = now + ttl      | 0               |
 //! | fence   | nil                      | fence                     | fence, or nil when a token is given |
 //!
-//! Time comes in as Unix µs (`now_us`) or ms (`now_ms`); fencing tokens from a
-//! [`FenceSource`]. Nothing here reads a clock or knows about Redis.
+//! Time comes in as a [`Now`] (both clocks) or as monotonic ms (`now_ms`);
+//! fencing tokens from a [`FenceSource`]. Nothing here reads a clock or
+//! knows about Redis.
 
 use super::error::LockError;
 use super::fence::FenceSource;
+use super::time::Now;
 
 /// A lock's state, borrowed from wherever it is stored (the keyspace keeps
 /// it in one allocation with the token inline; see `redis::datatype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lock<'a> {
     pub fence: i64,
-    /// Absolute, in Unix milliseconds: time a server is down counts against
-    /// the lease, and replicas and the AOF see the same deadline as the master.
+    /// When the lease ends, on the node's monotonic clock (ms). Persisted
+    /// and replicated as a wall-clock deadline (`time::wall_deadline`).
     pub deadline_ms: i64,
     pub token: &'a [u8],
     /// When this holder was granted the lock (Unix ms; kept by renewals).
@@ -46,17 +50,37 @@ impl Lock<'_> {
     }
 }
 
-/// One key as the engine sees it. The Redis glue implements it over an open
+/// Why a lock leaves its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Its holder released it.
+    Released,
+    /// Its lease had ended: reclaimed (an expiration).
+    Ended,
+    /// A grant whose reply never reached its client, taken back.
+    TakenBack,
+}
+
+/// The store of one key's lock. The Redis glue implements it over an open
 /// key (and replicates every change); tests implement it over an `Option`.
-pub trait LockSlot {
-    /// The lock stored under the key, live or expired.
+pub trait LockStore {
+    /// The lock stored under the key, live or ended.
     fn stored(&self) -> Option<Lock<'_>>;
-    /// Installs a new holder, replacing whatever was stored, with a new lease id.
-    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64);
+    /// Installs a new holder, replacing whatever was stored, with a new
+    /// lease id. `replaces_ended`: a lock whose lease had ended was there
+    /// (its expiration is this grant's to report).
+    fn put(
+        &mut self,
+        token: &[u8],
+        fence: i64,
+        deadline_ms: i64,
+        granted_ms: i64,
+        replaces_ended: bool,
+    );
     /// Same holder, new deadline and new lease id.
     fn renew(&mut self, deadline_ms: i64);
-    /// Frees the lock.
-    fn remove(&mut self);
+    /// Frees the lock, for the reason given.
+    fn remove(&mut self, why: Removal);
 
     /// The lock if it is held right now.
     fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
@@ -64,9 +88,9 @@ pub trait LockSlot {
     }
 }
 
-/// Wall-clock Unix time in ms, from µs (the engine's unit of time).
-pub fn ms(now_us: i64) -> i64 {
-    now_us.div_euclid(1000)
+/// Milliseconds from µs (on the same clock).
+pub fn ms(us: i64) -> i64 {
+    us.div_euclid(1000)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,31 +122,32 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
 /// already holds (the mark may be above `min_fence` already). A contended
 /// or refused ACQUIRE changes nothing, the mark included.
 pub fn acquire(
-    slot: &mut impl LockSlot,
+    store: &mut impl LockStore,
     fences: &mut impl FenceSource,
     token: &[u8],
     ttl_ms: i64,
     min_fence: i64,
-    now_us: i64,
+    now: Now,
 ) -> Result<Acquired, LockError> {
-    let now_ms = ms(now_us);
+    let now_ms = now.mono_ms();
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    match slot.live(now_ms) {
+    match store.live(now_ms) {
         Some(held) if held.token == token => {
             if min_fence > held.fence {
                 let granted_ms = held.granted_ms;
-                let fence = fresh_fence(fences, min_fence, now_us)?;
-                slot.put(token, fence, deadline_ms, granted_ms);
+                let fence = fresh_fence(fences, min_fence, now.wall_us)?;
+                store.put(token, fence, deadline_ms, granted_ms, false);
                 return Ok(Acquired::Renewed(fence));
             }
             let fence = held.fence;
-            slot.renew(deadline_ms);
+            store.renew(deadline_ms);
             Ok(Acquired::Renewed(fence))
         }
         Some(_) => Ok(Acquired::Contended),
         None => {
-            let fence = fresh_fence(fences, min_fence, now_us)?;
-            slot.put(token, fence, deadline_ms, now_ms);
+            let fence = fresh_fence(fences, min_fence, now.wall_us)?;
+            let replaces_ended = store.stored().is_some();
+            store.put(token, fence, deadline_ms, now.wall_ms(), replaces_ended);
             Ok(Acquired::Granted(fence))
         }
     }
@@ -141,33 +166,43 @@ fn fresh_fence(
 }
 
 /// True when `token` held the lock and it is now free.
-pub fn release(slot: &mut impl LockSlot, token: &[u8], now_ms: i64) -> bool {
-    let held = slot.live(now_ms).is_some_and(|l| l.token == token);
+pub fn release(store: &mut impl LockStore, token: &[u8], now_ms: i64) -> bool {
+    let held = store.live(now_ms).is_some_and(|l| l.token == token);
     if held {
-        slot.remove();
+        store.remove(Removal::Released);
     }
     held
+}
+
+/// Removes the lock if its lease has ended (an expiration). True if it did.
+pub fn reclaim(store: &mut impl LockStore, now_ms: i64) -> bool {
+    let ended = store.stored().is_some_and(|l| !l.is_live(now_ms));
+    if ended {
+        store.remove(Removal::Ended);
+    }
+    ended
 }
 
 /// True when `token` holds the lock; its lease then ends `ttl_ms` from now.
 /// An expired lock is never revived.
 pub fn extend(
-    slot: &mut impl LockSlot,
+    store: &mut impl LockStore,
     token: &[u8],
     ttl_ms: i64,
     now_ms: i64,
 ) -> Result<bool, LockError> {
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    let held = slot.live(now_ms).is_some_and(|l| l.token == token);
+    let held = store.live(now_ms).is_some_and(|l| l.token == token);
     if held {
-        slot.renew(deadline_ms);
+        store.renew(deadline_ms);
     }
     Ok(held)
 }
 
 /// The holder's fencing token; with `token`, only if `token` is the holder.
-pub fn fence(slot: &impl LockSlot, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
-    slot.live(now_ms)
+pub fn fence(store: &impl LockStore, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
+    store
+        .live(now_ms)
         .filter(|l| token.is_none_or(|t| l.token == t))
         .map(|l| l.fence)
 }
@@ -175,12 +210,12 @@ pub fn fence(slot: &impl LockSlot, token: Option<&[u8]>, now_ms: i64) -> Option<
 /// Takes back a grant whose reply never reached its client (it went away
 /// between the hand-off and the reply): frees the lock only if it is still
 /// exactly that lease, not renewed or re-granted since. True if it did.
-pub fn take_back(slot: &mut impl LockSlot, fence: i64, lease: u64, now_ms: i64) -> bool {
-    let same = slot
+pub fn take_back(store: &mut impl LockStore, fence: i64, lease: u64, now_ms: i64) -> bool {
+    let same = store
         .live(now_ms)
         .is_some_and(|l| l.fence == fence && l.lease == lease);
     if same {
-        slot.remove();
+        store.remove(Removal::TakenBack);
     }
     same
 }
@@ -202,12 +237,14 @@ pub mod tests {
     /// The engine's view of a key, over a plain Option; lease ids from a
     /// counter shared by the test (as the glue's is process-wide).
     #[derive(Default)]
-    pub struct MemSlot {
+    pub struct MemStore {
         pub lock: Option<Stored>,
         pub next_lease: u64,
+        /// Why locks left, in order (the reasons the store was told).
+        pub removed: Vec<Removal>,
     }
 
-    impl LockSlot for MemSlot {
+    impl LockStore for MemStore {
         fn stored(&self) -> Option<Lock<'_>> {
             self.lock.as_ref().map(|s| Lock {
                 fence: s.fence,
@@ -217,7 +254,18 @@ pub mod tests {
                 lease: s.lease,
             })
         }
-        fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
+        fn put(
+            &mut self,
+            token: &[u8],
+            fence: i64,
+            deadline_ms: i64,
+            granted_ms: i64,
+            replaces_ended: bool,
+        ) {
+            assert!(
+                !replaces_ended || self.lock.is_some(),
+                "told what it replaces"
+            );
             self.next_lease += 1;
             self.lock = Some(Stored {
                 fence,
@@ -233,8 +281,9 @@ pub mod tests {
             lock.deadline_ms = deadline_ms;
             lock.lease = self.next_lease;
         }
-        fn remove(&mut self) {
+        fn remove(&mut self, why: Removal) {
             self.lock = None;
+            self.removed.push(why);
         }
     }
 
@@ -245,192 +294,276 @@ pub mod tests {
         now_ms * 1000
     }
 
-    fn fixture() -> (MemSlot, FenceCounter) {
-        (MemSlot::default(), FenceCounter::default())
+    fn fixture() -> (MemStore, FenceCounter) {
+        (MemStore::default(), FenceCounter::default())
     }
 
-    fn deadline_of(slot: &MemSlot) -> i64 {
-        slot.lock.as_ref().unwrap().deadline_ms
+    fn deadline_of(store: &MemStore) -> i64 {
+        store.lock.as_ref().unwrap().deadline_ms
     }
 
     #[test]
     fn first_acquire_grants_with_a_clock_fence_and_absolute_deadline() {
-        let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0));
+        let (mut store, mut fences) = fixture();
+        let got = acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
-        assert_eq!(deadline_of(&slot), T0 + 100);
+        assert_eq!(deadline_of(&store), T0 + 100);
     }
 
     #[test]
     fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0);
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0 + 50)).unwrap();
-        extend(&mut slot, b"a", 100, T0 + 60).unwrap();
-        let raised = acquire(&mut slot, &mut fences, b"a", 100, us(T0) + 9, us(T0 + 70));
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert_eq!(store.lock.as_ref().unwrap().granted_ms, T0);
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            100,
+            0,
+            Now::same(us(T0 + 50)),
+        )
+        .unwrap();
+        extend(&mut store, b"a", 100, T0 + 60).unwrap();
+        let raised = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            100,
+            us(T0) + 9,
+            Now::same(us(T0 + 70)),
+        );
         assert_eq!(raised, Ok(Acquired::Renewed(us(T0 + 70))), "a fresh token");
         assert_eq!(
-            slot.lock.as_ref().unwrap().granted_ms,
+            store.lock.as_ref().unwrap().granted_ms,
             T0,
             "renewals keep it"
         );
-        assert!(release(&mut slot, b"a", T0 + 80));
-        acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 90)).unwrap();
-        assert_eq!(slot.lock.as_ref().unwrap().granted_ms, T0 + 90);
+        assert!(release(&mut store, b"a", T0 + 80));
+        acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            0,
+            Now::same(us(T0 + 90)),
+        )
+        .unwrap();
+        assert_eq!(store.lock.as_ref().unwrap().granted_ms, T0 + 90);
     }
 
     #[test]
     fn same_token_gets_same_fence_and_a_fresh_lease() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        let lease = slot.lock.as_ref().unwrap().lease;
-        let again = acquire(&mut slot, &mut fences, b"a", 500, 0, us(T0 + 50));
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        let lease = store.lock.as_ref().unwrap().lease;
+        let again = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            500,
+            0,
+            Now::same(us(T0 + 50)),
+        );
         assert_eq!(again, Ok(Acquired::Renewed(us(T0))));
-        assert_eq!(deadline_of(&slot), T0 + 550);
+        assert_eq!(deadline_of(&store), T0 + 550);
         assert_eq!(fences.hwm(), us(T0), "a renewal issues no token");
-        assert_ne!(slot.lock.as_ref().unwrap().lease, lease, "new lease id");
+        assert_ne!(store.lock.as_ref().unwrap().lease, lease, "new lease id");
     }
 
     #[test]
     fn other_token_is_contended_until_the_instant_the_lease_ends() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        let busy = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 99));
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        let busy = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            0,
+            Now::same(us(T0 + 99)),
+        );
         assert_eq!(busy, Ok(Acquired::Contended));
-        let free = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0 + 100));
+        let free = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            0,
+            Now::same(us(T0 + 100)),
+        );
         assert_eq!(free, Ok(Acquired::Granted(us(T0 + 100))));
     }
 
     #[test]
     fn release_only_by_the_live_holder() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        assert!(!release(&mut slot, b"b", T0 + 1));
-        assert!(slot.lock.is_some());
-        assert!(release(&mut slot, b"a", T0 + 1));
-        assert!(slot.lock.is_none());
-        assert!(!release(&mut slot, b"a", T0 + 2), "already free");
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert!(!release(&mut store, b"b", T0 + 1));
+        assert!(store.lock.is_some());
+        assert!(release(&mut store, b"a", T0 + 1));
+        assert!(store.lock.is_none());
+        assert!(!release(&mut store, b"a", T0 + 2), "already free");
     }
 
     #[test]
     fn release_after_expiry_is_zero() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        assert!(!release(&mut slot, b"a", T0 + 100));
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert!(!release(&mut store, b"a", T0 + 100));
     }
 
     #[test]
     fn extend_renews_the_holder_and_never_revives() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        assert_eq!(extend(&mut slot, b"b", 1000, T0 + 10), Ok(false));
-        assert_eq!(extend(&mut slot, b"a", 1000, T0 + 10), Ok(true));
-        assert_eq!(deadline_of(&slot), T0 + 1010);
-        assert_eq!(extend(&mut slot, b"a", 1000, T0 + 1010), Ok(false));
-        assert_eq!(deadline_of(&slot), T0 + 1010);
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert_eq!(extend(&mut store, b"b", 1000, T0 + 10), Ok(false));
+        assert_eq!(extend(&mut store, b"a", 1000, T0 + 10), Ok(true));
+        assert_eq!(deadline_of(&store), T0 + 1010);
+        assert_eq!(extend(&mut store, b"a", 1000, T0 + 1010), Ok(false));
+        assert_eq!(deadline_of(&store), T0 + 1010);
     }
 
     #[test]
     fn fence_reads_the_live_holder_only() {
-        let (mut slot, mut fences) = fixture();
-        assert_eq!(fence(&slot, None, T0), None);
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        assert_eq!(fence(&slot, None, T0), Some(us(T0)));
-        assert_eq!(fence(&slot, Some(b"a"), T0), Some(us(T0)));
-        assert_eq!(fence(&slot, Some(b"b"), T0), None);
-        assert_eq!(fence(&slot, None, T0 + 100), None);
+        let (mut store, mut fences) = fixture();
+        assert_eq!(fence(&store, None, T0), None);
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert_eq!(fence(&store, None, T0), Some(us(T0)));
+        assert_eq!(fence(&store, Some(b"a"), T0), Some(us(T0)));
+        assert_eq!(fence(&store, Some(b"b"), T0), None);
+        assert_eq!(fence(&store, None, T0 + 100), None);
     }
 
     #[test]
     fn fences_increase_across_release_and_expiry_even_in_the_same_microsecond() {
-        let (mut slot, mut fences) = fixture();
+        let (mut store, mut fences) = fixture();
         let mut last = 0;
         for i in 0..10 {
             let now = T0 + (i / 3) * 1000;
-            let Ok(Acquired::Granted(f)) = acquire(&mut slot, &mut fences, b"x", 10, 0, us(now))
+            let Ok(Acquired::Granted(f)) =
+                acquire(&mut store, &mut fences, b"x", 10, 0, Now::same(us(now)))
             else {
                 panic!("expected a grant");
             };
             assert!(f > last);
             last = f;
-            assert!(release(&mut slot, b"x", now));
+            assert!(release(&mut store, b"x", now));
         }
     }
 
     #[test]
     fn overflowing_deadline_is_an_error_and_changes_nothing() {
-        let (mut slot, mut fences) = fixture();
-        let got = acquire(&mut slot, &mut fences, b"a", i64::MAX, 0, us(T0));
+        let (mut store, mut fences) = fixture();
+        let got = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            i64::MAX,
+            0,
+            Now::same(us(T0)),
+        );
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
-        assert!(slot.lock.is_none());
+        assert!(store.lock.is_none());
         assert_eq!(fences.hwm(), 0);
     }
 
     #[test]
     fn take_back_removes_only_the_very_lease_it_granted() {
-        let (mut slot, mut fences) = fixture();
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        let granted = slot.lock.clone().unwrap();
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        let granted = store.lock.clone().unwrap();
         // The same token renews on another connection before the take-back.
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0 + 1)).unwrap();
-        assert!(!take_back(&mut slot, granted.fence, granted.lease, T0 + 2));
-        assert!(slot.lock.is_some(), "the renewed lease stays");
-        let renewed = slot.lock.clone().unwrap();
-        assert!(take_back(&mut slot, renewed.fence, renewed.lease, T0 + 2));
-        assert!(slot.lock.is_none());
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0 + 1))).unwrap();
+        assert!(!take_back(&mut store, granted.fence, granted.lease, T0 + 2));
+        assert!(store.lock.is_some(), "the renewed lease stays");
+        let renewed = store.lock.clone().unwrap();
+        assert!(take_back(&mut store, renewed.fence, renewed.lease, T0 + 2));
+        assert!(store.lock.is_none());
     }
 
     #[test]
     fn min_fence_raises_a_grant_and_every_later_one() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         let n = us(T0) + 5_000_000;
-        let got = acquire(&mut slot, &mut fences, b"a", 100, n, us(T0));
+        let got = acquire(&mut store, &mut fences, b"a", 100, n, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(n)));
         assert!(fences.hwm() >= n);
-        release(&mut slot, b"a", T0);
-        let next = acquire(&mut slot, &mut fences, b"b", 100, 0, us(T0));
+        release(&mut store, b"a", T0);
+        let next = acquire(&mut store, &mut fences, b"b", 100, 0, Now::same(us(T0)));
         assert_eq!(next, Ok(Acquired::Granted(n + 1)));
     }
 
     #[test]
     fn min_fence_below_the_next_token_changes_nothing_about_it() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        let got = acquire(&mut slot, &mut fences, b"a", 100, 3, us(T0));
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        let got = acquire(&mut store, &mut fences, b"a", 100, 3, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
     }
 
     #[test]
     fn min_fence_raises_the_holders_own_token_and_renews() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        let Ok(Acquired::Granted(first)) = acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0))
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        let Ok(Acquired::Granted(first)) =
+            acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0)))
         else {
             panic!()
         };
         let t = first + 1_000_000;
-        let got = acquire(&mut slot, &mut fences, b"a", 500, t, us(T0 + 50));
+        let got = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            500,
+            t,
+            Now::same(us(T0 + 50)),
+        );
         assert_eq!(got, Ok(Acquired::Renewed(t)));
         assert_eq!(
-            fence(&slot, Some(b"a"), T0 + 500),
+            fence(&store, Some(b"a"), T0 + 500),
             Some(t),
             "lease renewed too"
         );
         assert_eq!(fences.hwm(), t);
         // Lower or equal: the holder keeps its token, the lease is renewed.
-        let again = acquire(&mut slot, &mut fences, b"a", 100, t - 7, us(T0 + 60));
+        let again = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            100,
+            t - 7,
+            Now::same(us(T0 + 60)),
+        );
         assert_eq!(again, Ok(Acquired::Renewed(t)));
     }
 
     #[test]
     fn a_contended_or_refused_min_fence_changes_nothing() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        acquire(&mut slot, &mut fences, b"a", 100, 0, us(T0)).unwrap();
-        let (before_slot, before_hwm) = (slot.lock.clone(), fences.hwm());
-        let busy = acquire(&mut slot, &mut fences, b"b", 100, i64::MAX / 2, us(T0));
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        let (before_slot, before_hwm) = (store.lock.clone(), fences.hwm());
+        let busy = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            i64::MAX / 2,
+            Now::same(us(T0)),
+        );
         assert_eq!(busy, Ok(Acquired::Contended));
-        let huge = acquire(&mut slot, &mut fences, b"a", 100, i64::MAX, us(T0));
+        let huge = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            100,
+            i64::MAX,
+            Now::same(us(T0)),
+        );
         assert!(matches!(huge, Err(LockError::BadFence(_))));
-        assert_eq!((slot.lock.clone(), fences.hwm()), (before_slot, before_hwm));
+        assert_eq!(
+            (store.lock.clone(), fences.hwm()),
+            (before_slot, before_hwm)
+        );
     }
 
     /// Defect 4 of issue 15: a holder raised to another lock's token by
@@ -438,22 +571,87 @@ pub mod tests {
     #[test]
     fn min_fence_never_hands_out_a_token_another_lock_holds() {
         let mut fences = FenceCounter::default();
-        let (mut a, mut b) = (MemSlot::default(), MemSlot::default());
-        let Ok(Acquired::Granted(fa)) = acquire(&mut a, &mut fences, b"A", 60_000, 0, us(T0))
+        let (mut a, mut b) = (MemStore::default(), MemStore::default());
+        let Ok(Acquired::Granted(fa)) =
+            acquire(&mut a, &mut fences, b"A", 60_000, 0, Now::same(us(T0)))
         else {
             panic!()
         };
-        let Ok(Acquired::Granted(fb)) = acquire(&mut b, &mut fences, b"B", 60_000, 0, us(T0))
+        let Ok(Acquired::Granted(fb)) =
+            acquire(&mut b, &mut fences, b"B", 60_000, 0, Now::same(us(T0)))
         else {
             panic!()
         };
         assert!(fb > fa);
-        let Ok(Acquired::Renewed(raised)) = acquire(&mut a, &mut fences, b"A", 60_000, fb, us(T0))
+        let Ok(Acquired::Renewed(raised)) =
+            acquire(&mut a, &mut fences, b"A", 60_000, fb, Now::same(us(T0)))
         else {
             panic!()
         };
         assert!(raised > fb, "fresh and at least MINFENCE: {raised} vs {fb}");
         assert_eq!(fence(&a, None, T0), Some(raised));
         assert_eq!(fences.hwm(), raised);
+    }
+
+    #[test]
+    fn an_ended_lock_is_reclaimed_once_and_a_live_one_never() {
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert!(!reclaim(&mut store, T0 + 99));
+        assert!(store.lock.is_some());
+        assert!(reclaim(&mut store, T0 + 100));
+        assert!(!reclaim(&mut store, T0 + 100));
+        assert_eq!(store.removed, vec![Removal::Ended]);
+    }
+
+    #[test]
+    fn the_store_is_told_why_a_lock_leaves() {
+        let (mut store, mut fences) = fixture();
+        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        assert!(release(&mut store, b"a", T0 + 1));
+        acquire(&mut store, &mut fences, b"b", 100, 0, Now::same(us(T0 + 2))).unwrap();
+        let held = store.lock.clone().unwrap();
+        assert!(take_back(&mut store, held.fence, held.lease, T0 + 3));
+        assert_eq!(store.removed, vec![Removal::Released, Removal::TakenBack]);
+    }
+
+    /// Leases run on the monotonic clock: a wall-clock step neither ends
+    /// nor extends one; fences still rise.
+    #[test]
+    fn a_wall_clock_step_moves_no_lease_and_no_fence_backwards() {
+        let (mut store, mut fences) = fixture();
+        let at = |mono_ms: i64, wall_step_ms: i64| Now {
+            mono_us: mono_ms * 1000,
+            wall_us: (mono_ms + wall_step_ms) * 1000,
+        };
+        let Ok(Acquired::Granted(f1)) =
+            acquire(&mut store, &mut fences, b"a", 20_000, 0, at(T0, 0))
+        else {
+            panic!()
+        };
+        // +1 h: the lease is still held; another token is contended.
+        let busy = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            20_000,
+            0,
+            at(T0 + 1, 3_600_000),
+        );
+        assert_eq!(busy, Ok(Acquired::Contended));
+        // -1 h: the lease still ends on time, and the next token is larger.
+        assert!(store.live(T0 + 19_999).is_some());
+        assert!(store.live(T0 + 20_000).is_none());
+        let Ok(Acquired::Granted(f2)) = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            0,
+            at(T0 + 20_000, -3_600_000),
+        ) else {
+            panic!()
+        };
+        assert!(f2 > f1);
     }
 }

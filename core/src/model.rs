@@ -1,6 +1,6 @@
 //! Model check of the production [`Node`]: random histories over three keys
 //! drive the same `Node` the Redis glue drives (the harness plays the glue:
-//! it opens a key as a [`MemSlot`], passes the server's conditions in and
+//! it opens a key as a [`MemStore`], passes the server's conditions in and
 //! runs the timer only when the node asks), and a deliberately simple
 //! reference model side by side, which settles every key on every tick.
 //! After every step both must agree on every reply, every wake, every lock
@@ -24,9 +24,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use proptest::prelude::*;
 
 use super::error::LockError;
-use super::lock::tests::MemSlot;
-use super::lock::LockSlot;
+use super::lock::tests::MemStore;
+use super::lock::{LockStore, Removal};
 use super::node::{Acquire, AcquireRequest, Conditions, Limits, Node, Served};
+use super::time::Now;
 use super::waiters::{Outcome, Wake};
 
 const KEYS: u8 = 3;
@@ -69,7 +70,7 @@ enum Op {
     },
     /// SWAPDB: keys 0 and 1 trade places, with their lines.
     Swap,
-    /// The key's slot moved to another node (MIGRATE during resharding).
+    /// The key's store moved to another node (MIGRATE during resharding).
     Migrate {
         key: u8,
     },
@@ -95,6 +96,14 @@ enum Op {
     Demote,
     /// REPLICAOF NO ONE (or a restart with its data): the node serves.
     Promote,
+    /// The background sweep visits a key: an ended lock is reclaimed.
+    Sweep {
+        key: u8,
+    },
+    /// The wall clock steps (NTP, `date -s`); the monotonic one does not.
+    ClockStep {
+        ms: i64,
+    },
     Advance {
         ms: i64,
     },
@@ -119,6 +128,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..2usize, 0..2usize).prop_map(|(max_ttl, delay)| Op::Config { max_ttl, delay }),
         1 => Just(Op::Demote),
         1 => Just(Op::Promote),
+        2 => (0..KEYS).prop_map(|key| Op::Sweep { key }),
+        1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
+            .prop_map(|ms| Op::ClockStep { ms }),
         6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -175,6 +187,8 @@ struct Reference {
     gone: BTreeSet<u8>,
     denied: BTreeSet<u8>,
     take_backs: Vec<(u8, i64, u64)>,
+    /// The wall clock minus the monotonic one (ms): clock steps move it.
+    wall_offset: i64,
 }
 
 impl Reference {
@@ -190,7 +204,9 @@ impl Reference {
     }
 
     fn fresh_fence(&mut self, min_fence: i64, now: i64) -> i64 {
-        self.hwm = (self.hwm + 1).max(min_fence).max(now * 1000);
+        self.hwm = (self.hwm + 1)
+            .max(min_fence)
+            .max((now + self.wall_offset) * 1000);
         self.hwm
     }
 
@@ -366,15 +382,25 @@ struct Request {
 
 struct Harness {
     node: Node<u8, u8>,
-    slots: HashMap<u8, MemSlot>,
+    stores: HashMap<u8, MemStore>,
     next_lease: u64,
     wrongtype: BTreeSet<u8>,
     gone: BTreeSet<u8>,
     denied: BTreeSet<u8>,
     replica: bool,
+    /// The wall clock minus the monotonic one (ms): clock steps move it.
+    wall_offset: i64,
 }
 
 impl Harness {
+    /// Both clocks at monotonic ms `now`.
+    fn at(&self, now: i64) -> Now {
+        Now {
+            mono_us: now * 1000,
+            wall_us: (now + self.wall_offset) * 1000,
+        }
+    }
+
     fn cond(&self, may_block: bool) -> Conditions {
         let mut cond = Conditions::empty();
         cond.set(Conditions::REPLICA, self.replica);
@@ -384,26 +410,27 @@ impl Harness {
 
     /// Opens `key` as the glue does: a shared lease counter, as the
     /// glue's is process-wide.
-    fn with_slot<R>(
+    fn with_store<R>(
         &mut self,
         key: u8,
-        f: impl FnOnce(&mut Node<u8, u8>, Result<&mut MemSlot, LockError>, &BTreeSet<u8>) -> R,
+        f: impl FnOnce(&mut Node<u8, u8>, Result<&mut MemStore, LockError>, &BTreeSet<u8>) -> R,
     ) -> R {
-        let mut slot = self.slots.remove(&key).unwrap_or_default();
-        slot.next_lease = self.next_lease;
+        let mut store = self.stores.remove(&key).unwrap_or_default();
+        store.next_lease = self.next_lease;
         let open = match self.wrongtype.contains(&key) {
             true => Err(LockError::WrongType),
-            false => Ok(&mut slot),
+            false => Ok(&mut store),
         };
         let out = f(&mut self.node, open, &self.denied);
-        self.next_lease = slot.next_lease;
-        self.slots.insert(key, slot);
+        self.next_lease = store.next_lease;
+        self.stores.insert(key, store);
         out
     }
 
     fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
         let cond = self.cond(true);
-        let decided = self.with_slot(key, |node, slot, denied| {
+        let at = self.at(now);
+        let decided = self.with_store(key, |node, store, denied| {
             let req = AcquireRequest {
                 token: &r.token,
                 ttl_ms: r.ttl,
@@ -412,11 +439,11 @@ impl Harness {
             };
             node.acquire(
                 &key,
-                slot,
+                store,
                 req,
                 cond,
                 &mut |c: u8| !denied.contains(&c),
-                now * 1000,
+                at,
             )
         });
         match decided {
@@ -436,10 +463,11 @@ impl Harness {
             return;
         }
         let cond = self.cond(false);
-        let work = self.node.timer(cond, now * 1000);
+        let at = self.at(now);
+        let work = self.node.timer(cond, at);
         for (key, fence, lease) in work.take_backs {
-            let _ = self.with_slot(key, |node, slot, _| {
-                slot.map(|s| node.take_back(s, fence, lease, now))
+            let _ = self.with_store(key, |node, store, _| {
+                store.map(|s| node.take_back(s, fence, lease, now))
             });
         }
         for key in work.settle {
@@ -448,9 +476,9 @@ impl Harness {
             } else {
                 Served::Here
             };
-            self.with_slot(key, |node, slot, denied| {
+            self.with_store(key, |node, store, denied| {
                 let admit = &mut |c: u8| !denied.contains(&c);
-                node.settle(&key, slot, served, cond, admit, now * 1000)
+                node.settle(&key, store, served, cond, admit, at)
             });
         }
     }
@@ -491,7 +519,7 @@ fn check_wakes(
                 timeout_at.is_none_or(|t| now < t),
                 "granted after its timeout"
             );
-            let held = h.slots.get(&key).and_then(|s| s.live(now));
+            let held = h.stores.get(&key).and_then(|s| s.live(now));
             let held = held.expect("the granted lock is live when granted");
             // (A later waiter with the same token may have renewed it since,
             // with MINFENCE: a fresh, larger fence.)
@@ -510,12 +538,13 @@ fn run(ops: &[Op]) {
     };
     let mut h = Harness {
         node: Node::default(),
-        slots: HashMap::new(),
+        stores: HashMap::new(),
         next_lease: 0,
         wrongtype: BTreeSet::new(),
         gone: BTreeSet::new(),
         denied: BTreeSet::new(),
         replica: false,
+        wall_offset: 0,
     };
     let mut asked: Asked = HashMap::new();
     // client -> its last grant by hand-off, while it may still vanish.
@@ -594,14 +623,15 @@ fn run(ops: &[Op]) {
                     }
                 });
                 let cond = h.cond(false);
-                let out = h.with_slot(key, |node, slot, denied| {
+                let at = h.at(now);
+                let out = h.with_store(key, |node, store, denied| {
                     node.release(
                         &key,
-                        slot,
+                        store,
                         &token,
                         cond,
                         &mut |c: u8| !denied.contains(&c),
-                        now * 1000,
+                        at,
                     )
                 });
                 replies.1 = Some(out.map_or_else(error, Told::Released));
@@ -632,15 +662,16 @@ fn run(ops: &[Op]) {
                     }
                 });
                 let cond = h.cond(false);
-                let out = h.with_slot(key, |node, slot, denied| {
+                let at = h.at(now);
+                let out = h.with_store(key, |node, store, denied| {
                     node.extend(
                         &key,
-                        slot,
+                        store,
                         &token,
                         ttl,
                         cond,
                         &mut |c: u8| !denied.contains(&c),
-                        now * 1000,
+                        at,
                     )
                 });
                 replies.1 = Some(out.map_or_else(error, Told::Extended));
@@ -652,7 +683,7 @@ fn run(ops: &[Op]) {
                 model.locks.remove(&key);
                 model.wrongtype.remove(&key);
                 h.wrongtype.remove(&key);
-                h.slots.remove(&key);
+                h.stores.remove(&key);
                 // unlink2 queues a check for the next timer run.
                 h.node.keys_changed(|k| *k == key, now);
             }
@@ -663,7 +694,7 @@ fn run(ops: &[Op]) {
                 model.locks.remove(&key);
                 model.wrongtype.insert(key);
                 h.wrongtype.insert(key);
-                h.slots.remove(&key);
+                h.stores.remove(&key);
                 h.node.keys_changed(|k| *k == key, now);
             }
             Op::Swap => {
@@ -684,9 +715,9 @@ fn run(ops: &[Op]) {
                 for set in [&mut model.wrongtype, &mut h.wrongtype] {
                     *set = set.iter().map(swap).collect();
                 }
-                let (s0, s1) = (h.slots.remove(&0), h.slots.remove(&1));
-                s1.map(|s| h.slots.insert(0, s));
-                s0.map(|s| h.slots.insert(1, s));
+                let (s0, s1) = (h.stores.remove(&0), h.stores.remove(&1));
+                s1.map(|s| h.stores.insert(0, s));
+                s0.map(|s| h.stores.insert(1, s));
                 for (key, _, _) in asked.values_mut() {
                     *key = swap(key);
                 }
@@ -707,7 +738,7 @@ fn run(ops: &[Op]) {
                 model.gone.insert(key);
                 h.wrongtype.remove(&key);
                 h.gone.insert(key);
-                h.slots.remove(&key);
+                h.stores.remove(&key);
                 h.node.keys_changed(|k| *k == key, now);
             }
             Op::Disconnect { client } => {
@@ -772,9 +803,35 @@ fn run(ops: &[Op]) {
                 }
                 model.replica = false;
                 model.serving_since = now;
-                model.hwm = model.hwm.max(now * 1000);
+                model.hwm = model.hwm.max((now + model.wall_offset) * 1000);
                 h.replica = false;
-                h.node.start_serving(now * 1000);
+                let at = h.at(now);
+                h.node.start_serving(at);
+            }
+            Op::Sweep { key } => {
+                if model.live(key, now).is_none() && !model.replica {
+                    model.locks.remove(&key);
+                }
+                let cond = h.cond(false);
+                let at = h.at(now);
+                let reclaimed = h.with_store(key, |node, store, denied| {
+                    let admit = &mut |c: u8| !denied.contains(&c);
+                    store.map(|s| {
+                        let ended = s.stored().is_some_and(|l| !l.is_live(now));
+                        let reclaimed = node.reclaim(&key, s, cond, admit, at);
+                        assert_eq!(reclaimed, ended && !cond.contains(Conditions::REPLICA));
+                        if reclaimed {
+                            assert_eq!(s.removed.last(), Some(&Removal::Ended));
+                        }
+                    })
+                });
+                let _ = reclaimed;
+            }
+            Op::ClockStep { ms } => {
+                // Leases, timeouts and the restart delay do not move;
+                // fences still rise (max(mark + 1, wall clock)).
+                model.wall_offset += ms;
+                h.wall_offset += ms;
             }
             Op::Advance { ms } => {
                 for _ in 0..ms {
@@ -800,7 +857,7 @@ fn run(ops: &[Op]) {
         let mut live_fences = BTreeSet::new();
         for key in 0..KEYS {
             let engine_lock = h
-                .slots
+                .stores
                 .get(&key)
                 .and_then(|s| s.live(now))
                 .map(|l| (l.token.to_vec(), l.fence, l.deadline_ms));

@@ -19,7 +19,8 @@
 //!   [`timer`](Node::timer) next ([`next_wakeup`](Node::next_wakeup)).
 //!
 //! Nothing here reads a clock, opens a key or talks to a client: keys come
-//! in as a [`LockSlot`], and the glue executes what comes out.
+//! in as a [`LockStore`], time as a [`Now`] (leases on the monotonic clock,
+//! fences on the wall clock), and the glue executes what comes out.
 
 use std::collections::VecDeque;
 use std::hash::Hash;
@@ -30,7 +31,8 @@ use crate::args;
 use crate::error::LockError;
 use crate::fence::{self, FenceCounter};
 use crate::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
-use crate::lock::{self, Acquired, LockSlot};
+use crate::lock::{self, Acquired, LockStore};
+use crate::time::Now;
 use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
 
 /// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
@@ -89,7 +91,7 @@ bitflags! {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Served {
     Here,
-    /// Its slot moved (cluster resharding or failover): the waiters are
+    /// Its store moved (cluster resharding or failover): the waiters are
     /// answered with this redirect (`ASK ...`, `MOVED ...`, `CLUSTERDOWN ...`).
     Elsewhere(String),
 }
@@ -178,7 +180,7 @@ pub struct Node<K, C> {
     waiters: Waiters<K, C>,
     limits: Limits,
     /// When the node last started serving as master (loaded its data or
-    /// was promoted), Unix ms: the restart delay runs from here.
+    /// was promoted), monotonic ms: the restart delay runs from here.
     serving_since_ms: i64,
     /// Grants whose reply never reached their client: (key, fence, lease),
     /// and when the timer must take them back.
@@ -254,25 +256,25 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// `LOCK.ACQUIRE`. Any hand-off due on the key runs first, so nobody
     /// barges in ahead of the line.
-    pub fn acquire<S: LockSlot>(
+    pub fn acquire<S: LockStore>(
         &mut self,
         key: &K,
-        slot: Result<&mut S, LockError>,
+        store: Result<&mut S, LockError>,
         req: AcquireRequest<'_>,
         cond: Conditions,
         admission: &mut impl Admission<C>,
-        now_us: i64,
+        now: Now,
     ) -> Result<Acquire<K>, LockError> {
         args::check_token_limit(req.token, self.limits.max_token_len)?;
-        if req.min_fence > 0 && fence::check_min_fence(req.min_fence, now_us).is_err() {
+        if req.min_fence > 0 && fence::check_min_fence(req.min_fence, now.wall_us).is_err() {
             return Err(LockError::MinFenceTooLarge(format!("'{}'", req.min_fence)));
         }
-        let slot = self.open_in_command(key, slot, cond, now_us)?;
-        self.settle_in_command(key, slot, cond, admission, now_us);
-        let now_ms = lock::ms(now_us);
+        let store = self.open_in_command(key, store, cond, now)?;
+        self.settle_in_command(key, store, cond, admission, now);
+        let now_ms = now.mono_ms();
         // Decide before writing: a contended ACQUIRE changes nothing (it
         // would abort other clients' WATCH).
-        let check_at_ms = match slot.live(now_ms) {
+        let check_at_ms = match store.live(now_ms) {
             Some(held) if held.token == req.token => None,
             Some(held) => Some(held.deadline_ms),
             None => {
@@ -300,7 +302,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                         ttl_ms: req.ttl_ms,
                         timeout_ms,
                         min_fence: req.min_fence,
-                        since_us: now_us,
+                        since_us: now.mono_us,
                         check_at_ms,
                     }))
                 }
@@ -308,12 +310,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             };
         }
         let acquired = lock::acquire(
-            slot,
+            store,
             &mut self.fences,
             req.token,
             req.ttl_ms,
             req.min_fence,
-            now_us,
+            now,
         )?;
         Ok(match acquired {
             Acquired::Granted(fence) => Acquire::Granted(fence),
@@ -349,20 +351,21 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// `LOCK.RELEASE`: true when `token` held the lock; the next waiter is
     /// then handed it in this same call.
-    pub fn release<S: LockSlot>(
+    pub fn release<S: LockStore>(
         &mut self,
         key: &K,
-        slot: Result<&mut S, LockError>,
+        store: Result<&mut S, LockError>,
         token: &[u8],
         cond: Conditions,
         admission: &mut impl Admission<C>,
-        now_us: i64,
+        now: Now,
     ) -> Result<bool, LockError> {
-        let slot = self.open_in_command(key, slot, cond, now_us)?;
-        self.settle_in_command(key, slot, cond, admission, now_us);
-        let released = lock::release(slot, token, lock::ms(now_us));
-        if released {
-            self.settle_in_command(key, slot, cond, admission, now_us);
+        let store = self.open_in_command(key, store, cond, now)?;
+        self.settle_in_command(key, store, cond, admission, now);
+        let released = lock::release(store, token, now.mono_ms());
+        // An ended lease still stored is reclaimed when touched.
+        if released || lock::reclaim(store, now.mono_ms()) {
+            self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(released)
     }
@@ -370,22 +373,24 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// `LOCK.EXTEND`: true when `token` holds the lock; its lease then ends
     /// `ttl_ms` from now. An ended lease is never revived.
     #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
-    pub fn extend<S: LockSlot>(
+    pub fn extend<S: LockStore>(
         &mut self,
         key: &K,
-        slot: Result<&mut S, LockError>,
+        store: Result<&mut S, LockError>,
         token: &[u8],
         ttl_ms: i64,
         cond: Conditions,
         admission: &mut impl Admission<C>,
-        now_us: i64,
+        now: Now,
     ) -> Result<bool, LockError> {
-        let slot = self.open_in_command(key, slot, cond, now_us)?;
-        self.settle_in_command(key, slot, cond, admission, now_us);
-        let now_ms = lock::ms(now_us);
-        let extended = lock::extend(slot, token, ttl_ms, now_ms)?;
+        let store = self.open_in_command(key, store, cond, now)?;
+        self.settle_in_command(key, store, cond, admission, now);
+        let now_ms = now.mono_ms();
+        let extended = lock::extend(store, token, ttl_ms, now_ms)?;
         if extended {
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
+        } else if lock::reclaim(store, now_ms) {
+            self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)
     }
@@ -413,9 +418,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// while writes are held back, nothing is handed on: due keys are looked
     /// at again in [`RETRY_MS`]; take-backs wait too, except on a replica,
     /// where they are the master's to make and are dropped.
-    pub fn timer(&mut self, cond: Conditions, now_us: i64) -> TimerWork<K> {
-        let now_ms = lock::ms(now_us);
-        let timed_out = self.waiters.poll_timeouts(now_ms, now_us);
+    pub fn timer(&mut self, cond: Conditions, now: Now) -> TimerWork<K> {
+        let now_ms = now.mono_ms();
+        let timed_out = self.waiters.poll_timeouts(now_ms, now.mono_us);
         self.wakes.extend(timed_out);
         let due = self.waiters.due_keys(now_ms);
         let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
@@ -451,46 +456,46 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// [`TimerWork::settle`], so its line moves on).
     pub fn take_back(
         &mut self,
-        slot: &mut impl LockSlot,
+        store: &mut impl LockStore,
         fence: i64,
         lease: u64,
         now_ms: i64,
     ) -> bool {
-        lock::take_back(slot, fence, lease, now_ms)
+        lock::take_back(store, fence, lease, now_ms)
     }
 
     /// Hands `key` on from the timer, as far as it goes now: to the first
     /// in line that may take it, or, when the key left this node, sends its
     /// line where it went (never a second lock for a key given away). A key
-    /// that now holds another type fails its whole line with `slot`'s error.
-    pub fn settle<S: LockSlot>(
+    /// that now holds another type fails its whole line with `store`'s error.
+    pub fn settle<S: LockStore>(
         &mut self,
         key: &K,
-        slot: Result<&mut S, LockError>,
+        store: Result<&mut S, LockError>,
         served: Served,
         cond: Conditions,
         admission: &mut impl Admission<C>,
-        now_us: i64,
+        now: Now,
     ) {
         if self.waiters.waiting_on(key) == 0 {
             return;
         }
         if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
-            let retry_at = lock::ms(now_us).saturating_add(RETRY_MS);
+            let retry_at = now.mono_ms().saturating_add(RETRY_MS);
             self.waiters.schedule(key, retry_at);
             return;
         }
         if let Served::Elsewhere(redirect) = served {
             let wakes = self
                 .waiters
-                .fail_all(key, &LockError::Redirect(redirect), now_us);
+                .fail_all(key, &LockError::Redirect(redirect), now.mono_us);
             self.wakes.extend(wakes);
             return;
         }
-        match slot {
-            Ok(slot) => self.settle_in_command(key, slot, cond, admission, now_us),
+        match store {
+            Ok(store) => self.settle_in_command(key, store, cond, admission, now),
             Err(err) => {
-                let wakes = self.waiters.fail_all(key, &err, now_us);
+                let wakes = self.waiters.fail_all(key, &err, now.mono_us);
                 self.wakes.extend(wakes);
             }
         }
@@ -498,16 +503,16 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// The key a write command touches: refused on a replica first; a key
     /// of another type (WRONGTYPE) fails its whole line and the command.
-    fn open_in_command<'s, S: LockSlot>(
+    fn open_in_command<'s, S: LockStore>(
         &mut self,
         key: &K,
-        slot: Result<&'s mut S, LockError>,
+        store: Result<&'s mut S, LockError>,
         cond: Conditions,
-        now_us: i64,
+        now: Now,
     ) -> Result<&'s mut S, LockError> {
         refuse_on_replica(cond)?;
-        slot.inspect_err(|err| {
-            let wakes = self.waiters.fail_all(key, err, now_us);
+        store.inspect_err(|err| {
+            let wakes = self.waiters.fail_all(key, err, now.mono_us);
             self.wakes.extend(wakes);
         })
     }
@@ -517,15 +522,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     fn settle_in_command(
         &mut self,
         key: &K,
-        slot: &mut impl LockSlot,
+        store: &mut impl LockStore,
         cond: Conditions,
         admission: &mut impl Admission<C>,
-        now_us: i64,
+        now: Now,
     ) {
         if self.waiters.waiting_on(key) == 0 {
             return;
         }
-        let paused = self.grants_paused_ms(lock::ms(now_us));
+        let paused = self.grants_paused_ms(now.mono_ms());
         let limits = self.limits;
         let eviction_unsafe = cond.contains(Conditions::EVICTABLE) && !limits.allow_eviction;
         // A hand-off applies the limits in force when it grants, and the
@@ -548,8 +553,29 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         };
         let wakes = self
             .waiters
-            .settle_checked(key, slot, &mut self.fences, now_us, paused, admit);
+            .settle_checked(key, store, &mut self.fences, now, paused, admit);
         self.wakes.extend(wakes);
+    }
+
+    /// The background sweep (or any caller) found `key`'s lock: reclaim it
+    /// if its lease has ended, and hand the key on if anyone waits. True if
+    /// it was reclaimed.
+    pub fn reclaim<S: LockStore>(
+        &mut self,
+        key: &K,
+        store: &mut S,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now: Now,
+    ) -> bool {
+        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+            return false; // the master reclaims; or later
+        }
+        let reclaimed = lock::reclaim(store, now.mono_ms());
+        if reclaimed {
+            self.settle_in_command(key, store, cond, admission, now);
+        }
+        reclaimed
     }
 
     // ---- node-wide events ----
@@ -567,9 +593,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// The node loaded its data, or was promoted: the fence mark rises to
     /// the clock, and the restart delay starts.
-    pub fn start_serving(&mut self, now_us: i64) {
-        self.fences.raise_to_clock(now_us);
-        self.serving_since_ms = lock::ms(now_us);
+    pub fn start_serving(&mut self, now: Now) {
+        self.fences.raise_to_clock(now.wall_us);
+        self.serving_since_ms = now.mono_ms();
     }
 
     /// Locks may have changed under every waited-on key that `affected`
@@ -602,14 +628,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// Whether a token from outside (master, AOF, RDB, RESTORE) is
     /// acceptable now.
-    pub fn check_fence(&self, fence: i64, now_us: i64) -> Result<(), LockError> {
-        self.fences.check(fence, now_us)
+    pub fn check_fence(&self, fence: i64, wall_us: i64) -> Result<(), LockError> {
+        self.fences.check(fence, wall_us)
     }
 
     /// A token from outside was applied: raise the mark (or refuse it,
     /// changing nothing).
-    pub fn observe_fence(&mut self, fence: i64, now_us: i64) -> Result<(), LockError> {
-        self.fences.observe(fence, now_us)
+    pub fn observe_fence(&mut self, fence: i64, wall_us: i64) -> Result<(), LockError> {
+        self.fences.observe(fence, wall_us)
     }
 
     /// Checks a new grant or place in line against what the server can
@@ -643,13 +669,13 @@ pub fn is_grant<K, C>(wake: &Wake<K, C>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::tests::MemSlot;
+    use crate::lock::tests::MemStore;
 
     type N = Node<&'static str, u32>;
     const T0: i64 = 1_700_000_000_000;
 
-    fn us(ms: i64) -> i64 {
-        ms * 1000
+    fn now(ms: i64) -> Now {
+        Now::same(ms * 1000)
     }
 
     fn req(token: &[u8], ttl_ms: i64, block_ms: Option<i64>) -> AcquireRequest<'_> {
@@ -667,27 +693,27 @@ mod tests {
         std::iter::from_fn(|| node.poll_wake()).collect()
     }
 
-    fn wait(node: &mut N, slot: &mut MemSlot, client: u32, r: AcquireRequest<'_>, now_ms: i64) {
-        match node.acquire(&"k", Ok(slot), r, BLOCKING, &mut AdmitAll, us(now_ms)) {
+    fn wait(node: &mut N, store: &mut MemStore, client: u32, r: AcquireRequest<'_>, now_ms: i64) {
+        match node.acquire(&"k", Ok(store), r, BLOCKING, &mut AdmitAll, now(now_ms)) {
             Ok(Acquire::Wait(ticket)) => node.enqueue(ticket, client).unwrap(),
             other => panic!("expected to wait, got {other:?}"),
         }
     }
 
     /// Runs the timer at `now_ms` over one key, as the glue does.
-    fn tick(node: &mut N, slot: &mut MemSlot, now_ms: i64) {
-        let work = node.timer(Conditions::empty(), us(now_ms));
+    fn tick(node: &mut N, store: &mut MemStore, now_ms: i64) {
+        let work = node.timer(Conditions::empty(), now(now_ms));
         for (_, fence, lease) in work.take_backs {
-            node.take_back(slot, fence, lease, now_ms);
+            node.take_back(store, fence, lease, now_ms);
         }
         for key in work.settle {
             node.settle(
                 &key,
-                Ok(slot),
+                Ok(store),
                 Served::Here,
                 Conditions::empty(),
                 &mut AdmitAll,
-                us(now_ms),
+                now(now_ms),
             );
         }
     }
@@ -695,7 +721,7 @@ mod tests {
     #[test]
     fn a_paused_node_refuses_new_grants_and_lets_holders_renew() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.set_limits(
             Limits {
                 restart_delay_ms: 500,
@@ -705,48 +731,48 @@ mod tests {
         );
         let got = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"a", 100, None),
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         );
         assert_eq!(
             got,
-            Ok(Acquire::Granted(us(T0))),
+            Ok(Acquire::Granted(T0 * 1000)),
             "not serving yet: no delay"
         );
-        node.start_serving(us(T0));
+        node.start_serving(now(T0));
         let renew = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"a", 100, None),
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0 + 1),
+            now(T0 + 1),
         );
-        assert_eq!(renew, Ok(Acquire::Renewed(us(T0))));
+        assert_eq!(renew, Ok(Acquire::Renewed(T0 * 1000)));
         assert_eq!(
             node.release(
                 &"k",
-                Ok(&mut slot),
+                Ok(&mut store),
                 b"a",
                 Conditions::empty(),
                 &mut AdmitAll,
-                us(T0 + 2)
+                now(T0 + 2)
             ),
             Ok(true)
         );
         let paused = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"b", 100, None),
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0 + 100),
+            now(T0 + 100),
         );
         assert_eq!(paused, Err(LockError::GrantsPaused(400)));
-        assert!(slot.lock.is_none());
+        assert!(store.lock.is_none());
     }
 
     /// Defect 1 of issue 15: lowering lock.restart-delay-ms while a client
@@ -754,7 +780,7 @@ mod tests {
     #[test]
     fn lowering_the_restart_delay_serves_the_waiters_it_held() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.set_limits(
             Limits {
                 restart_delay_ms: 20_000,
@@ -762,8 +788,8 @@ mod tests {
             },
             T0,
         );
-        node.start_serving(us(T0));
-        wait(&mut node, &mut slot, 1, req(b"w", 5000, Some(5000)), T0);
+        node.start_serving(now(T0));
+        wait(&mut node, &mut store, 1, req(b"w", 5000, Some(5000)), T0);
         assert_eq!(
             node.next_wakeup(),
             Some(T0 + 5000),
@@ -771,11 +797,11 @@ mod tests {
         );
         node.set_limits(Limits::default(), T0 + 300);
         assert_eq!(node.next_wakeup(), Some(T0 + 300));
-        tick(&mut node, &mut slot, T0 + 300);
+        tick(&mut node, &mut store, T0 + 300);
         let woken = wakes(&mut node);
         assert_eq!(woken.len(), 1);
         assert!(is_grant(&woken[0]), "{woken:?}");
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"w");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"w");
     }
 
     /// Defect 2 of issue 15: a hand-off applies the max-ttl-ms in force
@@ -784,18 +810,18 @@ mod tests {
     #[test]
     fn a_hand_off_applies_the_limits_in_force_then() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 300, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"w", 600_000, Some(5000)), T0);
-        wait(&mut node, &mut slot, 2, req(b"v", 500, Some(5000)), T0);
+        wait(&mut node, &mut store, 1, req(b"w", 600_000, Some(5000)), T0);
+        wait(&mut node, &mut store, 2, req(b"v", 500, Some(5000)), T0);
         node.set_limits(
             Limits {
                 max_ttl_ms: 1000,
@@ -803,9 +829,9 @@ mod tests {
             },
             T0 + 10,
         );
-        tick(&mut node, &mut slot, T0 + 10);
+        tick(&mut node, &mut store, T0 + 10);
         assert!(wakes(&mut node).is_empty(), "still held");
-        tick(&mut node, &mut slot, T0 + 300);
+        tick(&mut node, &mut store, T0 + 300);
         let woken = wakes(&mut node);
         assert_eq!(woken.len(), 2);
         assert_eq!(woken[0].client, 1);
@@ -814,61 +840,61 @@ mod tests {
             Outcome::Failed(LockError::TtlTooLarge("600000".into(), 1000))
         );
         assert!(is_grant(&woken[1]));
-        assert_eq!(slot.lock.as_ref().unwrap().deadline_ms, T0 + 800);
+        assert_eq!(store.lock.as_ref().unwrap().deadline_ms, T0 + 800);
     }
 
     #[test]
     fn a_waiter_whose_user_lost_the_command_is_refused_and_skipped() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
-        wait(&mut node, &mut slot, 2, req(b"b", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 2, req(b"b", 100, Some(0)), T0);
         let released = node.release(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             b"h",
             Conditions::empty(),
             &mut |c: u32| c != 1,
-            us(T0 + 5),
+            now(T0 + 5),
         );
         assert_eq!(released, Ok(true));
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::NoPermission));
         assert!(is_grant(&woken[1]));
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
     }
 
     #[test]
     fn an_undelivered_grant_is_taken_back_and_handed_on() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
-        wait(&mut node, &mut slot, 2, req(b"b", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 2, req(b"b", 100, Some(0)), T0);
         node.release(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             b"h",
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0 + 1),
+            now(T0 + 1),
         )
         .unwrap();
         let Outcome::Granted { fence, lease, .. } = wakes(&mut node)[0].outcome.clone() else {
@@ -877,33 +903,33 @@ mod tests {
         node.undelivered("k", fence, lease, T0 + 1);
         // While writes are paused it waits; on the next run it goes.
         assert_eq!(
-            node.timer(Conditions::WRITES_PAUSED, us(T0 + 1)),
+            node.timer(Conditions::WRITES_PAUSED, now(T0 + 1)),
             TimerWork::default()
         );
         assert_eq!(node.next_wakeup(), Some(T0 + 1 + RETRY_MS));
-        tick(&mut node, &mut slot, T0 + 11);
+        tick(&mut node, &mut store, T0 + 11);
         let woken = wakes(&mut node);
         assert_eq!((woken.len(), woken[0].client), (1, 2));
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
     }
 
     #[test]
     fn a_replica_hands_nothing_on_and_drops_take_backs() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(50)), T0);
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(50)), T0);
         node.undelivered("k", 1, 1, T0);
         assert_eq!(
-            node.timer(Conditions::REPLICA, us(T0 + 100)),
+            node.timer(Conditions::REPLICA, now(T0 + 100)),
             TimerWork::default()
         );
         let woken = wakes(&mut node);
@@ -911,11 +937,11 @@ mod tests {
         assert_eq!(node.next_wakeup(), None, "take-back dropped");
         let refused = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"x", 100, None),
             Conditions::REPLICA,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         );
         assert_eq!(refused, Err(LockError::ReadOnlyReplica));
     }
@@ -923,40 +949,40 @@ mod tests {
     #[test]
     fn a_key_that_left_the_node_redirects_its_line() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
-        slot.lock = None;
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
+        store.lock = None;
         node.keys_changed(|_| true, T0 + 1);
         let redirect = Served::Elsewhere("ASK 1 127.0.0.1:7001".into());
         node.settle(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             redirect,
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0 + 1),
+            now(T0 + 1),
         );
         let woken = wakes(&mut node);
         assert_eq!(
             woken[0].outcome,
             Outcome::Failed(LockError::Redirect("ASK 1 127.0.0.1:7001".into()))
         );
-        assert!(slot.lock.is_none(), "no lock granted for a key given away");
+        assert!(store.lock.is_none(), "no lock granted for a key given away");
     }
 
     #[test]
     fn full_lines_refuse_before_anyone_blocks() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.set_limits(
             Limits {
                 max_waiters_per_key: 1,
@@ -966,30 +992,30 @@ mod tests {
         );
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
         let full = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"b", 100, Some(0)),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         );
         assert_eq!(full, Err(LockError::TooManyWaiters(1)));
         let not_blocking = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"b", 100, Some(0)),
             Conditions::empty(),
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         );
         assert_eq!(not_blocking, Ok(Acquire::Contended), "MULTI: nil at once");
     }
@@ -997,46 +1023,46 @@ mod tests {
     #[test]
     fn eviction_unsafe_servers_refuse_new_locks_and_hand_offs_but_not_renewals() {
         let mut node = N::default();
-        let mut slot = MemSlot::default();
+        let mut store = MemStore::default();
         node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             BLOCKING,
             &mut AdmitAll,
-            us(T0),
+            now(T0),
         )
         .unwrap();
-        wait(&mut node, &mut slot, 1, req(b"a", 100, Some(0)), T0);
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
         let evictable = Conditions::EVICTABLE | Conditions::MAY_BLOCK;
         let renew = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"h", 100, None),
             evictable,
             &mut AdmitAll,
-            us(T0 + 1),
+            now(T0 + 1),
         );
-        assert_eq!(renew, Ok(Acquire::Renewed(us(T0))));
+        assert_eq!(renew, Ok(Acquire::Renewed(T0 * 1000)));
         node.release(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             b"h",
             evictable,
             &mut AdmitAll,
-            us(T0 + 2),
+            now(T0 + 2),
         )
         .unwrap();
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::EvictionUnsafe));
-        assert!(slot.lock.is_none());
+        assert!(store.lock.is_none());
         let fresh = node.acquire(
             &"k",
-            Ok(&mut slot),
+            Ok(&mut store),
             req(b"x", 100, None),
             evictable,
             &mut AdmitAll,
-            us(T0 + 3),
+            now(T0 + 3),
         );
         assert_eq!(fresh, Err(LockError::EvictionUnsafe));
     }

@@ -23,7 +23,8 @@ use std::hash::Hash;
 
 use super::error::LockError;
 use super::fence::FenceSource;
-use super::lock::{self, Acquired, LockSlot};
+use super::lock::{self, Acquired, LockStore};
+use super::time::Now;
 
 pub type WaiterId = u64;
 
@@ -115,7 +116,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Waiters<K, C> {
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
-    /// Queues `client` at the back of `key`'s line. The lock is held (by
+    /// Queues `client` at the back of `key`'s line (`now_us`, like every
+    /// time here but the `Now` of a settle, is on the monotonic clock). The lock is held (by
     /// someone else) until `held_until_ms`, or free but not grantable: the
     /// key is checked again then. Refused, changing nothing, when the line
     /// is full or the client is already queued.
@@ -275,12 +277,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn settle(
         &mut self,
         key: &K,
-        slot: &mut impl LockSlot,
+        store: &mut impl LockStore,
         fences: &mut impl FenceSource,
-        now_us: i64,
+        now: Now,
         grants_paused_ms: i64,
     ) -> Vec<Wake<K, C>> {
-        self.settle_checked(key, slot, fences, now_us, grants_paused_ms, |_| Ok(()))
+        self.settle_checked(key, store, fences, now, grants_paused_ms, |_| Ok(()))
     }
 
     /// [`settle`](Self::settle), where `admit` says whether the waiter whose
@@ -291,13 +293,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn settle_checked(
         &mut self,
         key: &K,
-        slot: &mut impl LockSlot,
+        store: &mut impl LockStore,
         fences: &mut impl FenceSource,
-        now_us: i64,
+        now: Now,
         grants_paused_ms: i64,
         mut admit: impl FnMut(Turn<'_, C>) -> Result<(), LockError>,
     ) -> Vec<Wake<K, C>> {
-        let now_ms = lock::ms(now_us);
+        let (now_ms, now_us) = (now.mono_ms(), now.mono_us);
         let mut wakes = Vec::new();
         while let Some(id) = self.front(key) {
             let w = &self.waiters[&id];
@@ -305,7 +307,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
                 continue;
             }
-            match slot.live(now_ms) {
+            match store.live(now_ms) {
                 Some(held) if held.token != &*w.token => {
                     let until = held.deadline_ms;
                     self.reschedule(key, until);
@@ -327,16 +329,16 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 continue;
             }
             let w = &self.waiters[&id];
-            let acquired = lock::acquire(slot, fences, &w.token, w.ttl_ms, w.min_fence, now_us);
+            let acquired = lock::acquire(store, fences, &w.token, w.ttl_ms, w.min_fence, now);
             let outcome = match acquired {
                 Ok(Acquired::Granted(fence)) => Outcome::Granted {
                     fence,
-                    lease: slot.stored().map_or(0, |l| l.lease),
+                    lease: store.stored().map_or(0, |l| l.lease),
                     renewed: false,
                 },
                 Ok(Acquired::Renewed(fence)) => Outcome::Granted {
                     fence,
-                    lease: slot.stored().map_or(0, |l| l.lease),
+                    lease: store.stored().map_or(0, |l| l.lease),
                     renewed: true,
                 },
                 // Free or held by this token, checked above.
@@ -443,7 +445,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
 mod tests {
     use super::*;
     use crate::fence::FenceCounter;
-    use crate::lock::tests::MemSlot;
+    use crate::lock::tests::MemStore;
 
     type W = Waiters<&'static str, u32>;
     const T0: i64 = 1_700_000_000_000;
@@ -461,8 +463,8 @@ mod tests {
         }
     }
 
-    fn held_by(slot: &mut MemSlot, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
-        lock::acquire(slot, fences, token, until_ms - T0, 0, us(T0)).unwrap();
+    fn held_by(store: &mut MemStore, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
+        lock::acquire(store, fences, token, until_ms - T0, 0, Now::same(us(T0))).unwrap();
     }
 
     fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
@@ -480,8 +482,8 @@ mod tests {
 
     #[test]
     fn the_lock_goes_to_the_first_in_line_when_it_frees() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"h", T0 + 100);
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
             .unwrap();
@@ -489,11 +491,11 @@ mod tests {
             .unwrap();
         assert_eq!(w.next_wakeup(), Some(T0 + 100));
         assert!(w
-            .settle(&"k", &mut slot, &mut fences, us(T0 + 99), 0)
+            .settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 99)), 0)
             .is_empty());
-        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 100), 0);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
         assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"a");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"a");
         assert_eq!(w.next_wakeup(), Some(T0 + 1100), "a's lease end");
     }
 
@@ -502,8 +504,8 @@ mod tests {
     /// be handed K1.
     #[test]
     fn a_reused_client_handle_is_never_granted_another_keys_lock() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        held_by(&mut slot, &mut fences, b"A", T0 + 60_000);
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"A", T0 + 60_000);
         let mut w = W::default();
         w.enqueue("K1", 7, req(b"B", 50), us(T0), T0 + 60_000, 10)
             .unwrap();
@@ -515,17 +517,17 @@ mod tests {
         // The handle 7 is reused for D, waiting on K2.
         w.enqueue("K2", 7, req(b"D", 3000), us(T0 + 60), T0 + 60_000, 10)
             .unwrap();
-        lock::release(&mut slot, b"A", T0 + 70);
-        let wakes = w.settle(&"K1", &mut slot, &mut fences, us(T0 + 70), 0);
+        lock::release(&mut store, b"A", T0 + 70);
+        let wakes = w.settle(&"K1", &mut store, &mut fences, Now::same(us(T0 + 70)), 0);
         assert_eq!(outcomes(&wakes), vec![(8, "K1", true)]);
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"C");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"C");
         assert_eq!(w.waiting_on(&"K2"), 1);
     }
 
     #[test]
     fn a_waiter_is_never_granted_at_or_after_its_timeout() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"h", T0 + 100);
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 100), us(T0), T0 + 100, 10)
             .unwrap();
@@ -533,7 +535,7 @@ mod tests {
             .unwrap();
         // Lease end and timeout in the same millisecond: timed out, and the
         // next in line gets the lock.
-        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 100), 0);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
         assert_eq!(wakes[0].outcome, Outcome::TimedOut);
         assert_eq!(outcomes(&wakes)[1], (2, "k", true));
         assert!(w.poll_timeouts(T0 + 200, us(T0 + 200)).is_empty(), "once");
@@ -541,13 +543,13 @@ mod tests {
 
     #[test]
     fn a_waiter_with_the_holders_token_is_answered_with_a_renewal() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        held_by(&mut slot, &mut fences, b"h", T0 + 100);
-        let fence = slot.lock.as_ref().unwrap().fence;
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"h", T0 + 100);
+        let fence = store.lock.as_ref().unwrap().fence;
         let mut w = W::default();
         w.enqueue("k", 1, req(b"h", 0), us(T0), T0 + 100, 10)
             .unwrap();
-        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 1), 0);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 1)), 0);
         assert!(matches!(
             wakes[0].outcome,
             Outcome::Granted { fence: f, renewed: true, .. } if f == fence
@@ -558,39 +560,46 @@ mod tests {
     /// failed with NOPERM when its turn comes; the next in line is granted.
     #[test]
     fn a_waiter_that_may_no_longer_take_the_lock_is_failed_and_skipped() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        held_by(&mut slot, &mut fences, b"h", T0 + 100);
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"h", T0 + 100);
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
             .unwrap();
         w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
             .unwrap();
-        let wakes = w.settle_checked(&"k", &mut slot, &mut fences, us(T0 + 100), 0, |t| {
-            if t.client == 1 {
-                Err(LockError::NoPermission)
-            } else {
-                Ok(())
-            }
-        });
+        let wakes = w.settle_checked(
+            &"k",
+            &mut store,
+            &mut fences,
+            Now::same(us(T0 + 100)),
+            0,
+            |t| {
+                if t.client == 1 {
+                    Err(LockError::NoPermission)
+                } else {
+                    Ok(())
+                }
+            },
+        );
         assert_eq!(wakes[0].client, 1);
         assert_eq!(wakes[0].outcome, Outcome::Failed(LockError::NoPermission));
         assert_eq!(outcomes(&wakes)[1], (2, "k", true));
-        assert_eq!(slot.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
         assert_eq!(w.total(), 0);
     }
 
     #[test]
     fn restart_delay_holds_waiters_until_it_ends() {
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 0), us(T0), T0, 10).unwrap();
         assert!(w
-            .settle(&"k", &mut slot, &mut fences, us(T0), 500)
+            .settle(&"k", &mut store, &mut fences, Now::same(us(T0)), 500)
             .is_empty());
         assert_eq!(w.next_wakeup(), Some(T0 + 500));
         assert_eq!(w.due_keys(T0 + 499), Vec::<&str>::new());
         assert_eq!(w.due_keys(T0 + 500), vec!["k"]);
-        let wakes = w.settle(&"k", &mut slot, &mut fences, us(T0 + 500), 0);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 500)), 0);
         assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
     }
 
@@ -651,8 +660,8 @@ mod tests {
         w.enqueue((1, "k"), 2, req(b"b", 0), us(T0), T0 + 9, 10)
             .unwrap();
         w.rename_keys(|(db, k)| (1 - db, k));
-        let (mut slot, mut fences) = (MemSlot::default(), FenceCounter::default());
-        let wakes = w.settle(&(1, "k"), &mut slot, &mut fences, us(T0), 0);
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        let wakes = w.settle(&(1, "k"), &mut store, &mut fences, Now::same(us(T0)), 0);
         assert_eq!(wakes[0].client, 1);
         assert_eq!(wakes[0].key, (1, "k"));
         assert_eq!(w.due_keys(T0 + 9), vec![(0, "k")]);
