@@ -14,9 +14,7 @@ use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::limits::{
     DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
 };
-use crate::redis::{
-    blocked, commands, datatype, engine, events, info, keyspace_events, propagation, timer,
-};
+use crate::redis::{blocked, commands, datatype, engine, events, info, propagation, sweep, timer};
 
 /// Every option: a module config (`CONFIG GET/SET lock.<name>`, a
 /// `lock.<name>` line in redis.conf) that can also follow the module path.
@@ -151,13 +149,14 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
         | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
         | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
     unsafe { set_options(ctx, options as c_int) };
-    datatype::register(ctx, keyspace_events::on_unlink)?;
+    datatype::register(ctx, events::on_unlink)?;
     commands::register(ctx)?;
     timer::init(ctx)?;
     blocked::init();
-    propagation::init(ctx)?;
+    propagation::init(ctx);
     events::subscribe(ctx)?;
     events::read_server_state(ctx);
+    sweep::start(ctx);
     redis_module::raw::register_info_function(ctx, Some(info::info_section));
     // Without persistence no loading event comes: start the fence mark and
     // the restart delay from the module's own start.

@@ -329,10 +329,7 @@ fn resharding_a_held_lock_keeps_it_and_sends_waiters_to_the_new_node() {
     // The move completes: this fails if a stray key is left on the source.
     cluster.assign(slot, 1);
     assert_eq!(holder_on(target, &key), Some(("holder".to_string(), first)));
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(&key)
-        .query(&mut target.conn())
-        .unwrap();
+    let pttl: i64 = lease_ms(&mut target.conn(), &key);
     assert!(pttl > 0 && pttl <= 60_000, "lease kept: {pttl}");
     let err = run_err(&mut source.conn(), &["LOCK.ACQUIRE", &key, "x", "1000"]);
     assert!(err.starts_with(&format!("MOVED {slot} ")), "{err}");

@@ -84,7 +84,7 @@ fn aof_always_restores_grants_extensions_and_releases() {
     s.restart();
     let mut c = s.conn();
     assert_eq!(holder(&mut c, "kept"), Some(("a".into(), f)));
-    let pttl: i64 = redis::cmd("PTTL").arg("kept").query(&mut c).unwrap();
+    let pttl: i64 = lease_ms(&mut c, "kept");
     assert!(pttl > 60_000, "the extension was replayed: {pttl}");
     assert_eq!(fence(&mut c, "gone"), None);
     assert_eq!(digest(&mut c), d);
@@ -343,7 +343,7 @@ fn aof_enabled_at_runtime_keeps_later_grants() {
     let mut c = s.conn();
     assert_eq!(holder(&mut c, "before"), Some(("t".into(), before)));
     assert_eq!(holder(&mut c, "after"), Some(("t".into(), after)));
-    let pttl: i64 = redis::cmd("PTTL").arg("before").query(&mut c).unwrap();
+    let pttl: i64 = lease_ms(&mut c, "before");
     assert!(pttl > 60_000, "the extension was logged: {pttl}");
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{lease_ms, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
@@ -243,10 +243,7 @@ fn acquire_extend_release_and_info_for_scripts() {
         "1m",
     ]);
     assert_eq!(out.status.code(), Some(0));
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg("orders:42")
-        .query(&mut s.conn())
-        .unwrap();
+    let pttl: i64 = lease_ms(&mut s.conn(), "orders:42");
     assert!(pttl > 50_000, "{pttl}");
     let out = redis_lock(&[
         "release",

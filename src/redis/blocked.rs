@@ -293,7 +293,7 @@ unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlock
 /// Takes a waiter out of its line and, if it was there, unblocks its
 /// handle (with no outcome: Redis answers the client itself).
 fn leave(client: Client) -> bool {
-    let now_ms = node::now_ms();
+    let now_ms = node::mono_ms();
     let was_waiting = engine::with_engine(|n| n.leave(client, now_ms));
     if was_waiting {
         if let Some(handle) = take_handle(client) {

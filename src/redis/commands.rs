@@ -9,6 +9,7 @@ use std::os::raw::c_int;
 use redis_module::raw;
 
 use super::blocked;
+use super::datatype;
 use super::engine::{self, WaiterAcl};
 use super::ffi::{
     api, context_flags, lock_events, log_warning, may_write_key, notify_lock_event, run_command,
@@ -18,7 +19,7 @@ use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
 use crate::core::args;
 use crate::core::error::LockError;
-use crate::core::lock::{self, LockSlot};
+use crate::core::lock::{self, LockStore};
 use crate::core::node::{Acquire, AcquireRequest};
 
 type Callback = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
@@ -205,11 +206,11 @@ fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let has_options = argv.bytes().len() > 4;
     let key = engine::command_key(ctx, argv.key_bytes(), has_options);
-    let now_us = node::now_us();
+    let now = node::now();
     let decided = engine::with_engine(|n| {
         let a = args::parse_acquire(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
-        let mut slot = open_for_write(ctx, argv);
+        let mut store = open_for_write(ctx, argv);
         let request = AcquireRequest {
             token: a.token,
             ttl_ms: a.ttl_ms,
@@ -220,8 +221,8 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             ctx,
             name: argv.key(),
         };
-        let slot = slot.as_mut().map_err(|e| e.clone());
-        n.acquire(&key, slot, request, cond, &mut acl, now_us)
+        let store = store.as_mut().map_err(|e| e.clone());
+        n.acquire(&key, store, request, cond, &mut acl, now)
     });
     engine::deliver_wakes(ctx, Some(argv.key()));
     Ok(match decided {
@@ -260,16 +261,16 @@ fn may_block(ctx: Ctx) -> bool {
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
     let key = engine::command_key(ctx, argv.key_bytes(), false);
-    let now_us = node::now_us();
+    let now = node::now();
     let released = engine::with_engine(|n| {
         let cond = engine::conditions(ctx, false);
-        let mut slot = open_for_write(ctx, argv);
+        let mut store = open_for_write(ctx, argv);
         let mut acl = WaiterAcl {
             ctx,
             name: argv.key(),
         };
-        let slot = slot.as_mut().map_err(|e| e.clone());
-        n.release(&key, slot, token, cond, &mut acl, now_us)
+        let store = store.as_mut().map_err(|e| e.clone());
+        n.release(&key, store, token, cond, &mut acl, now)
     });
     if released == Ok(true) {
         count(&STATS.releases);
@@ -282,17 +283,17 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let key = engine::command_key(ctx, argv.key_bytes(), false);
-    let now_us = node::now_us();
+    let now = node::now();
     let extended = engine::with_engine(|n| {
         let a = args::parse_extend(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, false);
-        let mut slot = open_for_write(ctx, argv);
+        let mut store = open_for_write(ctx, argv);
         let mut acl = WaiterAcl {
             ctx,
             name: argv.key(),
         };
-        let slot = slot.as_mut().map_err(|e| e.clone());
-        n.extend(&key, slot, a.token, a.ttl_ms, cond, &mut acl, now_us)
+        let store = store.as_mut().map_err(|e| e.clone());
+        n.extend(&key, store, a.token, a.ttl_ms, cond, &mut acl, now)
     });
     engine::deliver_wakes(ctx, Some(argv.key()));
     if extended == Ok(true) {
@@ -304,8 +305,8 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
-    let slot = LockKey::open(ctx, argv.key(), false)?;
-    Ok(match lock::fence(&slot, token, node::now_ms()) {
+    let store = LockKey::open(ctx, argv.key(), false)?;
+    Ok(match lock::fence(&store, token, node::mono_ms()) {
         Some(fence) => Reply::Integer(fence),
         None => Reply::Null,
     })
@@ -315,9 +316,9 @@ fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 /// it is shown only to users who may write the key. Others see nil.
 fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
-    let slot = LockKey::open(ctx, argv.key(), false)?;
-    let now = node::now_ms();
-    Ok(match slot.live(now) {
+    let store = LockKey::open(ctx, argv.key(), false)?;
+    let now = node::mono_ms();
+    Ok(match store.live(now) {
         None => Reply::Null,
         Some(held) => {
             let token = if may_write_key(ctx, argv.key()) {
@@ -362,8 +363,11 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         ));
         return Err(err);
     }
-    let mut slot = LockKey::open(ctx, argv.key(), true)?;
-    slot.write(a.token, a.fence, a.deadline_ms, a.granted_ms);
+    let mut store = LockKey::open(ctx, argv.key(), true)?;
+    // The master's deadline is on the wall clock: this node keeps it on its
+    // monotonic clock from now on.
+    let deadline_ms = datatype::local_deadline(a.deadline_ms, a.granted_ms, node::conversion_now());
+    store.write(a.token, a.fence, deadline_ms, a.granted_ms);
     engine::observe_fence(a.fence)?;
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     Ok(Reply::Ok)

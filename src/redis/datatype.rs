@@ -5,7 +5,7 @@
 //! |-------------|---------------------|--------------------------------------|
 //! | token       | SaveStringBuffer    | holder token, 1–512 bytes            |
 //! | fence       | SaveSigned          | fencing token of this grant, > 0     |
-//! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms   |
+//! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms (wall clock) |
 //! | granted_ms  | SaveSigned          | when this holder was granted, Unix ms (0 ≤ it ≤ deadline_ms; 0: unknown) |
 //!
 //! Version 1 (earlier builds) is the same without `granted_ms`; it still
@@ -21,14 +21,16 @@
 //! diskless sync or `RESTORE` payload is refused, not a crash), and values
 //! that break the invariants above or carry a fence beyond
 //! `core::limits::MAX_FENCE_LEAD` above the node's mark and clock (for a
-//! `RESTORE`, above the clock alone), rather than guessing. Loading a value
-//! never raises the node's fence mark: the aux field carries it for RDB
-//! loads, and a `RESTORE`d value raises it from the `restore` keyspace
-//! event, once Redis has accepted the whole payload.
+//! `RESTORE`, above the clock alone), rather than guessing. A loaded RDB's
+//! mark comes from its aux field; a `RESTORE`d value raises the mark with
+//! its own fence once decoded whole.
 //!
 //! ## In memory
-//! One allocation per lock, the token inline (see [`LockBlock`]), plus a
-//! lease id that is not persisted (see `core::lock::Lock::lease`).
+//! One allocation per lock, the token inline (see [`LockBlock`]), its
+//! deadline on the node's monotonic clock (converted from and to the wall
+//! clock when loaded and saved: see `core::time`), plus a lease id that is
+//! not persisted (see `core::lock::Lock::lease`). The key has no Redis
+//! expiry.
 //!
 //! ## AOF rewrite
 //! Each lock is written as `LOCK._SET key token fence deadline-ms
@@ -48,6 +50,7 @@ use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
 use crate::core::lock::Lock;
+use crate::core::time::{self, Now};
 
 /// The type's unlink2 callback: a lock key left the keyspace.
 pub type UnlinkFn = extern "C" fn(*mut raw::RedisModuleKeyOptCtx, *const c_void);
@@ -194,36 +197,26 @@ pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockErr
     Ok(unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }.cast())
 }
 
-thread_local! {
-    /// Set while the module itself deletes a live lock (see `slot::remove`).
-    pub static RELEASING_LIVE_LOCK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Set while the module itself deletes a lock (release, take-back, an
-    /// ended lock put back): no `expired` event follows that deletion.
-    pub static MODULE_REMOVING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
+/// Frees a value Redis is done with. Only frees: it may run on a lazy-free
+/// thread, long after the lock left the keyspace (what the lock's end
+/// means was reported where it ended: `keyspace`).
 extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
-        if value.is_null() {
-            return;
+        if !value.is_null() {
+            // SAFETY: Redis hands back a value this module allocated.
+            unsafe { LockBlock::free(value.cast()) };
         }
-        let block = value.cast::<LockBlock>();
-        let released = RELEASING_LIVE_LOCK.get();
-        let lock = unsafe { LockBlock::view(block) };
-        if !released && !lock.is_live(node::now_ms()) {
-            node::lease_ended(&lock);
-        }
-        unsafe { LockBlock::free(block) };
     })
 }
 
 extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
         let lock = unsafe { LockBlock::view(value.cast()) };
+        let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
         unsafe {
             api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
             api!(RedisModule_SaveSigned)(rdb, lock.fence);
-            api!(RedisModule_SaveSigned)(rdb, lock.deadline_ms);
+            api!(RedisModule_SaveSigned)(rdb, deadline_ms);
             api!(RedisModule_SaveSigned)(rdb, lock.granted_ms);
         }
     })
@@ -236,30 +229,52 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         let loading = raw::REDISMODULE_CTX_FLAGS_LOADING | raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
         let restoring =
             context_flags(unsafe { api!(RedisModule_GetContextFromIO)(rdb) }) & loading == 0;
-        let now_us = node::now_us();
+        let now = node::conversion_now();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
             engine::check_fence(fence)?;
             if restoring {
-                codec::check_restored_fence(fence, now_us)?;
+                codec::check_restored_fence(fence, now.wall_us)?;
             }
             Ok(())
         });
         // Nothing is allocated for the keyspace until the value is valid.
         match decoded {
-            Ok(value) => LockBlock::new(Lock {
-                fence: value.fence,
-                deadline_ms: value.deadline_ms,
-                token: value.token.as_ref(),
-                granted_ms: value.granted_ms,
-                lease: node::new_lease(),
-            })
-            .cast(),
+            Ok(value) => {
+                // A RESTOREd value raises the mark now (once decoded whole it
+                // is restored); a loaded RDB's mark comes in its aux field.
+                if restoring {
+                    if let Err(err) = engine::observe_fence(value.fence) {
+                        log_warning(&format!("lock: a RESTOREd lock's fence is refused: {err}"));
+                    }
+                }
+                let deadline_ms = local_deadline(value.deadline_ms, value.granted_ms, now);
+                LockBlock::new(Lock {
+                    fence: value.fence,
+                    deadline_ms,
+                    token: value.token.as_ref(),
+                    granted_ms: value.granted_ms,
+                    lease: node::new_lease(),
+                })
+                .cast()
+            }
             Err(why) => {
                 log_warning(&format!("lock: refusing to load a lock value: {why}"));
                 std::ptr::null_mut()
             }
         }
     })
+}
+
+/// A persisted or replicated wall-clock deadline on this node's monotonic
+/// clock, capped at the longest the lease can be (a wall clock stepped back
+/// across a restart cannot stretch it): the time since its grant, or, for
+/// a lock written without its grant time, `lock.max-ttl-ms`.
+pub fn local_deadline(wall_deadline_ms: i64, granted_ms: i64, now: Now) -> i64 {
+    let longest = match granted_ms {
+        0 => engine::limits().max_ttl_ms,
+        granted => wall_deadline_ms.saturating_sub(granted),
+    };
+    time::local_deadline(wall_deadline_ms, longest, now)
 }
 
 /// The loader's reads, each checked for a short read (the raw loaders do).
@@ -315,6 +330,7 @@ extern "C" fn aof_rewrite(
 ) {
     guard("aof_rewrite", (), || {
         let lock = unsafe { LockBlock::view(value.cast()) };
+        let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
@@ -324,7 +340,7 @@ extern "C" fn aof_rewrite(
                 lock.token.as_ptr(),
                 lock.token.len(),
                 lock.fence,
-                lock.deadline_ms,
+                deadline_ms,
                 lock.granted_ms,
             )
         };
@@ -346,8 +362,9 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
                 lock.token.as_ptr().cast(),
                 lock.token.len(),
             );
+            // Not the deadline: each node keeps it on its own monotonic
+            // clock, so master and replica may differ by a millisecond.
             api!(RedisModule_DigestAddLongLong)(md, lock.fence);
-            api!(RedisModule_DigestAddLongLong)(md, lock.deadline_ms);
             api!(RedisModule_DigestAddLongLong)(md, lock.granted_ms);
             api!(RedisModule_DigestEndSequence)(md);
         }

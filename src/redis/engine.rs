@@ -161,8 +161,8 @@ pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
 /// The node (re)started with its data loaded, or was promoted: the fence
 /// mark rises to the clock and the restart delay starts.
 pub fn start_serving() {
-    let now_us = node::now_us();
-    with_engine(|n| n.start_serving(now_us));
+    let now = node::now();
+    with_engine(|n| n.start_serving(now));
 }
 
 pub fn fence_hwm() -> i64 {
@@ -171,13 +171,13 @@ pub fn fence_hwm() -> i64 {
 
 /// A token issued elsewhere (master, AOF, RDB, RESTORE) was applied here.
 pub fn observe_fence(fence: i64) -> Result<(), LockError> {
-    let now_us = node::now_us();
-    with_engine(|n| n.observe_fence(fence, now_us))
+    let wall_us = node::wall_us();
+    with_engine(|n| n.observe_fence(fence, wall_us))
 }
 
 pub fn check_fence(fence: i64) -> Result<(), LockError> {
-    let now_us = node::now_us();
-    with_engine(|n| n.check_fence(fence, now_us))
+    let wall_us = node::wall_us();
+    with_engine(|n| n.check_fence(fence, wall_us))
 }
 
 // ---- the options: stored in the node's limits, nowhere else ----
@@ -195,7 +195,7 @@ pub struct BoolOption {
 }
 
 fn update_limits(change: impl FnOnce(&mut Limits)) {
-    let now_ms = node::now_ms();
+    let now_ms = node::mono_ms();
     with_engine(|n| {
         let mut limits = n.limits();
         change(&mut limits);

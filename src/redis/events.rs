@@ -1,20 +1,18 @@
-//! Server events and keyspace notifications the module reacts to. Each
-//! callback only reads state or queues work for the hand-off timer: none of
-//! them writes to the keyspace (Redis 7.0 does not allow it there).
+//! Server events the module reacts to, and the type's unlink callback.
+//! Each only reads state or queues work for the timer: none of them writes
+//! to the keyspace (Redis 7.0 does not allow it there). The module has no
+//! command filter and no keyspace-event subscription: commands that touch
+//! no lock run no module code.
 
-use std::os::raw::{c_char, c_int, c_void};
+use std::os::raw::{c_int, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw;
 
-use super::ffi::{
-    api, context_flags, guard, lock_events, log_warning, notify_lock_event, string_bytes, Ctx,
-    RString,
-};
-use super::keyspace::LockKey;
-use super::node::{SERVER, STATS};
-use super::{blocked, engine, keyspace_events, propagation, timer};
-use crate::core::lock::LockSlot;
+use super::engine::Key;
+use super::ffi::{api, config_get, context_flags, guard, log_warning, string_bytes, Ctx};
+use super::node::SERVER;
+use super::{blocked, engine, propagation, timer};
 
 pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
 
@@ -28,13 +26,17 @@ pub fn read_server_state(ctx: Ctx) {
     SERVER
         .maxmemory
         .store(flags & raw::REDISMODULE_CTX_FLAGS_MAXMEMORY != 0, Relaxed);
-    let evictable = flags & raw::REDISMODULE_CTX_FLAGS_EVICT != 0;
+    // Lock keys carry no Redis expiry: only an allkeys-* policy can pick
+    // one (volatile-* evicts keys with an expiry only).
+    let evictable = flags & raw::REDISMODULE_CTX_FLAGS_EVICT != 0
+        && config_get(ctx, c"maxmemory-policy").is_none_or(|p| p.starts_with("allkeys"));
     let was = SERVER.evictable.swap(evictable, Relaxed);
     if evictable && !was {
         log_warning(
-            "lock: maxmemory is set with a maxmemory-policy that can evict keys: held locks \
-             could be evicted and granted again. New grants are refused unless \
-             lock.allow-eviction is yes; set maxmemory-policy noeviction to keep locks safe.",
+            "lock: maxmemory is set with an allkeys-* maxmemory-policy: held locks could be \
+             evicted and granted again. New grants and hand-offs are refused unless \
+             lock.allow-eviction is yes; use noeviction or a volatile-* policy (which never \
+             evicts a lock) to keep locks safe.",
         );
     }
 }
@@ -118,55 +120,49 @@ pub extern "C" fn on_config_change(
     })
 }
 
-/// Generic keyspace events on any key. For a lock key:
-/// * `restore`: the payload was accepted whole; its fence raises the mark;
-/// * `restore`, `expire`, `persist`: the key's Redis expiry may no longer be
-///   the lease's deadline; the timer puts it back (or removes an ended lock).
-pub extern "C" fn on_keyspace_event(
+/// A fork was born (BGSAVE, AOF rewrite, or a full sync to a replica):
+/// before a replica can receive anything, its sync forks, so this is where
+/// the replication shortcut is re-checked (see `propagation`) without
+/// looking at every command.
+pub extern "C" fn on_fork(
     ctx: Ctx,
-    _type: c_int,
-    event: *const c_char,
-    key: RString,
-) -> c_int {
-    guard("the keyspace event", (), || {
-        if event.is_null() || key.is_null() {
+    _event: raw::RedisModuleEvent,
+    subevent: u64,
+    _data: *mut c_void,
+) {
+    guard("the fork event", (), || {
+        if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
+            propagation::check_replication_state(ctx);
+        }
+    })
+}
+
+/// A replica came online or went away.
+pub extern "C" fn on_replica_change(
+    _ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    guard("the replica event", (), propagation::replicas_possible)
+}
+
+/// Type callback: a lock key left the keyspace (DEL, UNLINK, overwrite,
+/// a user's EXPIRE coming due, eviction, MOVE, RENAME). Its waiters are
+/// looked at again from the timer; it may run inside the engine (a grant
+/// that replaces a value frees the old one), so it only queues.
+pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const c_void) {
+    guard("unlink", (), || {
+        if engine::waiters_total() == 0 {
             return;
         }
-        let event = unsafe { std::ffi::CStr::from_ptr(event) }.to_bytes();
-        if event == b"expired" {
-            if keyspace_events::was_lock(ctx, unsafe { string_bytes(key) }) {
-                notify_lock_event(ctx, lock_events::EXPIRE, key);
-            }
-            return;
-        }
-        keyspace_events::forget_unlinked();
-        if !matches!(event, b"restore" | b"expire" | b"persist") {
-            return;
-        }
-        // No lock on the node (a RESTOREd one is counted before its event):
-        // a TTL change cannot be a lock's, and other writes with a TTL skip
-        // opening the key.
-        if STATS.locks.load(Relaxed) <= 0 {
-            return;
-        }
-        let Ok(slot) = LockKey::peek(ctx, key) else {
-            return;
+        let key: Key = unsafe {
+            let name = api!(RedisModule_GetKeyNameFromOptCtx)(opt);
+            let db = api!(RedisModule_GetDbIdFromOptCtx)(opt);
+            (db, string_bytes(name.cast_mut()).into())
         };
-        let Some(lock) = slot.stored() else {
-            return;
-        };
-        if event == b"restore" {
-            if let Err(err) = engine::observe_fence(lock.fence) {
-                log_warning(&format!("lock: a RESTOREd lock's fence is refused: {err}"));
-            }
-        }
-        drop(slot);
-        if !SERVER.replica.load(Relaxed) {
-            let name = unsafe { string_bytes(key) };
-            keyspace_events::expiry_changed(engine::key_of(ctx, name));
-        }
-    });
-    0
+        timer::queue(|inbox| inbox.changed.push(key));
+    })
 }
 
 /// Redis 7.0 only (see `blocked`): right before 7.0 sends module replies.
@@ -196,6 +192,8 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         (raw::REDISMODULE_EVENT_FLUSHDB, on_flush),
         (raw::REDISMODULE_EVENT_SWAPDB, on_swapdb),
         (raw::REDISMODULE_EVENT_CONFIG, on_config_change),
+        (raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
+        (raw::REDISMODULE_EVENT_REPLICA_CHANGE, on_replica_change),
     ];
     let before_sleep = blocked::defers_unblocks()
         .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));
@@ -204,16 +202,6 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         if unsafe { subscribe(ctx, event, Some(callback)) } != raw::REDISMODULE_OK as c_int {
             return Err("failed to subscribe to a server event");
         }
-    }
-    let keyspace = unsafe {
-        api!(RedisModule_SubscribeToKeyspaceEvents)(
-            ctx,
-            (raw::REDISMODULE_NOTIFY_GENERIC | raw::REDISMODULE_NOTIFY_EXPIRED) as c_int,
-            Some(on_keyspace_event),
-        )
-    };
-    if keyspace != raw::REDISMODULE_OK as c_int {
-        return Err("failed to subscribe to keyspace events");
     }
     Ok(())
 }

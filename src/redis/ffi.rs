@@ -295,6 +295,34 @@ pub fn in_cluster(ctx: Ctx) -> bool {
 }
 
 /// The text of `CLUSTER NODES`, or None if it cannot be read.
+/// `CONFIG GET name`'s value, through RM_Call.
+pub fn config_get(ctx: Ctx, name: &std::ffi::CStr) -> Option<String> {
+    unsafe {
+        let reply = raw::RedisModule_Call?(
+            ctx,
+            c"CONFIG".as_ptr(),
+            c"cc".as_ptr(),
+            c"GET".as_ptr(),
+            name.as_ptr(),
+        );
+        if reply.is_null() {
+            return None;
+        }
+        // [name, value] (RESP2) or a map: the value is the second element.
+        let value = api!(RedisModule_CallReplyArrayElement)(reply, 1);
+        let text = (!value.is_null()).then(|| {
+            let mut len = 0usize;
+            let ptr = api!(RedisModule_CallReplyStringPtr)(value, &mut len);
+            (!ptr.is_null()).then(|| {
+                String::from_utf8_lossy(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
+                    .into_owned()
+            })
+        });
+        api!(RedisModule_FreeCallReply)(reply);
+        text.flatten()
+    }
+}
+
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
     unsafe {
         let reply =

@@ -59,7 +59,7 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
         raw::add_info_field_long_long(
             ctx,
             "grants_paused_ms",
-            engine::with_engine(|n| n.grants_paused_ms(node::now_ms())),
+            engine::with_engine(|n| n.grants_paused_ms(node::mono_ms())),
         );
         raw::add_info_field_long_long(
             ctx,

@@ -1,12 +1,14 @@
-//! A key of the keyspace, seen by the engine as a `LockSlot`.
+//! A key of the keyspace, seen by the engine as a `LockStore`.
 //!
-//! Every change is written with the key's Redis expiry set to the lease's
-//! deadline (so Redis reclaims ended locks like any expired key), signals
+//! A lock key carries no Redis expiry: the lease is the module's (on the
+//! monotonic clock; see `core::time`), and the module reclaims ended locks
+//! itself (`core::node::Node::reclaim`, the `sweep`). Every change signals
 //! the key as modified (WATCH, client-side caching: only real changes do, as
 //! the module sets NO_IMPLICIT_SIGNAL_MODIFIED), and is replicated as an
 //! absolute effect, never as the relative command:
-//! * a grant or renewal as `LOCK._SET key token fence deadline-ms granted-ms`
-//! * a release as `DEL key`
+//! * a grant or renewal as `LOCK._SET key token fence deadline-ms granted-ms`,
+//!   the deadline on the wall clock
+//! * a release, take-back or reclamation as `DEL key`
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
@@ -15,11 +17,16 @@ use std::ptr::{self, NonNull};
 use redis_module::raw;
 
 use super::datatype::{self, LockBlock, LOCK_TYPE};
-use super::ffi::{api, Ctx, RString};
-use super::node::new_lease;
+use super::ffi::{api, lock_events, notify_lock_event, Ctx, RString};
+use super::node::{self, new_lease};
 use super::propagation;
 use crate::core::error::LockError;
-use crate::core::lock::{Lock, LockSlot};
+use crate::core::lock::{Lock, LockStore, Removal};
+use crate::core::time::{self, Now};
+
+/// How close a Redis expiry must be to the lease's end to be an earlier
+/// build's (see `drop_legacy_expiry`).
+pub const LEGACY_SLACK_MS: i64 = 10;
 
 pub struct LockKey {
     ctx: Ctx,
@@ -38,17 +45,6 @@ impl LockKey {
             raw::REDISMODULE_READ
         };
         Self::open_mode(ctx, name, mode)
-    }
-
-    /// Reads a key the user touched, for the module's own bookkeeping
-    /// (keyspace events): without counting as an access, so RESTORE's
-    /// IDLETIME/FREQ and the key's LRU/LFU stay as the user left them.
-    pub fn peek(ctx: Ctx, name: RString) -> Result<Self, LockError> {
-        Self::open_mode(
-            ctx,
-            name,
-            raw::REDISMODULE_READ | raw::REDISMODULE_OPEN_KEY_NOTOUCH,
-        )
     }
 
     fn open_mode(ctx: Ctx, name: RString, mode: u32) -> Result<Self, LockError> {
@@ -76,19 +72,16 @@ impl LockKey {
         self.key != NonNull::dangling()
     }
 
-    /// Stores `lock` under the key with its expiry, without replicating:
-    /// used directly when applying a replicated or AOF effect.
+    /// Stores a lock under the key, without replicating or reporting: used
+    /// directly when applying a replicated or AOF effect. `deadline_ms` is on
+    /// this node's monotonic clock.
     pub fn write(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
         let lease = new_lease();
         match self.stored() {
-            // Same token: update in place, no allocation. (A different value
-            // is freed, and counted there if it had expired.)
-            Some(current) if current.token == token => {
-                if !current.is_live(super::node::now_ms()) {
-                    super::node::lease_ended(&current);
-                }
-                unsafe { LockBlock::set(self.value, fence, deadline_ms, granted_ms, lease) };
-            }
+            // Same token: update in place, no allocation.
+            Some(current) if current.token == token => unsafe {
+                LockBlock::set(self.value, fence, deadline_ms, granted_ms, lease)
+            },
             _ => {
                 let value = LockBlock::new(Lock {
                     fence,
@@ -107,28 +100,34 @@ impl LockKey {
                 self.value = value;
             }
         }
-        self.set_expiry(deadline_ms);
         self.signal_modified();
     }
 
-    /// Makes the key's Redis expiry equal the lease's deadline again (after
-    /// EXPIRE, PERSIST or RESTORE changed it), or removes a lock whose lease
-    /// has ended. Replicated like any change. True if it changed anything.
-    pub fn restore_expiry(&mut self, now_ms: i64) -> bool {
+    /// A key written by a build that gave lock keys a Redis expiry equal to
+    /// the lease's deadline keeps it until it is renewed or swept: drop it
+    /// then (replicated as PERSIST), so Redis never cuts a renewed lease
+    /// short. An expiry at another time is a user's administrative delete
+    /// and stays.
+    pub fn drop_legacy_expiry(&mut self, now: Now) {
         let Some(lock) = self.stored() else {
-            return false;
+            return;
         };
-        if !lock.is_live(now_ms) {
-            self.remove();
-            return true;
-        }
         let expiry = unsafe { api!(RedisModule_GetAbsExpire)(self.key.as_ptr()) };
-        if expiry == lock.deadline_ms {
-            return false;
+        if expiry < 0
+            || (expiry - time::wall_deadline(lock.deadline_ms, now)).abs() > LEGACY_SLACK_MS
+        {
+            return;
         }
-        self.set_expiry(lock.deadline_ms);
-        self.replicate_set();
-        true
+        unsafe {
+            api!(RedisModule_SetExpire)(self.key.as_ptr(), raw::REDISMODULE_NO_EXPIRE as i64)
+        };
+        if propagation::effects_needed() {
+            unsafe {
+                api!(RedisModule_Replicate)(self.ctx, c"PERSIST".as_ptr(), c"s".as_ptr(), self.name)
+            };
+        } else {
+            self.count_write();
+        }
     }
 
     /// Nothing can receive an effect now (see `propagation`): only count the
@@ -138,15 +137,13 @@ impl LockKey {
         unsafe { api!(RedisModule_ReplicateVerbatim)(self.ctx) };
     }
 
-    fn set_expiry(&self, deadline_ms: i64) {
-        unsafe { api!(RedisModule_SetAbsExpire)(self.key.as_ptr(), deadline_ms) };
-    }
-
     fn signal_modified(&self) {
         unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx, self.name) };
     }
 
-    fn replicate_set(&self) {
+    /// Replicates the lock as `LOCK._SET key token fence deadline-ms
+    /// granted-ms`, its deadline on the wall clock.
+    fn replicate_set(&self, now: Now) {
         let Some(lock) = self.stored() else {
             return;
         };
@@ -162,65 +159,70 @@ impl LockKey {
                 lock.token.as_ptr(),
                 lock.token.len(),
                 lock.fence,
-                lock.deadline_ms,
+                time::wall_deadline(lock.deadline_ms, now),
                 lock.granted_ms,
             )
         };
     }
 }
 
-impl LockSlot for LockKey {
+impl LockStore for LockKey {
     fn stored(&self) -> Option<Lock<'_>> {
         if self.value.is_null() {
             return None;
         }
         // The block lives as long as the key holds it: at least while this
-        // slot has the key open and has not replaced or deleted it.
+        // store has the key open and has not replaced or deleted it.
         Some(unsafe { LockBlock::view(self.value) })
     }
 
-    fn put(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
-        // A lease that ended but whose key Redis has not expired yet (its
-        // expiry is strict: at the deadline millisecond the key is still
-        // there) is replaced here: say so, as Redis's expiry would have.
-        if self
-            .stored()
-            .is_some_and(|held| !held.is_live(super::node::now_ms()))
-        {
-            super::ffi::notify_lock_event(self.ctx, super::ffi::lock_events::EXPIRE, self.name);
+    fn put(
+        &mut self,
+        token: &[u8],
+        fence: i64,
+        deadline_ms: i64,
+        granted_ms: i64,
+        replaces_ended: bool,
+    ) {
+        let now = node::conversion_now();
+        if replaces_ended {
+            if let Some(ended) = self.stored() {
+                node::lease_ended(&ended, now);
+            }
+            notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
+        } else {
+            self.drop_legacy_expiry(now);
         }
         self.write(token, fence, deadline_ms, granted_ms);
-        self.replicate_set();
+        self.replicate_set(now);
     }
 
     fn renew(&mut self, deadline_ms: i64) {
+        let now = node::conversion_now();
+        self.drop_legacy_expiry(now);
         if let Some(lock) = self.stored() {
             let (fence, granted_ms) = (lock.fence, lock.granted_ms);
             unsafe { LockBlock::set(self.value, fence, deadline_ms, granted_ms, new_lease()) };
-            self.set_expiry(deadline_ms);
             self.signal_modified();
-            self.replicate_set();
+            self.replicate_set(now);
         }
     }
 
-    fn remove(&mut self) {
-        if self.value.is_null() {
+    fn remove(&mut self, why: Removal) {
+        let Some(lock) = self.stored() else {
             return;
+        };
+        let now = node::conversion_now();
+        match why {
+            Removal::Released | Removal::TakenBack => node::lease_released(&lock, now),
+            Removal::Ended => node::lease_ended(&lock, now),
         }
-        let lock = unsafe { LockBlock::view(self.value) };
-        let now_ms = super::node::now_ms();
-        let live = lock.is_live(now_ms);
-        if live && lock.granted_ms > 0 {
-            super::node::record_hold(now_ms - lock.granted_ms);
-        }
-        // The free callback need not read the clock to decide whether a
-        // lease ran out.
-        datatype::RELEASING_LIVE_LOCK.set(live);
-        datatype::MODULE_REMOVING.set(true);
         unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
-        datatype::MODULE_REMOVING.set(false);
-        datatype::RELEASING_LIVE_LOCK.set(false);
+        self.value = ptr::null_mut();
         self.signal_modified();
+        if why == Removal::Ended {
+            notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
+        }
         if propagation::effects_needed() {
             unsafe {
                 api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name)
@@ -228,7 +230,6 @@ impl LockSlot for LockKey {
         } else {
             self.count_write();
         }
-        self.value = ptr::null_mut();
     }
 }
 

@@ -2,13 +2,13 @@
 //! Dependencies run one way, top to bottom; `crate::module` wires them.
 //!
 //! * `commands`  — the command table and one handler per command
-//! * `events`    — server events and keyspace notifications
+//! * `events`    — server events and the type's unlink callback
 //! * `engine`    — the server's one `core::node::Node` (every lock
 //!   decision), its options, the server's conditions, delivering outcomes
 //! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
 //! * `timer`     — the one module timer and its inbox of inputs
-//! * `keyspace_events` — lock keys that Redis unlinks, expires or re-times
-//! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockSlot`;
+//! * `sweep`     — the background reclamation of ended locks
+//! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockStore`;
 //!   every change it makes is replicated as an absolute effect
 //! * `datatype`  — the `redislock` data type: RDB/AOF persistence, digest,
 //!   memory usage (the persistence format is documented there)
@@ -25,7 +25,7 @@ pub mod events;
 pub mod ffi;
 pub mod info;
 pub mod keyspace;
-pub mod keyspace_events;
 pub mod node;
 pub mod propagation;
+pub mod sweep;
 pub mod timer;

@@ -6,21 +6,67 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use crate::core::histogram;
+use crate::core::lock::Lock;
+use crate::core::time::{self, Now};
 
-pub fn now_ms() -> i64 {
-    now_us() / 1000
+/// Both clocks (see `core::time`): the monotonic one for leases, BLOCK
+/// timeouts, the restart delay and timers; the wall clock for fencing
+/// tokens and grant times.
+pub fn now() -> Now {
+    Now {
+        mono_us: clock_us(libc::CLOCK_MONOTONIC),
+        wall_us: clock_us(libc::CLOCK_REALTIME),
+    }
 }
 
-/// Wall-clock Unix time in microseconds. Read straight from clock_gettime
-/// (a vDSO call): SystemTime's checked conversions cost a grant more than
-/// the clock itself.
-pub fn now_us() -> i64 {
+/// The wall clock minus the monotonic one (ms), as deadlines are converted
+/// with (`conversion_now`); i64::MIN before the first read.
+static WALL_OFFSET_MS: AtomicI64 = AtomicI64::new(i64::MIN);
+
+/// How far the clocks may drift apart before conversions follow them.
+const OFFSET_DRIFT_MS: i64 = 5;
+
+/// [`now`] as deadlines are converted between the clocks (persisted,
+/// replicated and loaded): the wall clock read as the monotonic clock plus
+/// an offset that changes only when the clocks move apart by more than a
+/// few ms (a step, or slewing adding up). So the same lease is written out
+/// with the same wall-clock deadline every time (RDB, DUMP, AOF, the
+/// replication stream), to within that much of the true wall clock.
+pub fn conversion_now() -> Now {
+    let now = now();
+    let offset = now.wall_ms() - now.mono_ms();
+    let cached = WALL_OFFSET_MS.load(Relaxed);
+    let offset = if cached != i64::MIN && (offset - cached).abs() <= OFFSET_DRIFT_MS {
+        cached
+    } else {
+        WALL_OFFSET_MS.store(offset, Relaxed);
+        offset
+    };
+    Now {
+        mono_us: now.mono_us,
+        wall_us: now.mono_us + offset * 1000,
+    }
+}
+
+/// The monotonic clock in ms (leases, timeouts, timers).
+pub fn mono_ms() -> i64 {
+    clock_us(libc::CLOCK_MONOTONIC) / 1000
+}
+
+/// Unix time in µs (fencing tokens).
+pub fn wall_us() -> i64 {
+    clock_us(libc::CLOCK_REALTIME)
+}
+
+/// Read straight from clock_gettime (a vDSO call): SystemTime's checked
+/// conversions cost a grant more than the clock itself.
+fn clock_us(clock: libc::clockid_t) -> i64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // CLOCK_REALTIME with a valid pointer cannot fail.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    // SAFETY: a valid clock id and a valid pointer: it cannot fail.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
 }
 
@@ -84,12 +130,19 @@ pub fn record_hold(held_ms: i64) {
     HOLD_TIMES.record(held_ms);
 }
 
-/// A lease ran out (the lock is being removed or replaced after its
-/// deadline): an expiration, held from its grant to its deadline.
-pub fn lease_ended(lock: &crate::core::lock::Lock<'_>) {
+/// A lease ran out (the lock is reclaimed, or replaced by a grant): an
+/// expiration, held from its grant to its deadline.
+pub fn lease_ended(lock: &Lock<'_>, now: Now) {
     count(&STATS.expirations);
     if lock.granted_ms > 0 {
-        record_hold(lock.deadline_ms - lock.granted_ms);
+        record_hold(time::wall_deadline(lock.deadline_ms, now) - lock.granted_ms);
+    }
+}
+
+/// A holder let go (released, or its undelivered grant was taken back).
+pub fn lease_released(lock: &Lock<'_>, now: Now) {
+    if lock.granted_ms > 0 {
+        record_hold(now.wall_ms() - lock.granted_ms);
     }
 }
 
@@ -132,7 +185,8 @@ pub static HOLD_TIMES: Histogram = Histogram::new();
 pub struct ServerState {
     /// This node is a replica: it refuses lock writes.
     pub replica: AtomicBool,
-    /// maxmemory is set with a policy that can evict keys, and so held locks.
+    /// maxmemory is set with an `allkeys-*` policy, which can evict held
+    /// locks (`volatile-*` never picks a key without a Redis expiry).
     pub evictable: AtomicBool,
     /// maxmemory is set: new grants check for OOM.
     pub maxmemory: AtomicBool,

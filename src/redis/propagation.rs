@@ -15,16 +15,19 @@
 //! from false to true until restart:
 //! * the AOF is on (read at load, after loading, on role changes and after
 //!   every CONFIG change, which is how it is turned on at runtime);
-//! * a SYNC or PSYNC was ever received (a command filter): the replication
-//!   backlog is created there, and only there, on a master;
+//! * at every fork, INFO replication shows a backlog or a replica: a
+//!   replica's full sync forks before it receives anything, and what was
+//!   written before its fork reaches it in the snapshot, never as a command
+//!   (no command filter: commands that touch no lock run no module code);
 //! * the node was ever a replica, or changed replication role;
+//! * a replica came online (the replica-change event);
 //! * at load, INFO replication shows a backlog or connected replicas.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw;
 
-use super::ffi::{api, context_flags, guard, string_bytes, Ctx};
+use super::ffi::{context_flags, Ctx};
 
 static MAY_HAVE_REPLICAS: AtomicBool = AtomicBool::new(false);
 
@@ -50,23 +53,9 @@ pub fn refresh_aof_state(ctx: Ctx) {
     );
 }
 
-/// At load: watch for replicas attaching, and look at the replication state
-/// the server already has.
-pub fn init(ctx: Ctx) -> Result<(), &'static str> {
-    let register = unsafe { raw::RedisModule_RegisterCommandFilter }
-        .ok_or("RedisModule_RegisterCommandFilter is not available")?;
-    let filter = unsafe {
-        register(
-            ctx,
-            Some(on_command),
-            raw::REDISMODULE_CMDFILTER_NOSELF as i32,
-        )
-    };
-    if filter.is_null() {
-        return Err("could not register the command filter");
-    }
+/// At load: look at the replication state the server already has.
+pub fn init(ctx: Ctx) {
     check_replication_state(ctx);
-    Ok(())
 }
 
 /// Reads INFO replication; anything but "a master with no backlog and no
@@ -99,21 +88,4 @@ pub fn check_replication_state(ctx: Ctx) {
             replicas_possible();
         }
     }
-}
-
-/// Command filter: sees every command before it runs.
-extern "C" fn on_command(fctx: *mut raw::RedisModuleCommandFilterCtx) {
-    if MAY_HAVE_REPLICAS.load(Relaxed) {
-        return;
-    }
-    guard("the command filter", (), || unsafe {
-        let name = api!(RedisModule_CommandFilterArgGet)(fctx, 0);
-        if name.is_null() {
-            return;
-        }
-        let name = string_bytes(name);
-        if name.eq_ignore_ascii_case(b"psync") || name.eq_ignore_ascii_case(b"sync") {
-            replicas_possible();
-        }
-    })
 }

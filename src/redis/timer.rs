@@ -22,23 +22,19 @@ use super::ffi::{
 use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
 use crate::core::cluster;
-use crate::core::lock;
-use crate::core::node::{Conditions, Served, RETRY_MS};
+use crate::core::node::{Conditions, Served};
 
 /// Inputs for the next timer run.
 #[derive(Default)]
 pub struct Inbox {
     /// Keys whose lock may have changed (DEL, UNLINK, overwrite, flush, ...).
     pub changed: Vec<Key>,
-    /// Keys whose Redis expiry may no longer match the lease.
-    pub expiry: Vec<Key>,
     /// Grants whose reply never reached their client: (key, fence, lease).
     pub undelivered: Vec<(Key, i64, u64)>,
 }
 
 static INBOX: Mutex<Inbox> = Mutex::new(Inbox {
     changed: Vec::new(),
-    expiry: Vec::new(),
     undelivered: Vec::new(),
 });
 
@@ -63,7 +59,7 @@ pub fn init(ctx: Ctx) -> Result<(), &'static str> {
 /// Puts an input in the inbox and has the timer run at once.
 pub fn queue(f: impl FnOnce(&mut Inbox)) {
     f(&mut locked(&INBOX));
-    arm_at(node::now_ms());
+    arm_at(node::mono_ms());
 }
 
 /// Arms the timer for the node's next wake-up.
@@ -73,7 +69,7 @@ pub fn rearm() {
     }
 }
 
-/// Makes sure the timer runs at `at_ms` or earlier.
+/// Makes sure the timer runs at `at_ms` (monotonic) or earlier.
 fn arm_at(at_ms: i64) {
     let ctx = TIMER_CTX.load(Relaxed);
     if ctx.is_null() {
@@ -89,7 +85,8 @@ fn arm_at(at_ms: i64) {
     }
     // Round up so the timer never runs before `at_ms` has passed. at_ms is
     // bounded (limits::MAX_DEADLINE_MS), so this cannot overflow.
-    let period_ms = ((at_ms.saturating_mul(1000) - node::now_us()).max(0) + 999) / 1000;
+    let now_us = node::now().mono_us;
+    let period_ms = ((at_ms.saturating_mul(1000) - now_us).max(0) + 999) / 1000;
     let id = unsafe {
         api!(RedisModule_CreateTimer)(ctx, period_ms, Some(on_timer), std::ptr::null_mut())
     };
@@ -99,8 +96,8 @@ fn arm_at(at_ms: i64) {
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     guard("the hand-off timer", (), || {
         *locked(&TIMER) = None;
-        let now_us = node::now_us();
-        let now_ms = lock::ms(now_us);
+        let now = node::now();
+        let now_ms = now.mono_ms();
         let inbox = std::mem::take(&mut *locked(&INBOX));
         let mut cond = engine::conditions(ctx, false);
         cond.set(Conditions::REPLICA, is_replica(ctx));
@@ -113,35 +110,22 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
             for (key, fence, lease) in inbox.undelivered {
                 n.undelivered(key, fence, lease, now_ms);
             }
-            n.timer(cond, now_us)
+            n.timer(cond, now)
         });
         // Timeouts write nothing: they go out even while writes must wait.
         engine::deliver_wakes(ctx, None);
         let blocked = cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED);
         if blocked {
-            // On a replica the master fixes expiries; while writes are
-            // paused, try again shortly.
-            if !cond.contains(Conditions::REPLICA) && !inbox.expiry.is_empty() {
-                locked(&INBOX).expiry.extend(inbox.expiry);
-                arm_at(now_ms + RETRY_MS);
-            }
             return rearm();
-        }
-        for key in &inbox.expiry {
-            run_in_db(ctx, key, |name| {
-                if let Ok(mut slot) = LockKey::open(ctx, name, true) {
-                    slot.restore_expiry(now_ms);
-                }
-            });
         }
         for (key, fence, lease) in &work.take_backs {
             run_in_db(ctx, key, |name| {
-                let Ok(mut slot) = LockKey::open(ctx, name, true) else {
+                let Ok(mut store) = LockKey::open(ctx, name, true) else {
                     return;
                 };
-                if engine::with_engine(|n| n.take_back(&mut slot, *fence, *lease, now_ms)) {
+                if engine::with_engine(|n| n.take_back(&mut store, *fence, *lease, now_ms)) {
                     count(&STATS.take_backs);
-                    drop(slot);
+                    drop(store);
                     notify_lock_event(ctx, lock_events::RELEASE, name);
                 }
             });
@@ -150,10 +134,10 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
         for key in &work.settle {
             run_in_db(ctx, key, |name| {
                 let served = cluster.served(ctx, name, key);
-                let mut slot = LockKey::open(ctx, name, true);
-                let slot = slot.as_mut().map_err(|e| e.clone());
+                let mut store = LockKey::open(ctx, name, true);
+                let store = store.as_mut().map_err(|e| e.clone());
                 let mut acl = WaiterAcl { ctx, name };
-                engine::with_engine(|n| n.settle(key, slot, served, cond, &mut acl, now_us));
+                engine::with_engine(|n| n.settle(key, store, served, cond, &mut acl, now));
                 engine::deliver_wakes(ctx, Some(name));
             });
         }
@@ -215,7 +199,7 @@ pub fn flushed(db: i32) {
     if engine::waiters_total() == 0 {
         return;
     }
-    let now_ms = node::now_ms();
+    let now_ms = node::mono_ms();
     engine::with_engine(|n| n.keys_changed(|k| db < 0 || k.0 == db, now_ms));
     rearm();
 }
@@ -226,7 +210,7 @@ pub fn swapped(a: i32, b: i32) {
     if engine::waiters_total() == 0 {
         return;
     }
-    let now_ms = node::now_ms();
+    let now_ms = node::mono_ms();
     let swap = |(db, name): &Key| {
         let db = match *db {
             d if d == a => b,

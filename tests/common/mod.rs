@@ -890,6 +890,20 @@ pub fn extend(c: &mut Connection, key: &str, token: &str, ttl: i64) -> i64 {
         .unwrap()
 }
 
+/// What is left of the lock's lease, ms (LOCK.INFO's `ttl`; -2 when no lock
+/// is held). Lock keys carry no Redis expiry: PTTL says -1.
+pub fn lease_ms(c: &mut Connection, key: &str) -> i64 {
+    let info: Option<Vec<Value>> = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
+    let Some(info) = info else {
+        return -2;
+    };
+    let at = info
+        .iter()
+        .position(|v| matches!(v, Value::BulkString(b) if b == b"ttl"))
+        .expect("LOCK.INFO has a ttl");
+    redis::from_redis_value(&info[at + 1]).unwrap()
+}
+
 pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
     redis::cmd("LOCK.FENCE").arg(key).query(c).unwrap()
 }

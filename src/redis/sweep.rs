@@ -1,0 +1,195 @@
+//! The background sweep: finds locks whose lease ended and has the node
+//! reclaim them (a replicated DEL, a `lock.expire` event, counted), so no
+//! ended lock stays in the keyspace, wherever it went (RENAME, MOVE,
+//! SWAPDB, a restart).
+//!
+//! Lock keys carry no Redis expiry, and the module keeps no per-lock index
+//! (it would make every lock bigger): the sweep walks the keyspace with
+//! RM_Scan, a slice of at most [`SLICE_US`] at a time, only while the node
+//! holds locks. A slice that ran out of time (more to do) comes back after
+//! [`BUSY_GAP_MS`]; otherwise the next slice is [`IDLE_GAP_MS`] away. Keys
+//! with waiters do not depend on it: their hand-off is timed by the node.
+
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Mutex;
+
+use redis_module::raw;
+
+use super::datatype::{LockBlock, LOCK_TYPE};
+use super::engine::{self, Key, WaiterAcl};
+use super::ffi::{api, guard, Ctx, RString};
+use super::keyspace::LockKey;
+use super::node::{self, STATS};
+use crate::core::node::Conditions;
+use crate::core::time::{self, Now};
+
+/// The longest slice of sweeping, µs: a command waits at most this long.
+pub const SLICE_US: i64 = 1_000;
+/// Between slices while there is more to reclaim.
+pub const BUSY_GAP_MS: i64 = 1;
+/// Between slices otherwise.
+pub const IDLE_GAP_MS: i64 = 100;
+
+/// Where the sweep is: the db and its scan cursor.
+struct Position {
+    db: i32,
+    cursor: *mut raw::RedisModuleScanCursor,
+}
+
+// SAFETY: the cursor is created, used and destroyed on Redis's main thread
+// only (timer callbacks); the Mutex is for Rust's statics.
+unsafe impl Send for Position {}
+
+static POSITION: Mutex<Option<Position>> = Mutex::new(None);
+
+/// Starts the sweep's timer (once, at load).
+pub fn start(ctx: Ctx) {
+    arm(ctx, IDLE_GAP_MS);
+}
+
+fn arm(ctx: Ctx, after_ms: i64) {
+    // SAFETY: ctx is the context Redis gave this module (load or timer).
+    unsafe { api!(RedisModule_CreateTimer)(ctx, after_ms, Some(on_tick), std::ptr::null_mut()) };
+}
+
+/// Keys whose lock ended, found by one RM_Scan step.
+struct Found {
+    now: Now,
+    ended: Vec<Box<[u8]>>,
+    /// Live locks with a Redis expiry at their lease's end (written by an
+    /// earlier build): the expiry is dropped.
+    legacy: Vec<Box<[u8]>>,
+}
+
+extern "C" fn on_tick(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    let busy = guard("the lock sweep", false, || sweep(ctx));
+    arm(ctx, if busy { BUSY_GAP_MS } else { IDLE_GAP_MS });
+}
+
+/// One slice. True when it stopped for time, with more to do.
+fn sweep(ctx: Ctx) -> bool {
+    if STATS.locks.load(Relaxed) <= 0 {
+        return false;
+    }
+    let mut cond = engine::conditions(ctx, false);
+    cond.set(Conditions::REPLICA, super::ffi::is_replica(ctx));
+    cond.set(Conditions::WRITES_PAUSED, super::ffi::writes_paused());
+    if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+        return false; // the master reclaims; or later
+    }
+    let started = node::conversion_now();
+    let mut guard_pos = POSITION.lock().unwrap_or_else(|p| p.into_inner());
+    let pos = guard_pos.get_or_insert_with(|| Position {
+        db: 0,
+        // SAFETY: a plain allocation by Redis, destroyed never (one per process).
+        cursor: unsafe { api!(RedisModule_ScanCursorCreate)() },
+    });
+    let mut dbs_passed = 0;
+    loop {
+        // SAFETY: ctx is the timer's context.
+        if unsafe { api!(RedisModule_SelectDb)(ctx, pos.db) } != raw::REDISMODULE_OK as c_int {
+            // Past the last db: start over at 0.
+            pos.db = 0;
+            // SAFETY: the cursor is ours.
+            unsafe { api!(RedisModule_ScanCursorRestart)(pos.cursor) };
+            dbs_passed += 1;
+            if dbs_passed > 1 {
+                return false; // every db scanned within this slice
+            }
+            continue;
+        }
+        let mut found = Found {
+            now: node::conversion_now(),
+            ended: Vec::new(),
+            legacy: Vec::new(),
+        };
+        // SAFETY: ctx and cursor are valid; `found` outlives the call.
+        let more = unsafe {
+            api!(RedisModule_Scan)(
+                ctx,
+                pos.cursor,
+                Some(on_key),
+                (&mut found as *mut Found).cast(),
+            )
+        } != 0;
+        for name in &found.ended {
+            reclaim(ctx, pos.db, name);
+        }
+        for name in &found.legacy {
+            drop_legacy_expiry(ctx, name, found.now);
+        }
+        if !more {
+            pos.db += 1;
+            // SAFETY: the cursor is ours.
+            unsafe { api!(RedisModule_ScanCursorRestart)(pos.cursor) };
+        }
+        if node::conversion_now().mono_us - started.mono_us >= SLICE_US {
+            return true;
+        }
+    }
+}
+
+/// RM_Scan's callback: notes a lock whose lease has ended.
+unsafe extern "C" fn on_key(
+    _ctx: Ctx,
+    name: RString,
+    key: *mut raw::RedisModuleKey,
+    data: *mut c_void,
+) {
+    // SAFETY: `data` is the `Found` of `sweep`, alive during RM_Scan.
+    let found = unsafe { &mut *data.cast::<Found>() };
+    if key.is_null() {
+        return;
+    }
+    // SAFETY: `key` is the open key Redis hands the callback.
+    let ours = unsafe {
+        api!(RedisModule_KeyType)(key) as isize == raw::REDISMODULE_KEYTYPE_MODULE
+            && api!(RedisModule_ModuleTypeGetType)(key) == LOCK_TYPE.get()
+    };
+    if !ours {
+        return;
+    }
+    // SAFETY: the key holds our type, so its value is a LockBlock.
+    let lock = unsafe { LockBlock::view(api!(RedisModule_ModuleTypeGetValue)(key).cast()) };
+    // SAFETY: `name` is valid during the callback; copied out.
+    let name = || -> Box<[u8]> { unsafe { super::ffi::string_bytes(name) }.into() };
+    if !lock.is_live(found.now.mono_ms()) {
+        found.ended.push(name());
+        return;
+    }
+    // SAFETY: as above.
+    let expiry = unsafe { api!(RedisModule_GetAbsExpire)(key) };
+    let slack = super::keyspace::LEGACY_SLACK_MS;
+    if expiry >= 0 && (expiry - time::wall_deadline(lock.deadline_ms, found.now)).abs() <= slack {
+        found.legacy.push(name());
+    }
+}
+
+/// Opens `name` (in the selected db) for writing and drops a legacy expiry.
+fn drop_legacy_expiry(ctx: Ctx, name: &[u8], now: Now) {
+    // SAFETY: ctx is the timer's context; the string is freed below.
+    let rname = unsafe { api!(RedisModule_CreateString)(ctx, name.as_ptr().cast(), name.len()) };
+    if let Ok(mut store) = LockKey::open(ctx, rname, true) {
+        store.drop_legacy_expiry(now);
+    }
+    // SAFETY: created above.
+    unsafe { api!(RedisModule_FreeString)(ctx, rname) };
+}
+
+/// Opens `name` in `db` for writing and lets the node reclaim it.
+fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
+    let key: Key = (db, name.into());
+    // SAFETY: ctx is the timer's context; the string is freed below.
+    let rname = unsafe { api!(RedisModule_CreateString)(ctx, name.as_ptr().cast(), name.len()) };
+    if let Ok(mut store) = LockKey::open(ctx, rname, true) {
+        let now = node::conversion_now();
+        let cond = engine::conditions(ctx, false);
+        let mut acl = WaiterAcl { ctx, name: rname };
+        engine::with_engine(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
+        drop(store);
+        engine::deliver_wakes(ctx, Some(rname));
+    }
+    // SAFETY: created above.
+    unsafe { api!(RedisModule_FreeString)(ctx, rname) };
+}

