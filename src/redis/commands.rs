@@ -367,7 +367,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     // The master's deadline is on the wall clock: this node keeps it on its
     // monotonic clock from now on.
     let deadline_ms = datatype::local_deadline(a.deadline_ms, a.granted_ms, node::conversion_now());
-    store.write(a.token, a.fence, deadline_ms, a.granted_ms);
+    store.apply(a.token, a.fence, deadline_ms, a.granted_ms);
     engine::observe_fence(a.fence)?;
     unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
     Ok(Reply::Ok)

@@ -75,7 +75,7 @@ impl LockKey {
     /// Stores a lock under the key, without replicating or reporting: used
     /// directly when applying a replicated or AOF effect. `deadline_ms` is on
     /// this node's monotonic clock.
-    pub fn write(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
+    pub fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
         let lease = new_lease();
         match self.stored() {
             // Same token: update in place, no allocation.
@@ -193,7 +193,7 @@ impl LockStore for LockKey {
         } else {
             self.drop_legacy_expiry(now);
         }
-        self.write(token, fence, deadline_ms, granted_ms);
+        self.apply(token, fence, deadline_ms, granted_ms);
         self.replicate_set(now);
     }
 
