@@ -103,20 +103,41 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
 }
 
 /// A lock as the keyspace stores it: one allocation holding
-/// `fence | deadline_ms | granted_ms | lease | token length | token bytes`,
-/// so a grant costs one allocation (a 36-byte token: a 72-byte block).
-/// Always handled through raw pointers: the token lies past the struct.
+/// `fence | deadline_ms + lease | granted_ms | token length | token bytes`,
+/// so a grant costs one allocation (a 36-byte token: a 64-byte block, the
+/// allocator's 64-byte class: smaller, with no Redis expiry entry, than a
+/// `SET NX PX` key of the same token). Always handled through raw pointers:
+/// the token lies past the struct.
 #[repr(C)]
 pub struct LockBlock {
     fence: i64,
-    deadline_ms: i64,
+    /// The deadline (monotonic ms, 40 bits: 34 years of uptime) and the
+    /// low 24 bits of the lease id (see [`pack`]).
+    deadline_and_lease: u64,
     granted_ms: i64,
-    lease: u64,
     len: u32,
     token: [u8; 0],
 }
 
 const TOKEN_OFFSET: usize = std::mem::offset_of!(LockBlock, token);
+
+/// How many low bits of a lease id a block keeps. A take-back (the one use
+/// of lease ids) matches the fence too and runs at the next timer tick
+/// after its grant: confusing a renewal with the grant would take 16
+/// million grants and renewals node-wide in between.
+const LEASE_BITS: u32 = 24;
+const LEASE_MASK: u64 = (1 << LEASE_BITS) - 1;
+const DEADLINE_MAX: i64 = (1 << (64 - LEASE_BITS)) - 1;
+
+/// A deadline on the monotonic clock (an ended one may be negative: kept
+/// as 0, still ended) and a lease id, in one word.
+fn pack(deadline_ms: i64, lease: u64) -> u64 {
+    ((deadline_ms.clamp(0, DEADLINE_MAX) as u64) << LEASE_BITS) | (lease & LEASE_MASK)
+}
+
+fn unpack(word: u64) -> (i64, u64) {
+    ((word >> LEASE_BITS) as i64, word & LEASE_MASK)
+}
 
 impl LockBlock {
     /// Allocates a block for the keyspace (freed by the type's `free`).
@@ -131,8 +152,7 @@ impl LockBlock {
                 handle_alloc_error(Layout::from_size_align_unchecked(size, 8));
             }
             (*block).fence = lock.fence;
-            (*block).deadline_ms = lock.deadline_ms;
-            (*block).lease = lock.lease;
+            (*block).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
             (*block).granted_ms = lock.granted_ms;
             (*block).len = lock.token.len() as u32;
             let token = block.cast::<u8>().add(TOKEN_OFFSET);
@@ -146,12 +166,13 @@ impl LockBlock {
     /// `block` comes from [`LockBlock::new`] and is not freed during `'a`.
     pub unsafe fn view<'a>(block: *const LockBlock) -> Lock<'a> {
         let token = block.cast::<u8>().add(TOKEN_OFFSET);
+        let (deadline_ms, lease) = unpack((*block).deadline_and_lease);
         Lock {
             fence: (*block).fence,
-            deadline_ms: (*block).deadline_ms,
+            deadline_ms,
             token: std::slice::from_raw_parts(token, (*block).len as usize),
             granted_ms: (*block).granted_ms,
-            lease: (*block).lease,
+            lease,
         }
     }
 
@@ -165,9 +186,8 @@ impl LockBlock {
         lease: u64,
     ) {
         (*block).fence = fence;
-        (*block).deadline_ms = deadline_ms;
+        (*block).deadline_and_lease = pack(deadline_ms, lease);
         (*block).granted_ms = granted_ms;
-        (*block).lease = lease;
     }
 
     /// # Safety
