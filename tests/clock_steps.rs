@@ -169,3 +169,38 @@ fn a_backward_step_extends_no_lease() {
         assert!(fence2.unwrap() > fence1, "{binary}: fences never go back");
     }
 }
+
+/// Module timers fire by the server's wall clock: one armed before the
+/// clock stepped back would fire an hour late. Found by the history
+/// checker (a clock-step fault on Valkey left two waiters unanswered for
+/// 10 s): the hand-off and a BLOCK timeout must still come on time.
+#[test]
+fn a_backward_step_strands_no_waiter() {
+    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+        return;
+    };
+    for binary in servers {
+        let s = SteppedServer::start(&binary);
+        let mut c = s.server.conn();
+        acquire(&mut c, "k", "holder", 800).unwrap();
+        acquire(&mut c, "j", "holder", 60_000).unwrap();
+        let mut handed = RawConn::connect(&s.server);
+        handed.send(&["LOCK.ACQUIRE", "k", "waiter", "1000", "BLOCK", "10000"]);
+        let mut timed_out = RawConn::connect(&s.server);
+        timed_out.send(&["LOCK.ACQUIRE", "j", "waiter", "1000", "BLOCK", "800"]);
+        wait_until(Duration::from_secs(5), || {
+            s.server.info_field("waiters") == 2
+        });
+        s.step("-1h");
+        let granted = handed.read_within(Duration::from_secs(4));
+        assert!(
+            matches!(granted, Some(Resp::Int(_))),
+            "{binary}: the lease's end still hands the lock on: {granted:?}"
+        );
+        let nil = timed_out.read_within(Duration::from_secs(4));
+        assert!(
+            matches!(nil, Some(Resp::Nil)),
+            "{binary}: the BLOCK timeout still comes: {nil:?}"
+        );
+    }
+}

@@ -12,7 +12,7 @@ use redis_module::raw;
 use super::engine::Key;
 use super::ffi::{api, config_get, context_flags, guard, log_warning, string_bytes, Ctx};
 use super::node::SERVER;
-use super::{blocked, engine, propagation, timer};
+use super::{blocked, engine, propagation, sweep, timer};
 
 pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
 
@@ -137,6 +137,20 @@ pub extern "C" fn on_fork(
     })
 }
 
+/// Server cron (1/hz s, on the monotonic event loop): the module's timers
+/// fire by the wall clock; re-arm any that a clock step left far behind.
+pub extern "C" fn on_cron(
+    ctx: Ctx,
+    _event: raw::RedisModuleEvent,
+    _subevent: u64,
+    _data: *mut c_void,
+) {
+    guard("the cron event", (), || {
+        timer::heal();
+        sweep::heal(ctx);
+    })
+}
+
 /// A replica came online or went away.
 pub extern "C" fn on_replica_change(
     _ctx: Ctx,
@@ -194,6 +208,7 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         (raw::REDISMODULE_EVENT_CONFIG, on_config_change),
         (raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
         (raw::REDISMODULE_EVENT_REPLICA_CHANGE, on_replica_change),
+        (raw::REDISMODULE_EVENT_CRON_LOOP, on_cron),
     ];
     let before_sleep = blocked::defers_unblocks()
         .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));

@@ -48,9 +48,35 @@ pub fn start(ctx: Ctx) {
     arm(ctx, IDLE_GAP_MS);
 }
 
+/// The sweep's armed timer: (when it is due, monotonic ms; its id).
+static ARMED: Mutex<Option<(i64, u64)>> = Mutex::new(None);
+
 fn arm(ctx: Ctx, after_ms: i64) {
     // SAFETY: ctx is the context Redis gave this module (load or timer).
-    unsafe { api!(RedisModule_CreateTimer)(ctx, after_ms, Some(on_tick), std::ptr::null_mut()) };
+    let id = unsafe {
+        api!(RedisModule_CreateTimer)(ctx, after_ms, Some(on_tick), std::ptr::null_mut())
+    };
+    *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some((node::mono_ms() + after_ms, id));
+}
+
+/// Server cron: module timers fire by the server's wall clock, so after it
+/// stepped back the sweep's timer could be an hour late. If it is overdue
+/// on the monotonic clock by more than a second, start it again.
+pub fn heal(ctx: Ctx) {
+    let mut armed = ARMED.lock().unwrap_or_else(|p| p.into_inner());
+    let Some((due, id)) = *armed else {
+        return;
+    };
+    if due + 1_000 >= node::mono_ms() {
+        return;
+    }
+    *armed = None;
+    drop(armed);
+    let mut data: *mut c_void = std::ptr::null_mut();
+    // SAFETY: ctx is the cron event's context; the id is ours (a stale id
+    // is refused by Redis, changing nothing).
+    unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+    arm(ctx, 0);
 }
 
 /// Keys whose lock ended, found by one RM_Scan step.
@@ -63,6 +89,7 @@ struct Found {
 }
 
 extern "C" fn on_tick(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+    *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = None;
     let busy = guard("the lock sweep", false, || sweep(ctx));
     arm(ctx, if busy { BUSY_GAP_MS } else { IDLE_GAP_MS });
 }

@@ -62,6 +62,26 @@ pub fn queue(f: impl FnOnce(&mut Inbox)) {
     arm_at(node::mono_ms());
 }
 
+/// How late the timer may be before `heal` re-arms it.
+const LATE_MS: i64 = 50;
+
+/// Server cron (every 1/hz s, on Redis's monotonic event loop): module
+/// timers fire by the server's *wall* clock (RM_CreateTimer adds its period
+/// to it), so a timer armed before the wall clock stepped back would fire
+/// that much late, and waiters would be stranded. If the timer is overdue
+/// on the monotonic clock, it is replaced by one that fires now.
+pub fn heal() {
+    let overdue = locked(&TIMER).is_some_and(|(at, _)| at + LATE_MS < node::mono_ms());
+    if overdue {
+        let ctx = TIMER_CTX.load(Relaxed);
+        if let Some((_, id)) = locked(&TIMER).take() {
+            let mut data: *mut c_void = std::ptr::null_mut();
+            unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+        }
+        arm_at(node::mono_ms());
+    }
+}
+
 /// Arms the timer for the node's next wake-up.
 pub fn rearm() {
     if let Some(at) = engine::with_engine(|n| n.next_wakeup()) {
