@@ -118,9 +118,11 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
 /// (`node::Node::acquire`), made before this is called.
 ///
 /// A holder that asks for a `min_fence` above its own token gets a *fresh*
-/// token, `max(mark + 1, min_fence, now)`: never a token another lock
-/// already holds (the mark may be above `min_fence` already). A contended
-/// or refused ACQUIRE changes nothing, the mark included.
+/// token, `max(mark + 1, min_fence)`: never a token another lock already
+/// holds (the mark may be above `min_fence` already), and exactly
+/// `min_fence` when nothing above it was issued here, so Redlock's second
+/// phase gives the granting nodes one token. A contended or refused ACQUIRE
+/// changes nothing, the mark included.
 pub fn acquire(
     store: &mut impl LockStore,
     fences: &mut impl FenceSource,
@@ -135,7 +137,9 @@ pub fn acquire(
         Some(held) if held.token == token => {
             if min_fence > held.fence {
                 let granted_ms = held.granted_ms;
-                let fence = fresh_fence(fences, min_fence, now.wall_us)?;
+                fences.raise(min_fence - 1, now.wall_us)?;
+                // Above the mark; not moved to the clock (see above).
+                let fence = fences.next_fence(0)?;
                 store.put(token, fence, deadline_ms, granted_ms, false);
                 return Ok(Acquired::Renewed(fence));
             }
@@ -333,7 +337,11 @@ pub mod tests {
             us(T0) + 9,
             Now::same(us(T0 + 70)),
         );
-        assert_eq!(raised, Ok(Acquired::Renewed(us(T0 + 70))), "a fresh token");
+        assert_eq!(
+            raised,
+            Ok(Acquired::Renewed(us(T0) + 9)),
+            "a fresh token, exactly MINFENCE"
+        );
         assert_eq!(
             store.lock.as_ref().unwrap().granted_ms,
             T0,

@@ -222,7 +222,10 @@ impl Reference {
         {
             assert_eq!(h.token, token);
             let fence = if min_fence > h.fence {
-                self.fresh_fence(min_fence, now)
+                // A raised holder: above the mark and MINFENCE, not moved
+                // to the clock.
+                self.hwm = (self.hwm + 1).max(min_fence);
+                self.hwm
             } else {
                 h.fence
             };
