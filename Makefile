@@ -141,7 +141,7 @@ bench-smoke:
 # test`): each target in fuzz/ runs FUZZ_SECONDS (default 60). New inputs go
 # to fuzz/corpus-new/, crashes to fuzz/artifacts/; fuzz/corpus/ is the seed
 # corpus that `make test` runs through the same entry points (core::fuzz).
-# The live fuzzing of a server is tests/fuzz.rs, much longer in `make stress`.
+# The live fuzzing of a server is tests/fuzz/, much longer in `make stress`.
 FUZZ_SECONDS ?= 60
 .PHONY: fuzz
 fuzz:

@@ -4,7 +4,7 @@
 //! `monitor`: read-only on `app:*`), plus the ones an operator might try
 //! instead (`+@all`, category rules, DUMP).
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 
@@ -72,40 +72,6 @@ fn assert_noperm(c: &mut Connection, args: &[&str]) {
     assert!(err.starts_with("NOPERM"), "{args:?} -> {err}");
 }
 
-/// `LOCK.INFO` as (field, value) pairs, RESP2 or RESP3.
-fn info_of(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
-    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    let pairs: Vec<(Value, Value)> = match v {
-        Value::Nil => return None,
-        Value::Array(items) => items
-            .chunks(2)
-            .map(|p| (p[0].clone(), p[1].clone()))
-            .collect(),
-        Value::Map(pairs) => pairs,
-        other => panic!("LOCK.INFO replied {other:?}"),
-    };
-    Some(
-        pairs
-            .into_iter()
-            .map(|(k, v)| (redis::from_redis_value(&k).unwrap(), v))
-            .collect(),
-    )
-}
-
-fn field(info: &[(String, Value)], name: &str) -> Value {
-    info.iter()
-        .find(|(k, _)| k == name)
-        .unwrap_or_else(|| panic!("no {name} in {info:?}"))
-        .1
-        .clone()
-}
-
-/// The holder's token as the admin sees it.
-fn holder(admin: &mut Connection, key: &str) -> Option<String> {
-    let info = info_of(admin, key)?;
-    Some(redis::from_redis_value(&field(&info, "token")).unwrap())
-}
-
 fn wait_waiters(s: &Server, n: i64) {
     wait_until(Duration::from_secs(10), || s.info_field("waiters") == n);
 }
@@ -132,8 +98,8 @@ fn an_app_user_locks_only_keys_of_its_pattern() {
     let f = acquire(&mut app, "app:1", "t1", 60_000).unwrap();
     assert_eq!(extend(&mut app, "app:1", "t1", 60_000), 1);
     assert_eq!(fence(&mut app, "app:1"), Some(f));
-    let info = info_of(&mut app, "app:1").unwrap();
-    assert_eq!(field(&info, "token"), Value::BulkString(b"t1".to_vec()));
+    let info = lock_info(&mut app, "app:1").unwrap();
+    assert_eq!(info.token.as_deref(), Some(&b"t1"[..]));
     // BLOCK and its hand-off work for the confined user.
     let mut w = raw_login(&s, "app");
     w.send(&["LOCK.ACQUIRE", "app:1", "t2", "60000", "BLOCK", "5000"]);
@@ -311,11 +277,12 @@ fn a_read_only_user_sees_no_token_and_cannot_take_release_or_extend() {
     let before = digest(&mut admin);
     for user in ["monitor", "reader"] {
         for mut c in [login(&s, user), login3(&s, user)] {
-            let info = info_of(&mut c, "app:1").unwrap();
-            assert_eq!(field(&info, "token"), Value::Nil, "{user}: {info:?}");
-            assert_eq!(field(&info, "fence"), Value::Int(f));
-            assert_eq!(field(&info, "waiters"), Value::Int(1));
-            assert!(!format!("{info:?}").contains("secret"));
+            let reply = lock_info_reply(&mut c, "app:1");
+            let info = LockInfo::from_reply(&reply).unwrap();
+            assert_eq!(info.token, None, "{user}: {reply:?}");
+            assert_eq!(info.fence, f);
+            assert_eq!(info.waiters, 1);
+            assert!(!format!("{reply:?}").contains("secret"));
             assert_eq!(fence(&mut c, "app:1"), Some(f));
             let wrong: Option<i64> = redis::cmd("LOCK.FENCE")
                 .arg("app:1")

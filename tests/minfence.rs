@@ -2,7 +2,7 @@
 //! by the same token, is raised to at least n, and so is the node's mark.
 //! Redlock's quorum fencing rests on it.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! the config (here: its command-line form), read and changed with CONFIG
 //! GET/SET, refused when out of range, and doing what it says.
 
-mod common;
+use redis_lock_testkit as common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -332,8 +332,7 @@ fn lowering_the_restart_delay_serves_waiters_at_once() {
         matches!(reply, Some(Resp::Int(_))),
         "the waiter is granted once the delay is lifted: {reply:?}"
     );
-    let info: Vec<Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
-    assert_eq!(info[1], Value::BulkString(b"W".to_vec()));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("W"));
 }
 
 /// Issue 15, defect 2: a hand-off applies the max-ttl-ms in force when it
@@ -361,12 +360,6 @@ fn a_hand_off_applies_a_lowered_max_ttl() {
         short.read_within(Duration::from_secs(3)),
         Some(Resp::Int(_))
     ));
-    let ttl: i64 = {
-        let info: Vec<Value> = redis::cmd("LOCK.INFO").arg("k").query(&mut c).unwrap();
-        match info[5] {
-            Value::Int(ttl) => ttl,
-            ref other => panic!("{other:?}"),
-        }
-    };
+    let ttl = lock_info(&mut c, "k").unwrap().ttl;
     assert!(ttl <= 1000, "the lease granted is within the limit: {ttl}");
 }

@@ -1,35 +1,12 @@
 //! Locks and fencing tokens across RDB, AOF, DEBUG RELOAD, FLUSHALL and
 //! restarts with no persistence; and the restart delay.
 
-mod common;
+use redis_lock_testkit as common;
 
 use common::*;
 use std::io::Write;
 use std::thread::sleep;
 use std::time::Duration;
-
-fn info_of(c: &mut Connection, key: &str) -> Value {
-    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
-}
-
-/// (token, fence) of a held lock.
-fn holder(c: &mut Connection, key: &str) -> Option<(String, i64)> {
-    match info_of(c, key) {
-        Value::Nil => None,
-        Value::Array(v) => Some((
-            redis::from_redis_value(&v[1]).unwrap(),
-            redis::from_redis_value(&v[3]).unwrap(),
-        )),
-        other => panic!("{other:?}"),
-    }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 #[test]
 fn held_lock_survives_rdb_save_and_restart_with_its_token_and_fence() {
@@ -41,7 +18,7 @@ fn held_lock_survives_rdb_save_and_restart_with_its_token_and_fence() {
     s.kill9();
     s.restart();
     let mut c = s.conn();
-    assert_eq!(holder(&mut c, "k"), Some(("holder".into(), f)));
+    assert_eq!(holder_and_fence(&mut c, "k"), Some(("holder".into(), f)));
     assert_eq!(digest(&mut c), d);
     assert_eq!(acquire(&mut c, "k", "other", 1000), None);
     assert!(acquire(&mut c, "k2", "t", 1000).unwrap() > f);
@@ -83,7 +60,7 @@ fn aof_always_restores_grants_extensions_and_releases() {
     s.kill9();
     s.restart();
     let mut c = s.conn();
-    assert_eq!(holder(&mut c, "kept"), Some(("a".into(), f)));
+    assert_eq!(holder_and_fence(&mut c, "kept"), Some(("a".into(), f)));
     let pttl: i64 = lease_ms(&mut c, "kept");
     assert!(pttl > 60_000, "the extension was replayed: {pttl}");
     assert_eq!(fence(&mut c, "gone"), None);
@@ -100,7 +77,7 @@ fn aof_everysec_restores_a_held_lock_after_kill_9() {
     s.kill9();
     s.restart();
     let mut c = s.conn();
-    assert_eq!(holder(&mut c, "k"), Some(("a".into(), f)));
+    assert_eq!(holder_and_fence(&mut c, "k"), Some(("a".into(), f)));
 }
 
 fn aof_rewrite_round_trip(preamble: &str) {
@@ -117,7 +94,7 @@ fn aof_rewrite_round_trip(preamble: &str) {
     s.restart();
     let mut c = s.conn();
     assert_eq!(
-        holder(&mut c, "held"),
+        holder_and_fence(&mut c, "held"),
         Some(("a".into(), f)),
         "preamble {preamble}"
     );
@@ -160,7 +137,7 @@ fn debug_reload_keeps_locks_and_fences() {
     let f = acquire(&mut c, "k", "a", 60_000).unwrap();
     let d = digest(&mut c);
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
-    assert_eq!(holder(&mut c, "k"), Some(("a".into(), f)));
+    assert_eq!(holder_and_fence(&mut c, "k"), Some(("a".into(), f)));
     assert_eq!(digest(&mut c), d);
     assert!(acquire(&mut c, "k2", "b", 1000).unwrap() > f);
 }
@@ -216,11 +193,15 @@ fn fence_mark_far_above_the_clock_survives_aof_and_rdb_restarts() {
     s.restart();
     let mut c = s.conn();
     assert_eq!(
-        holder(&mut c, "big"),
+        holder_and_fence(&mut c, "big"),
         Some(("old".into(), big)),
         "replayed from the AOF"
     );
-    assert_eq!(holder(&mut c, "huge"), None, "beyond the bound: refused");
+    assert_eq!(
+        holder_and_fence(&mut c, "huge"),
+        None,
+        "beyond the bound: refused"
+    );
     assert!(s.log().contains("refusing LOCK._SET"), "and logged");
     assert_eq!(acquire(&mut c, "a", "t", 60_000), Some(big + 1));
     let _: () = redis::cmd("DEL").arg("big").arg("a").query(&mut c).unwrap();
@@ -341,21 +322,13 @@ fn aof_enabled_at_runtime_keeps_later_grants() {
     s.set_config("appendonly", "yes");
     s.restart();
     let mut c = s.conn();
-    assert_eq!(holder(&mut c, "before"), Some(("t".into(), before)));
-    assert_eq!(holder(&mut c, "after"), Some(("t".into(), after)));
+    assert_eq!(
+        holder_and_fence(&mut c, "before"),
+        Some(("t".into(), before))
+    );
+    assert_eq!(holder_and_fence(&mut c, "after"), Some(("t".into(), after)));
     let pttl: i64 = lease_ms(&mut c, "before");
     assert!(pttl > 60_000, "the extension was logged: {pttl}");
-}
-
-/// `granted` of LOCK.INFO (Unix ms, the last field), or None if nil.
-fn granted_of(c: &mut Connection, key: &str) -> Option<i64> {
-    match info_of(c, key) {
-        Value::Array(v) => {
-            assert_eq!(redis::from_redis_value::<String>(&v[8]).unwrap(), "granted");
-            redis::from_redis_value(&v[9]).unwrap()
-        }
-        other => panic!("{other:?}"),
-    }
 }
 
 /// When the holder was granted survives an RDB restart, an AOF rewrite
@@ -368,19 +341,25 @@ fn the_grant_time_survives_restarts_rewrites_and_replication() {
     let mut c = s.conn();
     let before = now_ms();
     acquire(&mut c, "k", "a", 600_000).unwrap();
-    let granted = granted_of(&mut c, "k").expect("known");
+    let granted = lock_info(&mut c, "k").unwrap().granted.expect("known");
     assert!((before..=now_ms()).contains(&granted));
     sleep(Duration::from_millis(20));
     assert_eq!(extend(&mut c, "k", "a", 600_000), 1);
-    assert_eq!(granted_of(&mut c, "k"), Some(granted), "kept by renewals");
+    assert_eq!(
+        lock_info(&mut c, "k").unwrap().granted,
+        Some(granted),
+        "kept by renewals"
+    );
 
     let replica = Server::start();
     replica.replicate_from(&s);
     let mut r = replica.conn();
-    wait_until(Duration::from_secs(10), || {
-        matches!(info_of(&mut r, "k"), Value::Array(_))
-    });
-    assert_eq!(granted_of(&mut r, "k"), Some(granted), "replicated");
+    wait_until(Duration::from_secs(10), || lock_info(&mut r, "k").is_some());
+    assert_eq!(
+        lock_info(&mut r, "k").unwrap().granted,
+        Some(granted),
+        "replicated"
+    );
     drop(replica);
 
     let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
@@ -398,8 +377,16 @@ fn the_grant_time_survives_restarts_rewrites_and_replication() {
     drop(aof);
     s.restart();
     let mut c = s.conn();
-    assert_eq!(granted_of(&mut c, "k"), Some(granted), "AOF rewrite");
-    assert_eq!(granted_of(&mut c, "old"), None, "unknown for an old line");
+    assert_eq!(
+        lock_info(&mut c, "k").unwrap().granted,
+        Some(granted),
+        "AOF rewrite"
+    );
+    assert_eq!(
+        lock_info(&mut c, "old").unwrap().granted,
+        None,
+        "unknown for an old line"
+    );
     let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -408,6 +395,10 @@ fn the_grant_time_survives_restarts_rewrites_and_replication() {
         .query(&mut c)
         .unwrap();
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
-    assert_eq!(granted_of(&mut c, "k"), Some(granted), "RDB");
-    assert_eq!(granted_of(&mut c, "old"), None, "RDB");
+    assert_eq!(
+        lock_info(&mut c, "k").unwrap().granted,
+        Some(granted),
+        "RDB"
+    );
+    assert_eq!(lock_info(&mut c, "old").unwrap().granted, None, "RDB");
 }

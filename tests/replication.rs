@@ -2,7 +2,7 @@
 //! never expire or grant on their own; a promoted replica never reissues a
 //! fencing token the old master gave out.
 
-mod common;
+use redis_lock_testkit as common;
 
 use common::*;
 use std::thread::sleep;
@@ -11,10 +11,6 @@ use std::time::Duration;
 fn wait_replicated(master: &mut Connection) {
     let n: i64 = redis::cmd("WAIT").arg(1).arg(5_000).query(master).unwrap();
     assert_eq!(n, 1, "the replica acknowledged");
-}
-
-fn info_of(c: &mut Connection, key: &str) -> Value {
-    run(c, &[b"LOCK.INFO", key.as_bytes()]).unwrap()
 }
 
 fn pair() -> (Server, Server) {
@@ -56,11 +52,9 @@ fn replica_follows_every_change_with_the_same_state() {
         Some(fbin),
         "binary token replicated byte for byte"
     );
-    let Value::Array(fields) = info_of(&mut r, "a") else {
-        panic!()
-    };
-    assert_eq!(fields[1], Value::BulkString(b"t1".to_vec()));
-    assert_eq!(fields[3], Value::Int(fa));
+    let info = lock_info(&mut r, "a").unwrap();
+    assert_eq!(info.token.as_deref(), Some(&b"t1"[..]));
+    assert_eq!(info.fence, fa);
 
     assert_eq!(acquire(&mut m, "a", "t1", 90_000), Some(fa)); // lease reset
     assert_eq!(extend(&mut m, "b", "t2", 120_000), 1);
@@ -118,7 +112,7 @@ fn replica_refuses_writes_but_answers_fence_and_info() {
         "{err}"
     );
     assert_eq!(fence(&mut r, "k"), Some(f));
-    assert_ne!(info_of(&mut r, "k"), Value::Nil);
+    assert!(lock_info(&mut r, "k").is_some());
     assert_eq!(digest(&mut m), digest(&mut r));
 }
 
@@ -139,7 +133,7 @@ fn replica_never_expires_a_lock_on_its_own() {
     wait_until(Duration::from_secs(5), || fence(&mut r, "k").is_some());
     sleep(Duration::from_millis(1800));
     assert_eq!(fence(&mut r, "k"), None, "reads see the lease has ended");
-    assert_eq!(info_of(&mut r, "k"), Value::Nil);
+    assert_eq!(lock_info(&mut r, "k"), None);
     let n: i64 = redis::cmd("DBSIZE").query(&mut r).unwrap();
     assert_eq!(
         n, 1,

@@ -12,8 +12,7 @@
 //! --target`). `--smoke` (run by `make test`) measures only this client, a
 //! few operations of each kind, and never touches npm or pip.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -22,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::Server;
+use common::{urls, workspace_root, Server};
 use redis_lock_client::{LockClient, Options};
 use tokio::time::Instant;
 
@@ -70,13 +69,6 @@ fn args() -> Args {
         a.iterations = 50;
     }
     a
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
 }
 
 /// Nearest-rank percentile in µs (sorts).
@@ -204,13 +196,6 @@ fn yes(b: bool) -> &'static str {
     } else {
         "no"
     }
-}
-
-fn urls(nodes: &[Server]) -> Vec<String> {
-    nodes
-        .iter()
-        .map(|s| format!("redis://127.0.0.1:{}/", s.port))
-        .collect()
 }
 
 fn options(fencing: bool, queue: bool) -> Options {
@@ -444,7 +429,7 @@ impl Peer {
     }
 
     fn dir(&self) -> PathBuf {
-        root().join(match self {
+        workspace_root().join(match self {
             Peer::NodeRedlock => "target/bench-peers/node",
             Peer::Pottery => "target/bench-peers/python",
         })
@@ -493,13 +478,13 @@ impl Peer {
         let mut cmd = match self {
             Peer::NodeRedlock => {
                 let mut c = Command::new("node");
-                c.arg(root().join("bench/peers/redlock.js"))
+                c.arg(workspace_root().join("bench/peers/redlock.js"))
                     .env("NODE_PATH", self.dir().join("node_modules"));
                 c
             }
             Peer::Pottery => {
                 let mut c = Command::new("python3");
-                c.arg(root().join("bench/peers/pottery_bench.py"))
+                c.arg(workspace_root().join("bench/peers/pottery_bench.py"))
                     .env("PYTHONPATH", self.dir());
                 c
             }

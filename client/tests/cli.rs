@@ -1,7 +1,6 @@
 //! The `redis-lock` command against real servers.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -9,10 +8,6 @@ use std::time::{Duration, Instant};
 use common::{lease_ms, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
-
-fn url(s: &Server) -> String {
-    format!("redis://127.0.0.1:{}/", s.port)
-}
 
 fn redis_lock(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -32,7 +27,7 @@ fn run_passes_the_fence_and_token_and_exits_with_the_commands_status() {
         return;
     }
     let s = Server::start();
-    let u = url(&s);
+    let u = s.url();
     let out = redis_lock(&[
         "run",
         "--url",
@@ -68,7 +63,7 @@ fn run_waits_then_gives_up_with_a_distinct_code() {
     let out = redis_lock(&[
         "run",
         "--url",
-        &url(&s),
+        &s.url(),
         "--key",
         "busy",
         "--ttl",
@@ -96,7 +91,7 @@ fn run_waits_in_line_and_runs_when_the_lock_frees() {
         .args([
             "run",
             "--url",
-            &url(&s),
+            &s.url(),
             "--key",
             "k",
             "--ttl",
@@ -123,7 +118,7 @@ fn a_lost_lock_stops_the_command_and_exits_76() {
         .args([
             "run",
             "--url",
-            &url(&s),
+            &s.url(),
             "--key",
             "k",
             "--ttl",
@@ -156,7 +151,7 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
         .args([
             "run",
             "--url",
-            &url(&s),
+            &s.url(),
             "--key",
             "k",
             "--ttl",
@@ -186,7 +181,7 @@ fn sigterm_to_redis_lock_reaches_the_command_and_the_lock_is_released() {
         .args([
             "run",
             "--url",
-            &url(&s),
+            &s.url(),
             "--key",
             "k",
             "--ttl",
@@ -214,7 +209,7 @@ extern "C" {
 #[test]
 fn acquire_extend_release_and_info_for_scripts() {
     let s = Server::start();
-    let u = url(&s);
+    let u = s.url();
     let out = redis_lock(&["acquire", "--url", &u, "--key", "orders:42", "--ttl", "2s"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let vars = text(&out.stdout);
@@ -277,7 +272,7 @@ fn redlock_over_three_nodes() {
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let mut args = vec!["run".to_string()];
     for n in &nodes {
-        args.extend(["--url".into(), url(n)]);
+        args.extend(["--url".into(), n.url()]);
     }
     args.extend(
         [
@@ -332,7 +327,7 @@ fn a_missing_command_is_127_and_releases() {
     let out = redis_lock(&[
         "run",
         "--url",
-        &url(&s),
+        &s.url(),
         "--key",
         "k",
         "--",
@@ -350,7 +345,7 @@ fn losing_a_majority_mid_run_stops_the_command_with_the_lost_lock_code() {
     let mut nodes: Vec<Server> = (0..5).map(|_| Server::start()).collect();
     let mut args = vec!["run".to_string()];
     for n in &nodes {
-        args.extend(["--url".into(), url(n)]);
+        args.extend(["--url".into(), n.url()]);
     }
     args.extend(["--key", "k", "--ttl", "1s", "--", "sleep", "30"].map(String::from));
     let child = Command::new(BIN)

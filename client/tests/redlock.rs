@@ -1,22 +1,17 @@
 //! Redlock over five real redis-server processes with the module.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::Server;
+use common::{urls, Server};
 use redis_lock_client::{LockClient, Options};
 use tokio::time::Instant;
 
 fn group(n: usize) -> Vec<Server> {
     (0..n).map(|_| Server::start()).collect()
-}
-
-fn urls(nodes: &[Server]) -> Vec<String> {
-    nodes.iter().map(Server::url).collect()
 }
 
 fn fast_retries() -> Options {

@@ -1,7 +1,6 @@
 //! The client against one real redis-server with the module.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 use std::time::Duration;
 
@@ -9,16 +8,12 @@ use common::Server;
 use redis_lock_client::{LockClient, Options};
 use tokio::time::{sleep, Instant};
 
-fn url(s: &Server) -> String {
-    format!("redis://127.0.0.1:{}/", s.port)
-}
-
 fn renewing(s: &Server) -> LockClient {
     let options = Options {
         auto_renew: true,
         ..Options::default()
     };
-    LockClient::with_options(&[url(s)], options).unwrap()
+    LockClient::with_options(&[s.url()], options).unwrap()
 }
 
 fn server_fence(s: &Server, key: &str) -> Option<i64> {
@@ -28,7 +23,7 @@ fn server_fence(s: &Server, key: &str) -> Option<i64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn try_acquire_grants_once_and_release_frees() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let ttl = Duration::from_secs(10);
     let guard = locks
         .try_acquire("order:1", ttl)
@@ -52,7 +47,7 @@ async fn acquire_waits_in_the_server_not_by_polling() {
         return;
     }
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let holder = locks
         .try_acquire("job", Duration::from_secs(60))
         .await
@@ -79,7 +74,7 @@ async fn acquire_waits_in_the_server_not_by_polling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_gives_up_after_the_wait() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let _holder = locks
         .try_acquire("k", Duration::from_secs(60))
         .await
@@ -98,7 +93,7 @@ async fn acquire_gives_up_after_the_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_lock_runs_under_the_lock_and_releases() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let port = s.port;
     let (fence, seen) = locks
         .with_lock(
@@ -182,7 +177,7 @@ async fn losing_the_lock_fires_the_signal_and_stops_renewing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_renewal_the_signal_fires_at_the_validity_deadline() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let guard = locks
         .try_acquire("short", Duration::from_millis(300))
         .await
@@ -207,7 +202,7 @@ async fn without_renewal_the_signal_fires_at_the_validity_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_guard_is_released_in_the_background() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     {
         let _guard = locks
             .try_acquire("dropped", Duration::from_secs(60))
@@ -227,7 +222,7 @@ async fn a_restarted_node_is_reached_again() {
         return;
     }
     let mut s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let g = locks
         .try_acquire("a", Duration::from_secs(1))
         .await
@@ -250,7 +245,7 @@ async fn a_restarted_node_is_reached_again() {
 #[test]
 fn the_blocking_facade_acquires_extends_and_releases() {
     let s = Server::start();
-    let locks = redis_lock_client::blocking::LockClient::new(&[url(&s)]).unwrap();
+    let locks = redis_lock_client::blocking::LockClient::new(&[s.url()]).unwrap();
     let guard = locks
         .try_acquire("b", Duration::from_secs(5))
         .unwrap()
@@ -276,7 +271,7 @@ fn the_blocking_facade_acquires_extends_and_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_reports_the_holder_and_when_it_was_granted() {
     let s = Server::start();
-    let locks = LockClient::new(&[url(&s)]).unwrap();
+    let locks = LockClient::new(&[s.url()]).unwrap();
     let now_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

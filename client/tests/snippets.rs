@@ -10,8 +10,7 @@
 //! If the registry cannot be reached, that snippet's test says so and
 //! passes without running it; any other install failure fails the test.
 
-#[path = "../../tests/common/mod.rs"]
-mod common;
+use redis_lock_testkit as common;
 
 #[path = "../../docs/snippets/rust_lock_client.rs"]
 mod rust_lock_client;
@@ -22,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::Server;
+use common::{urls, workspace_root, Server};
 
 /// Pinned so a new release cannot change what the snippets do unnoticed.
 const PYTHON_DEPS: &[&str] = &["redis==8.1.0"];
@@ -30,19 +29,8 @@ const NODE_DEPS: &[&str] = &["ioredis@5.11.1", "redis@5.9.0"];
 
 const LOCK_KEY: &str = "lock:invoice:42";
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 fn snippet(name: &str) -> PathBuf {
-    root().join("docs/snippets").join(name)
-}
-
-fn url(s: &Server) -> String {
-    format!("redis://127.0.0.1:{}/", s.port)
+    workspace_root().join("docs/snippets").join(name)
 }
 
 /// Runs a snippet; its stdout, or a panic with both streams.
@@ -123,7 +111,7 @@ fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
             }
         })
         .collect();
-    let base = root().join("target/snippet-deps");
+    let base = workspace_root().join("target/snippet-deps");
     let dir = base.join(&tag);
     if dir.exists() {
         return Some(dir);
@@ -264,13 +252,13 @@ fn docs_show_every_snippet_file_verbatim() {
     let bless = std::env::var_os("SNIPPETS_BLESS").is_some();
     let mut shown = vec![];
     for doc_name in DOCS {
-        let path = root().join(doc_name);
+        let path = workspace_root().join(doc_name);
         let mut doc = std::fs::read_to_string(&path).unwrap();
         let blocks = marked_blocks(&doc, "snippet");
         assert!(!blocks.is_empty(), "{doc_name} shows no snippet file");
         let mut stale = vec![];
         for (file, text, range) in blocks.iter().rev() {
-            let source = std::fs::read_to_string(root().join(file))
+            let source = std::fs::read_to_string(workspace_root().join(file))
                 .unwrap_or_else(|e| panic!("{doc_name} shows {file}, which cannot be read: {e}"));
             if &source != text {
                 stale.push(file.clone());
@@ -291,7 +279,7 @@ fn docs_show_every_snippet_file_verbatim() {
         );
         shown.extend(blocks.into_iter().map(|(f, _, _)| f));
     }
-    for entry in std::fs::read_dir(root().join("docs/snippets")).unwrap() {
+    for entry in std::fs::read_dir(workspace_root().join("docs/snippets")).unwrap() {
         let name = format!(
             "docs/snippets/{}",
             entry.unwrap().file_name().to_string_lossy()
@@ -302,7 +290,7 @@ fn docs_show_every_snippet_file_verbatim() {
 
 /// The output docs/clients.md shows for a snippet, as lines.
 fn documented_output(file: &str) -> Vec<String> {
-    let doc = std::fs::read_to_string(root().join("docs/clients.md")).unwrap();
+    let doc = std::fs::read_to_string(workspace_root().join("docs/clients.md")).unwrap();
     let (_, text, _) = marked_blocks(&doc, "output")
         .into_iter()
         .find(|(f, _, _)| f == &format!("docs/snippets/{file}"))
@@ -324,7 +312,7 @@ fn python_redis_py_waits_fences_renews_and_releases() {
         Command::new("python3")
             .arg(snippet("python_redis_py.py"))
             .env("PYTHONPATH", &deps)
-            .env("REDIS_URL", format!("{}0", url(&s))),
+            .env("REDIS_URL", format!("{}0", s.url())),
     );
     let a = number_after(&out, "A acquired: fence");
     let b = number_after(&out, "B acquired: fence");
@@ -363,7 +351,7 @@ fn python_fenced_lock_replaces_redis_py_lock_on_the_same_key() {
         Command::new("python3")
             .arg(snippet("python_fenced_lock.py"))
             .env("PYTHONPATH", &deps)
-            .env("REDIS_URL", format!("{}0", url(&s))),
+            .env("REDIS_URL", format!("{}0", s.url())),
     );
     let fence = number_after(&out, "new FencedLock acquires: True fence");
     assert_eq!(
@@ -390,7 +378,7 @@ fn node(s: &Server, deps: &Path, file: &str) -> String {
         Command::new("node")
             .arg(snippet(file))
             .env("NODE_PATH", deps.join("node_modules"))
-            .env("REDIS_URL", format!("{}0", url(s))),
+            .env("REDIS_URL", format!("{}0", s.url())),
     )
 }
 
@@ -482,7 +470,7 @@ fn node_redlock_gives_the_group_one_fence() {
         .arg(ahead)
         .query(&mut c)
         .unwrap();
-    let urls: Vec<String> = servers.iter().map(url).collect();
+    let urls = urls(&servers);
     let out = run(
         "node_redlock.js",
         Command::new("node")
@@ -535,7 +523,7 @@ fn rust_child(s: &Server, test: &str) -> String {
                 "-q",
             ])
             .env("SNIPPET_CHILD", "1")
-            .env("REDIS_URL", url(s)),
+            .env("REDIS_URL", s.url()),
     )
 }
 
@@ -627,7 +615,7 @@ fn redis_lock_command_runs_a_program_and_holds_across_steps() {
             .arg("-e")
             .arg(snippet("redis_lock_command.sh"))
             .env("PATH", path)
-            .env("REDIS_URL", url(&s)),
+            .env("REDIS_URL", s.url()),
     );
     let run_fence = number_after(&out, "nightly job runs with fence");
     let step_fence = number_after(&out, "step 1 with fence");

