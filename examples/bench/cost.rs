@@ -224,14 +224,25 @@ pub struct Counts {
 /// commands run.
 pub fn instructions(server: &Server, shas: &Shas, row: Row, n: usize) -> Counts {
     setup(server, row, n);
+    instructions_of(server, n, &|i: usize, buf: &mut Vec<u8>| {
+        command(row, shas, i, buf)
+    })
+}
+
+/// What callgrind counts per command while `n` commands made by `make` run
+/// at pipeline 16 from 50 connections, instrumentation on only meanwhile.
+pub fn instructions_of(
+    server: &Server,
+    n: usize,
+    make: &(dyn Fn(usize, &mut Vec<u8>) + Sync),
+) -> Counts {
     let pid = server.pid().to_string();
     // Connect first: accepting connections is not the command's cost.
     let conns = load::connect(server.port, 50);
     callgrind_control(&["--zero", &pid]);
     callgrind_control(&["--instr=on", &pid]);
-    let make = |i: usize, buf: &mut Vec<u8>| command(row, shas, i, buf);
-    let r = load::run_on(conns, 16, n, &make);
-    assert_eq!(r.errors, 0, "{row:?} replied with errors");
+    let r = load::run_on(conns, 16, n, make);
+    assert_eq!(r.errors, 0, "the commands replied with errors");
     callgrind_control(&["--instr=off", &pid]);
     let before = dumps(server);
     callgrind_control(&["--dump", &pid]);

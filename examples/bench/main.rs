@@ -8,6 +8,7 @@
 mod charts;
 mod contention;
 mod cost;
+mod host;
 mod load;
 mod scale;
 mod stats;
@@ -137,6 +138,10 @@ fn main() {
     }
     if o.runs("scaling") {
         scaling_section(&mut doc, &server, &o);
+        save(&doc);
+    }
+    if o.runs("host") {
+        host_section(&mut doc, &o);
         save(&doc);
     }
     if o.runs("contention") {
@@ -323,6 +328,168 @@ fn pinned_server(builder: common::Builder) -> Server {
     let s = builder.start();
     pin(s.pid(), 0);
     s
+}
+
+/// What the module costs the host: commands that touch no lock, and the
+/// grant against `SET NX PX`, each on a server of the same binary without
+/// the module (the baseline a user would pick).
+fn host_section(doc: &mut String, o: &Options) {
+    use host::Row;
+    let helds: &[usize] = if o.smoke {
+        &[0, 200]
+    } else {
+        &[0, 20_000, 1_000_000]
+    };
+    let (n_tp, n_cg, rounds) = if o.smoke {
+        (2_000, 300, 1)
+    } else {
+        (200_000, 20_000, 5)
+    };
+    writeln!(doc, "## 5. What the module costs the server\n").unwrap();
+    writeln!(
+        doc,
+        "Two servers of the same binary ({}), one **without** the module, each holding the same \
+         number of other keys (held locks on the module's server, plain strings on the other), run \
+         the same commands on keys that are not locks. Instructions are the server's own per \
+         command, from callgrind with instrumentation on only while {n_cg} commands run at \
+         pipeline 16 from 50 connections; throughput is the ratio module / plain of {n_tp} commands \
+         at pipeline 16, the median of {rounds} paired rounds (the two servers alternate which runs \
+         first, each pinned to core 0, the load generator on core 1). The module has no command \
+         filter and no keyspace-event subscription: a command that touches no lock runs none of its \
+         code; what remains is its sweep of ended locks (at most 1 ms a slice, every 0.1–1 s while \
+         locks exist) and the server cron event.\n",
+        common::server_binary()
+    )
+    .unwrap();
+    writeln!(
+        doc,
+        "| keys held | command | instructions, plain | instructions, module | ratio | throughput module / plain |"
+    )
+    .unwrap();
+    writeln!(doc, "|---|---|---|---|---|---|").unwrap();
+    let mut worst_instr: f64 = 0.0;
+    let mut grant = None;
+    for &held in helds {
+        let start = |module: bool, wrap: bool| {
+            let mut b = Server::builder().config("maxclients", "10000");
+            if !module {
+                b = b.without_module();
+            }
+            if wrap {
+                b = b.wrapped_in(&[
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--instr-atstart=no",
+                    "--callgrind-out-file=callgrind.out.%p",
+                ]);
+            }
+            let s = pinned_server(b);
+            host::hold(&s, held, module);
+            s
+        };
+        let (plain, module) = (start(false, false), start(true, false));
+        let mut ratios: Vec<Vec<f64>> = vec![vec![]; Row::ALL.len()];
+        for round in 0..rounds {
+            for (k, &row) in Row::ALL.iter().enumerate() {
+                let (p, m) = if round % 2 == 0 {
+                    let p = host::throughput(&plain, row, n_tp);
+                    (p, host::throughput(&module, row, n_tp))
+                } else {
+                    let m = host::throughput(&module, row, n_tp);
+                    (host::throughput(&plain, row, n_tp), m)
+                };
+                ratios[k].push(m / p);
+            }
+        }
+        drop((plain, module));
+        let (plain, module) = (start(false, true), start(true, true));
+        for (k, &row) in Row::ALL.iter().enumerate() {
+            let ip = host::instructions(&plain, row, n_cg);
+            let im = host::instructions(&module, row, n_cg);
+            worst_instr = worst_instr.max(im / ip);
+            writeln!(
+                doc,
+                "| {held} | `{}` | {ip:.0} | {im:.0} | {:.3} | {:.3} |",
+                row.label(),
+                im / ip,
+                median(&ratios[k])
+            )
+            .unwrap();
+        }
+        if held == 0 {
+            // The grant against what a user would pick, each on its own
+            // server: SET NX PX without the module.
+            let shas = cost::load_scripts(&mut plain.conn());
+            let set = cost::instructions(&plain, &shas, cost::Row::SetNxPx, n_cg).instructions;
+            let shas_m = cost::load_scripts(&mut module.conn());
+            let acq = cost::instructions(&module, &shas_m, cost::Row::Acquire, n_cg).instructions;
+            grant = Some((set, acq));
+        }
+        drop((plain, module));
+    }
+    writeln!(doc).unwrap();
+    if let Some((set, acq)) = grant {
+        let (plain, module) = (
+            pinned_server(Server::builder().without_module()),
+            pinned_server(Server::builder()),
+        );
+        let (sp, sm) = (
+            cost::load_scripts(&mut plain.conn()),
+            cost::load_scripts(&mut module.conn()),
+        );
+        let mut tp = vec![];
+        for round in 0..rounds {
+            let run =
+                |s: &Server, sh: &cost::Shas, row| cost::throughput(s, sh, row, 16, n_tp).rate;
+            let (p, m) = if round % 2 == 0 {
+                let p = run(&plain, &sp, cost::Row::SetNxPx);
+                (p, run(&module, &sm, cost::Row::Acquire))
+            } else {
+                let m = run(&module, &sm, cost::Row::Acquire);
+                (run(&plain, &sp, cost::Row::SetNxPx), m)
+            };
+            tp.push(m / p);
+        }
+        writeln!(
+            doc,
+            "The grant: `LOCK.ACQUIRE` on the module's server against `SET NX PX` on the plain one: \
+             {acq:.0} against {set:.0} instructions ({:.2}×), throughput {:.2}× (median of {rounds} \
+             paired rounds at pipeline 16).\n",
+            acq / set,
+            median(&tp)
+        )
+        .unwrap();
+        writeln!(
+            doc,
+            "- {}",
+            target(
+                "LOCK.ACQUIRE instructions ≤ 0.9× SET NX PX (plain server)",
+                format!("{:.2}×", acq / set),
+                acq / set <= 0.9
+            )
+        )
+        .unwrap();
+        writeln!(
+            doc,
+            "- {}",
+            target(
+                "LOCK.ACQUIRE throughput ≥ 1.0× SET NX PX (plain server)",
+                format!("{:.2}×", median(&tp)),
+                median(&tp) >= 1.0
+            )
+        )
+        .unwrap();
+    }
+    writeln!(
+        doc,
+        "- {}\n",
+        target(
+            "commands that touch no lock: ≤ 1% more instructions",
+            format!("at most {:+.1}%", (worst_instr - 1.0) * 100.0),
+            worst_instr <= 1.01
+        )
+    )
+    .unwrap();
 }
 
 fn cost_section(doc: &mut String, o: &Options) {

@@ -263,6 +263,8 @@ pub struct Server {
     /// Server config arguments (`--name value` pairs) used at every start.
     args: Vec<String>,
     module_args: Vec<String>,
+    /// False for a plain server (a benchmark's baseline).
+    with_module: bool,
     /// A command the server runs under, e.g. valgrind.
     wrapper: Vec<String>,
     binary: String,
@@ -271,11 +273,19 @@ pub struct Server {
 pub struct Builder {
     args: Vec<String>,
     module_args: Vec<String>,
+    with_module: bool,
     wrapper: Vec<String>,
     binary: String,
 }
 
 impl Builder {
+    /// A server without the module: what a user would run instead (the
+    /// benchmarks' baseline). Local servers only.
+    pub fn without_module(mut self) -> Self {
+        self.with_module = false;
+        self
+    }
+
     /// A server config option, e.g. `.config("appendonly", "yes")`.
     pub fn config(mut self, name: &str, value: &str) -> Self {
         set_arg(&mut self.args, name, value);
@@ -339,6 +349,7 @@ impl Builder {
             dir: fresh_dir(),
             args: self.args,
             module_args: self.module_args,
+            with_module: self.with_module,
             wrapper: self.wrapper,
             binary: self.binary,
         };
@@ -353,6 +364,7 @@ impl Server {
         Builder {
             args: vec![],
             module_args: vec![],
+            with_module: true,
             wrapper: vec![],
             binary: server_binary(),
         }
@@ -395,6 +407,7 @@ impl Server {
             dir: fresh_dir(),
             args: builder.args,
             module_args: vec![],
+            with_module: true,
             wrapper: vec![],
             binary: String::new(),
         };
@@ -528,12 +541,13 @@ impl Server {
                 .arg(&self.dir)
                 .arg("--logfile")
                 .arg(self.dir.join("server.log"))
-                .args(&self.args)
-                .arg("--loadmodule")
-                .arg(module_path())
-                .args(&self.module_args)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+                .args(&self.args);
+            if self.with_module {
+                cmd.arg("--loadmodule")
+                    .arg(module_path())
+                    .args(&self.module_args);
+            }
+            cmd.stdout(Stdio::null()).stderr(Stdio::null());
             let child = cmd.spawn().expect("cannot start the server binary");
             self.child = Some(child);
             if self.wait_ready(Duration::from_secs(60)) {
