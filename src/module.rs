@@ -14,7 +14,9 @@ use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::limits::{
     DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
 };
-use crate::redis::{blocked, commands, datatype, engine, events, info, propagation, sweep, timer};
+use crate::redis::{
+    blocked, commands, datatype, engine, events, ffi, info, propagation, sweep, timer,
+};
 
 /// Every option: a module config (`CONFIG GET/SET lock.<name>`, a
 /// `lock.<name>` line in redis.conf) that can also follow the module path.
@@ -83,9 +85,7 @@ fn init(ctx: &Context, args: &[RedisString]) -> Status {
 }
 
 fn check_server_version() -> Result<(), String> {
-    let version = unsafe { raw::RedisModule_GetServerVersion }
-        .map(|get| unsafe { get() })
-        .unwrap_or(0);
+    let version = ffi::server_version().unwrap_or(0);
     crate::core::limits::check_server_version(version)
 }
 
@@ -123,12 +123,13 @@ fn register_options(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
             }
         }
     }
-    let load = unsafe { raw::RedisModule_LoadConfigs }
-        .ok_or("RedisModule_LoadConfigs is not available")?;
-    if unsafe { load(ctx.ctx) } != raw::REDISMODULE_OK as c_int {
-        return Err("a lock.* line of the config file is invalid (see the line above)".into());
+    match ffi::load_configs(ctx.ctx) {
+        None => Err("RedisModule_LoadConfigs is not available".into()),
+        Some(false) => {
+            Err("a lock.* line of the config file is invalid (see the line above)".into())
+        }
+        Some(true) => Ok(()),
     }
-    Ok(())
 }
 
 fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
@@ -143,12 +144,11 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     //   and the fence mark (never lowered), so async loading is safe;
     // * NO_IMPLICIT_SIGNAL_MODIFIED: only real changes touch WATCH and
     //   client-side caching (see `keyspace`).
-    let set_options = unsafe { raw::RedisModule_SetModuleOptions }
-        .ok_or("RedisModule_SetModuleOptions is not available")?;
     let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
         | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
         | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
-    unsafe { set_options(ctx, options as c_int) };
+    ffi::set_module_options(ctx, options as c_int)
+        .ok_or("RedisModule_SetModuleOptions is not available")?;
     datatype::register(ctx, events::on_unlink)?;
     commands::register(ctx)?;
     timer::init(ctx)?;

@@ -22,41 +22,33 @@
 //! unblocked at once.
 
 use std::collections::HashMap;
-use std::os::raw::{c_int, c_void};
-use std::ptr::NonNull;
+use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use redis_module::raw;
-
 use super::engine::{self, Client, Key};
-use super::ffi::{api, guard, log_warning, Ctx, RString, Reply};
+use super::ffi::{self, log_warning, BlockedClient, Blocking, Ctx, RString, Reply};
 use super::node::{self, count, STATS};
 use super::timer;
 use crate::core::error::LockError;
 use crate::core::node::WaitTicket;
 use crate::core::waiters::Outcome;
 
-/// A blocked client's handle, owned until it is unblocked.
+/// A blocked client's handle, owned until it is unblocked. Handles are
+/// created, kept and unblocked on Redis's main thread only; the Mutex
+/// around the maps is for Rust's statics, not for threads.
 struct Handle {
-    ptr: NonNull<raw::RedisModuleBlockedClient>,
+    ptr: BlockedClient<Waiters>,
     /// The client's id, to look its user up when its turn comes.
     client_id: Option<u64>,
 }
-
-// SAFETY: handles are created, kept and unblocked on Redis's main thread
-// only; the Mutex around the maps is for Rust's statics, not for threads.
-unsafe impl Send for Handle {}
 
 impl Handle {
     /// The one RM_UnblockClient of this handle: Redis frees the handle (and
     /// the two temporary clients it holds) only then, also after a
     /// disconnect.
     fn unblock(self, delivery: Option<Box<Delivery>>) {
-        let data = delivery.map_or(std::ptr::null_mut(), Box::into_raw);
-        // SAFETY: `ptr` came from RM_BlockClient and, the handle being
-        // consumed here, is unblocked exactly once.
-        unsafe { api!(RedisModule_UnblockClient)(self.ptr.as_ptr(), data.cast()) };
+        self.ptr.unblock(delivery);
     }
 }
 
@@ -83,7 +75,7 @@ fn take_handle(client: Client) -> Option<Handle> {
 
 /// Called once at load.
 pub fn init() {
-    let version = unsafe { raw::RedisModule_GetServerVersion }.map_or(0, |f| unsafe { f() });
+    let version = ffi::server_version().unwrap_or(0);
     DEFER_UNBLOCKS.store(version < UNBLOCK_SAFE_VERSION, Relaxed);
 }
 
@@ -104,53 +96,25 @@ struct Delivery {
 /// Blocks the calling client and queues it on the node's ticket.
 pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     // No Redis timeout: the node times waiters out (see the file doc).
-    let ptr = unsafe {
-        api!(RedisModule_BlockClient)(
-            ctx,
-            Some(on_reply),
-            Some(on_timeout),
-            Some(free_delivery),
-            0,
-        )
-    };
-    let Some(ptr) = NonNull::new(ptr) else {
+    let Some(ptr) = ffi::block_client::<Waiters>(ctx, 0) else {
         return Err(LockError::Internal);
     };
-    let client_id = unsafe { raw::RedisModule_GetClientId }.map(|get| unsafe { get(ctx) });
+    let client_id = ffi::client_id(ctx);
     let handle = Handle { ptr, client_id };
-    if !is_blocked(ctx) {
+    if !ffi::client_is_blocked(ctx) {
         // Redis refused to block this client and replied itself. The handle
         // must still be released, and nothing may be queued for it.
         handle.unblock(None);
         return Ok(Reply::Blocked);
     }
-    if let Some(set_disconnect) = unsafe { raw::RedisModule_SetDisconnectCallback } {
-        unsafe { set_disconnect(ptr.as_ptr(), Some(on_disconnect)) };
-    }
-    let client = ptr.as_ptr() as Client;
+    handle.ptr.set_disconnect_callback();
+    let client = handle.ptr.addr() as Client;
     locked(&HANDLES).insert(client, handle);
     if let Err(err) = engine::with_engine(|n| n.enqueue(ticket, client)) {
         answer(client, Outcome::Failed(err), None);
     }
     timer::rearm();
     Ok(Reply::Blocked)
-}
-
-/// Whether the calling client is blocked now (RM_BlockClient can refuse, for
-/// example on Valkey for a timeout it finds out of range, or in contexts
-/// that cannot block).
-fn is_blocked(ctx: Ctx) -> bool {
-    let (Some(get_id), Some(get_info)) = (unsafe { raw::RedisModule_GetClientId }, unsafe {
-        raw::RedisModule_GetClientInfoById
-    }) else {
-        return true;
-    };
-    let mut info: raw::RedisModuleClientInfo = unsafe { std::mem::zeroed() };
-    info.version = 1;
-    let id = unsafe { get_id(ctx) };
-    let found = unsafe { get_info((&mut info as *mut raw::RedisModuleClientInfo).cast(), id) };
-    found != raw::REDISMODULE_OK as c_int
-        || info.flags & raw::REDISMODULE_CLIENTINFO_FLAG_BLOCKED as u64 != 0
 }
 
 /// Gives the waiter `client` its one outcome (on Redis 7.0, from the
@@ -206,46 +170,75 @@ pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
     let Some(id) = locked(&HANDLES).get(&client).and_then(|h| h.client_id) else {
         return true;
     };
-    let Some(user_name) = (unsafe { raw::RedisModule_GetClientUserNameById }) else {
+    // None also when the client is gone: its disconnect takes it out of
+    // line.
+    let Some(user) = ffi::client_user_name(ctx, id) else {
         return true;
     };
-    let user = unsafe { user_name(ctx, id) };
-    if user.is_null() {
-        return true; // the client is gone: its disconnect takes it out of line
-    }
-    let allowed = super::ffi::user_may_acquire(ctx, user, name);
-    unsafe { api!(RedisModule_FreeString)(ctx, user) };
+    let allowed = ffi::user_may_acquire(ctx, user, name);
+    ffi::free_string(ctx, user);
     allowed
 }
 
-unsafe extern "C" fn on_reply(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_int {
-    guard("the blocked-client reply", (), || unsafe {
-        let delivery = api!(RedisModule_GetBlockedClientPrivateData)(ctx).cast::<Delivery>();
-        match delivery.as_mut() {
+/// The Redis side of the waiters: the callbacks of their blocked clients
+/// (each run in `ffi::guard`), and what they are unblocked with.
+struct Waiters;
+
+impl Blocking for Waiters {
+    type Data = Delivery;
+
+    fn on_reply(ctx: Ctx, delivery: Option<&mut Delivery>) {
+        match delivery {
             Some(delivery) => reply_outcome(ctx, delivery),
+            None => ffi::reply_null(ctx),
+        }
+    }
+
+    /// CLIENT UNBLOCK (Redis itself never times these clients out): leave
+    /// the line, reply nil; or, if its outcome was decided and kept back
+    /// (Redis 7.0), reply with that.
+    fn on_timeout(ctx: Ctx, client: Client) {
+        if let Some((handle, mut delivery)) = take_decided(client) {
+            reply_outcome(ctx, &mut delivery);
+            release_decided(handle, *delivery);
+            return;
+        }
+        if leave(client) {
+            count(&STATS.block_timeouts);
+        }
+        ffi::reply_null(ctx);
+    }
+
+    /// The client went away, CLIENT UNBLOCK ... ERROR, or the node became a
+    /// replica: leave the line.
+    fn on_disconnect(client: Client) {
+        match take_decided(client) {
+            Some((handle, delivery)) => release_decided(handle, *delivery),
             None => {
-                api!(RedisModule_ReplyWithNull)(ctx);
+                leave(client);
             }
         }
-    });
-    raw::REDISMODULE_OK as c_int
+    }
+
+    /// The last word on an unblocked client. A grant its client never
+    /// received (it went away in between) is reported, so the node takes it
+    /// back.
+    fn on_free(delivery: Box<Delivery>) {
+        report_if_undelivered(*delivery);
+    }
 }
 
 /// Sends a waiter its outcome; a grant counts as delivered.
 fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
-    unsafe {
-        match &delivery.outcome {
-            Outcome::Granted { fence, .. } => {
-                delivery.delivered = true;
-                api!(RedisModule_ReplyWithLongLong)(ctx, *fence);
-            }
-            Outcome::TimedOut => {
-                api!(RedisModule_ReplyWithNull)(ctx);
-            }
-            Outcome::Failed(err) => {
-                let msg = std::ffi::CString::new(err.to_string()).unwrap_or_default();
-                api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
-            }
+    match &delivery.outcome {
+        Outcome::Granted { fence, .. } => {
+            delivery.delivered = true;
+            ffi::reply_integer(ctx, *fence);
+        }
+        Outcome::TimedOut => ffi::reply_null(ctx),
+        Outcome::Failed(err) => {
+            let msg = std::ffi::CString::new(err.to_string()).unwrap_or_default();
+            ffi::reply_error(ctx, &msg);
         }
     }
 }
@@ -256,38 +249,6 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
 fn release_decided(handle: Handle, delivery: Delivery) {
     report_if_undelivered(delivery);
     handle.unblock(None);
-}
-
-/// CLIENT UNBLOCK (Redis itself never times these clients out): leave the
-/// line, reply nil; or, if its outcome was decided and kept back (Redis
-/// 7.0), reply with that.
-unsafe extern "C" fn on_timeout(ctx: Ctx, _argv: *mut RString, _argc: c_int) -> c_int {
-    guard("the blocked-client timeout", (), || unsafe {
-        let client = api!(RedisModule_GetBlockedClientHandle)(ctx) as Client;
-        if let Some((handle, mut delivery)) = take_decided(client) {
-            reply_outcome(ctx, &mut delivery);
-            release_decided(handle, *delivery);
-            return;
-        }
-        if leave(client) {
-            count(&STATS.block_timeouts);
-        }
-        api!(RedisModule_ReplyWithNull)(ctx);
-    });
-    raw::REDISMODULE_OK as c_int
-}
-
-/// The client went away, CLIENT UNBLOCK ... ERROR, or the node became a
-/// replica: leave the line.
-unsafe extern "C" fn on_disconnect(_ctx: Ctx, client: *mut raw::RedisModuleBlockedClient) {
-    guard("the blocked-client disconnect", (), || {
-        match take_decided(client as Client) {
-            Some((handle, delivery)) => release_decided(handle, *delivery),
-            None => {
-                leave(client as Client);
-            }
-        }
-    })
 }
 
 /// Takes a waiter out of its line and, if it was there, unblocks its
@@ -302,20 +263,6 @@ fn leave(client: Client) -> bool {
         timer::rearm();
     }
     was_waiting
-}
-
-/// The last word on an unblocked client. A grant its client never received
-/// (it went away in between) is reported, so the node takes it back.
-unsafe extern "C" fn free_delivery(_ctx: Ctx, data: *mut c_void) {
-    guard("the blocked-client cleanup", (), || {
-        if data.is_null() {
-            return;
-        }
-        // SAFETY: `data` is the Box<Delivery> handed to RM_UnblockClient,
-        // and Redis calls this once for it.
-        let delivery = unsafe { Box::from_raw(data.cast::<Delivery>()) };
-        report_if_undelivered(*delivery);
-    })
 }
 
 /// A grant whose client never received it goes to the node (from the

@@ -12,8 +12,8 @@ use super::blocked;
 use super::datatype;
 use super::engine::{self, WaiterAcl};
 use super::ffi::{
-    api, context_flags, lock_events, log_warning, may_write_key, notify_lock_event, run_command,
-    Argv, Ctx, RString, Reply, Value,
+    self, command_callback, context_flags, lock_events, log_warning, may_write_key,
+    notify_lock_event, ArgDoc, Argv, CommandFn, Ctx, Reply, Value,
 };
 use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
@@ -22,12 +22,10 @@ use crate::core::error::LockError;
 use crate::core::lock::{self, LockStore};
 use crate::core::node::{Acquire, AcquireRequest};
 
-type Callback = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
-
 /// One row of the command table.
 pub struct Command {
     pub name: &'static CStr,
-    callback: Callback,
+    callback: CommandFn,
     /// Redis command flags (`write`, `readonly`, `fast`, `deny-oom`, ...).
     pub flags: &'static CStr,
     /// Redis arity: N exactly, or -N for at least N (the name counts).
@@ -41,16 +39,6 @@ pub struct Command {
     summary: &'static CStr,
     /// The arguments after the name, for COMMAND DOCS (redis-cli's hints).
     args: &'static [ArgDoc],
-}
-
-/// One argument as COMMAND DOCS describes it.
-pub struct ArgDoc {
-    name: &'static CStr,
-    kind: raw::RedisModuleCommandArgType,
-    /// The word that introduces it (`BLOCK`), if any.
-    token: Option<&'static CStr>,
-    optional: bool,
-    summary: &'static CStr,
 }
 
 const KEY: raw::RedisModuleCommandArgType = raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY;
@@ -95,15 +83,6 @@ const TTL: ArgDoc = arg(
     c"The lease, in milliseconds (at most lock.max-ttl-ms).",
 );
 
-macro_rules! callback {
-    ($handler:path) => {{
-        unsafe extern "C" fn callback(ctx: Ctx, argv: *mut RString, argc: c_int) -> c_int {
-            run_command(ctx, argv, argc, $handler)
-        }
-        callback as Callback
-    }};
-}
-
 const RW: u64 = raw::REDISMODULE_CMD_KEY_RW as u64;
 const RO: u64 = raw::REDISMODULE_CMD_KEY_RO as u64;
 const OW: u64 = raw::REDISMODULE_CMD_KEY_OW as u64;
@@ -115,7 +94,7 @@ const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
 pub static COMMANDS: [Command; 6] = [
     Command {
         name: c"lock.acquire",
-        callback: callback!(acquire),
+        callback: command_callback!(acquire),
         // Not deny-oom: a holder's renewal must work above maxmemory; new
         // grants check for OOM themselves. Not fast: it can block.
         flags: c"write blocking",
@@ -133,7 +112,7 @@ pub static COMMANDS: [Command; 6] = [
     },
     Command {
         name: c"lock.release",
-        callback: callback!(release),
+        callback: command_callback!(release),
         flags: c"write fast",
         arity: 3,
         key_flags: RW | DELETE,
@@ -143,7 +122,7 @@ pub static COMMANDS: [Command; 6] = [
     },
     Command {
         name: c"lock.extend",
-        callback: callback!(extend),
+        callback: command_callback!(extend),
         flags: c"write fast",
         arity: 4,
         key_flags: RW | UPDATE,
@@ -153,7 +132,7 @@ pub static COMMANDS: [Command; 6] = [
     },
     Command {
         name: c"lock.fence",
-        callback: callback!(fence),
+        callback: command_callback!(fence),
         flags: c"readonly fast",
         arity: -2,
         key_flags: RO | ACCESS,
@@ -169,7 +148,7 @@ pub static COMMANDS: [Command; 6] = [
     },
     Command {
         name: c"lock.info",
-        callback: callback!(info),
+        callback: command_callback!(info),
         flags: c"readonly fast",
         arity: 2,
         key_flags: RO | ACCESS,
@@ -179,7 +158,7 @@ pub static COMMANDS: [Command; 6] = [
     },
     Command {
         name: c"lock._set",
-        callback: callback!(set),
+        callback: command_callback!(set),
         flags: c"write",
         arity: -5,
         key_flags: OW | UPDATE,
@@ -369,7 +348,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let deadline_ms = datatype::local_deadline(a.deadline_ms, a.granted_ms, node::conversion_now());
     store.apply(a.token, a.fence, deadline_ms, a.granted_ms);
     engine::observe_fence(a.fence)?;
-    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    ffi::replicate_verbatim(ctx);
     Ok(Reply::Ok)
 }
 
@@ -384,22 +363,15 @@ fn waiting_on(ctx: Ctx, name: &[u8]) -> usize {
 /// Creates every command of the table, with arity, key spec and summary where
 /// the server supports command info (7.0+).
 pub fn register(ctx: Ctx) -> Result<(), String> {
-    let create = unsafe { raw::RedisModule_CreateCommand }
-        .ok_or("RedisModule_CreateCommand is not available")?;
-    let lock_category = add_lock_category(ctx);
+    if !ffi::can_create_commands() {
+        return Err("RedisModule_CreateCommand is not available".into());
+    }
+    // The `@lock` ACL category, where the server allows it (7.4+).
+    let lock_category = ffi::add_acl_category(ctx, c"lock");
     for c in &COMMANDS {
-        let ok = unsafe {
-            create(
-                ctx,
-                c.name.as_ptr(),
-                Some(c.callback),
-                c.flags.as_ptr(),
-                1,
-                1,
-                1,
-            )
-        };
-        if ok != raw::REDISMODULE_OK as c_int {
+        // First key, last key, step: 1, 1, 1.
+        let ok = ffi::create_command(ctx, c.name, c.callback, c.flags);
+        if ok != Some(true) {
             return Err(format!("could not create command {:?}", c.name));
         }
         set_acl_categories(ctx, c, lock_category);
@@ -413,35 +385,17 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
     Ok(())
 }
 
-/// Adds the `@lock` ACL category, where the server allows it (7.4+).
-fn add_lock_category(ctx: Ctx) -> bool {
-    match unsafe { raw::RedisModule_AddACLCategory } {
-        Some(add) => unsafe { add(ctx, c"lock".as_ptr()) == raw::REDISMODULE_OK as c_int },
-        None => false,
-    }
-}
-
 /// Puts `c` in its ACL categories (7.2+, Valkey 8): then `-@write` or
 /// `-@blocking` also stop the lock commands. On 7.0 module commands are in
 /// no category: name them in ACL rules (README, Security).
 fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
-    let (Some(get_command), Some(set_categories)) =
-        (unsafe { raw::RedisModule_GetCommand }, unsafe {
-            raw::RedisModule_SetCommandACLCategories
-        })
-    else {
-        return;
-    };
-    let command = unsafe { get_command(ctx, c.name.as_ptr()) };
-    if command.is_null() {
-        return;
-    }
     let mut categories = c.acl_categories.to_bytes().to_vec();
     if lock_category && c.name != c"lock._set" {
         categories.extend_from_slice(b" lock");
     }
     let categories = std::ffi::CString::new(categories).unwrap_or_default();
-    if unsafe { set_categories(command, categories.as_ptr()) } != raw::REDISMODULE_OK as c_int {
+    // None: the server cannot (7.0), or has no such command.
+    if ffi::set_command_acl_categories(ctx, c.name, &categories) == Some(false) {
         log_warning(&format!(
             "lock: {:?}: the server refused ACL categories {categories:?}",
             c.name
@@ -450,62 +404,5 @@ fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
 }
 
 fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
-    let (Some(get_command), Some(set_info)) = (unsafe { raw::RedisModule_GetCommand }, unsafe {
-        raw::RedisModule_SetCommandInfo
-    }) else {
-        return Err("this server has no RedisModule_SetCommandInfo");
-    };
-    let command = unsafe { get_command(ctx, c.name.as_ptr()) };
-    if command.is_null() {
-        return Err("RedisModule_GetCommand found no such command");
-    }
-    let version = raw::RedisModuleCommandInfoVersion {
-        version: 1,
-        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
-        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
-        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
-    };
-    // One key at argv[1]; the array ends with an all-zero spec.
-    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
-    key_specs[0].flags = c.key_flags;
-    key_specs[0].begin_search_type =
-        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-    key_specs[0].bs.index.pos = 1;
-    key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    key_specs[0].fk.range.lastkey = 0;
-    key_specs[0].fk.range.keystep = 1;
-    key_specs[0].fk.range.limit = 0;
-    // The array ends with an all-zero entry; Redis copies it.
-    let mut args: Vec<raw::RedisModuleCommandArg> = c
-        .args
-        .iter()
-        .map(|a| {
-            let mut raw_arg: raw::RedisModuleCommandArg = unsafe { std::mem::zeroed() };
-            raw_arg.name = a.name.as_ptr();
-            raw_arg.type_ = a.kind;
-            raw_arg.key_spec_index = if a.kind == KEY { 0 } else { -1 };
-            raw_arg.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
-            raw_arg.summary = a.summary.as_ptr();
-            if a.optional {
-                raw_arg.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
-            }
-            raw_arg
-        })
-        .collect();
-    args.push(unsafe { std::mem::zeroed() });
-    let info = raw::RedisModuleCommandInfo {
-        version: &version,
-        summary: c.summary.as_ptr(),
-        complexity: c"O(1)".as_ptr(),
-        since: c"0.1.0".as_ptr(),
-        history: std::ptr::null_mut(),
-        tips: std::ptr::null(),
-        arity: c.arity,
-        key_specs: key_specs.as_mut_ptr(),
-        args: args.as_mut_ptr(),
-    };
-    if unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
-        return Err("RedisModule_SetCommandInfo refused the command info");
-    }
-    Ok(())
+    ffi::set_command_info(ctx, c.name, c.summary, c.arity, c.key_flags, c.args)
 }

@@ -40,12 +40,13 @@
 
 use std::alloc::{handle_alloc_error, Layout};
 use std::os::raw::{c_int, c_void};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use redis_module::raw;
 
 use super::engine;
-use super::ffi::{api, context_flags, guard, log_warning};
+use super::ffi::{self, api, context_flags, guard, log_warning, KeyPtr};
 use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
@@ -92,8 +93,13 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
         copy2: None,
         aux_save2: None,
     };
+    // SAFETY: the API table is filled in before any module code runs and
+    // never written again (see `ffi`).
     let create = unsafe { raw::RedisModule_CreateDataType }
         .ok_or("RedisModule_CreateDataType is not available")?;
+    // SAFETY: ctx is the load context Redis gave `module::start`; the name
+    // is 9 characters, NUL-terminated; Redis copies the methods, whose
+    // callbacks are the functions of this file.
     let t = unsafe { create(ctx, TYPE_NAME.as_ptr(), ENCODING_VERSION, &mut methods) };
     if t.is_null() {
         return Err("could not create the redislock data type");
@@ -107,7 +113,8 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
 /// so a grant costs one allocation (a 36-byte token: a 64-byte block, the
 /// allocator's 64-byte class: smaller, with no Redis expiry entry, than a
 /// `SET NX PX` key of the same token). Always handled through raw pointers:
-/// the token lies past the struct.
+/// the token lies past the struct. Outside this file a block is seen only
+/// through a [`LockValue`].
 #[repr(C)]
 pub struct LockBlock {
     fence: i64,
@@ -144,56 +151,75 @@ impl LockBlock {
     /// Straight from RM_Alloc (Redis's allocator, 16-byte aligned, counted
     /// in used_memory): Rust's global allocator would reach the same place
     /// through two more calls on every grant.
-    pub fn new(lock: Lock<'_>) -> *mut LockBlock {
+    fn new(lock: Lock<'_>) -> NonNull<LockBlock> {
         let size = TOKEN_OFFSET + lock.token.len();
+        // SAFETY: a plain allocation of `size` bytes.
+        let block = unsafe { api!(RedisModule_Alloc)(size) }.cast::<LockBlock>();
+        let Some(block) = NonNull::new(block) else {
+            // SAFETY: 8 is a power of two, and `size` (at most a few hundred
+            // bytes: the token is bounded) does not overflow when rounded up.
+            handle_alloc_error(unsafe { Layout::from_size_align_unchecked(size, 8) });
+        };
+        let ptr = block.as_ptr();
+        // SAFETY: `ptr` is a fresh allocation of TOKEN_OFFSET + token length
+        // bytes, aligned for LockBlock (RM_Alloc aligns to 16): the header
+        // fields and the token bytes right past them are in bounds, and
+        // nothing else sees the block yet.
         unsafe {
-            let block = api!(RedisModule_Alloc)(size).cast::<LockBlock>();
-            if block.is_null() {
-                handle_alloc_error(Layout::from_size_align_unchecked(size, 8));
-            }
-            (*block).fence = lock.fence;
-            (*block).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
-            (*block).granted_ms = lock.granted_ms;
-            (*block).len = lock.token.len() as u32;
-            let token = block.cast::<u8>().add(TOKEN_OFFSET);
+            (*ptr).fence = lock.fence;
+            (*ptr).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
+            (*ptr).granted_ms = lock.granted_ms;
+            (*ptr).len = lock.token.len() as u32;
+            let token = ptr.cast::<u8>().add(TOKEN_OFFSET);
             std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
-            STATS.locks.fetch_add(1, Relaxed);
-            block
+        }
+        STATS.locks.fetch_add(1, Relaxed);
+        block
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`] and is neither freed nor
+    /// written during `'a`.
+    unsafe fn view<'a>(block: *const LockBlock) -> Lock<'a> {
+        // SAFETY: a live block (the caller's contract), whose `len` token
+        // bytes lie right past the header, unchanged during `'a`.
+        unsafe {
+            let token = block.cast::<u8>().add(TOKEN_OFFSET);
+            let (deadline_ms, lease) = unpack((*block).deadline_and_lease);
+            Lock {
+                fence: (*block).fence,
+                deadline_ms,
+                token: std::slice::from_raw_parts(token, (*block).len as usize),
+                granted_ms: (*block).granted_ms,
+                lease,
+            }
         }
     }
 
     /// # Safety
-    /// `block` comes from [`LockBlock::new`] and is not freed during `'a`.
-    pub unsafe fn view<'a>(block: *const LockBlock) -> Lock<'a> {
-        let token = block.cast::<u8>().add(TOKEN_OFFSET);
-        let (deadline_ms, lease) = unpack((*block).deadline_and_lease);
-        Lock {
-            fence: (*block).fence,
-            deadline_ms,
-            token: std::slice::from_raw_parts(token, (*block).len as usize),
-            granted_ms: (*block).granted_ms,
-            lease,
-        }
-    }
-
-    /// # Safety
-    /// `block` comes from [`LockBlock::new`].
-    pub unsafe fn set(
+    /// `block` comes from [`LockBlock::new`], is not freed, and no view of
+    /// it is in use.
+    unsafe fn set(
         block: *mut LockBlock,
         fence: i64,
         deadline_ms: i64,
         granted_ms: i64,
         lease: u64,
     ) {
-        (*block).fence = fence;
-        (*block).deadline_and_lease = pack(deadline_ms, lease);
-        (*block).granted_ms = granted_ms;
+        // SAFETY: a live block, not borrowed (the caller's contract); the
+        // token is left as it is.
+        unsafe {
+            (*block).fence = fence;
+            (*block).deadline_and_lease = pack(deadline_ms, lease);
+            (*block).granted_ms = granted_ms;
+        }
     }
 
     /// # Safety
     /// `block` comes from [`LockBlock::new`] and is not used afterwards.
     unsafe fn free(block: *mut LockBlock) {
-        api!(RedisModule_Free)(block.cast());
+        // SAFETY: an RM_Alloc allocation (the caller's contract), freed once.
+        unsafe { api!(RedisModule_Free)(block.cast()) };
         STATS.locks.fetch_sub(1, Relaxed);
     }
 
@@ -202,19 +228,57 @@ impl LockBlock {
     }
 }
 
-/// The lock stored at an open key: null for an empty key, WRONGTYPE for a key
-/// of another type.
-pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockError> {
-    let key_type = unsafe { api!(RedisModule_KeyType)(key) } as isize;
-    if key_type == raw::REDISMODULE_KEYTYPE_EMPTY {
-        return Ok(std::ptr::null_mut());
+/// A lock in the keyspace: the value an open key holds, found by
+/// [`value_of`] or put there by [`store`] (nothing else makes one).
+///
+/// Valid while that key stays open and keeps this value: the holder drops
+/// it before the key is closed, and when the key's value is deleted or
+/// replaced (`keyspace::LockKey` does; the sweep uses one only inside the
+/// scan callback that found it). Everything runs on Redis's main thread,
+/// except `free` (lazy-free threads), which only sees values that left the
+/// keyspace.
+pub struct LockValue(NonNull<LockBlock>);
+
+impl LockValue {
+    /// The lock, borrowed from the block.
+    pub fn view(&self) -> Lock<'_> {
+        // SAFETY: the block is live while this value is (see the type's
+        // doc), and `set` needs `&mut self`, so it is not written meanwhile.
+        unsafe { LockBlock::view(self.0.as_ptr()) }
     }
-    let ours = key_type == raw::REDISMODULE_KEYTYPE_MODULE
-        && unsafe { api!(RedisModule_ModuleTypeGetType)(key) } == LOCK_TYPE.get();
+
+    /// Updates the lock in place (same token, no allocation).
+    pub fn set(&mut self, fence: i64, deadline_ms: i64, granted_ms: i64, lease: u64) {
+        // SAFETY: the block is live (see the type's doc), and `&mut self`
+        // means no view of it is in use.
+        unsafe { LockBlock::set(self.0.as_ptr(), fence, deadline_ms, granted_ms, lease) }
+    }
+}
+
+/// The lock stored at an open key: None for an empty key, WRONGTYPE for a
+/// key of another type.
+pub fn value_of(key: KeyPtr) -> Result<Option<LockValue>, LockError> {
+    let key_type = ffi::key_type(key) as isize;
+    if key_type == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return Ok(None);
+    }
+    let ours =
+        key_type == raw::REDISMODULE_KEYTYPE_MODULE && ffi::module_type_of(key) == LOCK_TYPE.get();
     if !ours {
         return Err(LockError::WrongType);
     }
-    Ok(unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }.cast())
+    // Our type: the value is a block of this file (`store`, `rdb_load`).
+    Ok(NonNull::new(ffi::module_value(key).cast()).map(LockValue))
+}
+
+/// Stores `lock` as the value of `key` (open for writing), in a new block;
+/// the value it replaces, if any, is freed by Redis (through `free`).
+pub fn store(key: KeyPtr, lock: Lock<'_>) -> LockValue {
+    let block = LockBlock::new(lock);
+    // SAFETY: `key` is an open key the caller holds (see `ffi`); the new
+    // block goes to the keyspace, which frees it through this type's `free`.
+    unsafe { api!(RedisModule_ModuleTypeSetValue)(key, LOCK_TYPE.get(), block.as_ptr().cast()) };
+    LockValue(block)
 }
 
 /// Frees a value Redis is done with. Only frees: it may run on a lazy-free
@@ -223,7 +287,8 @@ pub fn value_of(key: *mut raw::RedisModuleKey) -> Result<*mut LockBlock, LockErr
 extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
         if !value.is_null() {
-            // SAFETY: Redis hands back a value this module allocated.
+            // SAFETY: Redis hands back a value of this type (a block from
+            // `LockBlock::new`) once, when it is done with it.
             unsafe { LockBlock::free(value.cast()) };
         }
     })
@@ -231,8 +296,12 @@ extern "C" fn free(value: *mut c_void) {
 
 extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
+        // SAFETY: Redis passes a value of this type (a block from
+        // `LockBlock::new`), alive and unchanged during the callback.
         let lock = unsafe { LockBlock::view(value.cast()) };
         let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
+        // SAFETY: `rdb` is the IO context Redis gave this callback; Redis
+        // copies the token bytes.
         unsafe {
             api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
             api!(RedisModule_SaveSigned)(rdb, lock.fence);
@@ -247,8 +316,9 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // RESTORE (and MIGRATE's RESTORE-ASKING) runs outside loading: its
         // fence is also bounded by the clock (see codec::check_restored_fence).
         let loading = raw::REDISMODULE_CTX_FLAGS_LOADING | raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
-        let restoring =
-            context_flags(unsafe { api!(RedisModule_GetContextFromIO)(rdb) }) & loading == 0;
+        // SAFETY: `rdb` is the IO context Redis gave this callback.
+        let io_ctx = unsafe { api!(RedisModule_GetContextFromIO)(rdb) };
+        let restoring = context_flags(io_ctx) & loading == 0;
         let now = node::conversion_now();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
             engine::check_fence(fence)?;
@@ -275,6 +345,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
                     granted_ms: value.granted_ms,
                     lease: node::new_lease(),
                 })
+                .as_ptr()
                 .cast()
             }
             Err(why) => {
@@ -315,6 +386,7 @@ impl ValueReader for Io {
 extern "C" fn aux_save(rdb: *mut raw::RedisModuleIO, when: c_int) {
     guard("aux_save", (), || {
         if when == raw::REDISMODULE_AUX_BEFORE_RDB as c_int {
+            // SAFETY: `rdb` is the IO context Redis gave this callback.
             unsafe { api!(RedisModule_SaveSigned)(rdb, engine::fence_hwm()) };
         }
     })
@@ -349,8 +421,13 @@ extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard("aof_rewrite", (), || {
+        // SAFETY: Redis passes a value of this type (a block from
+        // `LockBlock::new`), alive and unchanged during the callback.
         let lock = unsafe { LockBlock::view(value.cast()) };
         let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
+        // SAFETY: `aof` and `key` are what Redis gave this callback; the
+        // format "sblll" names what follows: a RedisModuleString, a buffer
+        // and its length (copied by Redis), and three long longs.
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
@@ -369,13 +446,19 @@ extern "C" fn aof_rewrite(
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard("mem_usage", 0, || {
+        // SAFETY: Redis passes a value of this type (a block from
+        // `LockBlock::new`), alive and unchanged during the callback.
         LockBlock::size(unsafe { LockBlock::view(value.cast()) })
     })
 }
 
 extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard("digest", (), || {
+        // SAFETY: Redis passes a value of this type (a block from
+        // `LockBlock::new`), alive and unchanged during the callback.
         let lock = unsafe { LockBlock::view(value.cast()) };
+        // SAFETY: `md` is the digest Redis gave this callback; Redis reads
+        // the token bytes during the call.
         unsafe {
             api!(RedisModule_DigestAddStringBuffer)(
                 md,

@@ -14,7 +14,9 @@ use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{raw, RedisError};
 
 use super::blocked;
-use super::ffi::{api, context_flags, is_replica, lock_events, notify_lock_event, Ctx, RString};
+use super::ffi::{
+    context_flags, is_replica, lock_events, notify_lock_event, selected_db, Ctx, RString,
+};
 use super::node::{self, count, SERVER, STATS};
 use super::timer;
 use crate::core::error::LockError;
@@ -60,7 +62,7 @@ pub fn waiters_total() -> usize {
 }
 
 pub fn key_of(ctx: Ctx, name: &[u8]) -> Key {
-    (unsafe { api!(RedisModule_GetSelectedDb)(ctx) }, name.into())
+    (selected_db(ctx), name.into())
 }
 
 /// `key_of` for a command, without allocating while nobody waits anywhere

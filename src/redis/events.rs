@@ -4,17 +4,15 @@
 //! command filter and no keyspace-event subscription: commands that touch
 //! no lock run no module code.
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_void;
 use std::sync::atomic::Ordering::Relaxed;
 
 use redis_module::raw;
 
 use super::engine::Key;
-use super::ffi::{api, config_get, context_flags, guard, log_warning, string_bytes, Ctx};
+use super::ffi::{self, config_get, context_flags, guard, log_warning, Ctx, EventFn};
 use super::node::SERVER;
 use super::{blocked, engine, propagation, sweep, timer};
-
-pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
 
 /// Reads the replication role and the memory policy into `node::SERVER`,
 /// warning when the policy starts to allow evicting locks.
@@ -79,31 +77,30 @@ pub extern "C" fn on_role_changed(
 
 pub extern "C" fn on_flush(
     _ctx: Ctx,
-    _event: raw::RedisModuleEvent,
+    event: raw::RedisModuleEvent,
     subevent: u64,
     data: *mut c_void,
 ) {
     guard("the flush event", (), || {
-        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END || data.is_null() {
+        if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
             return;
         }
-        let info = unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() };
-        timer::flushed(info.dbnum);
+        if let Some(db) = ffi::flush_event_db(event, data) {
+            timer::flushed(db);
+        }
     })
 }
 
 pub extern "C" fn on_swapdb(
     _ctx: Ctx,
-    _event: raw::RedisModuleEvent,
+    event: raw::RedisModuleEvent,
     _subevent: u64,
     data: *mut c_void,
 ) {
     guard("the swapdb event", (), || {
-        if data.is_null() {
-            return;
+        if let Some((a, b)) = ffi::swapdb_event_dbs(event, data) {
+            timer::swapped(a, b);
         }
-        let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
-        timer::swapped(info.dbnum_first, info.dbnum_second);
     })
 }
 
@@ -170,11 +167,7 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
         if engine::waiters_total() == 0 {
             return;
         }
-        let key: Key = unsafe {
-            let name = api!(RedisModule_GetKeyNameFromOptCtx)(opt);
-            let db = api!(RedisModule_GetDbIdFromOptCtx)(opt);
-            (db, string_bytes(name.cast_mut()).into())
-        };
+        let key: Key = ffi::unlinked_key(opt);
         timer::queue(|inbox| inbox.changed.push(key));
     })
 }
@@ -195,8 +188,6 @@ pub extern "C" fn on_event_loop(
 
 /// Subscribes every event above (called once from `module::start`).
 pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
-    let subscribe = unsafe { raw::RedisModule_SubscribeToServerEvent }
-        .ok_or("RedisModule_SubscribeToServerEvent is not available")?;
     let events = [
         (raw::REDISMODULE_EVENT_LOADING, on_loading as EventFn),
         (
@@ -213,9 +204,10 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
     let before_sleep = blocked::defers_unblocks()
         .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));
     for (id, callback) in events.into_iter().chain(before_sleep) {
-        let event = raw::RedisModuleEvent { id, dataver: 1 };
-        if unsafe { subscribe(ctx, event, Some(callback)) } != raw::REDISMODULE_OK as c_int {
-            return Err("failed to subscribe to a server event");
+        match ffi::subscribe_to_server_event(ctx, id, callback) {
+            Some(true) => {}
+            None => return Err("RedisModule_SubscribeToServerEvent is not available"),
+            Some(false) => return Err("failed to subscribe to a server event"),
         }
     }
     Ok(())

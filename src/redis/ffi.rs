@@ -1,8 +1,35 @@
-//! Small helpers over the raw module API: reading argv as bytes without
-//! allocating, sending replies, and the guard that keeps panics out of Redis.
+//! The FFI facade: every call into the raw module API (`raw::RedisModule_*`)
+//! and libc made outside the data type (`datatype`, which owns the value's
+//! memory layout and the type callbacks) goes through a small function here.
+//! Also: reading argv as bytes without allocating, sending replies, and the
+//! guard that keeps panics out of Redis.
+//!
+//! ## Safety
+//! * The API table: Redis fills every `raw::RedisModule_*` entry in
+//!   `RedisModule_Init`, before any module code runs, and never writes it
+//!   again, so reading an entry is a read of an initialized static. Entries
+//!   a server may lack (NULL, here `None`) are checked; [`api!`] is only for
+//!   those every supported server (7.0+, checked at load) has.
+//! * Handles: the raw pointers the safe functions below take (`Ctx`, key
+//!   names, argv strings, open keys, blocked clients, IO and option
+//!   contexts) are ones Redis gave the caller for the callback it is
+//!   running, or created by it in that callback and not yet freed or
+//!   closed. The module never makes such a pointer up, nor keeps one past
+//!   its callback, except the timer's detached context and the sweep's scan
+//!   cursor, which live as long as the process. Such a pointer is valid for
+//!   the call; that is what each `// SAFETY:` comment below relies on when
+//!   it says "a handle Redis gave the caller".
+//! * Functions whose soundness depends on more than that (a lifetime, the
+//!   type behind a `void *`) are `unsafe fn` with a `# Safety` section, or
+//!   take typed data ([`Blocking`]) so that the type cannot be mistaken.
+//! * Everything runs on Redis's main thread, except the data type's `free`
+//!   (lazy-free threads), which touches no handle.
 
-use std::os::raw::c_int;
+use std::ffi::CStr;
+use std::marker::PhantomData;
+use std::os::raw::{c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 
 use redis_module::raw;
 
@@ -10,16 +37,56 @@ use crate::core::error::LockError;
 
 pub type Ctx = *mut raw::RedisModuleCtx;
 pub type RString = *mut raw::RedisModuleString;
+pub type KeyPtr = *mut raw::RedisModuleKey;
+
+/// A command's callback, as RM_CreateCommand takes it.
+pub type CommandFn = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
+
+/// A module timer's callback.
+pub type TimerFn = extern "C" fn(Ctx, *mut c_void);
+
+/// A server event's callback.
+pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
 
 /// Calls a module API function pointer. All the functions used through this
 /// exist on Redis 7.0 and later; if one is somehow missing, this panics, and
-/// the panic is turned into an error reply by [`run_command`].
+/// the panic is turned into an error reply by [`run_command`] (or logged by
+/// [`guard`]). Reading the entry needs an `unsafe` block around the use
+/// (see the file doc: a read of an initialized static).
 macro_rules! api {
     ($name:ident) => {
         redis_module::raw::$name.expect(concat!(stringify!($name), " is not available"))
     };
 }
 pub(crate) use api;
+
+/// An entry of the API table that a server may lack: `None` there.
+macro_rules! optional_api {
+    ($name:ident) => {{
+        // SAFETY: the API table is filled in before any module code runs and
+        // never written again (see the file doc).
+        unsafe { redis_module::raw::$name }
+    }};
+}
+
+/// The `extern "C"` callback of a command whose handler is `$handler`
+/// (`fn(Ctx, &Argv) -> Result<Reply, LockError>`): it runs the handler
+/// through [`run_command`].
+macro_rules! command_callback {
+    ($handler:path) => {{
+        unsafe extern "C" fn callback(
+            ctx: $crate::redis::ffi::Ctx,
+            argv: *mut $crate::redis::ffi::RString,
+            argc: ::std::os::raw::c_int,
+        ) -> ::std::os::raw::c_int {
+            // SAFETY: Redis calls a command's callback with the command's own
+            // context and its `argc` arguments, valid during the call.
+            unsafe { $crate::redis::ffi::run_command(ctx, argv, argc, $handler) }
+        }
+        callback as $crate::redis::ffi::CommandFn
+    }};
+}
+pub(crate) use command_callback;
 
 /// One more than the longest valid argv (`LOCK.ACQUIRE key token ttl BLOCK
 /// t MINFENCE n`, 8): longer argvs are cut here, and the cut argv is still
@@ -41,12 +108,15 @@ impl<'a> Argv<'a> {
         let raw: &[RString] = if argv.is_null() || argc <= 0 {
             &[]
         } else {
-            std::slice::from_raw_parts(argv, argc as usize)
+            // SAFETY: the caller's contract: `argc` strings at `argv`, alive
+            // for `'a`.
+            unsafe { std::slice::from_raw_parts(argv, argc as usize) }
         };
         let mut bytes: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
         let len = raw.len().min(MAX_ARGS);
         for (slot, s) in bytes.iter_mut().zip(raw) {
-            *slot = string_bytes(*s);
+            // SAFETY: each string is valid for `'a` (the caller's contract).
+            *slot = unsafe { string_bytes(*s) };
         }
         Argv { raw, bytes, len }
     }
@@ -66,15 +136,42 @@ impl<'a> Argv<'a> {
     }
 }
 
+/// The bytes of a Redis string, borrowed.
+///
 /// # Safety
-/// `s` must be a valid RedisModuleString that outlives `'a`.
-pub unsafe fn string_bytes<'a>(s: RString) -> &'a [u8] {
+/// `s` must be a valid RedisModuleString that outlives `'a` (and is not
+/// changed meanwhile).
+unsafe fn string_bytes<'a>(s: RString) -> &'a [u8] {
     let mut len = 0usize;
-    let ptr = api!(RedisModule_StringPtrLen)(s, &mut len);
+    // SAFETY: `s` is a valid string (the caller's contract).
+    let ptr = unsafe { api!(RedisModule_StringPtrLen)(s, &mut len) };
     if ptr.is_null() || len == 0 {
         return &[];
     }
-    std::slice::from_raw_parts(ptr.cast::<u8>(), len)
+    // SAFETY: Redis returns the string's `len` bytes, which live as long as
+    // the string does (the caller's contract).
+    unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }
+}
+
+/// A copy of the bytes of a Redis string the caller was given.
+pub fn string_copy(s: RString) -> Box<[u8]> {
+    // SAFETY: a string Redis gave the caller, valid during this call; the
+    // bytes are copied before it returns.
+    unsafe { string_bytes(s) }.into()
+}
+
+/// A new Redis string holding `bytes`, to be freed with [`free_string`].
+pub fn create_string(ctx: Ctx, bytes: &[u8]) -> RString {
+    // SAFETY: ctx is a handle Redis gave the caller; Redis copies the bytes.
+    unsafe { api!(RedisModule_CreateString)(ctx, bytes.as_ptr().cast(), bytes.len()) }
+}
+
+/// Frees a string made by [`create_string`] (or another that the module
+/// owns), which must not be used afterwards.
+pub fn free_string(ctx: Ctx, s: RString) {
+    // SAFETY: ctx is a handle Redis gave the caller; `s` is a string the
+    // caller owns and gives up here.
+    unsafe { api!(RedisModule_FreeString)(ctx, s) };
 }
 
 /// What a command answers. Built inside the guard, sent outside it, so that a
@@ -96,7 +193,8 @@ pub enum Value {
 }
 
 /// Runs one command: turns argv into bytes, calls `handler`, and turns an
-/// error or a panic into an error reply. Every command goes through here.
+/// error or a panic into an error reply. Every command goes through here
+/// (see [`command_callback!`]).
 ///
 /// # Safety
 /// Called only from a Redis command callback with its own arguments.
@@ -107,14 +205,16 @@ pub unsafe fn run_command(
     handler: fn(Ctx, &Argv) -> Result<Reply, LockError>,
 ) -> c_int {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let argv = Argv::new(argv, argc);
+        // SAFETY: the command's own argv (the caller's contract), alive for
+        // the whole callback.
+        let argv = unsafe { Argv::new(argv, argc) };
         handler(ctx, &argv)
     }))
     .unwrap_or(Err(LockError::Internal));
     match result {
         // By value: the integer and nil replies leave nothing to drop.
         Ok(reply) => send(ctx, reply),
-        Err(err) => reply_error(ctx, err),
+        Err(err) => reply_lock_error(ctx, err),
     }
     raw::REDISMODULE_OK as c_int
 }
@@ -132,7 +232,9 @@ pub fn guard<T>(what: &str, fallback: T, f: impl FnOnce() -> T) -> T {
 
 pub fn log_warning(message: &str) {
     if let Ok(msg) = std::ffi::CString::new(message) {
-        if let Some(log) = unsafe { raw::RedisModule_Log } {
+        if let Some(log) = optional_api!(RedisModule_Log) {
+            // SAFETY: a NULL context logs as the module; the format and its
+            // one argument are NUL-terminated strings alive for the call.
             unsafe {
                 log(
                     std::ptr::null_mut(),
@@ -145,88 +247,117 @@ pub fn log_warning(message: &str) {
     }
 }
 
+// ---- replies (ctx: the context of the command or reply callback) ----
+
+pub fn reply_integer(ctx: Ctx, n: i64) {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, n) };
+}
+
+pub fn reply_null(ctx: Ctx) {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    unsafe { api!(RedisModule_ReplyWithNull)(ctx) };
+}
+
+/// An error reply; `msg` starts with its error code (`ERR ...`).
+pub fn reply_error(ctx: Ctx, msg: &CStr) {
+    // SAFETY: ctx is a handle Redis gave the caller; Redis copies `msg`.
+    unsafe { api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr()) };
+}
+
+fn reply_simple_string(ctx: Ctx, s: &CStr) {
+    // SAFETY: ctx is a handle Redis gave the caller; Redis copies `s`.
+    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, s.as_ptr()) };
+}
+
+fn reply_bytes(ctx: Ctx, bytes: &[u8]) {
+    // SAFETY: ctx is a handle Redis gave the caller; Redis copies the bytes.
+    unsafe { api!(RedisModule_ReplyWithStringBuffer)(ctx, bytes.as_ptr().cast(), bytes.len()) };
+}
+
+/// The header of a map of `len` pairs: a map where the server has
+/// RM_ReplyWithMap (7.0+; Redis itself flattens it for RESP2 clients), a
+/// flat array of `2 * len` otherwise.
+fn reply_map_header(ctx: Ctx, len: usize) {
+    match optional_api!(RedisModule_ReplyWithMap) {
+        // SAFETY: ctx is a handle Redis gave the caller.
+        Some(with_map) => unsafe { with_map(ctx, len as _) },
+        // SAFETY: as above.
+        None => unsafe { api!(RedisModule_ReplyWithArray)(ctx, (len * 2) as _) },
+    };
+}
+
 #[cold]
 #[inline(never)]
-unsafe fn reply_error(ctx: Ctx, err: LockError) {
+fn reply_lock_error(ctx: Ctx, err: LockError) {
     // Messages never contain user bytes unquoted (see show_arg) and so never
     // contain a NUL or a newline.
     let msg = std::ffi::CString::new(err.to_string())
         .unwrap_or_else(|_| c"ERR internal error".to_owned());
-    api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
+    reply_error(ctx, &msg);
 }
 
-unsafe fn send(ctx: Ctx, reply: Reply) {
+fn send(ctx: Ctx, reply: Reply) {
     match reply {
-        Reply::Integer(n) => {
-            api!(RedisModule_ReplyWithLongLong)(ctx, n);
-        }
-        Reply::Null => {
-            api!(RedisModule_ReplyWithNull)(ctx);
-        }
-        Reply::Ok => {
-            api!(RedisModule_ReplyWithSimpleString)(ctx, c"OK".as_ptr());
-        }
+        Reply::Integer(n) => reply_integer(ctx, n),
+        Reply::Null => reply_null(ctx),
+        Reply::Ok => reply_simple_string(ctx, c"OK"),
         Reply::Blocked => {}
         Reply::Map(fields) => {
-            // ReplyWithMap is 7.0+; Redis itself flattens it for RESP2 clients.
-            match raw::RedisModule_ReplyWithMap {
-                Some(with_map) => with_map(ctx, fields.len() as _),
-                None => api!(RedisModule_ReplyWithArray)(ctx, (fields.len() * 2) as _),
-            };
+            reply_map_header(ctx, fields.len());
             for (name, value) in fields {
-                api!(RedisModule_ReplyWithStringBuffer)(ctx, name.as_ptr().cast(), name.len());
+                reply_bytes(ctx, name.as_bytes());
                 match value {
-                    Value::Integer(n) => api!(RedisModule_ReplyWithLongLong)(ctx, n),
-                    Value::Bytes(b) => {
-                        api!(RedisModule_ReplyWithStringBuffer)(ctx, b.as_ptr().cast(), b.len())
-                    }
-                    Value::Null => api!(RedisModule_ReplyWithNull)(ctx),
+                    Value::Integer(n) => reply_integer(ctx, n),
+                    Value::Bytes(b) => reply_bytes(ctx, &b),
+                    Value::Null => reply_null(ctx),
                 };
             }
         }
     }
 }
 
+// ---- ACL ----
+
 /// Whether the user running this command may write `key` (ACL key
 /// patterns). Without a user (timers, the AOF) or without the ACL API, yes.
 pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
-    let Some(user_name) = (unsafe { raw::RedisModule_GetCurrentUserName }) else {
+    let Some(user_name) = optional_api!(RedisModule_GetCurrentUserName) else {
         return true;
     };
-    unsafe {
-        let name = user_name(ctx);
-        if name.is_null() {
-            return true;
-        }
-        let allowed = user_may_write_key(name, key);
-        api!(RedisModule_FreeString)(ctx, name);
-        allowed
+    // SAFETY: ctx is a handle Redis gave the caller.
+    let name = unsafe { user_name(ctx) };
+    if name.is_null() {
+        return true;
     }
+    let allowed = user_may_write_key(name, key);
+    free_string(ctx, name);
+    allowed
 }
 
 /// Whether the user named `user_name` may write `key`. No when that user
 /// no longer exists; yes without the ACL API.
 pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
-    let api = unsafe {
-        (
-            raw::RedisModule_GetModuleUserFromUserName,
-            raw::RedisModule_ACLCheckKeyPermissions,
-            raw::RedisModule_FreeModuleUser,
-        )
-    };
+    let api = (
+        optional_api!(RedisModule_GetModuleUserFromUserName),
+        optional_api!(RedisModule_ACLCheckKeyPermissions),
+        optional_api!(RedisModule_FreeModuleUser),
+    );
     let (Some(get_user), Some(check), Some(free_user)) = api else {
         return true;
     };
-    unsafe {
-        let user = get_user(user_name);
-        if user.is_null() {
-            return false; // the user was deleted meanwhile
-        }
-        let allowed = check(user, key, raw::REDISMODULE_CMD_KEY_UPDATE as c_int)
-            == raw::REDISMODULE_OK as c_int;
-        free_user(user);
-        allowed
+    // SAFETY: `user_name` is a string Redis gave the caller.
+    let user = unsafe { get_user(user_name) };
+    if user.is_null() {
+        return false; // the user was deleted meanwhile
     }
+    // SAFETY: `user` was just returned (not NULL) and is freed below; `key`
+    // is a handle Redis gave the caller.
+    let allowed = unsafe { check(user, key, raw::REDISMODULE_CMD_KEY_UPDATE as c_int) }
+        == raw::REDISMODULE_OK as c_int;
+    // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
+    unsafe { free_user(user) };
+    allowed
 }
 
 /// Whether the user named `user_name` may still run `LOCK.ACQUIRE` on
@@ -237,34 +368,36 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
     if !user_may_write_key(user_name, key) {
         return false;
     }
-    let api = unsafe {
-        (
-            raw::RedisModule_GetModuleUserFromUserName,
-            raw::RedisModule_ACLCheckCommandPermissions,
-            raw::RedisModule_FreeModuleUser,
-        )
-    };
+    let api = (
+        optional_api!(RedisModule_GetModuleUserFromUserName),
+        optional_api!(RedisModule_ACLCheckCommandPermissions),
+        optional_api!(RedisModule_FreeModuleUser),
+    );
     let (Some(get_user), Some(check), Some(free_user)) = api else {
         return true;
     };
-    unsafe {
-        let user = get_user(user_name);
-        if user.is_null() {
-            return false;
-        }
-        let create = |w: &[u8]| api!(RedisModule_CreateString)(ctx, w.as_ptr().cast(), w.len());
-        let mut argv = [create(b"LOCK.ACQUIRE"), key, create(b"t"), create(b"1")];
-        let allowed =
-            check(user, argv.as_mut_ptr(), argv.len() as c_int) == raw::REDISMODULE_OK as c_int;
-        for (i, s) in argv.into_iter().enumerate() {
-            if i != 1 {
-                api!(RedisModule_FreeString)(ctx, s);
-            }
-        }
-        free_user(user);
-        allowed
+    // SAFETY: `user_name` is a string Redis gave the caller.
+    let user = unsafe { get_user(user_name) };
+    if user.is_null() {
+        return false;
     }
+    let create = |w: &[u8]| create_string(ctx, w);
+    let mut argv = [create(b"LOCK.ACQUIRE"), key, create(b"t"), create(b"1")];
+    // SAFETY: `user` was just returned (not NULL) and is freed below; argv
+    // holds four valid strings, alive for the call.
+    let allowed = unsafe { check(user, argv.as_mut_ptr(), argv.len() as c_int) }
+        == raw::REDISMODULE_OK as c_int;
+    for (i, s) in argv.into_iter().enumerate() {
+        if i != 1 {
+            free_string(ctx, s);
+        }
+    }
+    // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
+    unsafe { free_user(user) };
+    allowed
 }
+
+// ---- the server and the context ----
 
 /// True on a replica (also one with `replica-read-only no`).
 pub fn is_replica(ctx: Ctx) -> bool {
@@ -275,7 +408,8 @@ pub fn is_replica(ctx: Ctx) -> bool {
 /// module must not write to the keyspace then (Redis asserts, or loses the
 /// write, if a timer does).
 pub fn writes_paused() -> bool {
-    match unsafe { raw::RedisModule_AvoidReplicaTraffic } {
+    match optional_api!(RedisModule_AvoidReplicaTraffic) {
+        // SAFETY: takes no argument; called on the main thread.
         Some(f) => unsafe { f() != 0 },
         None => false,
     }
@@ -283,7 +417,8 @@ pub fn writes_paused() -> bool {
 
 /// The context flags of the running command (MULTI, Lua, replicated, ...).
 pub fn context_flags(ctx: Ctx) -> u32 {
-    match unsafe { raw::RedisModule_GetContextFlags } {
+    match optional_api!(RedisModule_GetContextFlags) {
+        // SAFETY: ctx is a handle Redis gave the caller.
         Some(f) => unsafe { f(ctx) as u32 },
         None => 0,
     }
@@ -294,65 +429,259 @@ pub fn in_cluster(ctx: Ctx) -> bool {
     context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER != 0
 }
 
-/// The text of `CLUSTER NODES`, or None if it cannot be read.
+/// The server's version (0x00MMmmpp), if it can tell.
+pub fn server_version() -> Option<c_int> {
+    // SAFETY: takes no argument.
+    optional_api!(RedisModule_GetServerVersion).map(|get| unsafe { get() })
+}
+
+/// RM_SetModuleOptions; None where the server lacks it.
+pub fn set_module_options(ctx: Ctx, options: c_int) -> Option<()> {
+    let set_options = optional_api!(RedisModule_SetModuleOptions)?;
+    // SAFETY: ctx is the load context Redis gave the caller.
+    unsafe { set_options(ctx, options) };
+    Some(())
+}
+
+/// RM_LoadConfigs: whether the `lock.*` lines of the config file were
+/// accepted; None where the server lacks it.
+pub fn load_configs(ctx: Ctx) -> Option<bool> {
+    let load = optional_api!(RedisModule_LoadConfigs)?;
+    // SAFETY: ctx is the load context Redis gave the caller.
+    Some(unsafe { load(ctx) } == raw::REDISMODULE_OK as c_int)
+}
+
+/// A detached thread-safe context (for the process's life), or None where
+/// the server lacks it.
+pub fn detached_context(ctx: Ctx) -> Option<Ctx> {
+    let detached = optional_api!(RedisModule_GetDetachedThreadSafeContext)?;
+    // SAFETY: ctx is the load context Redis gave the caller.
+    Some(unsafe { detached(ctx) })
+}
+
+/// The db selected in `ctx`.
+pub fn selected_db(ctx: Ctx) -> i32 {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    unsafe { api!(RedisModule_GetSelectedDb)(ctx) }
+}
+
+/// Selects `db` in `ctx`; false when there is no such db.
+pub fn select_db(ctx: Ctx, db: i32) -> bool {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    unsafe { api!(RedisModule_SelectDb)(ctx, db) == raw::REDISMODULE_OK as c_int }
+}
+
+/// INFO `section`'s signed fields `names`: each one's value, or None where
+/// it is missing. None where the server lacks the API or the section.
+pub fn server_info_signed<const N: usize>(
+    ctx: Ctx,
+    section: &CStr,
+    names: [&CStr; N],
+) -> Option<[Option<i64>; N]> {
+    let (Some(get), Some(field), Some(free)) = (
+        optional_api!(RedisModule_GetServerInfo),
+        optional_api!(RedisModule_ServerInfoGetFieldSigned),
+        optional_api!(RedisModule_FreeServerInfo),
+    ) else {
+        return None;
+    };
+    // SAFETY: ctx is a handle Redis gave the caller; `section` is a
+    // NUL-terminated string alive for the call.
+    let info = unsafe { get(ctx, section.as_ptr()) };
+    if info.is_null() {
+        return None;
+    }
+    let values = names.map(|name| {
+        let mut err = 0;
+        // SAFETY: `info` was just returned (not NULL) and is freed below.
+        let value = unsafe { field(info, name.as_ptr(), &mut err) };
+        (err == 0).then_some(value)
+    });
+    // SAFETY: `info` came from RM_GetServerInfo with this ctx, freed once.
+    unsafe { free(ctx, info) };
+    Some(values)
+}
+
 /// `CONFIG GET name`'s value, through RM_Call.
-pub fn config_get(ctx: Ctx, name: &std::ffi::CStr) -> Option<String> {
-    unsafe {
-        let reply = raw::RedisModule_Call?(
+pub fn config_get(ctx: Ctx, name: &CStr) -> Option<String> {
+    let call = optional_api!(RedisModule_Call)?;
+    // SAFETY: ctx is a handle Redis gave the caller; the format "cc" names
+    // the two NUL-terminated strings that follow.
+    let reply = unsafe {
+        call(
             ctx,
             c"CONFIG".as_ptr(),
             c"cc".as_ptr(),
             c"GET".as_ptr(),
             name.as_ptr(),
-        );
-        if reply.is_null() {
-            return None;
-        }
-        // [name, value] (RESP2) or a map: the value is the second element.
-        let value = api!(RedisModule_CallReplyArrayElement)(reply, 1);
-        let text = (!value.is_null()).then(|| {
-            let mut len = 0usize;
-            let ptr = api!(RedisModule_CallReplyStringPtr)(value, &mut len);
-            (!ptr.is_null()).then(|| {
-                String::from_utf8_lossy(std::slice::from_raw_parts(ptr.cast::<u8>(), len))
-                    .into_owned()
-            })
-        });
-        api!(RedisModule_FreeCallReply)(reply);
-        text.flatten()
+        )
+    };
+    if reply.is_null() {
+        return None;
     }
+    // [name, value] (RESP2) or a map: the value is the second element.
+    // SAFETY: `reply` was just returned (not NULL); it is freed below.
+    let value = unsafe { api!(RedisModule_CallReplyArrayElement)(reply, 1) };
+    let text = (!value.is_null()).then(|| call_reply_text(value));
+    // SAFETY: `reply` came from RM_Call and is freed once; `value` (part of
+    // it) is not used after.
+    unsafe { api!(RedisModule_FreeCallReply)(reply) };
+    text.flatten()
 }
 
+/// The text of `CLUSTER NODES`, or None if it cannot be read.
 pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
-    unsafe {
-        let reply =
-            raw::RedisModule_Call?(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr());
-        if reply.is_null() {
-            return None;
-        }
-        let mut len = 0usize;
-        let ptr = api!(RedisModule_CallReplyStringPtr)(reply, &mut len);
-        let text = (!ptr.is_null()).then(|| {
-            String::from_utf8_lossy(std::slice::from_raw_parts(ptr.cast::<u8>(), len)).into_owned()
-        });
-        api!(RedisModule_FreeCallReply)(reply);
-        text
+    let call = optional_api!(RedisModule_Call)?;
+    // SAFETY: ctx is a handle Redis gave the caller; the format "c" names
+    // the NUL-terminated string that follows.
+    let reply = unsafe { call(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr()) };
+    if reply.is_null() {
+        return None;
     }
+    let text = call_reply_text(reply);
+    // SAFETY: `reply` came from RM_Call and is freed once.
+    unsafe { api!(RedisModule_FreeCallReply)(reply) };
+    text
+}
+
+/// A call reply's string, copied (None if it has none).
+fn call_reply_text(reply: *mut raw::RedisModuleCallReply) -> Option<String> {
+    let mut len = 0usize;
+    // SAFETY: `reply` is a live, non-NULL reply of the caller's RM_Call.
+    let ptr = unsafe { api!(RedisModule_CallReplyStringPtr)(reply, &mut len) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: Redis returned the reply's `len` bytes (not NULL), alive with
+    // the reply; they are copied here.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) };
+    Some(String::from_utf8_lossy(bytes).into_owned())
+}
+
+// ---- keys ----
+
+/// Opens the key `name` in the selected db (`mode`: REDISMODULE_READ, and
+/// WRITE). NULL for a read-only open of a missing key. Close it with
+/// [`close_key`].
+pub fn open_key(ctx: Ctx, name: RString, mode: c_int) -> KeyPtr {
+    // SAFETY: ctx and name are handles Redis gave the caller.
+    unsafe { api!(RedisModule_OpenKey)(ctx, name, mode) }
+}
+
+/// Closes a key from [`open_key`], which must not be used afterwards.
+pub fn close_key(key: KeyPtr) {
+    // SAFETY: an open key the caller gives up here.
+    unsafe { api!(RedisModule_CloseKey)(key) };
 }
 
 /// Whether `name` exists in the selected db.
 pub fn key_exists(ctx: Ctx, name: RString) -> bool {
-    unsafe {
-        let key = api!(RedisModule_OpenKey)(ctx, name, raw::REDISMODULE_READ as c_int);
-        if key.is_null() {
-            return false;
-        }
-        let exists =
-            api!(RedisModule_KeyType)(key.cast()) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
-        api!(RedisModule_CloseKey)(key.cast());
-        exists
+    let key = open_key(ctx, name, raw::REDISMODULE_READ as c_int);
+    if key.is_null() {
+        return false;
     }
+    let exists = key_type(key) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
+    close_key(key);
+    exists
 }
+
+/// The type of an open key (REDISMODULE_KEYTYPE_*).
+pub fn key_type(key: KeyPtr) -> c_int {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_KeyType)(key) }
+}
+
+/// The module type of an open key holding a module value.
+pub fn module_type_of(key: KeyPtr) -> *mut raw::RedisModuleType {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_ModuleTypeGetType)(key) }
+}
+
+/// The value of an open key holding a module value (only a pointer: what
+/// it points at is the data type's business).
+pub fn module_value(key: KeyPtr) -> *mut c_void {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }
+}
+
+/// Deletes the value of a key open for writing.
+pub fn delete_key(key: KeyPtr) {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_DeleteKey)(key) };
+}
+
+/// An open key's Redis expiry (Unix ms), negative when it has none.
+pub fn abs_expire(key: KeyPtr) -> i64 {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_GetAbsExpire)(key) }
+}
+
+/// Sets (or with REDISMODULE_NO_EXPIRE, drops) the Redis expiry of a key
+/// open for writing, `ms` from now.
+pub fn set_expire(key: KeyPtr, ms: i64) {
+    // SAFETY: an open key the caller holds.
+    unsafe { api!(RedisModule_SetExpire)(key, ms) };
+}
+
+/// Signals `name` as modified (WATCH, client-side caching).
+pub fn signal_modified_key(ctx: Ctx, name: RString) {
+    // SAFETY: ctx and name are handles Redis gave the caller.
+    unsafe { api!(RedisModule_SignalModifiedKey)(ctx, name) };
+}
+
+/// The key an unlink2 callback is about: (db, name).
+pub fn unlinked_key(opt: *mut raw::RedisModuleKeyOptCtx) -> (i32, Box<[u8]>) {
+    // SAFETY: `opt` is the option context Redis gave the callback.
+    let name = unsafe { api!(RedisModule_GetKeyNameFromOptCtx)(opt) };
+    // SAFETY: as above.
+    let db = unsafe { api!(RedisModule_GetDbIdFromOptCtx)(opt) };
+    (db, string_copy(name.cast_mut()))
+}
+
+// ---- replication ----
+
+/// Counts the running command as a write (RDB save points) and propagates
+/// it as it came, where anything receives it.
+pub fn replicate_verbatim(ctx: Ctx) {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+}
+
+/// Replicates `command key` (`DEL`, `PERSIST`).
+pub fn replicate_key_command(ctx: Ctx, command: &CStr, name: RString) {
+    // SAFETY: ctx and name are handles Redis gave the caller; the format
+    // "s" names the one RedisModuleString that follows.
+    unsafe { api!(RedisModule_Replicate)(ctx, command.as_ptr(), c"s".as_ptr(), name) };
+}
+
+/// Replicates `LOCK._SET name token fence deadline-ms granted-ms`.
+pub fn replicate_lock_set(
+    ctx: Ctx,
+    name: RString,
+    token: &[u8],
+    fence: i64,
+    deadline_ms: i64,
+    granted_ms: i64,
+) {
+    // SAFETY: ctx and name are handles Redis gave the caller; the format
+    // "sblll" names what follows: a RedisModuleString, a buffer and its
+    // length (copied by Redis), and three long longs.
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx,
+            c"LOCK._SET".as_ptr(),
+            c"sblll".as_ptr(),
+            name,
+            token.as_ptr(),
+            token.len(),
+            fence,
+            deadline_ms,
+            granted_ms,
+        )
+    };
+}
+
+// ---- keyspace events ----
 
 /// The keyspace events a lock emits, in the module class (`d` in
 /// `notify-keyspace-events`): `PSUBSCRIBE __keyspace@0__:orders:*` shows a
@@ -369,18 +698,21 @@ pub mod lock_events {
 /// Whether module-class keyspace events are on (`notify-keyspace-events`
 /// with `d`, or `A`): the cheap check before any notification work.
 pub fn lock_events_on() -> bool {
-    match unsafe { raw::RedisModule_GetNotifyKeyspaceEvents } {
+    match optional_api!(RedisModule_GetNotifyKeyspaceEvents) {
+        // SAFETY: takes no argument.
         Some(get) => (unsafe { get() } & raw::REDISMODULE_NOTIFY_MODULE as c_int) != 0,
         None => false,
     }
 }
 
 /// Emits `event` for `key` (in the context's selected db), if enabled.
-pub fn notify_lock_event(ctx: Ctx, event: &std::ffi::CStr, key: RString) {
+pub fn notify_lock_event(ctx: Ctx, event: &CStr, key: RString) {
     if !lock_events_on() {
         return;
     }
-    if let Some(notify) = unsafe { raw::RedisModule_NotifyKeyspaceEvent } {
+    if let Some(notify) = optional_api!(RedisModule_NotifyKeyspaceEvent) {
+        // SAFETY: ctx and key are handles Redis gave the caller; Redis
+        // copies the event name.
         unsafe {
             notify(
                 ctx,
@@ -390,4 +722,432 @@ pub fn notify_lock_event(ctx: Ctx, event: &std::ffi::CStr, key: RString) {
             )
         };
     }
+}
+
+// ---- server events ----
+
+/// Subscribes `callback` to the server event `id`: whether the server
+/// accepted; None where it lacks the API.
+pub fn subscribe_to_server_event(ctx: Ctx, id: u64, callback: EventFn) -> Option<bool> {
+    let subscribe = optional_api!(RedisModule_SubscribeToServerEvent)?;
+    let event = raw::RedisModuleEvent { id, dataver: 1 };
+    // SAFETY: ctx is the load context Redis gave the caller; the callback
+    // is a plain function.
+    Some(unsafe { subscribe(ctx, event, Some(callback)) } == raw::REDISMODULE_OK as c_int)
+}
+
+/// The db a FLUSHDB event is about (-1: all), from the `event` and `data`
+/// Redis passed an event callback; None for another event or no data.
+pub fn flush_event_db(event: raw::RedisModuleEvent, data: *mut c_void) -> Option<i32> {
+    if event.id != raw::REDISMODULE_EVENT_FLUSHDB || data.is_null() {
+        return None;
+    }
+    // SAFETY: with a FLUSHDB event, Redis passes a RedisModuleFlushInfo,
+    // alive during the callback.
+    Some(unsafe { &*data.cast::<raw::RedisModuleFlushInfo>() }.dbnum)
+}
+
+/// The two dbs a SWAPDB event swapped, from the `event` and `data` Redis
+/// passed an event callback; None for another event or no data.
+pub fn swapdb_event_dbs(event: raw::RedisModuleEvent, data: *mut c_void) -> Option<(i32, i32)> {
+    if event.id != raw::REDISMODULE_EVENT_SWAPDB || data.is_null() {
+        return None;
+    }
+    // SAFETY: with a SWAPDB event, Redis passes a RedisModuleSwapDbInfo,
+    // alive during the callback.
+    let info = unsafe { &*data.cast::<raw::RedisModuleSwapDbInfo>() };
+    Some((info.dbnum_first, info.dbnum_second))
+}
+
+// ---- timers ----
+
+/// Creates a timer calling `callback` (with no data) after `period_ms`.
+pub fn create_timer(ctx: Ctx, period_ms: i64, callback: TimerFn) -> u64 {
+    // SAFETY: ctx is a handle Redis gave the caller (or the detached
+    // context, alive for the process); the callback is a plain function and
+    // its data is NULL.
+    unsafe { api!(RedisModule_CreateTimer)(ctx, period_ms, Some(callback), std::ptr::null_mut()) }
+}
+
+/// Stops the timer `id` (a stale id is refused by Redis, changing nothing).
+pub fn stop_timer(ctx: Ctx, id: u64) {
+    let mut data: *mut c_void = std::ptr::null_mut();
+    // SAFETY: ctx as in `create_timer`; `data` is a valid out-pointer (the
+    // module's timers carry no data to free).
+    unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+}
+
+// ---- the keyspace scan ----
+
+/// An RM_Scan cursor: created once and never destroyed (one per process).
+pub struct ScanCursor(*mut raw::RedisModuleScanCursor);
+
+// SAFETY: the cursor is a plain allocation of Redis's; it is created, used
+// and restarted on Redis's main thread only (timer callbacks). Send is for
+// keeping it in a Rust static behind a Mutex.
+unsafe impl Send for ScanCursor {}
+
+impl ScanCursor {
+    pub fn create() -> Self {
+        // SAFETY: takes no argument; returns a new cursor.
+        ScanCursor(unsafe { api!(RedisModule_ScanCursorCreate)() })
+    }
+
+    /// Back to the start of a db.
+    pub fn restart(&self) {
+        // SAFETY: the cursor is ours, never destroyed.
+        unsafe { api!(RedisModule_ScanCursorRestart)(self.0) };
+    }
+
+    /// One RM_Scan step in the selected db of `ctx`: `f` sees each key's
+    /// name and its open key (NULL if it cannot be opened), both valid only
+    /// during that call. True when there is more to scan.
+    pub fn scan<F: FnMut(RString, KeyPtr)>(&self, ctx: Ctx, mut f: F) -> bool {
+        unsafe extern "C" fn each<F: FnMut(RString, KeyPtr)>(
+            _ctx: Ctx,
+            name: RString,
+            key: KeyPtr,
+            data: *mut c_void,
+        ) {
+            // SAFETY: `data` is the `&mut F` that `scan` passed RM_Scan,
+            // alive and not otherwise used while RM_Scan runs.
+            let f = unsafe { &mut *data.cast::<F>() };
+            f(name, key);
+        }
+        // SAFETY: ctx is a handle Redis gave the caller, the cursor is ours,
+        // and `f` outlives the call (RM_Scan calls back only during it).
+        let more = unsafe {
+            api!(RedisModule_Scan)(ctx, self.0, Some(each::<F>), (&mut f as *mut F).cast())
+        };
+        more != 0
+    }
+}
+
+// ---- blocked clients ----
+
+/// The callbacks of clients blocked with [`block_client`], and the data
+/// they are unblocked with. Each callback runs in [`guard`].
+pub trait Blocking {
+    /// What a client is unblocked with ([`BlockedClient::unblock`]).
+    type Data;
+    /// The reply callback, after the client was unblocked: its data, if it
+    /// was unblocked with some.
+    fn on_reply(ctx: Ctx, data: Option<&mut Self::Data>);
+    /// The timeout callback (also CLIENT UNBLOCK): `client` is the address
+    /// of its handle ([`BlockedClient::addr`]).
+    fn on_timeout(ctx: Ctx, client: usize);
+    /// The client went away (or CLIENT UNBLOCK ... ERROR), while blocked.
+    fn on_disconnect(client: usize);
+    /// The last word on an unblocked client's data.
+    fn on_free(data: Box<Self::Data>);
+}
+
+/// A blocked client's handle, owned until it is unblocked: consumed by
+/// [`BlockedClient::unblock`], so never unblocked twice.
+pub struct BlockedClient<B: Blocking> {
+    ptr: NonNull<raw::RedisModuleBlockedClient>,
+    blocking: PhantomData<fn() -> B>,
+}
+
+// SAFETY: a handle is only passed back to Redis, on Redis's main thread
+// (handles are created, kept and unblocked there); Send is for keeping it
+// in a Rust static behind a Mutex.
+unsafe impl<B: Blocking> Send for BlockedClient<B> {}
+
+/// Blocks the calling client, with `B`'s callbacks and Redis's own timeout
+/// `timeout_ms` (0: none). None if Redis gave no handle.
+pub fn block_client<B: Blocking>(ctx: Ctx, timeout_ms: i64) -> Option<BlockedClient<B>> {
+    // SAFETY: ctx is the running command's context; the callbacks expect
+    // the data type `B::Data`, the only one `BlockedClient<B>::unblock`
+    // hands Redis.
+    let ptr = unsafe {
+        api!(RedisModule_BlockClient)(
+            ctx,
+            Some(blocked_on_reply::<B>),
+            Some(blocked_on_timeout::<B>),
+            Some(blocked_free::<B>),
+            timeout_ms,
+        )
+    };
+    Some(BlockedClient {
+        ptr: NonNull::new(ptr)?,
+        blocking: PhantomData,
+    })
+}
+
+impl<B: Blocking> BlockedClient<B> {
+    /// The handle's address: a lookup key, the `client` of `B`'s callbacks.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Has `B::on_disconnect` called if the client goes away while blocked
+    /// (where the server has RM_SetDisconnectCallback).
+    pub fn set_disconnect_callback(&self) {
+        if let Some(set_disconnect) = optional_api!(RedisModule_SetDisconnectCallback) {
+            // SAFETY: a handle not yet unblocked (this owns it).
+            unsafe { set_disconnect(self.ptr.as_ptr(), Some(blocked_on_disconnect::<B>)) };
+        }
+    }
+
+    /// The one RM_UnblockClient of this handle: Redis frees the handle (and
+    /// the two temporary clients it holds) only then, also after a
+    /// disconnect. `data` goes to `B::on_reply`, then `B::on_free`.
+    pub fn unblock(self, data: Option<Box<B::Data>>) {
+        let data = data.map_or(std::ptr::null_mut(), Box::into_raw);
+        // SAFETY: the handle came from RM_BlockClient and, being consumed
+        // here, is unblocked exactly once; `data` is NULL or a Box<B::Data>
+        // that Redis hands back to `blocked_free::<B>`.
+        unsafe { api!(RedisModule_UnblockClient)(self.ptr.as_ptr(), data.cast()) };
+    }
+}
+
+unsafe extern "C" fn blocked_on_reply<B: Blocking>(
+    ctx: Ctx,
+    _argv: *mut RString,
+    _argc: c_int,
+) -> c_int {
+    guard("the blocked-client reply", (), || {
+        // SAFETY: ctx is the reply callback's context; its private data is
+        // NULL or the Box<B::Data> it was unblocked with (`unblock`), owned
+        // by Redis until `blocked_free`, and not otherwise used meanwhile.
+        let data = unsafe {
+            api!(RedisModule_GetBlockedClientPrivateData)(ctx)
+                .cast::<B::Data>()
+                .as_mut()
+        };
+        B::on_reply(ctx, data);
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+unsafe extern "C" fn blocked_on_timeout<B: Blocking>(
+    ctx: Ctx,
+    _argv: *mut RString,
+    _argc: c_int,
+) -> c_int {
+    guard("the blocked-client timeout", (), || {
+        // SAFETY: ctx is the timeout callback's context.
+        let client = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) } as usize;
+        B::on_timeout(ctx, client);
+    });
+    raw::REDISMODULE_OK as c_int
+}
+
+unsafe extern "C" fn blocked_on_disconnect<B: Blocking>(
+    _ctx: Ctx,
+    client: *mut raw::RedisModuleBlockedClient,
+) {
+    guard("the blocked-client disconnect", (), || {
+        B::on_disconnect(client as usize)
+    })
+}
+
+unsafe extern "C" fn blocked_free<B: Blocking>(_ctx: Ctx, data: *mut c_void) {
+    guard("the blocked-client cleanup", (), || {
+        if data.is_null() {
+            return;
+        }
+        // SAFETY: `data` is the Box<B::Data> handed to RM_UnblockClient
+        // (`unblock`), and Redis calls this once for it.
+        B::on_free(unsafe { Box::from_raw(data.cast::<B::Data>()) });
+    })
+}
+
+// ---- clients ----
+
+/// The calling client's id, where the server can tell.
+pub fn client_id(ctx: Ctx) -> Option<u64> {
+    // SAFETY: ctx is a handle Redis gave the caller.
+    optional_api!(RedisModule_GetClientId).map(|get| unsafe { get(ctx) })
+}
+
+/// Whether the calling client is blocked now (RM_BlockClient can refuse, for
+/// example on Valkey for a timeout it finds out of range, or in contexts
+/// that cannot block). Yes when it cannot be told.
+pub fn client_is_blocked(ctx: Ctx) -> bool {
+    let (Some(get_id), Some(get_info)) = (
+        optional_api!(RedisModule_GetClientId),
+        optional_api!(RedisModule_GetClientInfoById),
+    ) else {
+        return true;
+    };
+    let mut info = raw::RedisModuleClientInfo {
+        version: 1,
+        flags: 0,
+        id: 0,
+        addr: [0; 46],
+        port: 0,
+        db: 0,
+    };
+    // SAFETY: ctx is a handle Redis gave the caller.
+    let id = unsafe { get_id(ctx) };
+    // SAFETY: `info` is a version-1 RedisModuleClientInfo that Redis fills.
+    let found = unsafe { get_info((&mut info as *mut raw::RedisModuleClientInfo).cast(), id) };
+    found != raw::REDISMODULE_OK as c_int
+        || info.flags & raw::REDISMODULE_CLIENTINFO_FLAG_BLOCKED as u64 != 0
+}
+
+/// The name of the user of client `id`, to be freed with [`free_string`];
+/// None where the server cannot tell or the client is gone.
+pub fn client_user_name(ctx: Ctx, id: u64) -> Option<RString> {
+    let user_name = optional_api!(RedisModule_GetClientUserNameById)?;
+    // SAFETY: ctx is a handle Redis gave the caller.
+    let user = unsafe { user_name(ctx, id) };
+    (!user.is_null()).then_some(user)
+}
+
+// ---- commands ----
+
+/// Whether the server has RM_CreateCommand.
+pub fn can_create_commands() -> bool {
+    optional_api!(RedisModule_CreateCommand).is_some()
+}
+
+/// RM_CreateCommand (first key, last key, step: 1, 1, 1): whether Redis
+/// accepted; None where it lacks the API.
+pub fn create_command(ctx: Ctx, name: &CStr, callback: CommandFn, flags: &CStr) -> Option<bool> {
+    let create = optional_api!(RedisModule_CreateCommand)?;
+    // SAFETY: ctx is the load context Redis gave the caller; Redis copies
+    // the strings; the callback is a plain function.
+    let ok = unsafe { create(ctx, name.as_ptr(), Some(callback), flags.as_ptr(), 1, 1, 1) };
+    Some(ok == raw::REDISMODULE_OK as c_int)
+}
+
+/// Adds an ACL category, where the server allows it (7.4+).
+pub fn add_acl_category(ctx: Ctx, name: &CStr) -> bool {
+    match optional_api!(RedisModule_AddACLCategory) {
+        // SAFETY: ctx is the load context Redis gave the caller.
+        Some(add) => unsafe { add(ctx, name.as_ptr()) == raw::REDISMODULE_OK as c_int },
+        None => false,
+    }
+}
+
+/// The command `name` of this module; None where the server has no
+/// RM_GetCommand, or no such command.
+fn command_of(ctx: Ctx, name: &CStr) -> Option<*mut raw::RedisModuleCommand> {
+    let get_command = optional_api!(RedisModule_GetCommand)?;
+    // SAFETY: ctx is the load context Redis gave the caller.
+    let command = unsafe { get_command(ctx, name.as_ptr()) };
+    (!command.is_null()).then_some(command)
+}
+
+/// Puts the command `name` in the ACL categories `categories` (7.2+,
+/// Valkey 8): None where the server cannot, or has no such command;
+/// otherwise whether it accepted them.
+pub fn set_command_acl_categories(ctx: Ctx, name: &CStr, categories: &CStr) -> Option<bool> {
+    let set_categories = optional_api!(RedisModule_SetCommandACLCategories)?;
+    let command = command_of(ctx, name)?;
+    // SAFETY: `command` was just looked up (not NULL); Redis copies the
+    // string.
+    Some(unsafe { set_categories(command, categories.as_ptr()) } == raw::REDISMODULE_OK as c_int)
+}
+
+/// One argument as COMMAND DOCS describes it.
+pub struct ArgDoc {
+    pub name: &'static CStr,
+    pub kind: raw::RedisModuleCommandArgType,
+    /// The word that introduces it (`BLOCK`), if any.
+    pub token: Option<&'static CStr>,
+    pub optional: bool,
+    pub summary: &'static CStr,
+}
+
+/// Declares the command `name`'s arity, its one key at argv[1] (with
+/// `key_flags`), summary and arguments (COMMAND INFO, COMMAND DOCS).
+pub fn set_command_info(
+    ctx: Ctx,
+    name: &CStr,
+    summary: &CStr,
+    arity: c_int,
+    key_flags: u64,
+    args: &[ArgDoc],
+) -> Result<(), &'static str> {
+    let (Some(_), Some(set_info)) = (
+        optional_api!(RedisModule_GetCommand),
+        optional_api!(RedisModule_SetCommandInfo),
+    ) else {
+        return Err("this server has no RedisModule_SetCommandInfo");
+    };
+    let Some(command) = command_of(ctx, name) else {
+        return Err("RedisModule_GetCommand found no such command");
+    };
+    let version = raw::RedisModuleCommandInfoVersion {
+        version: 1,
+        sizeof_historyentry: std::mem::size_of::<raw::RedisModuleCommandHistoryEntry>(),
+        sizeof_keyspec: std::mem::size_of::<raw::RedisModuleCommandKeySpec>(),
+        sizeof_arg: std::mem::size_of::<raw::RedisModuleCommandArg>(),
+    };
+    // One key at argv[1]; the array ends with an all-zero spec.
+    // SAFETY: a plain C struct of integers, raw pointers and unions of
+    // those: all zeros is a valid value (C's `{0}`).
+    let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
+    key_specs[0].flags = key_flags;
+    key_specs[0].begin_search_type =
+        raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+    key_specs[0].bs.index.pos = 1;
+    key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+    key_specs[0].fk.range.lastkey = 0;
+    key_specs[0].fk.range.keystep = 1;
+    key_specs[0].fk.range.limit = 0;
+    // The array ends with an all-zero entry; Redis copies it.
+    let mut raw_args: Vec<raw::RedisModuleCommandArg> = args
+        .iter()
+        .map(|a| {
+            let mut raw_arg = zeroed_arg();
+            raw_arg.name = a.name.as_ptr();
+            raw_arg.type_ = a.kind;
+            raw_arg.key_spec_index =
+                if a.kind == raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY {
+                    0
+                } else {
+                    -1
+                };
+            raw_arg.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
+            raw_arg.summary = a.summary.as_ptr();
+            if a.optional {
+                raw_arg.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+            }
+            raw_arg
+        })
+        .collect();
+    raw_args.push(zeroed_arg());
+    let info = raw::RedisModuleCommandInfo {
+        version: &version,
+        summary: summary.as_ptr(),
+        complexity: c"O(1)".as_ptr(),
+        since: c"0.1.0".as_ptr(),
+        history: std::ptr::null_mut(),
+        tips: std::ptr::null(),
+        arity,
+        key_specs: key_specs.as_mut_ptr(),
+        args: raw_args.as_mut_ptr(),
+    };
+    // SAFETY: `command` was just looked up (not NULL); `info` and everything
+    // it points at (static strings, the local arrays, each ending with an
+    // all-zero entry) are alive for the call, and Redis copies them.
+    if unsafe { set_info(command, &info) } != raw::REDISMODULE_OK as c_int {
+        return Err("RedisModule_SetCommandInfo refused the command info");
+    }
+    Ok(())
+}
+
+fn zeroed_arg() -> raw::RedisModuleCommandArg {
+    // SAFETY: a plain C struct of integers and raw pointers: all zeros is a
+    // valid value (C's `{0}`).
+    unsafe { std::mem::zeroed() }
+}
+
+// ---- libc ----
+
+/// A clock read straight from clock_gettime (a vDSO call), in µs:
+/// SystemTime's checked conversions cost a grant more than the clock itself.
+pub fn clock_us(clock: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid pointer: it cannot fail.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
 }

@@ -12,12 +12,12 @@
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
-use std::ptr::{self, NonNull};
+use std::ptr::NonNull;
 
 use redis_module::raw;
 
-use super::datatype::{self, LockBlock, LOCK_TYPE};
-use super::ffi::{api, lock_events, notify_lock_event, Ctx, RString};
+use super::datatype::{self, LockValue};
+use super::ffi::{self, lock_events, notify_lock_event, Ctx, RString};
 use super::node::{self, new_lease};
 use super::propagation;
 use crate::core::error::LockError;
@@ -32,7 +32,8 @@ pub struct LockKey {
     ctx: Ctx,
     name: RString,
     key: NonNull<raw::RedisModuleKey>,
-    value: *mut LockBlock,
+    /// The key's lock, while the key is open and holds it.
+    value: Option<LockValue>,
 }
 
 impl LockKey {
@@ -48,21 +49,21 @@ impl LockKey {
     }
 
     fn open_mode(ctx: Ctx, name: RString, mode: u32) -> Result<Self, LockError> {
-        let key = unsafe { api!(RedisModule_OpenKey)(ctx, name, mode as i32) };
+        let key = ffi::open_key(ctx, name, mode as i32);
         // A read-only open of a missing key returns NULL.
-        let Some(key) = NonNull::new(key.cast::<raw::RedisModuleKey>()) else {
+        let Some(key) = NonNull::new(key) else {
             return Ok(LockKey {
                 ctx,
                 name,
                 key: NonNull::dangling(),
-                value: ptr::null_mut(),
+                value: None,
             });
         };
         let mut slot = LockKey {
             ctx,
             name,
             key,
-            value: ptr::null_mut(),
+            value: None,
         };
         slot.value = datatype::value_of(key.as_ptr())?;
         Ok(slot)
@@ -77,27 +78,22 @@ impl LockKey {
     /// this node's monotonic clock.
     pub fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
         let lease = new_lease();
-        match self.stored() {
+        match &mut self.value {
             // Same token: update in place, no allocation.
-            Some(current) if current.token == token => unsafe {
-                LockBlock::set(self.value, fence, deadline_ms, granted_ms, lease)
-            },
+            Some(current) if current.view().token == token => {
+                current.set(fence, deadline_ms, granted_ms, lease)
+            }
             _ => {
-                let value = LockBlock::new(Lock {
+                let lock = Lock {
                     fence,
                     deadline_ms,
                     token,
                     granted_ms,
                     lease,
-                });
-                unsafe {
-                    api!(RedisModule_ModuleTypeSetValue)(
-                        self.key.as_ptr(),
-                        LOCK_TYPE.get(),
-                        value.cast(),
-                    )
                 };
-                self.value = value;
+                // Redis frees the block this replaces (if any): its handle
+                // goes with it.
+                self.value = Some(datatype::store(self.key.as_ptr(), lock));
             }
         }
         self.signal_modified();
@@ -112,19 +108,15 @@ impl LockKey {
         let Some(lock) = self.stored() else {
             return;
         };
-        let expiry = unsafe { api!(RedisModule_GetAbsExpire)(self.key.as_ptr()) };
+        let expiry = ffi::abs_expire(self.key.as_ptr());
         if expiry < 0
             || (expiry - time::wall_deadline(lock.deadline_ms, now)).abs() > LEGACY_SLACK_MS
         {
             return;
         }
-        unsafe {
-            api!(RedisModule_SetExpire)(self.key.as_ptr(), raw::REDISMODULE_NO_EXPIRE as i64)
-        };
+        ffi::set_expire(self.key.as_ptr(), raw::REDISMODULE_NO_EXPIRE as i64);
         if propagation::effects_needed() {
-            unsafe {
-                api!(RedisModule_Replicate)(self.ctx, c"PERSIST".as_ptr(), c"s".as_ptr(), self.name)
-            };
+            ffi::replicate_key_command(self.ctx, c"PERSIST", self.name);
         } else {
             self.count_write();
         }
@@ -134,11 +126,11 @@ impl LockKey {
     /// write for RDB save points. RM_ReplicateVerbatim does exactly that
     /// when Redis has nowhere to propagate to.
     fn count_write(&self) {
-        unsafe { api!(RedisModule_ReplicateVerbatim)(self.ctx) };
+        ffi::replicate_verbatim(self.ctx);
     }
 
     fn signal_modified(&self) {
-        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx, self.name) };
+        ffi::signal_modified_key(self.ctx, self.name);
     }
 
     /// Replicates the lock as `LOCK._SET key token fence deadline-ms
@@ -150,30 +142,22 @@ impl LockKey {
         if !propagation::effects_needed() {
             return self.count_write();
         }
-        unsafe {
-            api!(RedisModule_Replicate)(
-                self.ctx,
-                c"LOCK._SET".as_ptr(),
-                c"sblll".as_ptr(),
-                self.name,
-                lock.token.as_ptr(),
-                lock.token.len(),
-                lock.fence,
-                time::wall_deadline(lock.deadline_ms, now),
-                lock.granted_ms,
-            )
-        };
+        ffi::replicate_lock_set(
+            self.ctx,
+            self.name,
+            lock.token,
+            lock.fence,
+            time::wall_deadline(lock.deadline_ms, now),
+            lock.granted_ms,
+        );
     }
 }
 
 impl LockStore for LockKey {
     fn stored(&self) -> Option<Lock<'_>> {
-        if self.value.is_null() {
-            return None;
-        }
         // The block lives as long as the key holds it: at least while this
         // store has the key open and has not replaced or deleted it.
-        Some(unsafe { LockBlock::view(self.value) })
+        self.value.as_ref().map(LockValue::view)
     }
 
     fn put(
@@ -200,9 +184,10 @@ impl LockStore for LockKey {
     fn renew(&mut self, deadline_ms: i64) {
         let now = node::conversion_now();
         self.drop_legacy_expiry(now);
-        if let Some(lock) = self.stored() {
+        if let Some(value) = &mut self.value {
+            let lock = value.view();
             let (fence, granted_ms) = (lock.fence, lock.granted_ms);
-            unsafe { LockBlock::set(self.value, fence, deadline_ms, granted_ms, new_lease()) };
+            value.set(fence, deadline_ms, granted_ms, new_lease());
             self.signal_modified();
             self.replicate_set(now);
         }
@@ -217,16 +202,14 @@ impl LockStore for LockKey {
             Removal::Released | Removal::TakenBack => node::lease_released(&lock, now),
             Removal::Ended => node::lease_ended(&lock, now),
         }
-        unsafe { api!(RedisModule_DeleteKey)(self.key.as_ptr()) };
-        self.value = ptr::null_mut();
+        ffi::delete_key(self.key.as_ptr());
+        self.value = None;
         self.signal_modified();
         if why == Removal::Ended {
             notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
         }
         if propagation::effects_needed() {
-            unsafe {
-                api!(RedisModule_Replicate)(self.ctx, c"DEL".as_ptr(), c"s".as_ptr(), self.name)
-            };
+            ffi::replicate_key_command(self.ctx, c"DEL", self.name);
         } else {
             self.count_write();
         }
@@ -236,7 +219,7 @@ impl LockStore for LockKey {
 impl Drop for LockKey {
     fn drop(&mut self) {
         if self.is_open() {
-            unsafe { api!(RedisModule_CloseKey)(self.key.as_ptr()) };
+            ffi::close_key(self.key.as_ptr());
         }
     }
 }

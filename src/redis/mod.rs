@@ -15,7 +15,9 @@
 //! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
 //! * `node`      — the clock, lease ids, cached server state, counters
-//! * `ffi`       — the few unsafe helpers everything above shares
+//! * `ffi`       — the FFI facade: every raw module API (and libc) call
+//!   outside `datatype`, behind small safe functions; with `datatype` (the
+//!   value's memory layout, the type callbacks) the only `unsafe` code
 
 pub mod blocked;
 pub mod commands;

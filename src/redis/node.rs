@@ -5,6 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
+use super::ffi::clock_us;
 use crate::core::histogram;
 use crate::core::lock::Lock;
 use crate::core::time::{self, Now};
@@ -56,18 +57,6 @@ pub fn mono_ms() -> i64 {
 /// Unix time in µs (fencing tokens).
 pub fn wall_us() -> i64 {
     clock_us(libc::CLOCK_REALTIME)
-}
-
-/// Read straight from clock_gettime (a vDSO call): SystemTime's checked
-/// conversions cost a grant more than the clock itself.
-fn clock_us(clock: libc::clockid_t) -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid clock id and a valid pointer: it cannot fail.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
 }
 
 /// Lease ids: unique for the life of the process (see `core::lock::Lock::lease`).

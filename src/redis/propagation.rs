@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw;
 
-use super::ffi::{context_flags, Ctx};
+use super::ffi::{context_flags, server_info_signed, Ctx};
 
 static MAY_HAVE_REPLICAS: AtomicBool = AtomicBool::new(false);
 
@@ -65,27 +65,13 @@ pub fn check_replication_state(ctx: Ctx) {
     if context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0 {
         return replicas_possible();
     }
-    let (Some(get), Some(field), Some(free)) = (
-        unsafe { raw::RedisModule_GetServerInfo },
-        unsafe { raw::RedisModule_ServerInfoGetFieldSigned },
-        unsafe { raw::RedisModule_FreeServerInfo },
-    ) else {
+    // None: no API, or no such section.
+    let fields = [c"repl_backlog_active", c"connected_slaves"];
+    let Some(values) = server_info_signed(ctx, c"replication", fields) else {
         return replicas_possible();
     };
-    unsafe {
-        let info = get(ctx, c"replication".as_ptr());
-        if info.is_null() {
-            return replicas_possible();
-        }
-        let mut quiet = true;
-        for name in [c"repl_backlog_active", c"connected_slaves"] {
-            let mut err = 0;
-            let value = field(info, name.as_ptr(), &mut err);
-            quiet &= err == 0 && value == 0;
-        }
-        free(ctx, info);
-        if !quiet {
-            replicas_possible();
-        }
+    let quiet = values.iter().all(|value| *value == Some(0));
+    if !quiet {
+        replicas_possible();
     }
 }

@@ -14,15 +14,15 @@
 //! whatever the size of its keyspace. Keys with waiters do not depend on
 //! it: their hand-off is timed by the node.
 
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use redis_module::raw;
 
-use super::datatype::{LockBlock, LOCK_TYPE};
+use super::datatype;
 use super::engine::{self, Key, WaiterAcl};
-use super::ffi::{api, guard, Ctx, RString};
+use super::ffi::{self, guard, Ctx, KeyPtr, RString, ScanCursor};
 use super::keyspace::LockKey;
 use super::node::{self, STATS};
 use crate::core::node::Conditions;
@@ -43,14 +43,10 @@ static IDLE_GAP: AtomicI64 = AtomicI64::new(IDLE_GAP_MS);
 /// Where the sweep is: the db and its scan cursor.
 struct Position {
     db: i32,
-    cursor: *mut raw::RedisModuleScanCursor,
+    cursor: ScanCursor,
     /// Whether this pass over the keyspace has reclaimed anything yet.
     reclaimed_in_pass: bool,
 }
-
-// SAFETY: the cursor is created, used and destroyed on Redis's main thread
-// only (timer callbacks); the Mutex is for Rust's statics.
-unsafe impl Send for Position {}
 
 static POSITION: Mutex<Option<Position>> = Mutex::new(None);
 
@@ -63,10 +59,8 @@ pub fn start(ctx: Ctx) {
 static ARMED: Mutex<Option<(i64, u64)>> = Mutex::new(None);
 
 fn arm(ctx: Ctx, after_ms: i64) {
-    // SAFETY: ctx is the context Redis gave this module (load or timer).
-    let id = unsafe {
-        api!(RedisModule_CreateTimer)(ctx, after_ms, Some(on_tick), std::ptr::null_mut())
-    };
+    // ctx: the context Redis gave this module (load, timer or cron).
+    let id = ffi::create_timer(ctx, after_ms, on_tick);
     *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some((node::mono_ms() + after_ms, id));
 }
 
@@ -83,10 +77,9 @@ pub fn heal(ctx: Ctx) {
     }
     *armed = None;
     drop(armed);
-    let mut data: *mut c_void = std::ptr::null_mut();
-    // SAFETY: ctx is the cron event's context; the id is ours (a stale id
-    // is refused by Redis, changing nothing).
-    unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+    // ctx: the cron event's context; the id is ours (a stale id is refused
+    // by Redis, changing nothing).
+    ffi::stop_timer(ctx, id);
     arm(ctx, 0);
 }
 
@@ -127,15 +120,14 @@ fn sweep(ctx: Ctx) -> bool {
     let mut guard_pos = POSITION.lock().unwrap_or_else(|p| p.into_inner());
     let pos = guard_pos.get_or_insert_with(|| Position {
         db: 0,
-        // SAFETY: a plain allocation by Redis, destroyed never (one per process).
-        cursor: unsafe { api!(RedisModule_ScanCursorCreate)() },
+        // Destroyed never (one per process).
+        cursor: ScanCursor::create(),
         reclaimed_in_pass: false,
     });
     let mut dbs_passed = 0;
     let mut reclaimed = false;
     loop {
-        // SAFETY: ctx is the timer's context.
-        if unsafe { api!(RedisModule_SelectDb)(ctx, pos.db) } != raw::REDISMODULE_OK as c_int {
+        if !ffi::select_db(ctx, pos.db) {
             // Past the last db: a whole pass is done; start over at 0.
             let gap = match pos.reclaimed_in_pass {
                 true => IDLE_GAP_MS,
@@ -144,8 +136,7 @@ fn sweep(ctx: Ctx) -> bool {
             IDLE_GAP.store(gap, Relaxed);
             pos.db = 0;
             pos.reclaimed_in_pass = false;
-            // SAFETY: the cursor is ours.
-            unsafe { api!(RedisModule_ScanCursorRestart)(pos.cursor) };
+            pos.cursor.restart();
             dbs_passed += 1;
             if dbs_passed > 1 {
                 return reclaimed; // every db scanned within this slice
@@ -157,15 +148,9 @@ fn sweep(ctx: Ctx) -> bool {
             ended: Vec::new(),
             legacy: Vec::new(),
         };
-        // SAFETY: ctx and cursor are valid; `found` outlives the call.
-        let more = unsafe {
-            api!(RedisModule_Scan)(
-                ctx,
-                pos.cursor,
-                Some(on_key),
-                (&mut found as *mut Found).cast(),
-            )
-        } != 0;
+        let more = pos
+            .cursor
+            .scan(ctx, |name, key| on_key(&mut found, name, key));
         for name in &found.ended {
             reclaim(ctx, pos.db, name);
         }
@@ -179,8 +164,7 @@ fn sweep(ctx: Ctx) -> bool {
         }
         if !more {
             pos.db += 1;
-            // SAFETY: the cursor is ours.
-            unsafe { api!(RedisModule_ScanCursorRestart)(pos.cursor) };
+            pos.cursor.restart();
         }
         if node::conversion_now().mono_us - started.mono_us >= SLICE_US {
             return reclaimed;
@@ -188,36 +172,24 @@ fn sweep(ctx: Ctx) -> bool {
     }
 }
 
-/// RM_Scan's callback: notes a lock whose lease has ended.
-unsafe extern "C" fn on_key(
-    _ctx: Ctx,
-    name: RString,
-    key: *mut raw::RedisModuleKey,
-    data: *mut c_void,
-) {
-    // SAFETY: `data` is the `Found` of `sweep`, alive during RM_Scan.
-    let found = unsafe { &mut *data.cast::<Found>() };
+/// RM_Scan's callback: notes a lock whose lease has ended. `name` and `key`
+/// are valid during the call only.
+fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
     if key.is_null() {
         return;
     }
-    // SAFETY: `key` is the open key Redis hands the callback.
-    let ours = unsafe {
-        api!(RedisModule_KeyType)(key) as isize == raw::REDISMODULE_KEYTYPE_MODULE
-            && api!(RedisModule_ModuleTypeGetType)(key) == LOCK_TYPE.get()
-    };
-    if !ours {
+    // Only a lock key of ours (an empty key or another type is skipped).
+    let Ok(Some(value)) = datatype::value_of(key) else {
         return;
-    }
-    // SAFETY: the key holds our type, so its value is a LockBlock.
-    let lock = unsafe { LockBlock::view(api!(RedisModule_ModuleTypeGetValue)(key).cast()) };
-    // SAFETY: `name` is valid during the callback; copied out.
-    let name = || -> Box<[u8]> { unsafe { super::ffi::string_bytes(name) }.into() };
+    };
+    let lock = value.view();
+    // Copied out: `name` is valid during the callback only.
+    let name = || ffi::string_copy(name);
     if !lock.is_live(found.now.mono_ms()) {
         found.ended.push(name());
         return;
     }
-    // SAFETY: as above.
-    let expiry = unsafe { api!(RedisModule_GetAbsExpire)(key) };
+    let expiry = ffi::abs_expire(key);
     let slack = super::keyspace::LEGACY_SLACK_MS;
     if expiry >= 0 && (expiry - time::wall_deadline(lock.deadline_ms, found.now)).abs() <= slack {
         found.legacy.push(name());
@@ -226,20 +198,19 @@ unsafe extern "C" fn on_key(
 
 /// Opens `name` (in the selected db) for writing and drops a legacy expiry.
 fn drop_legacy_expiry(ctx: Ctx, name: &[u8], now: Now) {
-    // SAFETY: ctx is the timer's context; the string is freed below.
-    let rname = unsafe { api!(RedisModule_CreateString)(ctx, name.as_ptr().cast(), name.len()) };
+    // ctx: the timer's context; the string is freed below.
+    let rname = ffi::create_string(ctx, name);
     if let Ok(mut store) = LockKey::open(ctx, rname, true) {
         store.drop_legacy_expiry(now);
     }
-    // SAFETY: created above.
-    unsafe { api!(RedisModule_FreeString)(ctx, rname) };
+    ffi::free_string(ctx, rname);
 }
 
 /// Opens `name` in `db` for writing and lets the node reclaim it.
 fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
     let key: Key = (db, name.into());
-    // SAFETY: ctx is the timer's context; the string is freed below.
-    let rname = unsafe { api!(RedisModule_CreateString)(ctx, name.as_ptr().cast(), name.len()) };
+    // ctx: the timer's context; the string is freed below.
+    let rname = ffi::create_string(ctx, name);
     if let Ok(mut store) = LockKey::open(ctx, rname, true) {
         let now = node::conversion_now();
         let cond = engine::conditions(ctx, false);
@@ -248,6 +219,5 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
         drop(store);
         engine::deliver_wakes(ctx, Some(rname));
     }
-    // SAFETY: created above.
-    unsafe { api!(RedisModule_FreeString)(ctx, rname) };
+    ffi::free_string(ctx, rname);
 }

@@ -8,7 +8,7 @@
 //! [`Node::timer`]: crate::core::node::Node::timer
 
 use std::collections::HashSet;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::c_void;
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
@@ -16,7 +16,7 @@ use redis_module::raw;
 
 use super::engine::{self, Key, WaiterAcl};
 use super::ffi::{
-    api, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, notify_lock_event,
+    self, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, notify_lock_event,
     writes_paused, Ctx, RString,
 };
 use super::keyspace::LockKey;
@@ -50,9 +50,9 @@ fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
 
 /// Called once at load: a detached context to create timers with.
 pub fn init(ctx: Ctx) -> Result<(), &'static str> {
-    let detached = unsafe { raw::RedisModule_GetDetachedThreadSafeContext }
+    let detached = ffi::detached_context(ctx)
         .ok_or("RedisModule_GetDetachedThreadSafeContext is not available")?;
-    TIMER_CTX.store(unsafe { detached(ctx) }, Relaxed);
+    TIMER_CTX.store(detached, Relaxed);
     Ok(())
 }
 
@@ -75,8 +75,7 @@ pub fn heal() {
     if overdue {
         let ctx = TIMER_CTX.load(Relaxed);
         if let Some((_, id)) = locked(&TIMER).take() {
-            let mut data: *mut c_void = std::ptr::null_mut();
-            unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+            ffi::stop_timer(ctx, id);
         }
         arm_at(node::mono_ms());
     }
@@ -100,16 +99,13 @@ fn arm_at(at_ms: i64) {
         if armed_at <= at_ms {
             return;
         }
-        let mut data: *mut c_void = std::ptr::null_mut();
-        unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+        ffi::stop_timer(ctx, id);
     }
     // Round up so the timer never runs before `at_ms` has passed. at_ms is
     // bounded (limits::MAX_DEADLINE_MS), so this cannot overflow.
     let now_us = node::now().mono_us;
     let period_ms = ((at_ms.saturating_mul(1000) - now_us).max(0) + 999) / 1000;
-    let id = unsafe {
-        api!(RedisModule_CreateTimer)(ctx, period_ms, Some(on_timer), std::ptr::null_mut())
-    };
+    let id = ffi::create_timer(ctx, period_ms, on_timer);
     *timer = Some((at_ms, id));
 }
 
@@ -203,14 +199,12 @@ impl ClusterView {
 
 /// Runs `f` with `key`'s name as a Redis string, in `key`'s db.
 fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
-    unsafe {
-        if api!(RedisModule_SelectDb)(ctx, key.0) != raw::REDISMODULE_OK as c_int {
-            return; // the db no longer exists (CONFIG SET databases)
-        }
-        let name = api!(RedisModule_CreateString)(ctx, key.1.as_ptr().cast(), key.1.len());
-        f(name);
-        api!(RedisModule_FreeString)(ctx, name);
+    if !ffi::select_db(ctx, key.0) {
+        return; // the db no longer exists (CONFIG SET databases)
     }
+    let name = ffi::create_string(ctx, &key.1);
+    f(name);
+    ffi::free_string(ctx, name);
 }
 
 /// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,
