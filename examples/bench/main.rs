@@ -356,7 +356,7 @@ fn host_section(doc: &mut String, o: &Options) {
          at pipeline 16, the median of {rounds} paired rounds (the two servers alternate which runs \
          first, each pinned to core 0, the load generator on core 1). The module has no command \
          filter and no keyspace-event subscription: a command that touches no lock runs none of its \
-         code; what remains is its sweep of ended locks (at most 1 ms a slice, every 0.1–1 s while \
+         code; what remains is its sweep of ended locks (at most 1 ms a slice, once a second while \
          locks exist) and the server cron event.\n",
         common::server_binary()
     )
