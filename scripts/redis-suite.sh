@@ -80,6 +80,14 @@ if [ ! -x "$pristine/runtest" ]; then
     dpkg-source -x --no-check ./redis_*.dsc "redis-$upstream" >/dev/null
   )
 fi
+# The C test modules some units load (unit/moduleapi/*), built once.
+if [ ! -f "$pristine/tests/modules/datatype.so" ]; then
+  echo "Building the suite's test modules (tests/modules) ..."
+  make -C "$pristine/tests/modules" -j2 >"$cache/modules-build.log" 2>&1 || {
+    echo "could not build Redis's test modules; see $cache/modules-build.log" >&2
+    exit 1
+  }
+fi
 echo "Redis test suite of redis $version (source in $pristine)"
 echo "against $(redis-server --version)"
 
@@ -148,6 +156,40 @@ while IFS= read -r line; do
 done <"$cache/module-only.failures"
 
 count() { grep -c "$1" "$cache/$2.log" || true; }
+
+# Every unit must have run to its end in both runs: runtest prints
+# "[i/n done]: unit (t seconds)" for each, and an exception ends the run.
+incomplete=()
+for name in module plain; do
+  log=$cache/$name.log
+  total=$({ grep -oE '^\[[0-9]+/[0-9]+ done\]' "$log" || true; } | head -1 |
+    sed -E 's/^\[[0-9]+\/([0-9]+) done\]$/\1/')
+  finished=$(grep -cE '^\[[0-9]+/[0-9]+ done\]' "$log" || true)
+  if [ -z "$total" ] || [ "$finished" != "$total" ]; then
+    incomplete+=("$name run: ${finished:-0} of ${total:-?} units finished")
+  fi
+  if grep -qE '^\[exception\]' "$log"; then
+    incomplete+=("$name run: $(grep -m1 -E '^\[exception\]' "$log")")
+  fi
+  for u in $units; do
+    grep -qE "^\[[0-9]+/[0-9]+ done\]: $u \(" "$log" || incomplete+=("$name run: $u did not finish")
+  done
+done
+
+# Tests that passed without the module but neither passed nor failed with
+# it did not run with it: that must have a reason, listed here.
+KNOWN_NOT_RUN_WITH_MODULE=()
+oks() { { grep -E '^\[ok\]: ' "$cache/$1.log" || true; } | sed -E 's/ \([0-9]+ ms\)$//' | sort -u; }
+oks module >"$cache/module.oks"
+oks plain >"$cache/plain.oks"
+not_run=()
+while IFS= read -r line; do
+  test_name=${line#\[ok\]: }
+  grep -qF "$test_name" "$cache/module.failures" && continue
+  known=no
+  for k in "${KNOWN_NOT_RUN_WITH_MODULE[@]}"; do [ "$k" = "$test_name" ] && known=yes; done
+  [ $known = yes ] || not_run+=("$test_name")
+done < <(comm -13 "$cache/module.oks" "$cache/plain.oks")
 echo
 echo "Units: ${units:-all}; ${clients} clients; $(($(date +%s) - started)) s in all."
 echo "With the module:    $(count '\[ok\]' module) passed, $(wc -l <"$cache/module.failures") failed"
@@ -160,9 +202,23 @@ if [ ${#flaky[@]} -gt 0 ]; then
   echo "Failed only with the module, but passed when run again (flaky):"
   printf '  %s\n' "${flaky[@]}"
 fi
+status=0
+if [ ${#incomplete[@]} -gt 0 ]; then
+  echo "NOT EVERY UNIT RAN TO ITS END (the counts above say nothing about the rest):"
+  printf '  %s\n' "${incomplete[@]}"
+  status=1
+fi
+if [ ${#not_run[@]} -gt 0 ]; then
+  echo "PASSED WITHOUT THE MODULE BUT DID NOT RUN WITH IT:"
+  printf '  %s\n' "${not_run[@]}"
+  status=1
+fi
 if [ ${#confirmed[@]} -gt 0 ]; then
   echo "FAILED ONLY WITH THE MODULE:"
   printf '  %s\n' "${confirmed[@]}"
+  status=1
+fi
+if [ $status != 0 ]; then
   echo "Logs: $cache/module.log, $cache/plain.log (server logs are dumped after each failure)"
   exit 1
 fi
