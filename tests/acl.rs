@@ -659,3 +659,34 @@ fn a_waiter_whose_user_lost_the_command_is_not_granted() {
     assert!(matches!(next.read(), Resp::Int(_)));
     assert_eq!(holder(&mut admin, "app:1").as_deref(), Some("n"));
 }
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+#[test]
+fn a_read_only_user_never_sees_a_usable_token() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "app:1", "secret-token", 60_000).unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("reader")
+        .arg("on")
+        .arg(">pw")
+        .arg("%R~app:*")
+        .arg("+lock.info")
+        .arg("+lock.fence")
+        .query(&mut c)
+        .unwrap();
+    let mut r = s.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg("reader")
+        .arg("pw")
+        .query(&mut r)
+        .unwrap();
+    let reply = lock_info_reply(&mut r, "app:1");
+    assert_eq!(LockInfo::from_reply(&reply).unwrap().token, None);
+    assert!(!format!("{reply:?}").contains("secret"));
+    assert_eq!(holder(&mut c, "app:1").as_deref(), Some("secret-token"));
+}

@@ -555,3 +555,409 @@ fn thousands_of_waiters_on_many_keys_time_out_and_free_their_memory() {
         let _: () = redis::cmd("FLUSHALL").query(c).unwrap();
     });
 }
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+/// Issue 8, defect 1: a waiter that timed out on K1 left its (reused) handle address
+/// in K1's line; D, waiting on K2, was then granted K1.
+#[test]
+fn a_hand_off_never_grants_one_keys_lock_to_a_waiter_on_another_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    assert!(acquire(&mut c, "K1", "A", 60_000).is_some());
+    assert!(acquire(&mut c, "K2", "E", 60_000).is_some());
+    let mut b = block_on(&s, "K1", "B", 60_000, 50);
+    let mut cw = block_on(&s, "K1", "C", 60_000, 3000);
+    assert_eq!(b.read(), Resp::Nil, "B times out");
+    let mut d = block_on(&s, "K2", "D", 60_000, 3000);
+    wait_blocked(&s, 2);
+    assert_eq!(release(&mut c, "K1", "A"), 1);
+    assert!(
+        matches!(cw.read(), Resp::Int(_)),
+        "C, first in line, gets K1"
+    );
+    assert_eq!(holder(&mut c, "K1").as_deref(), Some("C"));
+    assert_eq!(holder(&mut c, "K2").as_deref(), Some("E"));
+    assert_eq!(
+        d.read_within(Duration::from_millis(300)),
+        None,
+        "D waits on"
+    );
+    assert_eq!(lock_info(&mut c, "K2").unwrap().waiters, 1);
+}
+
+/// Issue 8, defect 5: a lease that ended during CLIENT PAUSE WRITE with a waiter
+/// queued crashed Redis 7.0 (or lost the grant on Valkey). The hand-off
+/// now waits for the pause to end.
+#[test]
+fn a_lease_ending_during_client_pause_is_handed_off_after_the_pause() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
+    for with_replica in [false, true] {
+        let s = Server::start();
+        let replica = with_replica.then(|| {
+            let r = Server::start();
+            r.replicate_from(&s);
+            r
+        });
+        for round in 0..3 {
+            let key = format!("k{round}");
+            let mut c = s.conn();
+            acquire(&mut c, &key, "H", 300).unwrap();
+            let mut w = block_on(&s, &key, "W", 5000, 5000);
+            wait_blocked(&s, 1);
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(1000)
+                .arg("WRITE")
+                .query(&mut c)
+                .unwrap();
+            let fence = match w.read() {
+                Resp::Int(f) => f,
+                other => panic!("W gets the lock after the pause, not {other:?}"),
+            };
+            alive(&s);
+            assert_eq!(holder(&mut c, &key).as_deref(), Some("W"));
+            assert_eq!(acquire(&mut c, &key, "X", 5000), None, "no second holder");
+            assert_eq!(
+                redis::cmd("LOCK.FENCE")
+                    .arg(&key)
+                    .query::<i64>(&mut c)
+                    .unwrap(),
+                fence
+            );
+        }
+        if let Some(r) = replica {
+            alive(&r);
+            let mut m = s.conn();
+            let _: () = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+            assert_eq!(digest(&mut m), digest(&mut r.conn()));
+        }
+    }
+}
+
+/// Issue 8, defect 6: a waiter whose BLOCK timeout and hand-off fall in the same
+/// event-loop iteration gets exactly one reply, and it is the truth: a
+/// fence only if it holds the lock, nil only if it does not.
+#[test]
+fn grant_and_timeout_in_the_same_iteration_give_exactly_one_true_reply() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut sleeper = s.conn();
+    for round in 0..8 {
+        let key = format!("k{round}");
+        acquire(&mut c, &key, "H", 200).unwrap();
+        let mut w = block_on(&s, &key, "W", 60_000, 200 + (round % 3) - 1);
+        wait_blocked(&s, 1);
+        // The server sleeps across both deadlines: both fall due together.
+        let _: () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(0.4)
+            .query(&mut sleeper)
+            .unwrap();
+        let reply = w.read();
+        assert_eq!(
+            w.call(&["PING"]),
+            Resp::Simple("PONG".into()),
+            "one reply only"
+        );
+        match reply {
+            Resp::Int(f) => {
+                assert_eq!(holder(&mut c, &key).as_deref(), Some("W"));
+                assert_eq!(fence(&mut c, &key), Some(f));
+            }
+            Resp::Nil => assert_ne!(holder(&mut c, &key).as_deref(), Some("W")),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// Issue 8, defect 7 (and the take-back itself): a grant whose client vanished before
+/// its reply is taken back and handed on, but not after the same token
+/// renewed it on another connection.
+#[test]
+fn an_undelivered_grant_is_taken_back_unless_renewed_since() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Taken back and handed to the next in line.
+    acquire(&mut c, "k", "H", 60_000).unwrap();
+    let w = block_on(&s, "k", "W", 60_000, 0);
+    wait_blocked(&s, 1);
+    let mut v = block_on(&s, "k", "V", 60_000, 0);
+    wait_blocked(&s, 2);
+    let mut z = RawConn::connect(&s);
+    let wid = first_blocked_client(&mut c);
+    // One pipeline, one event-loop iteration: W is granted, then killed
+    // before its reply is written.
+    z.pipeline(&[&["LOCK.RELEASE", "k", "H"], &["CLIENT", "KILL", "ID", &wid]]);
+    assert_eq!(z.read(), Resp::Int(1));
+    assert_eq!(z.read(), Resp::Int(1));
+    drop(w);
+    assert!(
+        matches!(v.read(), Resp::Int(_)),
+        "V gets the lock W never saw"
+    );
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("V"));
+    assert_eq!(s.info_field("take_backs"), 1);
+
+    // Renewed by the same token before the take-back: kept.
+    acquire(&mut c, "j", "H", 60_000).unwrap();
+    let _x = block_on(&s, "j", "X", 60_000, 0);
+    wait_blocked(&s, 1);
+    let xid = first_blocked_client(&mut c);
+    z.pipeline(&[
+        &["LOCK.RELEASE", "j", "H"],
+        &["CLIENT", "KILL", "ID", &xid],
+        &["LOCK.ACQUIRE", "j", "X", "60000"],
+    ]);
+    assert_eq!(z.read(), Resp::Int(1));
+    assert_eq!(z.read(), Resp::Int(1));
+    assert!(
+        matches!(z.read(), Resp::Int(_)),
+        "X renews on another connection"
+    );
+    sleep(Duration::from_millis(200));
+    assert_eq!(holder(&mut c, "j").as_deref(), Some("X"), "not taken back");
+}
+
+#[test]
+fn swapdb_moves_waiters_with_their_lock() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 60_000).unwrap();
+    let mut w = block_on(&s, "k", "W", 60_000, 5000);
+    wait_blocked(&s, 1);
+    let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut c).unwrap();
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut c).unwrap();
+    assert_eq!(release(&mut c, "k", "H"), 1);
+    assert!(matches!(w.read(), Resp::Int(_)));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("W"));
+}
+
+#[test]
+fn block_during_the_restart_delay_waits_instead_of_failing() {
+    if common::skip_unless(common::Needs::OwnServer, "starts with restart-delay-ms") {
+        return;
+    }
+    let s = Server::builder()
+        .module_arg("restart-delay-ms", "800")
+        .start();
+    let mut w = block_on(&s, "k", "W", 60_000, 10_000);
+    assert!(
+        matches!(w.read(), Resp::Int(_)),
+        "granted when the delay ends"
+    );
+    assert_eq!(holder(&mut s.conn(), "k").as_deref(), Some("W"));
+}
+
+#[test]
+fn a_same_token_waiter_is_answered_with_a_renewal_not_a_grant() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 60_000).unwrap();
+    let mut w1 = block_on(&s, "k", "X", 60_000, 5000);
+    let mut w2 = block_on(&s, "k", "X", 60_000, 5000);
+    wait_blocked(&s, 2);
+    let grants = s.info_field("grants");
+    assert_eq!(release(&mut c, "k", "H"), 1);
+    let (Resp::Int(f1), Resp::Int(f2)) = (w1.read(), w2.read()) else {
+        panic!("both answered");
+    };
+    assert_eq!(f1, f2, "the same lock");
+    assert_eq!(s.info_field("grants"), grants + 1);
+}
+
+/// Found by the model test: a holder that shortens its lease (EXTEND, or
+/// ACQUIRE with its own token and a smaller ttl) must not strand the line
+/// until the old deadline.
+#[test]
+fn shortening_the_lease_brings_the_hand_off_forward() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Only the module's own deadline may end the lease here.
+    active_expire(&mut c, false);
+    for (key, shorten) in [
+        ("e", vec!["LOCK.EXTEND", "e", "H", "200"]),
+        ("a", vec!["LOCK.ACQUIRE", "a", "H", "200"]),
+    ] {
+        acquire(&mut c, key, "H", 60_000).unwrap();
+        let mut w = block_on(&s, key, "W", 60_000, 5_000);
+        wait_blocked(&s, 1);
+        let args: Vec<&[u8]> = shorten.iter().map(|a| a.as_bytes()).collect();
+        run(&mut c, &args).unwrap();
+        assert!(
+            matches!(w.read_within(Duration::from_secs(3)), Some(Resp::Int(_))),
+            "{shorten:?}: W is granted when the shortened lease ends"
+        );
+        assert_eq!(holder(&mut c, key).as_deref(), Some("W"));
+    }
+}
+
+/// Redis 7.0 answered nothing at all to a waiter that CLIENT UNBLOCK reached
+/// after its grant was decided but before its reply went out (the same
+/// event-loop iteration; MULTI forces it): the grant was taken back and the
+/// client's next command got the wrong reply. Each waiter must get exactly
+/// one reply, and a reply with a fence means it holds the lock.
+#[test]
+fn client_unblock_right_after_a_grant_still_gives_exactly_one_reply() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut admin = RawConn::connect(&s);
+    for (round, mode) in ["TIMEOUT", "ERROR"].into_iter().enumerate() {
+        let key = format!("u{round}");
+        acquire(&mut c, &key, "A", 60_000).unwrap();
+        let mut w = block_on(&s, &key, "W", 60_000, 5_000);
+        let mut next = block_on(&s, &key, "N", 60_000, 5_000);
+        wait_blocked(&s, 2);
+        let id = first_blocked_client(&mut c);
+        admin.pipeline(&[
+            &["MULTI"],
+            &["LOCK.RELEASE", &key, "A"],
+            &["CLIENT", "UNBLOCK", &id, mode],
+            &["EXEC"],
+        ]);
+        for _ in 0..4 {
+            admin.read();
+        }
+        let reply = w
+            .read_within(Duration::from_secs(3))
+            .unwrap_or_else(|| panic!("{mode}: W got no reply"));
+        assert_eq!(w.call(&["PING"]), Resp::Simple("PONG".into()), "{mode}");
+        match (mode, reply) {
+            // Redis 7.0 and 7.2+ both let the decided grant through.
+            ("TIMEOUT", Resp::Int(f)) => {
+                assert_eq!(fence(&mut c, &key), Some(f));
+                assert_eq!(holder(&mut c, &key).as_deref(), Some("W"));
+                assert_eq!(release(&mut c, &key, "W"), 1);
+            }
+            // The error reached W instead of the grant: the grant is taken
+            // back and goes to the next in line.
+            ("ERROR", Resp::Error(e)) if e.starts_with("UNBLOCKED") => {}
+            (mode, other) => panic!("{mode}: W got {other:?}"),
+        }
+        let n = next.read_within(Duration::from_secs(5));
+        assert!(matches!(n, Some(Resp::Int(_))), "{mode}: N got {n:?}");
+        assert_eq!(holder(&mut c, &key).as_deref(), Some("N"));
+        assert_eq!(next.call(&["PING"]), Resp::Simple("PONG".into()));
+    }
+    alive(&s);
+}
+
+/// Random transactions of releases, re-acquires, CLIENT UNBLOCK (both
+/// forms) and CLIENT KILL against a line of waiters, all in one event-loop
+/// iteration: every live waiter gets exactly one reply (a fence, nil or an
+/// UNBLOCKED error), a fence means that waiter holds the lock, and the lock
+/// is never left with a client that did not hear of it.
+#[test]
+fn random_unblocks_and_kills_around_hand_offs_leave_one_reply_each() {
+    use rand::{seq::SliceRandom, Rng, SeedableRng};
+    let seed: u64 = std::env::var("ATTACK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut admin = RawConn::connect(&s);
+    for round in 0..15 {
+        let key = format!("r{round}");
+        acquire(&mut c, &key, "A", 60_000).unwrap();
+        // Each waiter's own client id, asked before it blocks (CLIENT
+        // LIST's order is not a promise).
+        let mut ids = Vec::new();
+        let mut waiters: Vec<(String, RawConn)> = (0..4)
+            .map(|i| {
+                let token = format!("w{i}");
+                let mut conn = RawConn::connect(&s);
+                let Resp::Int(id) = conn.call(&["CLIENT", "ID"]) else {
+                    panic!("CLIENT ID")
+                };
+                ids.push(id.to_string());
+                conn.send(&["LOCK.ACQUIRE", &key, &token, "60000", "BLOCK", "1000"]);
+                wait_blocked(&s, i as i64 + 1);
+                (token, conn)
+            })
+            .collect();
+        assert_eq!(blocked_ids(&mut c).len(), 4, "seed {seed}");
+        let mut cmds: Vec<Vec<String>> = vec![vec!["MULTI".into()]];
+        let mut killed = [false; 4];
+        cmds.push(vec!["LOCK.RELEASE".into(), key.clone(), "A".into()]);
+        for _ in 0..rng.gen_range(1..5) {
+            let i = rng.gen_range(0..4);
+            let cmd = match rng.gen_range(0..4) {
+                0 => vec!["CLIENT", "UNBLOCK", &ids[i]],
+                1 => vec!["CLIENT", "UNBLOCK", &ids[i], "ERROR"],
+                2 => {
+                    killed[i] = true;
+                    vec!["CLIENT", "KILL", "ID", &ids[i]]
+                }
+                _ => vec!["LOCK.RELEASE", &key, &waiters[i].0],
+            };
+            cmds.push(cmd.into_iter().map(String::from).collect());
+        }
+        cmds[2..].shuffle(&mut rng);
+        cmds.push(vec!["EXEC".into()]);
+        let refs: Vec<Vec<&str>> = cmds
+            .iter()
+            .map(|v| v.iter().map(String::as_str).collect())
+            .collect();
+        let refs: Vec<&[&str]> = refs.iter().map(Vec::as_slice).collect();
+        admin.pipeline(&refs);
+        for _ in 0..refs.len() {
+            admin.read();
+        }
+        let mut fences = Vec::new();
+        for (i, (token, w)) in waiters.iter_mut().enumerate() {
+            if killed[i] {
+                continue;
+            }
+            let reply = w
+                .read_within(Duration::from_secs(8))
+                .unwrap_or_else(|| panic!("seed {seed} round {round}: {token} got no reply"));
+            match reply {
+                Resp::Int(f) => fences.push((token.clone(), f)),
+                Resp::Nil => {}
+                Resp::Error(e) if e.starts_with("UNBLOCKED") => {}
+                other => panic!("seed {seed} round {round}: {token} got {other:?}"),
+            }
+            assert_eq!(
+                w.call(&["PING"]),
+                Resp::Simple("PONG".into()),
+                "seed {seed} round {round}: {token} got a second reply"
+            );
+        }
+        // Whoever holds the lock now was told so (the last fence sent), or
+        // was killed: before its reply went out (the grant is then taken
+        // back by the next timer run) or after (it holds until its lease
+        // ends, as any holder that vanished does).
+        let killed_tokens: Vec<&str> = (0..4)
+            .filter(|i| killed[*i])
+            .map(|i| waiters[i].0.as_str())
+            .collect();
+        if let Some(now) = holder(&mut c, &key) {
+            match fences.iter().find(|(t, _)| *t == now) {
+                Some((_, f)) => {
+                    assert_eq!(fence(&mut c, &key), Some(*f), "seed {seed} round {round}");
+                    assert_eq!(
+                        fences.iter().map(|(_, f)| *f).max(),
+                        Some(*f),
+                        "seed {seed} round {round}: {fences:?}"
+                    );
+                }
+                None => assert!(
+                    killed_tokens.contains(&now.as_str()),
+                    "seed {seed} round {round}: {now} holds {key} but was never told: {cmds:?}"
+                ),
+            }
+        }
+        let mut fs: Vec<i64> = fences.iter().map(|(_, f)| *f).collect();
+        fs.sort_unstable();
+        fs.dedup();
+        assert_eq!(fs.len(), fences.len(), "seed {seed}: one fence per grant");
+        assert_eq!(s.info_field("waiters"), 0, "seed {seed}");
+    }
+    alive(&s);
+}

@@ -873,3 +873,74 @@ fn info_lock_has_wait_and_hold_histograms() {
     let hold = buckets("hold_ms");
     assert!(hold[8].1 >= 1, "{hold:?}");
 }
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+/// Issue 8, defect 4: a huge BLOCK timeout left a phantom waiter (Valkey), and a huge
+/// lease overflowed the timer arithmetic.
+#[test]
+fn huge_leases_and_timeouts_are_refused_without_leaving_a_waiter() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 1000).unwrap();
+    let err = run_err(
+        &mut c,
+        &[
+            "LOCK.ACQUIRE",
+            "k",
+            "W",
+            "5000",
+            "BLOCK",
+            "9223372036854775807",
+        ],
+    );
+    assert!(err.contains("timeout-ms"), "{err}");
+    assert_eq!(s.info_field("waiters"), 0);
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "j", "a", "9300000000000000"]);
+    assert!(err.contains("max-ttl-ms"), "{err}");
+    assert_eq!(fence(&mut c, "j"), None);
+    // The lock frees with nobody waiting: no crash.
+    sleep(Duration::from_millis(1100));
+    assert!(acquire(&mut c, "k", "other", 1000).is_some());
+    // max-ttl-ms is an option.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.max-ttl-ms")
+        .arg(500)
+        .query(&mut c)
+        .unwrap();
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "m", "a", "501"]);
+    assert!(err.contains("500"), "{err}");
+    assert!(acquire(&mut c, "m", "a", 500).is_some());
+    alive(&s);
+}
+
+#[test]
+fn commands_that_change_nothing_do_not_abort_watch() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut other = s.conn();
+    acquire(&mut other, "k", "holder", 60_000).unwrap();
+    for attempt in [
+        vec!["LOCK.ACQUIRE", "k", "x", "1000"],
+        vec!["LOCK.RELEASE", "k", "x"],
+        vec!["LOCK.EXTEND", "k", "x", "1000"],
+    ] {
+        let _: () = redis::cmd("WATCH").arg("k").query(&mut c).unwrap();
+        let args: Vec<&[u8]> = attempt.iter().map(|a| a.as_bytes()).collect();
+        run(&mut other, &args).unwrap();
+        let _: () = redis::cmd("MULTI").query(&mut c).unwrap();
+        let _: () = redis::cmd("PING").query(&mut c).unwrap();
+        let exec: Value = redis::cmd("EXEC").query(&mut c).unwrap();
+        assert_ne!(exec, Value::Nil, "{attempt:?} aborted WATCH");
+    }
+    // A real change does.
+    let _: () = redis::cmd("WATCH").arg("k").query(&mut c).unwrap();
+    extend(&mut other, "k", "holder", 1000);
+    let _: () = redis::cmd("MULTI").query(&mut c).unwrap();
+    let _: () = redis::cmd("PING").query(&mut c).unwrap();
+    let exec: Value = redis::cmd("EXEC").query(&mut c).unwrap();
+    assert_eq!(exec, Value::Nil);
+}

@@ -492,7 +492,7 @@ fn other_endings(s: &Server, c: &mut Connection) {
     for damaged in damaged_payloads {
         // With the checksum unchecked, a cut payload can read the RDB
         // version as data and happen to be valid: only the code paths
-        // matter here (tests/attacks.rs checks the refusals).
+        // matter here (persistence.rs checks the refusals).
         let _: redis::RedisResult<Value> = redis::cmd("RESTORE")
             .arg("damaged")
             .arg(0)

@@ -6,6 +6,7 @@
 
 use redis_lock_testkit as common;
 
+use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -231,4 +232,119 @@ fn a_waiter_is_not_handed_a_lock_that_could_be_evicted() {
         "{reply:?}"
     );
     assert!(!exists(&mut c, "k"));
+}
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+/// Issue 8, defect 9: an eviction policy can evict held locks: new grants are
+/// refused, with a warning and an INFO field, unless allowed.
+#[test]
+fn grants_are_refused_while_the_policy_can_evict_locks() {
+    if common::skip_unless(common::Needs::OwnServer, "reads the server's log") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "held", "a", 60_000).unwrap();
+    assert_eq!(s.info_field("eviction_unsafe"), 0);
+    for (name, value) in [("maxmemory", "100mb"), ("maxmemory-policy", "allkeys-lru")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(name)
+            .arg(value)
+            .query(&mut c)
+            .unwrap();
+    }
+    assert_eq!(s.info_field("eviction_unsafe"), 1);
+    assert!(s.log().contains("allkeys-* maxmemory-policy"));
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "new", "a", "1000"]);
+    assert!(err.contains("maxmemory-policy"), "{err}");
+    assert_eq!(fence(&mut c, "new"), None);
+    assert!(
+        acquire(&mut c, "held", "a", 60_000).is_some(),
+        "renewal goes"
+    );
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.allow-eviction")
+        .arg("yes")
+        .query(&mut c)
+        .unwrap();
+    assert!(acquire(&mut c, "new", "a", 1000).is_some());
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("noeviction")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(s.info_field("eviction_unsafe"), 0);
+}
+
+/// Issue 8, defect 11, as issue 16 settled it: the lease is the module's, and a
+/// user's TTL on a lock key is an administrative delete, not the lease.
+/// EXPIRE far ahead does not keep an ended lock; PERSIST changes nothing; a
+/// RESTOREd lock keeps its lease and no TTL, or gets the TTL RESTORE gave
+/// it as an administrative delete; one whose lease ended is reclaimed.
+#[test]
+fn expire_persist_and_restore_cannot_detach_the_key_from_its_lease() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let exists =
+        |c: &mut Connection, key: &str| redis::cmd("EXISTS").arg(key).query::<i64>(c).unwrap() == 1;
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let persisted: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
+    assert_eq!(persisted, 0);
+    assert_eq!(pttl(&mut c, "k"), -1);
+    acquire(&mut c, "short", "a", 400).unwrap();
+    let _: i64 = redis::cmd("EXPIRE")
+        .arg("short")
+        .arg(999_999)
+        .query(&mut c)
+        .unwrap();
+    wait_until(Duration::from_secs(5), || !exists(&mut c, "short"));
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("a"));
+
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("k").query(&mut c).unwrap();
+    restore(&mut c, "copy", &payload).unwrap();
+    assert_eq!(pttl(&mut c, "copy"), -1);
+    assert_eq!(holder(&mut c, "copy").as_deref(), Some("a"));
+    let _: () = redis::cmd("RESTORE")
+        .arg("timed")
+        .arg(300)
+        .arg(&payload)
+        .query(&mut c)
+        .unwrap();
+    wait_until(Duration::from_secs(5), || !exists(&mut c, "timed"));
+    // A lock whose lease ended by the time it is restored is reclaimed.
+    acquire(&mut c, "brief", "a", 100).unwrap();
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("brief").query(&mut c).unwrap();
+    sleep(Duration::from_millis(150));
+    restore(&mut c, "ended", &payload).unwrap();
+    wait_until(Duration::from_secs(5), || !exists(&mut c, "ended"));
+}
+
+/// Issue 8, defect 13 (one of the smaller ones).
+#[test]
+fn a_holders_renewal_works_above_maxmemory_but_new_grants_do_not() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(acquire(&mut c, "k", "a", 60_000), Some(f));
+    assert_eq!(extend(&mut c, "k", "a", 60_000), 1);
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "j", "b", "1000"]);
+    assert!(err.starts_with("OOM"), "{err}");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
 }

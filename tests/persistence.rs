@@ -402,3 +402,73 @@ fn the_grant_time_survives_restarts_rewrites_and_replication() {
     );
     assert_eq!(lock_info(&mut c, "old").unwrap().granted, None, "RDB");
 }
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+/// A DUMP payload of a lock, and where its fence's 8 big-endian bytes are.
+fn dump_with_fence(c: &mut Connection, key: &str) -> (Vec<u8>, usize) {
+    let fence = fence(c, key).unwrap();
+    let payload: Vec<u8> = redis::cmd("DUMP").arg(key).query(c).unwrap();
+    let needle = fence.to_be_bytes();
+    let at = payload
+        .windows(8)
+        .position(|w| w == needle)
+        .expect("the fence is saved as a 64-bit length");
+    (payload, at)
+}
+
+/// Issue 8, defects 2 and 3: damaged RESTORE payloads are refused with an error, the
+/// server stays up, and a refused payload leaves the fence mark alone.
+#[test]
+fn damaged_restore_payloads_are_refused_and_change_nothing() {
+    if common::skip_unless(common::Needs::OwnServer, "reads the server's log") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "holder-token", 60_000).unwrap();
+    let (payload, fence_at) = dump_with_fence(&mut c, "k");
+    let _: () = redis::cmd("DEBUG")
+        .arg("SET-SKIP-CHECKSUM-VALIDATION")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    let hwm = s.info_field("fence_hwm");
+    // Every truncation (the RDB version and checksum trail the value).
+    for len in 1..payload.len() - 10 {
+        assert!(
+            restore(&mut c, "t", &payload[..len]).is_err(),
+            "a payload cut at {len} bytes is refused"
+        );
+    }
+    // A token length far beyond the payload.
+    let token_len_at = payload
+        .windows(12)
+        .position(|w| w == b"holder-token")
+        .unwrap()
+        - 1;
+    let mut long = payload.clone();
+    long[token_len_at] = 0x80; // a 32-bit length follows
+    long.splice(token_len_at + 1..token_len_at + 1, [0x7f, 0xff, 0xff, 0xff]);
+    assert!(restore(&mut c, "t", &long).is_err());
+    // A fence of i64::MAX, and of 0.
+    for bad in [i64::MAX, 0] {
+        let mut p = payload.clone();
+        p[fence_at..fence_at + 8].copy_from_slice(&bad.to_be_bytes());
+        let err = restore(&mut c, "t", &p).unwrap_err();
+        assert!(error_text(&err).contains("Bad data format"), "{err}");
+    }
+    alive(&s);
+    assert_eq!(s.info_field("fence_hwm"), hwm, "the mark is unchanged");
+    let exists: i64 = redis::cmd("EXISTS").arg("t").query(&mut c).unwrap();
+    assert_eq!(exists, 0);
+    assert!(s.log().contains("refusing to load a lock value"));
+    // Grants go on.
+    let next = acquire(&mut c, "n", "x", 1000).unwrap();
+    assert!(next > hwm && next < 1 << 62);
+    // The valid payload restores, with its fence.
+    restore(&mut c, "r", &payload).unwrap();
+    assert_eq!(holder(&mut c, "r").as_deref(), Some("holder-token"));
+}

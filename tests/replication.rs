@@ -272,3 +272,35 @@ fn grants_after_a_master_restart_reach_its_replica() {
     assert_eq!(fence(&mut r, "after"), Some(f));
     assert_eq!(digest(&mut m), digest(&mut r));
 }
+
+// Regression tests of defects found by attacking the module (issue 8 and
+// later): each reproduces an attack or an unlucky schedule that broke
+// mutual exclusion or crashed the server before its fix.
+
+/// Issue 8, defect 8: a replica never grants, releases or extends on its own, even
+/// with replica-read-only no.
+#[test]
+fn a_writable_replica_refuses_lock_writes() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a replica beside it") {
+        return;
+    }
+    let master = Server::start();
+    let replica = Server::builder().config("replica-read-only", "no").start();
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    acquire(&mut m, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    let mut r = replica.conn();
+    for cmd in [
+        vec!["LOCK.ACQUIRE", "n", "b", "60000"],
+        vec!["LOCK.ACQUIRE", "n", "b", "60000", "BLOCK", "10"],
+        vec!["LOCK.RELEASE", "k", "a"],
+        vec!["LOCK.EXTEND", "k", "a", "60000"],
+    ] {
+        let err = run_err(&mut r, &cmd);
+        assert!(err.starts_with("READONLY"), "{cmd:?} -> {err}");
+    }
+    assert_eq!(holder(&mut r, "k").as_deref(), Some("a"));
+    assert_eq!(fence(&mut r, "n"), None);
+    assert_eq!(digest(&mut m), digest(&mut r));
+}

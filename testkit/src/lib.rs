@@ -1344,3 +1344,58 @@ pub fn used_memory(c: &mut Connection) -> i64 {
         .parse()
         .unwrap()
 }
+
+// Helpers the regression tests share.
+
+/// Asserts the server still answers (a crash shows its log).
+pub fn alive(s: &Server) {
+    let pong: String = redis::cmd("PING").query(&mut s.conn()).unwrap();
+    assert_eq!(pong, "PONG", "the server is up; log:\n{}", s.log());
+}
+
+/// Sends a BLOCK acquire on a new connection (without waiting for the queue).
+pub fn block_on(s: &Server, key: &str, token: &str, ttl: i64, timeout: i64) -> RawConn {
+    RawConn::block_acquire(s, key, token, ttl, timeout)
+}
+
+/// The id of the oldest client blocked in LOCK.ACQUIRE.
+pub fn first_blocked_client(c: &mut Connection) -> String {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    list.lines()
+        .find(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
+        .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .unwrap()
+        .to_string()
+}
+
+/// Waits until `n` clients are blocked on the server.
+pub fn wait_blocked(s: &Server, n: i64) {
+    let mut c = s.conn();
+    wait_until(Duration::from_secs(10), || {
+        let info: String = redis::cmd("INFO").arg("clients").query(&mut c).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("blocked_clients:"))
+            .map(|v| v.trim().parse::<i64>().unwrap())
+            == Some(n)
+    });
+}
+
+/// `RESTORE key 0 payload REPLACE`.
+pub fn restore(c: &mut Connection, key: &str, payload: &[u8]) -> redis::RedisResult<Value> {
+    redis::cmd("RESTORE")
+        .arg(key)
+        .arg(0)
+        .arg(payload)
+        .arg("REPLACE")
+        .query(c)
+}
+
+/// The ids of the clients blocked in LOCK.ACQUIRE, oldest first.
+pub fn blocked_ids(c: &mut Connection) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT").arg("LIST").query(c).unwrap();
+    list.lines()
+        .filter(|l| l.contains("cmd=lock.acquire") && l.contains("flags=b"))
+        .filter_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .map(str::to_string)
+        .collect()
+}
