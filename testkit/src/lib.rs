@@ -1138,11 +1138,37 @@ pub struct RawConn {
 
 impl RawConn {
     pub fn connect(server: &Server) -> RawConn {
-        let stream = std::net::TcpStream::connect(("127.0.0.1", server.port)).expect("connect");
+        RawConn::connect_port(server.port)
+    }
+
+    /// Connects to 127.0.0.1:`port` (a server the test started by hand).
+    pub fn connect_port(port: u16) -> RawConn {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
         stream.set_nodelay(true).unwrap();
         RawConn {
-            reader: std::io::BufReader::new(stream),
+            reader: std::io::BufReader::with_capacity(1 << 16, stream),
         }
+    }
+
+    /// Sends commands with binary arguments, all in one write.
+    pub fn send_binary(&mut self, commands: &[Vec<Vec<u8>>]) {
+        use std::io::Write;
+        let mut out = Vec::new();
+        for argv in commands {
+            out.extend_from_slice(format!("*{}\r\n", argv.len()).as_bytes());
+            for arg in argv {
+                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+                out.extend_from_slice(arg);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        self.reader.get_mut().write_all(&out).expect("send");
+    }
+
+    /// One command with binary arguments, and its reply.
+    pub fn call_binary(&mut self, argv: &[&[u8]]) -> Resp {
+        self.send_binary(&[argv.iter().map(|a| a.to_vec()).collect()]);
+        self.read()
     }
 
     /// `n` new connections on `key`, waiter `i` queued (not yet answered)
@@ -1279,13 +1305,22 @@ impl RawConn {
             .unwrap_or_else(|e| panic!("read reply: {e}"))
     }
 
+    /// One reply line without its CRLF; bytes that are not UTF-8 (an error
+    /// may quote a binary argument) are shown lossily.
     fn try_line(&mut self) -> std::io::Result<String> {
         use std::io::BufRead;
-        let mut line = String::new();
-        if self.reader.read_line(&mut line)? == 0 {
+        let mut line = Vec::new();
+        if self.reader.read_until(b'\n', &mut line)? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        Ok(line.trim_end_matches("\r\n").to_string())
+        if !line.ends_with(b"\r\n") {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a reply line without CRLF: {line:?}"),
+            ));
+        }
+        line.truncate(line.len() - 2);
+        Ok(String::from_utf8_lossy(&line).into_owned())
     }
 
     fn try_parse(&mut self) -> std::io::Result<Resp> {

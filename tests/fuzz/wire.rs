@@ -2,62 +2,31 @@
 //! write, replies read as they come), reply helpers, and what every error
 //! reply must look like.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use redis_lock_testkit::Resp;
+use redis_lock_testkit::{RawConn, Resp};
 
+/// The kit's connection, with the fuzzers' argument types and a longer
+/// patience (a fuzz batch can keep the server busy).
 pub struct Wire {
-    reader: BufReader<TcpStream>,
+    conn: RawConn,
 }
 
 impl Wire {
     pub fn connect(port: u16) -> Wire {
-        let stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        stream.set_nodelay(true).unwrap();
         Wire {
-            reader: BufReader::with_capacity(1 << 16, stream),
+            conn: RawConn::connect_port(port),
         }
     }
 
     /// Sends every command in one write.
     pub fn send(&mut self, commands: &[Vec<Vec<u8>>]) {
-        let mut out = Vec::new();
-        for argv in commands {
-            out.extend_from_slice(format!("*{}\r\n", argv.len()).as_bytes());
-            for arg in argv {
-                out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-                out.extend_from_slice(arg);
-                out.extend_from_slice(b"\r\n");
-            }
-        }
-        self.reader.get_mut().write_all(&out).expect("send");
+        self.conn.send_binary(commands);
     }
 
     /// The next reply, or None if none starts within `limit`.
     pub fn read_within(&mut self, limit: Duration) -> Option<Resp> {
-        if self.reader.buffer().is_empty() {
-            self.reader.get_ref().set_read_timeout(Some(limit)).unwrap();
-            match self.reader.fill_buf() {
-                Ok([]) => panic!("the server closed the connection"),
-                Ok(_) => {}
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return None
-                }
-                Err(e) => panic!("read: {e}"),
-            }
-            self.reader
-                .get_ref()
-                .set_read_timeout(Some(Duration::from_secs(20)))
-                .unwrap();
-        }
-        Some(self.parse())
+        self.conn.read_within(limit)
     }
 
     pub fn read(&mut self) -> Resp {
@@ -66,30 +35,7 @@ impl Wire {
     }
 
     pub fn call(&mut self, argv: &[&[u8]]) -> Resp {
-        self.send(&[argv.iter().map(|a| a.to_vec()).collect()]);
-        self.read()
-    }
-
-    fn parse(&mut self) -> Resp {
-        let mut line = Vec::new();
-        self.reader.read_until(b'\n', &mut line).expect("read");
-        assert!(line.ends_with(b"\r\n"), "a bad reply line {line:?}");
-        let text = String::from_utf8_lossy(&line[1..line.len() - 2]).into_owned();
-        let number = || text.parse::<i64>().expect("a number");
-        match line[0] {
-            b':' => Resp::Int(number()),
-            b'+' => Resp::Simple(text),
-            b'-' => Resp::Error(text),
-            b'$' | b'*' if number() < 0 => Resp::Nil,
-            b'$' => {
-                let mut buf = vec![0; number() as usize + 2];
-                self.reader.read_exact(&mut buf).expect("read");
-                buf.truncate(buf.len() - 2);
-                Resp::Bulk(buf)
-            }
-            b'*' => Resp::Array((0..number()).map(|_| self.parse()).collect()),
-            _ => panic!("an unexpected reply line {line:?}"),
-        }
+        self.conn.call_binary(argv)
     }
 }
 
