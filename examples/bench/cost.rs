@@ -68,6 +68,16 @@ impl Row {
         }
     }
 
+    /// Rows of the module's commands; the others are what a user would
+    /// pick instead, measured on a server without the module (what they
+    /// would run on).
+    pub fn needs_module(self) -> bool {
+        matches!(
+            self,
+            Row::Acquire | Row::AcquireContended | Row::Release | Row::Extend | Row::Fence
+        )
+    }
+
     /// Rows that need the server to have a feature.
     pub fn supported(self, valkey: bool) -> bool {
         self != Row::SetIfeq || valkey

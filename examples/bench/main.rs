@@ -503,7 +503,9 @@ fn cost_section(doc: &mut String, o: &Options) {
     writeln!(doc, "## 1. Cost per command\n").unwrap();
     writeln!(
         doc,
-        "50 connections, keys spread over the keyspace, a 36-byte token. Each row's commands act on \
+        "50 connections, keys spread over the keyspace, a 36-byte token. The module's rows (`LOCK.*`) \
+         run on a server with the module; every other row (what a user would pick instead) on a \
+         server of the same binary without it, started beside it. Each row's commands act on \
          state made for it (a RELEASE or compare-and-delete hits a held lock exactly once). \
          Throughput is the median of {repeats} runs, interleaved across rows ({n1} commands at \
          pipeline 1, {n16} at pipeline 16); a ratio is the median of the ratios within each round of \
@@ -511,7 +513,7 @@ fn cost_section(doc: &mut String, o: &Options) {
          spent on a CPU per command in the pipeline-16 runs (from /proc/PID/schedstat): unlike \
          throughput, it leaves out the time the server waited for the load generator, which shares \
          the machine. Instructions are the server's own, user space, \
-         counted by `valgrind --tool=callgrind --cache-sim=yes` on a second server with \
+         counted by `valgrind --tool=callgrind --cache-sim=yes` on a second pair of servers with \
          instrumentation on only while {n_cg} commands of the row run at pipeline 16 (event loop and \
          networking included); the same run simulates this machine's caches and counts, per \
          command, misses of the 32 KiB first-level instruction cache (I1) and of the last-level \
@@ -531,19 +533,36 @@ fn cost_section(doc: &mut String, o: &Options) {
             .copied()
             .filter(|r| r.supported(valkey))
             .collect();
-        let server = pinned_server(
-            Server::builder()
+        // Two servers of the same binary: the module's rows on the one with
+        // the module, the alternatives on one without it.
+        let start = |with_module: bool, grind: bool| {
+            let mut b = Server::builder()
                 .binary(&binary)
-                .config("maxclients", "10000"),
-        );
-        let shas = cost::load_scripts(&mut server.conn());
+                .config("maxclients", "10000");
+            if !with_module {
+                b = b.without_module();
+            }
+            if grind {
+                b = b.wrapped_in(&[
+                    "valgrind",
+                    "--tool=callgrind",
+                    "--cache-sim=yes",
+                    "--instr-atstart=no",
+                    "--callgrind-out-file=callgrind.out.%p",
+                ]);
+            }
+            pinned_server(b)
+        };
+        let (plain, module) = (start(false, false), start(true, false));
+        let on = |row: Row| if row.needs_module() { &module } else { &plain };
+        let shas = cost::load_scripts(&mut plain.conn());
         let mut p1: Vec<Vec<f64>> = vec![vec![]; rows.len()];
         let mut p16: Vec<Vec<f64>> = vec![vec![]; rows.len()];
         let mut cpu16: Vec<Vec<f64>> = vec![vec![]; rows.len()];
         for _ in 0..repeats {
             for (k, &row) in rows.iter().enumerate() {
-                p1[k].push(cost::throughput(&server, &shas, row, 1, n1).rate);
-                let run = cost::throughput(&server, &shas, row, 16, n16);
+                p1[k].push(cost::throughput(on(row), &shas, row, 1, n1).rate);
+                let run = cost::throughput(on(row), &shas, row, 16, n16);
                 p16[k].push(run.rate);
                 cpu16[k].push(run.cpu_us);
             }
@@ -551,31 +570,21 @@ fn cost_section(doc: &mut String, o: &Options) {
         // The grant pair again from redis-benchmark, paired by round.
         let mut rb: Vec<(f64, f64)> = vec![];
         for _ in 0..repeats {
-            let set = cost::redis_benchmark(&server, Row::SetNxPx, n16);
-            let acquire = cost::redis_benchmark(&server, Row::Acquire, n16);
+            let set = cost::redis_benchmark(&plain, Row::SetNxPx, n16);
+            let acquire = cost::redis_benchmark(&module, Row::Acquire, n16);
             if let (Some(s), Some(a)) = (set, acquire) {
                 rb.push((s, a));
             }
         }
-        drop(server);
-        let grind = pinned_server(
-            Server::builder()
-                .binary(&binary)
-                .config("maxclients", "10000")
-                .wrapped_in(&[
-                    "valgrind",
-                    "--tool=callgrind",
-                    "--cache-sim=yes",
-                    "--instr-atstart=no",
-                    "--callgrind-out-file=callgrind.out.%p",
-                ]),
-        );
-        let shas = cost::load_scripts(&mut grind.conn());
+        drop((plain, module));
+        let (plain, module) = (start(false, true), start(true, true));
+        let on = |row: Row| if row.needs_module() { &module } else { &plain };
+        let shas = cost::load_scripts(&mut plain.conn());
         let counts: Vec<cost::Counts> = rows
             .iter()
-            .map(|&row| cost::instructions(&grind, &shas, row, n_cg))
+            .map(|&row| cost::instructions(on(row), &shas, row, n_cg))
             .collect();
-        drop(grind);
+        drop((plain, module));
         let instr: Vec<f64> = counts.iter().map(|c| c.instructions).collect();
 
         let at = |row: Row| rows.iter().position(|&r| r == row).unwrap();
@@ -625,7 +634,7 @@ fn cost_section(doc: &mut String, o: &Options) {
             let ratios: Vec<f64> = rb.iter().map(|(s, a)| a / s).collect();
             writeln!(
                 doc,
-                "Cross-check with `redis-benchmark -c 50 -P 16 -n {n16} -r 1000000000` on random keys, same server, \
+                "Cross-check with `redis-benchmark -c 50 -P 16 -n {n16} -r 1000000000` on random keys (SET NX PX on the server without the module, LOCK.ACQUIRE on the module's), \
                  {} rounds: SET NX PX {:.0} ops/s, LOCK.ACQUIRE {:.0} ops/s (medians), LOCK.ACQUIRE/SET NX PX \
                  **{:.2}×** (median of the rounds' ratios; lowest {:.2}×, highest {:.2}×).\n",
                 rb.len(),
