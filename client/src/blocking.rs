@@ -1,5 +1,8 @@
 //! A blocking facade for code without an async runtime. It runs its own
-//! small tokio runtime (one worker, which also renews held locks).
+//! small tokio runtime (one worker, which also renews held locks). Called
+//! from inside another runtime (async code that uses it anyway) it blocks
+//! that thread instead of panicking: the work then runs on a thread of its
+//! own.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -23,7 +26,28 @@ use crate::Options;
 
 pub struct LockClient {
     inner: crate::LockClient,
-    runtime: Arc<Runtime>,
+    runtime: Arc<OwnRuntime>,
+}
+
+/// The facade's runtime. Dropped inside another runtime (where dropping a
+/// runtime panics) it is shut down in the background instead.
+struct OwnRuntime(Option<Runtime>);
+
+impl std::ops::Deref for OwnRuntime {
+    type Target = Runtime;
+    fn deref(&self) -> &Runtime {
+        self.0.as_ref().expect("present until dropped")
+    }
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                runtime.shutdown_background();
+            }
+        }
+    }
 }
 
 impl LockClient {
@@ -43,8 +67,18 @@ impl LockClient {
         };
         Ok(LockClient {
             inner,
-            runtime: Arc::new(runtime),
+            runtime: Arc::new(OwnRuntime(Some(runtime))),
         })
+    }
+
+    /// Runs `work` on this facade's runtime and waits for it. Inside another
+    /// runtime's context (where `block_on` panics) it waits from a scoped
+    /// thread of its own.
+    fn wait<F: std::future::Future + Send>(&self, work: F) -> F::Output
+    where
+        F::Output: Send,
+    {
+        wait_on(&self.runtime, work)
     }
 
     /// See [`crate::LockClient::try_acquire`].
@@ -54,7 +88,7 @@ impl LockClient {
 
     /// See [`crate::LockClient::acquire`].
     pub fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Option<LockGuard>> {
-        let guard = self.runtime.block_on(self.inner.acquire(key, ttl, wait))?;
+        let guard = self.wait(self.inner.acquire(key, ttl, wait))?;
         Ok(guard.map(|g| LockGuard {
             inner: Some(g),
             runtime: self.runtime.clone(),
@@ -65,7 +99,7 @@ impl LockClient {
 /// A held lock; released on drop (waiting for the release).
 pub struct LockGuard {
     inner: Option<crate::LockGuard>,
-    runtime: Arc<Runtime>,
+    runtime: Arc<OwnRuntime>,
 }
 
 impl LockGuard {
@@ -99,19 +133,36 @@ impl LockGuard {
     }
 
     pub fn extend(&self, ttl: Duration) -> Result<bool> {
-        self.runtime.block_on(self.guard().extend(ttl))
+        wait_on(&self.runtime, self.guard().extend(ttl))
     }
 
     pub fn release(mut self) -> Result<bool> {
         let guard = self.inner.take().expect("present until released");
-        self.runtime.block_on(guard.release())
+        wait_on(&self.runtime, guard.release())
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if let Some(guard) = self.inner.take() {
-            let _ = self.runtime.block_on(guard.release());
+            let _ = wait_on(&self.runtime, guard.release());
         }
     }
+}
+
+/// `runtime.block_on(work)`, from a scoped thread when the caller is itself
+/// inside a runtime (where `block_on` would panic).
+fn wait_on<F: std::future::Future + Send>(runtime: &Runtime, work: F) -> F::Output
+where
+    F::Output: Send,
+{
+    if tokio::runtime::Handle::try_current().is_err() {
+        return runtime.block_on(work);
+    }
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| runtime.block_on(work))
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
 }

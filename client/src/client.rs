@@ -64,6 +64,19 @@ pub(crate) struct Inner {
     /// Redlock: the largest token this client asked for in a first phase
     /// or was granted.
     highest_fence: AtomicI64,
+    /// Redlock: the nodes' clock (the median of their `TIME`) as last
+    /// sampled, and when, on this client's monotonic clock. The first-phase
+    /// token is extrapolated from it, never from this client's wall clock.
+    node_clock: std::sync::Mutex<Option<ClockSample>>,
+    /// Redlock: whether the nodes were found to be distinct servers.
+    nodes_checked: std::sync::atomic::AtomicBool,
+}
+
+/// The nodes' wall clock in µs, read at `at` (this client's monotonic clock).
+#[derive(Clone, Copy, Debug)]
+struct ClockSample {
+    node_us: i64,
+    at: Instant,
 }
 
 /// What one node answered to an ACQUIRE.
@@ -93,9 +106,14 @@ enum Line {
 /// How long a key counts as contended after its ordering node refused.
 const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
 
-/// How far ahead of this client's clock the first-phase token is asked for
+/// How far ahead of the nodes' clock the first-phase token is asked for
 /// (µs): enough for the request to reach a node whose clock agrees.
 const FENCE_LEAD_US: i64 = 2_000;
+
+/// How long a sample of the nodes' clock is extrapolated on this client's
+/// monotonic clock before it is read again (bounds what the two clocks'
+/// rates can drift apart: 30 s at 500 ppm is 15 ms).
+const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// The clock drift Redlock allows for: 1% of the TTL plus 2 ms.
 pub fn drift(ttl: Duration) -> Duration {
@@ -128,8 +146,43 @@ impl LockClient {
                 options,
                 contended: std::sync::Mutex::new(HashMap::new()),
                 highest_fence: AtomicI64::new(0),
+                node_clock: std::sync::Mutex::new(None),
+                nodes_checked: std::sync::atomic::AtomicBool::new(false),
             }),
         })
+    }
+
+    /// Redlock: refuses a group in which one server appears twice (the
+    /// same URL twice, an alias such as `localhost` and `127.0.0.1`, or two
+    /// databases `/0` and `/1` of one server): it would count as several
+    /// votes. Servers are told apart by their `run_id` (INFO server), read
+    /// once, when a majority first answers; a node that does not answer
+    /// then is not checked.
+    async fn check_distinct_nodes(&self, limit: Duration) -> Result<()> {
+        if self.inner.nodes_checked.load(AtomicOrdering::Acquire) {
+            return Ok(());
+        }
+        let ids = join_all(self.inner.nodes.iter().map(|n| n.run_id(limit))).await;
+        let answered: Vec<(usize, &String)> = ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.as_ref().ok().map(|id| (i, id)))
+            .collect();
+        for (k, (i, id)) in answered.iter().enumerate() {
+            if let Some((j, _)) = answered[..k].iter().find(|(_, other)| other == id) {
+                return Err(Error::Config(format!(
+                    "{} and {} are the same server (run_id {id}): a Redlock group needs independent nodes",
+                    self.inner.nodes[*j].url(),
+                    self.inner.nodes[*i].url(),
+                )));
+            }
+        }
+        if answered.len() >= self.quorum() {
+            self.inner
+                .nodes_checked
+                .store(true, AtomicOrdering::Release);
+        }
+        Ok(())
     }
 
     /// How many nodes must agree: N/2 + 1.
@@ -193,6 +246,7 @@ impl LockClient {
         let granted = if self.inner.nodes.len() == 1 {
             self.acquire_single(key, token, ttl, wait).await?
         } else {
+            self.check_distinct_nodes(self.node_timeout(ttl)).await?;
             self.acquire_redlock(key, token, ttl, wait).await?
         };
         Ok(granted.map(|(fence, valid_until)| {
@@ -207,7 +261,10 @@ impl LockClient {
     /// Runs `f` while holding the lock, renewing it in the background, then
     /// releases it. `f` gets the [`Lease`]: its fencing token for the
     /// resource, and [`Lease::lost`] to stop work if the lock is lost.
-    /// Not acquired within `wait`: [`Error::NotAcquired`].
+    /// Not acquired within `wait`: [`Error::NotAcquired`]. Lost before `f`
+    /// finished (a renewal refused, or none within the validity):
+    /// [`Error::Lost`], so "done under the lock" and "lost it halfway" never
+    /// look alike.
     pub async fn with_lock<T, F, Fut>(
         &self,
         key: &str,
@@ -224,10 +281,17 @@ impl LockClient {
             .grant(key, &token, ttl, wait, true)
             .await?
             .ok_or(Error::NotAcquired)?;
-        let out = f(guard.lease()).await;
+        let lease = guard.lease();
+        let out = f(lease.clone()).await;
+        // Judged before the release: was the lock held all along?
+        let kept = lease.is_valid();
         // The work is done: a failed release only means the lease ends by itself.
         let _ = guard.release().await;
-        Ok(out)
+        if kept {
+            Ok(out)
+        } else {
+            Err(Error::Lost)
+        }
     }
 
     async fn acquire_single(
@@ -470,17 +534,26 @@ impl LockClient {
     }
 
     /// The fencing token to ask for in the first phase (`MINFENCE g`): just
-    /// above this client's clock and above every token it has seen. A node
-    /// grants exactly `g` when its clock and its high-water mark are below
-    /// it, which is the rule on nodes whose clocks agree: then every node of
-    /// the majority already has the same token and the second phase is not
-    /// needed (one round trip instead of two).
-    fn first_phase_fence(&self) -> i64 {
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as i64)
-            .unwrap_or(0);
-        let guess = now_us + FENCE_LEAD_US;
+    /// above the nodes' clock and above every token this client has seen. A
+    /// node grants exactly `g` when its clock and its high-water mark are
+    /// below it, which is the rule on nodes whose clocks agree: then every
+    /// node of the majority already has the same token and the second phase
+    /// is not needed (one round trip instead of two).
+    ///
+    /// The nodes' clock is the median of their `TIME` replies, extrapolated
+    /// on this client's monotonic clock (read again after
+    /// [`NODE_CLOCK_MAX_AGE`]), never this client's wall clock: a client whose
+    /// clock is ahead must not drag the group's tokens ahead of the nodes'
+    /// clocks, or a node that restarts without its data issues tokens below
+    /// them. None (no `MINFENCE`, so always two phases when nodes disagree)
+    /// if no node answers `TIME`.
+    async fn first_phase_fence(&self, limit: Duration) -> Option<i64> {
+        let now_us = self.nodes_now_us(limit).await?;
+        Some(self.first_phase_fence_at(now_us))
+    }
+
+    fn first_phase_fence_at(&self, nodes_now_us: i64) -> i64 {
+        let guess = nodes_now_us.saturating_add(FENCE_LEAD_US);
         let seen = &self.inner.highest_fence;
         let mut prev = seen.load(AtomicOrdering::Relaxed);
         loop {
@@ -495,6 +568,36 @@ impl LockClient {
                 Err(actual) => prev = actual,
             }
         }
+    }
+
+    /// The nodes' clock now (µs), from a recent sample or a fresh one.
+    async fn nodes_now_us(&self, limit: Duration) -> Option<i64> {
+        let cached = *self
+            .inner
+            .node_clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(sample) = cached.filter(|c| c.at.elapsed() < NODE_CLOCK_MAX_AGE) {
+            return Some(sample.node_us + sample.at.elapsed().as_micros() as i64);
+        }
+        let replies = join_all(self.inner.nodes.iter().map(|n| n.time_us(limit))).await;
+        // Taken after every reply arrived: each node read its clock before
+        // this, so the extrapolation errs behind the nodes, the safe side.
+        let at = Instant::now();
+        let mut clocks: Vec<i64> = replies.into_iter().filter_map(|r| r.ok()).collect();
+        if clocks.is_empty() {
+            return None;
+        }
+        clocks.sort_unstable();
+        // The lower median: one node's clock far ahead moves nothing (that
+        // node issues its own larger tokens, and phase 2 spreads them).
+        let node_us = clocks[(clocks.len() - 1) / 2];
+        *self
+            .inner
+            .node_clock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(ClockSample { node_us, at });
+        Some(node_us)
     }
 
     fn saw_fence(&self, fence: i64) {
@@ -533,7 +636,10 @@ impl LockClient {
         let quorum = self.quorum();
         let fencing = self.inner.options.quorum_fencing;
         let in_time = |start: Instant| start.elapsed() + drift(ttl) < ttl;
-        let g = fencing.then(|| self.first_phase_fence());
+        let g = match fencing {
+            true => self.first_phase_fence(limit).await,
+            false => None,
+        };
         let start = Instant::now();
         let replies = join_all(nodes.iter().map(|n| n.acquire(key, token, ttl, g, limit))).await;
         let granted: Vec<(usize, i64)> = replies
@@ -621,6 +727,35 @@ impl LockClient {
         .into_iter()
         .filter(|r| matches!(r, Ok(true)))
         .count()
+    }
+
+    /// LOCK.RELEASE on every node without the async runtime (a thread per
+    /// node, fresh connections); how many released within twice the node
+    /// timeout (connecting, then the command). A thread stuck on a node that
+    /// does not answer is left behind rather than waited for: the redis
+    /// crate's connection setup has no read timeout.
+    pub(crate) fn release_everywhere_blocking(&self, key: &str, token: &str, ttl: Duration) -> usize {
+        let limit = self.node_timeout(ttl);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..self.inner.nodes.len() {
+            let (client, tx) = (self.clone(), tx.clone());
+            let (key, token) = (key.to_string(), token.to_string());
+            std::thread::spawn(move || {
+                let _ = tx.send(client.inner.nodes[i].release_blocking(&key, &token, limit));
+            });
+        }
+        drop(tx);
+        let deadline = std::time::Instant::now() + 2 * limit;
+        let mut released = 0;
+        for _ in 0..self.inner.nodes.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ok(true)) => released += 1,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        released
     }
 
     /// LOCK.EXTEND on every node: the new validity deadline if a majority
@@ -716,20 +851,17 @@ mod tests {
         assert_eq!(LockClient::new(&urls()[..1]).unwrap().ordering_node("k"), 0);
     }
 
-    /// The first-phase token is above the clock and above every token the
-    /// client has seen, and never repeats.
+    /// The first-phase token is above the nodes' clock and above every
+    /// token the client has seen, and never repeats.
     #[test]
-    fn first_phase_tokens_rise_above_the_clock_and_what_was_seen() {
+    fn first_phase_tokens_rise_above_the_nodes_clock_and_what_was_seen() {
         let locks = LockClient::new(&urls()).unwrap();
-        let now_us = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros() as i64;
-        let g1 = locks.first_phase_fence();
-        assert!(g1 > now_us);
-        let g2 = locks.first_phase_fence();
+        let nodes_us = 1_700_000_000_000_000;
+        let g1 = locks.first_phase_fence_at(nodes_us);
+        assert_eq!(g1, nodes_us + FENCE_LEAD_US);
+        let g2 = locks.first_phase_fence_at(nodes_us);
         assert!(g2 > g1);
-        locks.saw_fence(now_us + 3_600_000_000);
-        assert!(locks.first_phase_fence() > now_us + 3_600_000_000);
+        locks.saw_fence(nodes_us + 3_600_000_000);
+        assert!(locks.first_phase_fence_at(nodes_us) > nodes_us + 3_600_000_000);
     }
 }

@@ -9,6 +9,10 @@ pub enum Error {
     Timeout,
     /// `with_lock` could not acquire the lock within its wait.
     NotAcquired,
+    /// `with_lock`: the lock was lost while the closure ran (a renewal was
+    /// refused, or none succeeded within the validity), so its work may
+    /// have overlapped another holder's. The closure's output is dropped.
+    Lost,
     /// A bad argument or configuration (no URLs, a TTL of zero, ...).
     Config(String),
 }
@@ -19,6 +23,10 @@ impl fmt::Display for Error {
             Error::Redis(e) => write!(f, "{e}"),
             Error::Timeout => write!(f, "the lock node did not answer in time"),
             Error::NotAcquired => write!(f, "the lock was not acquired within the wait"),
+            Error::Lost => write!(
+                f,
+                "the lock was lost while the work ran (it may have overlapped another holder)"
+            ),
             Error::Config(why) => write!(f, "{why}"),
         }
     }

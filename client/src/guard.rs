@@ -84,8 +84,9 @@ impl Lease {
             .unwrap_or_else(|p| p.into_inner()) = at;
     }
 
-    /// Fires when the lock is lost: a renewal was refused, or the validity
-    /// deadline passed without a successful renewal. Await
+    /// Fires when the lock is lost: a renewal was refused, or one failed
+    /// with too little validity left for another attempt (retry pause plus
+    /// node timeout), or the validity deadline passed without a renewal. Await
     /// `lost().cancelled()` or poll `lost().is_cancelled()`.
     pub fn lost(&self) -> &CancellationToken {
         &self.shared.lost
@@ -97,8 +98,12 @@ impl Lease {
     }
 }
 
-/// A held lock. Release it with [`release`](LockGuard::release); dropping
-/// it releases in the background (best effort, needs a tokio runtime).
+/// A held lock. Release it with [`release`](LockGuard::release). Dropping
+/// it releases it too, before `drop` returns, over fresh connections (the
+/// thread blocks for a round trip or two, at most the node timeout): so a
+/// guard dropped as `#[tokio::main]` returns (the `?` in `main`) is
+/// released, not left for its TTL. In async code prefer `release().await`,
+/// which does not block the thread.
 pub struct LockGuard {
     client: LockClient,
     lease: Lease,
@@ -197,17 +202,13 @@ impl Drop for LockGuard {
             return; // released
         };
         keeper.stop.cancel();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the lease ends by itself
-        };
-        let client = self.client.clone();
-        let lease = self.lease.clone();
-        runtime.spawn(async move {
-            let _ = keeper.task.await;
-            client
-                .release_everywhere(lease.key(), lease.token(), lease.ttl())
-                .await;
-        });
+        // A renewal in flight is LOCK.EXTEND, which never revives a
+        // released lock, so the release need not wait for it. Not spawned
+        // on the runtime: one that is shutting down would never run it.
+        keeper.task.abort();
+        let lease = &self.lease;
+        self.client
+            .release_everywhere_blocking(lease.key(), lease.token(), lease.ttl());
     }
 }
 
@@ -241,9 +242,17 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
                     lease.shared.lost.cancel();
                     return;
                 }
-                // Nodes unreachable: try again soon, until the deadline.
+                // Nodes unreachable: try again soon, if another attempt
+                // can still finish within the validity; otherwise the lock
+                // cannot be kept, and the holder hears it now rather than
+                // when the validity runs out.
                 Err(_) => {
                     let retry = (ttl / 10).max(Duration::from_millis(5));
+                    let attempt = retry + client.node_timeout(ttl);
+                    if Instant::now() + attempt >= lease.valid_until() {
+                        lease.shared.lost.cancel();
+                        return;
+                    }
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(retry) => {}

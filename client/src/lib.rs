@@ -86,28 +86,27 @@
 //! The lock and T reach the caller only once a majority confirmed step 2
 //! within the validity.
 //!
-//! Step 1 already asks for a token: `MINFENCE g` with g just above this
-//! client's clock (2 ms ahead) and above every token it has seen. A node
-//! grants exactly g when its own clock and high-water mark are below g, the
-//! rule when clocks agree, so usually every granting node has T = g after
-//! step 1 and step 2 is skipped (one round trip, as without fencing). A
-//! node that granted more (its clock ahead) makes T its token, and the
-//! others are raised in step 2 as above. The order argument is unchanged
-//! (T is still the largest token of a majority that all have it), but
-//! tokens now follow the clients' clocks as well as the nodes': a client
-//! whose clock is ahead of the nodes' by d pushes the group's tokens d
-//! ahead. That matters only where tokens rest on the clock, a node that
-//! restarts without its data: keep client clocks synchronized like the
-//! nodes' (NTP), or let restarted nodes keep their marks (`appendfsync
-//! always`) rather than rely on their clocks. Any two majorities of the N nodes share a node.
+//! Step 1 already asks for a token: `MINFENCE g` with g 2 ms above **the
+//! nodes' clock** and above every token this client has seen. The nodes'
+//! clock is the median of their `TIME` replies, read at most 30 s before
+//! and carried forward on this client's monotonic clock, never this
+//! client's wall clock. A node grants exactly g when its own clock and
+//! high-water mark are below g, the rule when the nodes' clocks agree, so
+//! usually every granting node has T = g after step 1 and step 2 is skipped
+//! (one round trip, as without fencing). A node that granted more (its
+//! clock ahead) makes T its token, and the others are raised in step 2 as
+//! above. No client's clock moves the tokens: they rest on the nodes alone.
+//!
+//! Any two majorities of the N nodes share a node.
 //! A later Redlock grant of the same key needs a majority, so it includes a
 //! node that confirmed T, whose next token is above T; and T' is the maximum
 //! over its majority, so **T' > T**. The resource rejects the older holder.
 //!
-//! Assumptions: the nodes keep their high-water mark across restarts (any
-//! persistence; the module also draws tokens from the clock, so a node that
-//! lost its data issues tokens above T as long as its clock was not set
-//! back); a node that restarts without its data may also have lost the lock
+//! Assumptions: each node keeps its high-water mark across restarts (only
+//! `appendfsync always` keeps it across a crash), or, having lost it,
+//! restarts with a wall clock that was not set back and agrees with the
+//! other nodes' within its `lock.restart-delay-ms` less a few ms (its first
+//! token is then its clock, above every token the group issued before); a node that restarts without its data may also have lost the lock
 //! itself, so run nodes with `appendfsync always` or with
 //! `lock.restart-delay-ms` ≥ the longest TTL (Redlock's delayed restart).
 //! Mutual exclusion itself needs bounded process pauses and clock drift

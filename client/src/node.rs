@@ -13,6 +13,8 @@ pub(crate) struct Node {
     /// `host:port` (or the socket path): what Redlock's ordering node is
     /// chosen by, the same for every client given the same nodes.
     addr: String,
+    /// The URL as given, without a password (for messages).
+    shown: String,
     /// Shared by every lock of this client; replaced after an error, so a
     /// restarted node is reached again.
     conn: Mutex<Option<MultiplexedConnection>>,
@@ -38,8 +40,11 @@ pub struct LockInfo {
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
         let client = redis::Client::open(url)?;
+        let info = client.get_connection_info();
+        let shown = format!("redis://{}/{}", info.addr, info.redis.db);
         Ok(Node {
-            addr: client.get_connection_info().addr.to_string(),
+            shown,
+            addr: info.addr.to_string(),
             client,
             conn: Mutex::new(None),
             spare: std::sync::Mutex::new(Vec::new()),
@@ -48,6 +53,23 @@ impl Node {
 
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The node as `redis://host:port/db`, without credentials.
+    pub fn url(&self) -> &str {
+        &self.shown
+    }
+
+    /// The server's `run_id` (INFO server): the same for every URL that
+    /// reaches one server process.
+    pub async fn run_id(&self, limit: Duration) -> Result<String> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("server");
+        let text: String = self.run(cmd, limit).await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_string())
+            .ok_or_else(|| Error::Config(format!("{} reports no run_id", self.shown)))
     }
 
     async fn connection(&self, limit: Duration) -> Result<MultiplexedConnection> {
@@ -178,10 +200,30 @@ impl Node {
         Ok(())
     }
 
+    /// The node's wall clock (`TIME`), in µs since the Unix epoch.
+    pub async fn time_us(&self, limit: Duration) -> Result<i64> {
+        let (secs, micros): (i64, i64) = self.run(redis::cmd("TIME"), limit).await?;
+        Ok(secs * 1_000_000 + micros)
+    }
+
     pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
         let mut cmd = redis::cmd("LOCK.RELEASE");
         cmd.arg(key).arg(token);
         Ok(self.run::<i64>(cmd, limit).await? == 1)
+    }
+
+    /// `LOCK.RELEASE` over a fresh blocking connection, for a release that
+    /// must finish without an async runtime (a guard dropped as its runtime
+    /// shuts down, when the shared connection's task no longer runs).
+    pub fn release_blocking(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
+        let mut conn = self.client.get_connection_with_timeout(limit)?;
+        conn.set_read_timeout(Some(limit))?;
+        conn.set_write_timeout(Some(limit))?;
+        let released: i64 = redis::cmd("LOCK.RELEASE")
+            .arg(key)
+            .arg(token)
+            .query(&mut conn)?;
+        Ok(released == 1)
     }
 
     pub async fn extend(

@@ -215,3 +215,96 @@ async fn a_clock_jump_no_longer_gives_two_holders() {
     drop(nodes);
     let _ = std::fs::remove_file(&clock_file);
 }
+
+/// Issue 17, defect 1: a client whose wall clock is a minute ahead must not
+/// drag the group's fencing tokens ahead of the nodes' clocks. Five nodes
+/// without persistence, restarted with `restart-delay-ms` 3000 (≥ the TTL,
+/// as the docs recommend); client A is the `redis-lock` command under libfaketime
+/// (+60 s, monotonic clock untouched). It locks `res` (variant 1) or an
+/// unrelated key, after which B locks `res` (variant 2); every node is then
+/// killed and restarted without data; B's next token on `res` must exceed
+/// every token issued for `res` before. Before, the first phase asked for
+/// A's clock + 2 ms, so B's token came out about 56 s lower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clock_ahead_cannot_drag_the_groups_tokens() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "restarts five servers and runs the client under libfaketime",
+    ) {
+        return;
+    }
+    let Some(faketime) = common::libfaketime() else {
+        panic!("libfaketime is missing: apt-get install -y faketime (scripts/prereqs.sh does)");
+    };
+    for unrelated in [false, true] {
+        let mut nodes: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+        let mut args = vec!["acquire".to_string()];
+        for n in &nodes {
+            args.extend(["--url".into(), n.url()]);
+        }
+        let a_key = if unrelated { "unrelated" } else { "res" };
+        args.extend(["--key", a_key, "--ttl", "2s"].map(String::from));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-lock"))
+            .args(&args)
+            .env("LD_PRELOAD", &faketime)
+            .env("FAKETIME", "+60")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("FAKETIME_NO_CACHE", "1")
+            .env_remove("REDIS_LOCK_URL")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ta: i64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("export REDIS_LOCK_FENCE="))
+            .expect("a fence line")
+            .parse()
+            .unwrap();
+        let b = LockClient::new(&common::urls(&nodes)).unwrap();
+        let mut highest_for_res = if unrelated { i64::MIN } else { ta };
+        if unrelated {
+            let g = b
+                .try_acquire("res", Duration::from_secs(2))
+                .await
+                .unwrap()
+                .expect("B gets res");
+            highest_for_res = g.fence();
+            g.release().await.unwrap();
+        }
+        // Restarted without data, each with a restart delay (3 s ≥ the TTL).
+        for n in &mut nodes {
+            n.kill9();
+            n.wipe_data();
+            n.set_config("lock.restart-delay-ms", "3000");
+            n.restart();
+        }
+        // Past the restart delay (and A's 2 s lease).
+        let start = std::time::Instant::now();
+        let tb = loop {
+            match b.try_acquire("res", Duration::from_secs(2)).await {
+                Ok(Some(g)) => break g.fence(),
+                _ if start.elapsed() < Duration::from_secs(20) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await
+                }
+                other => panic!("B is never granted res: {:?}", other.map(|g| g.is_some())),
+            }
+        };
+        assert!(
+            tb > highest_for_res,
+            "unrelated={unrelated}: B's token after the restart {tb} is {} ms below an earlier token \
+             for res {highest_for_res} (A's clock was 60 s ahead; A's token {ta}, real clock {})",
+            (highest_for_res - tb) / 1000,
+            real_now_us()
+        );
+        assert!(
+            ta < real_now_us() + 10_000_000,
+            "A's token {ta} follows A's clock, not the nodes' ({})",
+            real_now_us()
+        );
+    }
+}

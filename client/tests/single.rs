@@ -302,3 +302,118 @@ async fn info_reports_the_holder_and_when_it_was_granted() {
     guard.release().await.unwrap();
     assert_eq!(locks.info("order:9").await.remove(0).unwrap(), None);
 }
+
+/// Issue 17, defect 4: `with_lock` says when the lock was lost while the
+/// closure ran (an administrative DEL here; the next renewal is refused):
+/// before, it returned Ok as if the work had been done under the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_lock_reports_a_lock_lost_during_the_work() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let port = s.port;
+    let result = locks
+        .with_lock(
+            "job",
+            Duration::from_millis(600),
+            Duration::ZERO,
+            move |lease| async move {
+                let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                    .unwrap()
+                    .get_connection()
+                    .unwrap();
+                let _: i64 = redis::cmd("DEL").arg("job").query(&mut c).unwrap();
+                // Work on past the next renewal (a third of the TTL).
+                tokio::select! {
+                    _ = lease.lost().cancelled() => {}
+                    _ = sleep(Duration::from_secs(3)) => {}
+                }
+                "done"
+            },
+        )
+        .await;
+    assert!(
+        matches!(result, Err(redis_lock_client::Error::Lost)),
+        "{result:?}"
+    );
+    // Done in time: Ok.
+    let ok = locks
+        .with_lock("job", Duration::from_secs(5), Duration::ZERO, |_| async {
+            7
+        })
+        .await
+        .unwrap();
+    assert_eq!(ok, 7);
+}
+
+/// Issue 17, defect 4: a guard dropped as the runtime's main future returns
+/// (the `?` in a `#[tokio::main]`) is released, on either runtime flavor:
+/// before, the drop spawned a task the shutting-down runtime never ran and
+/// the lock stayed for its TTL.
+#[test]
+fn a_guard_dropped_as_the_runtime_ends_is_released() {
+    let s = Server::start();
+    for (round, multi) in [(0, false), (1, true)] {
+        let key = format!("main:{round}");
+        let runtime = if multi {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        .unwrap();
+        let url = s.url();
+        let k = key.clone();
+        let outcome: Result<(), String> = runtime.block_on(async move {
+            let locks = LockClient::with_options(
+                &[url],
+                Options {
+                    auto_renew: true,
+                    ..Options::default()
+                },
+            )
+            .unwrap();
+            let _guard = locks
+                .try_acquire(&k, Duration::from_secs(60))
+                .await
+                .unwrap()
+                .expect("free");
+            Err("the work failed".to_string())?;
+            Ok(())
+        });
+        assert!(outcome.is_err());
+        drop(runtime);
+        assert_eq!(
+            server_fence(&s, &key),
+            None,
+            "multi_thread={multi}: released"
+        );
+    }
+}
+
+/// Issue 17, defect 4: the blocking facade works when called from async
+/// code (it blocks that thread): before, it panicked ("Cannot start a
+/// runtime from within a runtime").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_blocking_facade_works_inside_a_runtime() {
+    let s = Server::start();
+    let locks = redis_lock_client::blocking::LockClient::new(&[s.url()]).unwrap();
+    let guard = locks
+        .try_acquire("b", Duration::from_secs(5))
+        .unwrap()
+        .expect("free");
+    assert_eq!(server_fence(&s, "b"), Some(guard.fence()));
+    assert!(guard.extend(Duration::from_secs(30)).unwrap());
+    assert!(guard.release().unwrap());
+    {
+        let _dropped = locks
+            .try_acquire("b", Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(server_fence(&s, "b"), None, "released on drop");
+    drop(locks);
+}
