@@ -214,10 +214,11 @@ fn acquire_extend_release_and_info_for_scripts() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let vars = text(&out.stdout);
     let get = |name: &str| {
-        vars.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}=")))
-            .unwrap()
-            .to_string()
+        let value = vars
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .unwrap();
+        value.trim_matches('\'').to_string()
     };
     let (token, fence) = (get("REDIS_LOCK_TOKEN"), get("REDIS_LOCK_FENCE"));
     assert_eq!(
@@ -363,4 +364,191 @@ fn losing_a_majority_mid_run_stops_the_command_with_the_lost_lock_code() {
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(76), "{}", text(&out.stderr));
     assert!(start.elapsed() < Duration::from_secs(20));
+}
+
+/// `eval "$(redis-lock acquire ...)"` exports the variables (a program the
+/// script runs sees them, as under `run`) and quotes the token: a token
+/// with shell syntax is data, never code. The validity is printed too.
+#[test]
+fn acquire_output_is_exported_and_quoted_for_eval() {
+    let s = Server::start();
+    let dir = std::env::temp_dir().join(format!("redis-lock-eval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pwned = dir.join("pwned");
+    let token = format!(
+        "x'; touch {}; echo '$(touch {})",
+        pwned.display(),
+        pwned.display()
+    );
+    let script = format!(
+        "eval \"$({BIN} acquire --url {} --key k --ttl 5s --token \"$TOKEN\")\" || exit 9; \
+         sh -c 'echo fence=$REDIS_LOCK_FENCE; echo validity=$REDIS_LOCK_VALIDITY_MS; printf %s \"$REDIS_LOCK_TOKEN\" > {}'",
+        s.url(),
+        dir.join("token").display()
+    );
+    let out = Command::new("sh")
+        .args(["-c", &script])
+        .env("TOKEN", &token)
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!pwned.exists(), "the token ran as shell code");
+    let stdout = text(&out.stdout);
+    let fence: i64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("fence="))
+        .expect("the child sees REDIS_LOCK_FENCE")
+        .parse()
+        .unwrap();
+    assert_eq!(common::fence(&mut s.conn(), "k"), Some(fence));
+    let validity: i64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("validity="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(validity > 0 && validity <= 5000, "{validity}");
+    assert_eq!(std::fs::read_to_string(dir.join("token")).unwrap(), token);
+    assert_eq!(
+        common::holder(&mut s.conn(), "k").as_deref(),
+        Some(token.as_str())
+    );
+}
+
+/// Arguments a node refuses are usage errors (64), a node in its restart
+/// delay says try again (75), and a TTL too short to leave any validity is
+/// refused before anything runs: before, all of them were 69 "lock nodes
+/// unavailable ... check --url", and `--ttl 1ms` ran the command and exited 76.
+#[test]
+fn refusals_get_the_exit_code_of_what_went_wrong() {
+    if common::skip_unless(common::Needs::OwnServer, "starts with restart-delay-ms") {
+        return;
+    }
+    let s = Server::builder().module_arg("max-ttl-ms", "60000").start();
+    let u = s.url();
+    let marker = std::env::temp_dir().join(format!("redis-lock-ran-{}", std::process::id()));
+    let touch = format!("touch {}", marker.display());
+    for (ttl, code, says) in [
+        ("0", 64, "--ttl"),
+        ("1ms", 64, "--ttl"),
+        ("2m", 64, "max-ttl-ms"),
+    ] {
+        let out = redis_lock(&[
+            "run", "--url", &u, "--key", "k", "--ttl", ttl, "--", "sh", "-c", &touch,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "--ttl {ttl}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(says),
+            "--ttl {ttl}: {}",
+            text(&out.stderr)
+        );
+        assert!(!marker.exists(), "--ttl {ttl}: the command ran");
+        let out = redis_lock(&["acquire", "--url", &u, "--key", "k", "--ttl", ttl]);
+        assert_eq!(out.status.code(), Some(code), "acquire --ttl {ttl}");
+    }
+    assert_eq!(common::fence(&mut s.conn(), "k"), None);
+    let delayed = Server::builder()
+        .module_arg("restart-delay-ms", "60000")
+        .start();
+    let out = redis_lock(&[
+        "run",
+        "--url",
+        &delayed.url(),
+        "--key",
+        "k",
+        "--ttl",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("try again"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!marker.exists());
+}
+
+/// One server given twice (the same URL, an alias, another database) would
+/// count as several Redlock votes: refused as a usage error naming both.
+/// An even count is accepted with a warning. Before, all were accepted
+/// without a word.
+#[test]
+fn the_same_server_twice_is_refused_and_an_even_count_warned() {
+    if common::skip_unless(common::Needs::OwnServer, "needs three servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let (a, b) = (nodes[0].port, nodes[1].port);
+    for urls in [
+        vec![
+            format!("redis://127.0.0.1:{a}/"),
+            format!("redis://127.0.0.1:{a}/"),
+            format!("redis://127.0.0.1:{b}/"),
+        ],
+        vec![
+            format!("redis://127.0.0.1:{a}/"),
+            format!("redis://localhost:{a}/"),
+            format!("redis://127.0.0.1:{b}/"),
+        ],
+        vec![
+            format!("redis://127.0.0.1:{a}/0"),
+            format!("redis://127.0.0.1:{a}/1"),
+            format!("redis://127.0.0.1:{b}/"),
+        ],
+    ] {
+        let mut args = vec!["run".to_string()];
+        for u in &urls {
+            args.extend(["--url".into(), u.clone()]);
+        }
+        args.extend(["--key", "k", "--ttl", "5s", "--", "true"].map(String::from));
+        let out = Command::new(BIN)
+            .args(&args)
+            .env_remove("REDIS_LOCK_URL")
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{urls:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("same server"),
+            "{}",
+            text(&out.stderr)
+        );
+        for n in &nodes {
+            assert_eq!(
+                common::fence(&mut n.conn(), "k"),
+                None,
+                "{urls:?}: nothing granted"
+            );
+        }
+    }
+    let mut args = vec!["run".to_string()];
+    for n in &nodes[..2] {
+        args.extend(["--url".into(), n.url()]);
+    }
+    args.extend(["--key", "k", "--ttl", "5s", "--", "true"].map(String::from));
+    let out = Command::new(BIN)
+        .args(&args)
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("odd number"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -5,7 +5,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_client::{duration, random_token, LockClient, Options};
+use redis_lock_client::{drift, duration, random_token, LockClient, Options};
+use tokio::sync::mpsc;
+
+mod job;
 
 /// Exit codes besides the child's own status.
 mod exit {
@@ -13,8 +16,11 @@ mod exit {
     pub const USAGE: u8 = 64;
     /// The lock nodes could not be reached or answered with an error.
     pub const UNAVAILABLE: u8 = 69;
-    /// Not acquired within --wait (or not held, for release/extend).
+    /// Not acquired within --wait (or not held, for release/extend), or a
+    /// node refused for now (TRYAGAIN during its restart delay): try again.
     pub const NOT_ACQUIRED: u8 = 75;
+    /// A node refused the user the command or the key (NOPERM).
+    pub const NO_PERMISSION: u8 = 77;
     /// The lock was lost while the command ran; it was signalled.
     pub const LOST: u8 = 76;
     /// The command could not be started.
@@ -43,15 +49,21 @@ Examples:
   redis-lock release --key orders:42 --token \"$REDIS_LOCK_TOKEN\"
 
 The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
-you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. It runs
-in its own process group; SIGTERM, SIGINT and SIGHUP sent to redis-lock are
-passed on to that group, and the lock is released once the command exits.
+you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. It never
+runs without the lock: it is killed if redis-lock dies (even by SIGKILL); it
+runs as the terminal's foreground job (it may read the terminal; Ctrl-C and
+Ctrl-Z reach it, and Ctrl-Z stops redis-lock with it); once continued,
+redis-lock renews the lock before the command may run again. Signals sent to
+redis-lock (TERM, INT, HUP, QUIT, USR1, USR2, ALRM, ...) are passed on to the
+command's process group, and the lock is released once the command exits.
 
 Exit status: the command's own status (128+N if killed by signal N); 64 usage
-error; 69 lock nodes unreachable; 75 not acquired within --wait (or, for
-release/extend, the lock was not held); 76 the lock was lost while the
-command ran (it got SIGTERM, then SIGKILL after --grace); 126/127 the command
-could not be run / was not found.
+error (also a TTL a node refuses); 69 lock nodes unreachable; 75 not acquired
+within --wait, or a node asked to try again later (its restart delay), or, for
+release/extend, the lock was not held; 76 the lock was lost while the command
+ran (it got SIGTERM as soon as the lock could not be kept, then SIGKILL halfway
+to the end of the lease's validity, or after --grace); 77 permission denied (ACL);
+126/127 the command could not be run / was not found.
 Durations: 1500ms, 30s, 2m, 1h, 1m30s (a bare number is seconds)."
 )]
 struct Cli {
@@ -85,13 +97,16 @@ enum Command {
         #[arg(long, value_parser = duration::parse, default_value = "0")]
         wait: Duration,
         /// After the lock is lost and CMD got SIGTERM, how long before SIGKILL.
-        #[arg(long, value_parser = duration::parse, default_value = "10s")]
-        grace: Duration,
+        /// Default: halfway to the end of the lease's validity (after it another
+        /// holder may be granted); a longer grace lets CMD run without the lock.
+        #[arg(long, value_parser = duration::parse)]
+        grace: Option<Duration>,
         /// The command and its arguments (after --).
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
-    /// Acquire and print REDIS_LOCK_TOKEN=... and REDIS_LOCK_FENCE=... lines
+    /// Acquire and print `export REDIS_LOCK_TOKEN=...` lines (also _KEY, _FENCE
+    /// and _VALIDITY_MS, quoted for the shell)
     /// (for `eval`). The lock is not renewed: extend it, then release it.
     Acquire {
         #[command(flatten)]
@@ -166,6 +181,14 @@ fn client(nodes: &Nodes, auto_renew: bool) -> Result<LockClient, ExitCode> {
     } else {
         nodes.urls.clone()
     };
+    if urls.len() > 1 && urls.len() % 2 == 0 {
+        eprintln!(
+            "redis-lock: warning: {} nodes: an even count tolerates no more failures than one node fewer (a majority of {} is {}); use an odd number",
+            urls.len(),
+            urls.len(),
+            urls.len() / 2 + 1
+        );
+    }
     let options = Options {
         auto_renew,
         ..Options::default()
@@ -178,13 +201,53 @@ fn client(nodes: &Nodes, auto_renew: bool) -> Result<LockClient, ExitCode> {
     })
 }
 
-fn unavailable(e: redis_lock_client::Error) -> ExitCode {
-    fail(
-        exit::UNAVAILABLE,
-        &format!(
-            "lock nodes unavailable: {e} (check --url and that the redis-lock module is loaded)"
+/// A call that failed: a usage error if a node refused the arguments (a
+/// TTL above its `lock.max-ttl-ms`), "try again" if a node is in its restart
+/// delay, "permission denied" for ACL refusals, else the nodes are
+/// unavailable.
+fn failed_call(e: redis_lock_client::Error) -> ExitCode {
+    use redis_lock_client::Error;
+    match &e {
+        Error::Config(why) => fail(exit::USAGE, why),
+        Error::Redis(r) if r.code() == Some("TRYAGAIN") => fail(
+            exit::NOT_ACQUIRED,
+            &format!("a lock node asks to try again later: {r}"),
         ),
-    )
+        Error::Redis(r) if r.code() == Some("NOPERM") => {
+            fail(exit::NO_PERMISSION, &format!("permission denied: {r}"))
+        }
+        Error::Redis(r) if r.kind() == redis::ErrorKind::ResponseError => fail(
+            exit::USAGE,
+            &format!("a lock node refused the request: {r}"),
+        ),
+        _ => fail(
+            exit::UNAVAILABLE,
+            &format!(
+                "lock nodes unavailable: {e} (check --url and that the redis-lock module is loaded)"
+            ),
+        ),
+    }
+}
+
+/// A TTL that leaves no validity after Redlock's drift allowance is a usage
+/// error, not a lock that is lost as soon as it is granted.
+fn check_ttl(ttl: Duration) -> Result<(), ExitCode> {
+    if ttl <= drift(ttl) {
+        return Err(fail(
+            exit::USAGE,
+            &format!(
+                "--ttl {} leaves no validity after the clock-drift allowance ({} ms): give at least 10ms",
+                show(ttl),
+                drift(ttl).as_millis()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A value quoted for a POSIX shell: single quotes, with each ' as '\''.
+fn shell_quote(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "'\\''"))
 }
 
 async fn run(cli: Cli) -> ExitCode {
@@ -196,6 +259,9 @@ async fn run(cli: Cli) -> ExitCode {
             grace,
             cmd,
         } => {
+            if let Err(code) = check_ttl(ttl) {
+                return code;
+            }
             let locks = match client(&nodes, true) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -208,6 +274,9 @@ async fn run(cli: Cli) -> ExitCode {
             wait,
             token,
         } => {
+            if let Err(code) = check_ttl(ttl) {
+                return code;
+            }
             let locks = match client(&nodes, false) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -215,14 +284,21 @@ async fn run(cli: Cli) -> ExitCode {
             let token = token.unwrap_or_else(random_token);
             match locks.acquire_as(&nodes.key, &token, ttl, wait).await {
                 Ok(Some(guard)) => {
-                    println!("REDIS_LOCK_TOKEN={}", guard.token());
-                    println!("REDIS_LOCK_FENCE={}", guard.fence());
+                    // Exported (a program the script runs sees them, as
+                    // under `run`) and quoted (a token is any bytes).
+                    let validity = guard
+                        .valid_until()
+                        .saturating_duration_since(tokio::time::Instant::now());
+                    println!("export REDIS_LOCK_KEY={}", shell_quote(&nodes.key));
+                    println!("export REDIS_LOCK_TOKEN={}", shell_quote(guard.token()));
+                    println!("export REDIS_LOCK_FENCE={}", guard.fence());
+                    println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
                     // Keep the lock: the script releases it.
                     std::mem::forget(guard);
                     ExitCode::SUCCESS
                 }
                 Ok(None) => not_acquired(&nodes.key, wait),
-                Err(e) => unavailable(e),
+                Err(e) => failed_call(e),
             }
         }
         Command::Release { nodes, token } => {
@@ -239,7 +315,7 @@ async fn run(cli: Cli) -> ExitCode {
                         nodes.key
                     ),
                 ),
-                Err(e) => unavailable(e),
+                Err(e) => failed_call(e),
             }
         }
         Command::Extend { nodes, token, ttl } => {
@@ -256,7 +332,7 @@ async fn run(cli: Cli) -> ExitCode {
                         nodes.key
                     ),
                 ),
-                Err(e) => unavailable(e),
+                Err(e) => failed_call(e),
             }
         }
         Command::Info { nodes } => {
@@ -310,54 +386,63 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// Every handled signal, merged into one channel (registered before the
+/// lock is asked for, so none can end redis-lock with a grant in flight).
+fn handle_signals(kinds: &[libc::c_int]) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = mpsc::unbounded_channel();
+    for &sig in kinds {
+        let mut stream = signal(SignalKind::from_raw(sig)).ok()?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    Some(rx)
+}
+
 async fn run_under_lock(
     locks: &LockClient,
     key: &str,
     ttl: Duration,
     wait: Duration,
-    grace: Duration,
+    grace: Option<Duration>,
     cmd: &[String],
 ) -> ExitCode {
-    use tokio::signal::unix::{signal, SignalKind};
-
-    // Handlers first: a signal that arrives while acquiring must not kill
-    // redis-lock with a grant in flight.
-    let (Ok(mut sigterm), Ok(mut sigint), Ok(mut sighup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
+    let Some(mut signals) = handle_signals(job::FORWARDED) else {
         return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
     let token = random_token();
     let acquired = tokio::select! {
         result = locks.acquire_as(key, &token, ttl, wait) => Ok(result),
-        _ = sigterm.recv() => Err(libc::SIGTERM),
-        _ = sigint.recv() => Err(libc::SIGINT),
-        _ = sighup.recv() => Err(libc::SIGHUP),
+        Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => return not_acquired(key, wait),
-        Ok(Err(e)) => return unavailable(e),
+        Ok(Err(e)) => return failed_call(e),
         Err(sig) => {
             // Interrupted: give back whatever was granted meanwhile.
             let _ = locks.release_token(key, &token).await;
             return ExitCode::from(128 + sig as u8);
         }
     };
-    let mut child = match tokio::process::Command::new(&cmd[0])
+    let terminal = job::Terminal::open();
+    let mut command = std::process::Command::new(&cmd[0]);
+    command
         .args(&cmd[1..])
         .env("REDIS_LOCK_FENCE", guard.fence().to_string())
         .env("REDIS_LOCK_TOKEN", guard.token())
-        .env("REDIS_LOCK_KEY", key)
-        // Its own process group, so that stopping it after a lost lock
-        // stops everything it started (a stray grandchild could go on
-        // writing without the lock).
-        .process_group(0)
-        .spawn()
-    {
-        Ok(child) => child,
+        .env("REDIS_LOCK_KEY", key);
+    job::prepare(&mut command, terminal.as_ref());
+    // Spawned from this thread, the main one, which lives as long as the
+    // process: PDEATHSIG follows the thread that forked.
+    let group = match command.spawn() {
+        Ok(child) => child.id() as libc::pid_t,
         Err(e) => {
             let _ = guard.release().await;
             let code = if e.kind() == std::io::ErrorKind::NotFound {
@@ -368,46 +453,145 @@ async fn run_under_lock(
             return fail(code, &format!("cannot run {}: {e}", cmd[0]));
         }
     };
-    let pid = child.id().map(|p| p as libc::pid_t);
-    // To the whole group (the child is its leader).
-    let send = |sig: libc::c_int| {
-        if let Some(pid) = pid {
-            unsafe { libc::kill(-pid, sig) };
-        }
+    let mut events = job::watch(group);
+    let Some(mut stops) = handle_signals(job::STOPS) else {
+        job::signal_group(group, libc::SIGKILL);
+        let _ = guard.release().await;
+        return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
     let lost = guard.lost().clone();
+    // Set once the lock is lost: the child got SIGTERM (SIGKILL at
+    // `kill_at`) or, stopped, SIGKILL at once.
+    let mut lock_lost = false;
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut stopped = false;
     let status = loop {
+        let kill_timer = async {
+            match kill_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            status = child.wait() => break status,
-            // Passed on: the command decides how to stop; the lock is
-            // released when it has exited.
-            _ = sigterm.recv() => send(libc::SIGTERM),
-            _ = sigint.recv() => send(libc::SIGINT),
-            _ = sighup.recv() => send(libc::SIGHUP),
-            _ = lost.cancelled() => {
-                eprintln!(
-                    "redis-lock: lost the lock on {key} (a renewal was refused or timed out); stopping the command"
-                );
-                send(libc::SIGTERM);
-                if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                    send(libc::SIGKILL);
-                    let _ = child.wait().await;
+            event = events.recv() => match event {
+                None => break None,
+                Some(job::ChildEvent::Exited(status)) => break Some(status),
+                Some(job::ChildEvent::Continued) => stopped = false,
+                Some(job::ChildEvent::Stopped(sig)) => {
+                    stopped = true;
+                    // A job-control stop (Ctrl-Z, a read or write of the
+                    // terminal from the background) stops the whole job:
+                    // redis-lock too, so the shell sees it. A plain SIGSTOP
+                    // sent to the child alone does not: whoever sent it
+                    // continues the child, and the lock must be renewed
+                    // meanwhile.
+                    // Only with a terminal: without one, no shell waits
+                    // for the job to stop.
+                    if !lock_lost
+                        && terminal.is_some()
+                        && job::STOPS.contains(&sig)
+                        && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await
+                    {
+                        return lost_while_stopped(key, guard, group, &mut events).await;
+                    }
                 }
-                let _ = guard.release().await;
-                return ExitCode::from(exit::LOST);
+            },
+            Some(sig) = signals.recv() => job::signal_group(group, sig),
+            Some(_) = stops.recv() => {
+                // Sent to redis-lock itself: stop the child first, then
+                // the job as above.
+                job::signal_group(group, libc::SIGSTOP);
+                if !lock_lost && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await {
+                    return lost_while_stopped(key, guard, group, &mut events).await;
+                }
+            }
+            _ = lost.cancelled(), if !lock_lost => {
+                lock_lost = true;
+                let validity = guard.valid_until();
+                eprintln!(
+                    "redis-lock: lost the lock on {key} (a renewal was refused or cannot finish within its validity); stopping the command"
+                );
+                if stopped {
+                    // It must not run again without the lock.
+                    job::signal_group(group, libc::SIGKILL);
+                    kill_at = Some(tokio::time::Instant::now());
+                } else {
+                    job::signal_group(group, libc::SIGTERM);
+                    // By default the grace ends halfway to the end of the
+                    // lease's validity (after which another holder may be
+                    // granted), leaving room for the kill itself.
+                    let now = tokio::time::Instant::now();
+                    let at = match grace {
+                        Some(g) => now + g,
+                        None => now + validity.saturating_duration_since(now) / 2,
+                    };
+                    if at > validity {
+                        eprintln!(
+                            "redis-lock: --grace ends {} ms after the lease's validity: the command may run without the lock until then",
+                            (at - validity.max(now)).as_millis()
+                        );
+                    }
+                    kill_at = Some(at);
+                }
+            }
+            _ = kill_timer => {
+                job::signal_group(group, libc::SIGKILL);
+                kill_at = None;
             }
         }
     };
+    if let Some(t) = &terminal {
+        t.take_back_from(group);
+    }
+    if lock_lost {
+        let _ = guard.release().await;
+        return ExitCode::from(exit::LOST);
+    }
     let _ = guard.release().await;
     match status {
-        Ok(status) => {
-            use std::os::unix::process::ExitStatusExt;
-            match (status.code(), status.signal()) {
-                (Some(code), _) => ExitCode::from(code as u8),
-                (None, Some(sig)) => ExitCode::from(128u8.wrapping_add(sig as u8)),
-                _ => ExitCode::FAILURE,
-            }
-        }
-        Err(e) => fail(exit::CANNOT_RUN, &format!("waiting for the command: {e}")),
+        Some(status) => ExitCode::from(job::exit_code(status)),
+        None => fail(exit::CANNOT_RUN, "lost track of the command"),
     }
+}
+
+/// The job was stopped: stop redis-lock too (the shell sees the job
+/// stopped), and once continued, renew the lock before the child may run
+/// again. True if the lock is still held and the child was continued (and
+/// given the terminal if redis-lock has it now).
+async fn resume_after_stop(
+    guard: &redis_lock_client::LockGuard,
+    ttl: Duration,
+    group: libc::pid_t,
+    terminal: Option<&job::Terminal>,
+) -> bool {
+    job::stop_self(terminal);
+    // Continued (fg or bg). The lease may have run out meanwhile.
+    let held = !guard.lost().is_cancelled() && matches!(guard.extend(ttl).await, Ok(true));
+    if !held {
+        return false;
+    }
+    if let Some(t) = terminal.filter(|t| t.ours()) {
+        t.give_to(group);
+    }
+    job::signal_group(group, libc::SIGCONT);
+    true
+}
+
+/// The lock was lost while the job was stopped: the child is killed without
+/// running again.
+async fn lost_while_stopped(
+    key: &str,
+    guard: redis_lock_client::LockGuard,
+    group: libc::pid_t,
+    events: &mut mpsc::UnboundedReceiver<job::ChildEvent>,
+) -> ExitCode {
+    eprintln!("redis-lock: the lock on {key} was lost while the command was stopped; killing it");
+    job::signal_group(group, libc::SIGKILL);
+    while let Some(event) = events.recv().await {
+        if matches!(event, job::ChildEvent::Exited(_)) {
+            break;
+        }
+    }
+    let _ = guard.release().await;
+    ExitCode::from(exit::LOST)
 }

@@ -1,0 +1,429 @@
+//! `redis-lock run` owns its child (issue 17): the child never runs without
+//! the lock. It reads the terminal and stops and continues with
+//! `redis-lock` like any foreground job (driven here through a real
+//! interactive bash on a pseudo-terminal), dies with it whatever signal ends
+//! it, and hears of a lost lock while the lease is still valid.
+
+use redis_lock_testkit as common;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::Server;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+/// An interactive bash on a pseudo-terminal of its own (its controlling
+/// terminal, so it runs jobs with job control as for a user).
+struct Pty {
+    master: std::fs::File,
+    shell: Child,
+    seen: String,
+}
+
+impl Pty {
+    fn bash() -> Pty {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: two valid out-pointers; null name, termios and size.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty");
+        // SAFETY: fresh fds that nothing else owns.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let stdio = |fd: &OwnedFd| Stdio::from(fd.try_clone().unwrap());
+        let mut command = Command::new("bash");
+        command
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "$ ")
+            .env("TERM", "dumb")
+            .env_remove("REDIS_LOCK_URL")
+            .stdin(stdio(&slave))
+            .stdout(stdio(&slave))
+            .stderr(stdio(&slave));
+        // SAFETY: setsid and ioctl are async-signal-safe.
+        unsafe {
+            command.pre_exec(|| {
+                libc::setsid();
+                if libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let shell = command.spawn().expect("bash");
+        drop(slave);
+        // SAFETY: a valid fd; non-blocking reads, polled below.
+        unsafe {
+            let flags = libc::fcntl(master.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(master.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let mut pty = Pty {
+            master: std::fs::File::from(master),
+            shell,
+            seen: String::new(),
+        };
+        pty.expect("$ ", Duration::from_secs(10));
+        pty
+    }
+
+    fn send(&mut self, text: &str) {
+        self.master.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// Waits for `pattern` in the output since the last match; the output
+    /// up to and including it.
+    fn expect(&mut self, pattern: &str, limit: Duration) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(at) = self.seen.find(pattern) {
+                let upto: String = self.seen.drain(..at + pattern.len()).collect();
+                return upto;
+            }
+            let mut buf = [0u8; 4096];
+            match self.master.read(&mut buf) {
+                Ok(0) => {}
+                Ok(n) => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    sleep(Duration::from_millis(10))
+                }
+                // EIO: the shell is gone.
+                Err(e) => panic!("reading the terminal: {e}; saw {:?}", self.seen),
+            }
+            assert!(
+                start.elapsed() < limit,
+                "no {pattern:?} on the terminal within {limit:?}; saw {:?}",
+                self.seen
+            );
+        }
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+    }
+}
+
+/// The state letter of a process in /proc (R, S, T, Z...), None if gone.
+fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    after.trim_start().chars().next()
+}
+
+fn alive(pid: i32) -> bool {
+    !matches!(state(pid), None | Some('Z') | Some('X'))
+}
+
+fn wait_for(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < limit, "not within {limit:?}: {what}");
+        sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_pid(file: &Path, limit: Duration) -> i32 {
+    let mut pid = 0;
+    wait_for(limit, "the child wrote its pid", || {
+        pid = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(0);
+        pid > 0
+    });
+    pid
+}
+
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "redis-lock-job-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The pid of the redis-lock process whose child is `child`.
+fn parent_of(child: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap();
+    let after = stat.rsplit_once(')').unwrap().1;
+    after.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn holder(s: &Server, key: &str) -> Option<String> {
+    common::holder(&mut s.conn(), key)
+}
+
+/// A child that reads the terminal gets what is typed (it is the
+/// foreground job): before, it was stopped by SIGTTIN and redis-lock
+/// renewed the lock for ever.
+#[test]
+fn a_child_reads_the_terminal() {
+    let s = Server::start();
+    let mut pty = Pty::bash();
+    pty.send(&format!(
+        "{BIN} run --url {} --key k --ttl 5s -- sh -c 'read line; echo \"got:$line\"'; echo \"rc=$?\"\n",
+        s.url()
+    ));
+    wait_for(Duration::from_secs(10), "the lock is taken", || {
+        holder(&s, "k").is_some()
+    });
+    pty.send("hello\n");
+    pty.expect("got:hello", Duration::from_secs(10));
+    pty.expect("rc=0", Duration::from_secs(10));
+    assert_eq!(holder(&s, "k"), None, "released");
+}
+
+/// Ctrl-Z stops the child with redis-lock (the shell sees the job stopped);
+/// `fg` continues it while the lock is still held. After a stop longer than
+/// the lease, another holder took the lock: `fg` then kills the stopped
+/// child without letting it run, and redis-lock exits 76.
+#[test]
+fn ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock() {
+    let s = Server::start();
+    let dir = scratch();
+    for (round, stop_for) in [(0, Duration::ZERO), (1, Duration::from_millis(2500))] {
+        let pid_file = dir.join(format!("pid{round}"));
+        let ticks = dir.join(format!("ticks{round}"));
+        let key = format!("k{round}");
+        let mut pty = Pty::bash();
+        pty.send(&format!(
+            // No `; echo $?` after it: bash runs the rest of a list when
+            // its job stops. The status is asked for after `fg` instead.
+            "{BIN} run --url {} --key {key} --ttl 1s -- sh -c 'echo $$ > {}; while :; do echo x >> {}; sleep 0.05; done'\n",
+            s.url(),
+            pid_file.display(),
+            ticks.display(),
+        ));
+        let child = read_pid(&pid_file, Duration::from_secs(10));
+        let redis_lock = parent_of(child);
+        pty.send("\x1a");
+        pty.expect("Stopped", Duration::from_secs(10));
+        assert_eq!(state(child), Some('T'), "the child is stopped");
+        assert_eq!(state(redis_lock), Some('T'), "redis-lock is stopped");
+        sleep(stop_for);
+        let other = stop_for > Duration::from_secs(1);
+        if other {
+            // The lease ran out while stopped: someone else holds it now.
+            let f = common::acquire(&mut s.conn(), &key, "other", 60_000);
+            assert!(f.is_some(), "the lapsed lock is granted to another");
+            let before = std::fs::read_to_string(&ticks).unwrap().len();
+            pty.send("fg\n");
+            wait_for(Duration::from_secs(10), "redis-lock exits", || {
+                !alive(redis_lock)
+            });
+            pty.send("echo \"rc=$?\"\n");
+            pty.expect("rc=76", Duration::from_secs(10));
+            assert!(!alive(child), "the stopped child was killed");
+            assert_eq!(
+                std::fs::read_to_string(&ticks).unwrap().len(),
+                before,
+                "the child never ran again without the lock"
+            );
+            assert_eq!(holder(&s, &key).as_deref(), Some("other"));
+        } else {
+            pty.send("fg\n");
+            wait_for(Duration::from_secs(5), "the child runs again", || {
+                state(child) != Some('T')
+            });
+            sleep(Duration::from_millis(1500));
+            assert!(alive(child));
+            assert!(holder(&s, &key).is_some(), "renewed after fg");
+            pty.send("\x03");
+            wait_for(Duration::from_secs(10), "redis-lock exits", || {
+                !alive(redis_lock)
+            });
+            pty.send("echo \"rc=$?\"\n");
+            pty.expect("rc=130", Duration::from_secs(10));
+            assert!(!alive(child));
+            assert_eq!(holder(&s, &key), None, "released after Ctrl-C");
+        }
+    }
+}
+
+/// Starts `redis-lock run` (no terminal) on a child that writes its pid and
+/// sleeps; returns redis-lock and the child's pid.
+fn run_sleeper(s: &Server, key: &str, dir: &Path, extra: &str) -> (Child, i32) {
+    let pid_file = dir.join(format!("{key}.pid"));
+    let script = format!("echo $$ > {}; {extra} sleep 30", pid_file.display());
+    let redis_lock = Command::new(BIN)
+        .args(["run", "--url", &s.url(), "--key", key, "--ttl", "2s", "--"])
+        .args(["sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let child = read_pid(&pid_file, Duration::from_secs(10));
+    (redis_lock, child)
+}
+
+fn kill(pid: i32, sig: i32) {
+    // SAFETY: a plain syscall.
+    unsafe { libc::kill(pid, sig) };
+}
+
+/// SIGKILL to redis-lock (the OOM killer, a supervisor) takes the child
+/// with it: before, the child went on running while the lease lapsed and a
+/// second holder was granted.
+#[test]
+fn sigkill_to_redis_lock_kills_the_child() {
+    let s = Server::start();
+    let dir = scratch();
+    let (mut redis_lock, child) = run_sleeper(&s, "k", &dir, "");
+    kill(redis_lock.id() as i32, libc::SIGKILL);
+    let _ = redis_lock.wait();
+    wait_for(
+        Duration::from_secs(5),
+        "the child dies with redis-lock",
+        || !alive(child),
+    );
+}
+
+/// Every signal whose default would end redis-lock: afterwards the child
+/// is gone and the lock is free, or both are still there (SIGPIPE, which
+/// redis-lock ignores); never a child running without the lock.
+#[test]
+fn signals_to_redis_lock_never_leave_the_child_without_the_lock() {
+    let s = Server::start();
+    let dir = scratch();
+    for sig in [
+        libc::SIGQUIT,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+        libc::SIGPIPE,
+        libc::SIGHUP,
+        libc::SIGXCPU,
+    ] {
+        let key = format!("k{sig}");
+        let (mut redis_lock, child) = run_sleeper(&s, &key, &dir, "");
+        kill(redis_lock.id() as i32, sig);
+        sleep(Duration::from_millis(500));
+        if alive(child) {
+            assert!(
+                redis_lock.try_wait().unwrap().is_none(),
+                "signal {sig}: redis-lock exited, its child runs on"
+            );
+            sleep(Duration::from_millis(2500));
+            assert!(
+                holder(&s, &key).is_some(),
+                "signal {sig}: the child runs without the lock"
+            );
+            kill(child, libc::SIGTERM);
+        }
+        let status = redis_lock.wait().unwrap();
+        wait_for(Duration::from_secs(5), "the child is gone", || {
+            !alive(child)
+        });
+        assert_eq!(
+            holder(&s, &key),
+            None,
+            "signal {sig}: released ({status:?})"
+        );
+    }
+}
+
+/// When renewals fail (3 of 5 nodes stopped half a second into a 3 s lease)
+/// the child hears it while the lease is still valid, and one that ignores
+/// SIGTERM is killed before the lease ends on the nodes: before, SIGTERM
+/// came at 3.2 s and SIGKILL 10 s later.
+#[test]
+fn a_lock_that_cannot_be_kept_is_signalled_within_its_validity() {
+    if common::skip_unless(common::Needs::OwnServer, "stops three of five servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    let dir = scratch();
+    for ignore_term in [false, true] {
+        let key = format!("k{ignore_term}");
+        let term_file = dir.join(format!("term-{ignore_term}"));
+        let pid_file = dir.join(format!("pid-{ignore_term}"));
+        let trap = if ignore_term {
+            format!("trap 'date +%s%N > {}' TERM", term_file.display())
+        } else {
+            format!("trap 'date +%s%N > {}; exit 0' TERM", term_file.display())
+        };
+        let script = format!(
+            "{trap}; echo $$ > {}; while :; do sleep 0.05; done",
+            pid_file.display()
+        );
+        let mut args = vec!["run".to_string()];
+        for n in &nodes {
+            args.extend(["--url".into(), n.url()]);
+        }
+        args.extend(["--key", &key, "--ttl", "3s", "--", "sh", "-c", &script].map(String::from));
+        let before = Instant::now();
+        let wall_before = common::now_ms();
+        let mut redis_lock = Command::new(BIN)
+            .args(&args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let child = read_pid(&pid_file, Duration::from_secs(10));
+        // Granted at or after `before`: its lease ends at or after before + 3 s.
+        sleep(Duration::from_millis(500).saturating_sub(before.elapsed()));
+        for n in &nodes[..3] {
+            n.signal("STOP");
+        }
+        // When the child died (polled: redis-lock itself exits later, after
+        // its release waited out the stopped nodes).
+        let mut died = None;
+        let status = loop {
+            if died.is_none() && !alive(child) {
+                died = Some(before.elapsed());
+            }
+            if let Some(status) = redis_lock.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                before.elapsed() < Duration::from_secs(30),
+                "redis-lock exits"
+            );
+            sleep(Duration::from_millis(5));
+        };
+        let died = died.unwrap_or_else(|| before.elapsed());
+        for n in &nodes[..3] {
+            n.signal("CONT");
+        }
+        assert_eq!(status.code(), Some(76));
+        let term_ms: i64 = std::fs::read_to_string(&term_file)
+            .expect("the child got SIGTERM")
+            .trim()
+            .parse::<i64>()
+            .unwrap()
+            / 1_000_000;
+        assert!(
+            term_ms - wall_before < 3000,
+            "SIGTERM {} ms after the start, after the lease could have ended",
+            term_ms - wall_before
+        );
+        assert!(!alive(child));
+        if ignore_term {
+            assert!(
+                died < Duration::from_millis(3000),
+                "a child ignoring SIGTERM was killed {died:?} after the start, past the lease"
+            );
+        }
+    }
+}
