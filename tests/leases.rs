@@ -125,7 +125,8 @@ fn ended_locks_are_reclaimed_wherever_they_went() {
     assert!(s.info_field("expirations") >= 3);
 }
 
-/// Before: a lock SAVEd without its Redis expiry (after PERSIST) came back
+/// Before: a lock SAVEd without its Redis expiry (PERSIST then SAVE in one
+/// pipeline, before the module's timer could restore the expiry) came back
 /// after a restart and was never reclaimed.
 #[test]
 fn an_ended_lock_saved_and_restarted_is_reclaimed() {
@@ -135,8 +136,15 @@ fn an_ended_lock_saved_and_restarted_is_reclaimed() {
     let mut s = Server::start();
     let mut c = s.conn();
     acquire(&mut c, "k", "t", 500).unwrap();
-    let _: i64 = redis::cmd("PERSIST").arg("k").query(&mut c).unwrap();
-    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    // One pipeline: the server runs both in one event-loop iteration.
+    let _: () = redis::pipe()
+        .cmd("PERSIST")
+        .arg("k")
+        .ignore()
+        .cmd("SAVE")
+        .ignore()
+        .query(&mut c)
+        .unwrap();
     s.restart();
     let mut c = s.conn();
     wait_reclaimed(&s, Duration::from_secs(5));
