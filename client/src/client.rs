@@ -199,7 +199,9 @@ impl LockClient {
     /// One attempt: the lock, or None if another holder has it.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
         let token = random_token();
-        self.acquire_as(key, &token, ttl, Duration::ZERO).await
+        let renew = self.inner.options.auto_renew;
+        self.grant(key, &token, ttl, Duration::ZERO, renew, true)
+            .await
     }
 
     /// Waits up to `wait` for the lock. On one node the client waits in the
@@ -215,11 +217,14 @@ impl LockClient {
         wait: Duration,
     ) -> Result<Option<LockGuard>> {
         let token = random_token();
-        self.acquire_as(key, &token, ttl, wait).await
+        let renew = self.inner.options.auto_renew;
+        self.grant(key, &token, ttl, wait, renew, true).await
     }
 
     /// [`acquire`](Self::acquire) with a token of the caller's choosing (a
-    /// token already holding the lock renews it).
+    /// token already holding the lock renews it and keeps its fencing token
+    /// on every node that still holds it). With Redlock the first phase then
+    /// asks for no token floor, so a grant may take the second phase.
     pub async fn acquire_as(
         &self,
         key: &str,
@@ -227,7 +232,7 @@ impl LockClient {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<LockGuard>> {
-        self.grant(key, token, ttl, wait, self.inner.options.auto_renew)
+        self.grant(key, token, ttl, wait, self.inner.options.auto_renew, false)
             .await
     }
 
@@ -239,6 +244,8 @@ impl LockClient {
         ttl: Duration,
         wait: Duration,
         renew: bool,
+        // A token this client made up for this call (so it holds nothing yet).
+        floor: bool,
     ) -> Result<Option<LockGuard>> {
         if ttl.is_zero() {
             return Err(Error::Config("the TTL must be positive".into()));
@@ -247,7 +254,7 @@ impl LockClient {
             self.acquire_single(key, token, ttl, wait).await?
         } else {
             self.check_distinct_nodes(self.node_timeout(ttl)).await?;
-            self.acquire_redlock(key, token, ttl, wait).await?
+            self.acquire_redlock(key, token, ttl, floor, wait).await?
         };
         Ok(granted.map(|(fence, valid_until)| {
             LockGuard::new(
@@ -278,7 +285,7 @@ impl LockClient {
     {
         let token = random_token();
         let guard = self
-            .grant(key, &token, ttl, wait, true)
+            .grant(key, &token, ttl, wait, true, true)
             .await?
             .ok_or(Error::NotAcquired)?;
         let lease = guard.lease();
@@ -312,15 +319,18 @@ impl LockClient {
         if wait.is_zero() {
             return acquire_now().await;
         }
-        if node
-            .acquire_waiting(key, token, ttl, wait, limit)
-            .await?
-            .is_none()
-        {
+        let start = Instant::now();
+        let Some(fence) = node.acquire_waiting(key, token, ttl, wait, limit).await? else {
             return Ok(None);
+        };
+        // The grant happened at some moment after `start`, so its lease ends
+        // after start + ttl: a validity measured from `start` is safe. When
+        // the wait used up half the TTL or more, renew at once (same token)
+        // for a validity measured from now; a lock granted without waiting
+        // costs one round trip, not two.
+        if start.elapsed() < ttl / 2 {
+            return Ok(Some((fence, start + ttl.saturating_sub(drift(ttl)))));
         }
-        // The grant happened at some unknown moment while waiting: renew it
-        // at once (same token) so the validity is measured from now.
         acquire_now().await
     }
 
@@ -336,6 +346,7 @@ impl LockClient {
         key: &str,
         token: &str,
         ttl: Duration,
+        floor: bool,
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
         let deadline = Instant::now() + wait;
@@ -351,10 +362,12 @@ impl LockClient {
                         .acquire(key, token, ttl, None, limit)
                         .await
                     {
-                        Ok(Some(_)) => Some(self.take_others(key, token, ttl, o, deadline).await),
+                        Ok(Some(_)) => {
+                            Some(self.take_others(key, token, ttl, floor, o, deadline).await)
+                        }
                         Ok(None) => {
                             self.mark_contended(key);
-                            Some(self.wait_in_line(key, token, ttl, o, deadline).await)
+                            Some(self.wait_in_line(key, token, ttl, floor, o, deadline).await)
                         }
                         // Not answering: a round that need not include it.
                         Err(_) => None,
@@ -364,7 +377,10 @@ impl LockClient {
             };
             let line = match line {
                 Some(line) => line,
-                None => match self.redlock_round(key, token, ttl, order, None).await {
+                None => match self
+                    .redlock_round(key, token, ttl, floor, order, None)
+                    .await
+                {
                     Ok(Round {
                         granted: Some(granted),
                         ..
@@ -375,7 +391,7 @@ impl LockClient {
                     }) => {
                         let o = order.expect("only the ordering node refuses a round");
                         self.mark_contended(key);
-                        self.wait_in_line(key, token, ttl, o, deadline).await
+                        self.wait_in_line(key, token, ttl, floor, o, deadline).await
                     }
                     Ok(_) => Line::Gone,
                     Err(e) if Instant::now() >= deadline => return Err(e),
@@ -460,6 +476,7 @@ impl LockClient {
         key: &str,
         token: &str,
         ttl: Duration,
+        floor: bool,
         o: usize,
         deadline: Instant,
     ) -> Line {
@@ -486,7 +503,7 @@ impl LockClient {
             },
             _ = watch => return Line::Gone,
         }
-        self.take_others(key, token, ttl, o, deadline).await
+        self.take_others(key, token, ttl, floor, o, deadline).await
     }
 
     /// Holding the ordering node: rounds on every node (renewing the
@@ -497,13 +514,16 @@ impl LockClient {
         key: &str,
         token: &str,
         ttl: Duration,
+        floor: bool,
         o: usize,
         deadline: Instant,
     ) -> Line {
         let max_pause = self.inner.options.retry_delay.max(Duration::from_millis(1));
         let mut pause = Duration::from_micros(500);
         loop {
-            let result = self.redlock_round(key, token, ttl, Some(o), Some(o)).await;
+            let result = self
+                .redlock_round(key, token, ttl, floor, Some(o), Some(o))
+                .await;
             match result {
                 Ok(Round {
                     granted: Some(granted),
@@ -628,6 +648,7 @@ impl LockClient {
         key: &str,
         token: &str,
         ttl: Duration,
+        floor: bool,
         order: Option<usize>,
         keep: Option<usize>,
     ) -> Result<Round> {
@@ -636,7 +657,10 @@ impl LockClient {
         let quorum = self.quorum();
         let fencing = self.inner.options.quorum_fencing;
         let in_time = |start: Instant| start.elapsed() + drift(ttl) < ttl;
-        let g = match fencing {
+        // A token the caller chose may already hold the lock: a floor would
+        // give that holder a new fence on some nodes (MINFENCE above a held
+        // lock's fence draws a fresh one), where a renewal keeps it.
+        let g = match fencing && floor {
             true => self.first_phase_fence(limit).await,
             false => None,
         };
@@ -734,7 +758,12 @@ impl LockClient {
     /// timeout (connecting, then the command). A thread stuck on a node that
     /// does not answer is left behind rather than waited for: the redis
     /// crate's connection setup has no read timeout.
-    pub(crate) fn release_everywhere_blocking(&self, key: &str, token: &str, ttl: Duration) -> usize {
+    pub(crate) fn release_everywhere_blocking(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> usize {
         let limit = self.node_timeout(ttl);
         let (tx, rx) = std::sync::mpsc::channel();
         for i in 0..self.inner.nodes.len() {

@@ -345,3 +345,35 @@ async fn a_waiter_leaves_a_stopped_ordering_node_and_still_gets_the_lock() {
     let fence = got.unwrap().expect("granted through the other four");
     assert!(fence > first);
 }
+
+/// Issue 17: a same-token re-acquire in Redlock mode is a renewal and keeps
+/// the fencing token on every node. Before, the first phase's token floor
+/// (MINFENCE above the held fence) gave the holder a new token on some
+/// nodes while others kept the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
+    let nodes = group(3);
+    let locks = LockClient::new(&urls(&nodes)).unwrap();
+    let ttl = Duration::from_secs(10);
+    let first = locks
+        .acquire_as("res", "holder", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("free");
+    for n in &nodes {
+        assert_eq!(node_fence(n, "res"), Some(first.fence()));
+    }
+    // Past the node clock's next µs and the client's floor lead.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let again = locks
+        .acquire_as("res", "holder", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("held by this token");
+    assert_eq!(again.fence(), first.fence(), "a renewal keeps the token");
+    for n in &nodes {
+        assert_eq!(node_fence(n, "res"), Some(first.fence()));
+    }
+    std::mem::forget(first);
+    assert!(again.release().await.unwrap());
+}

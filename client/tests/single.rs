@@ -417,3 +417,34 @@ async fn the_blocking_facade_works_inside_a_runtime() {
     assert_eq!(server_fence(&s, "b"), None, "released on drop");
     drop(locks);
 }
+
+/// Issue 17: acquiring a free lock with a wait costs one command, as
+/// without one. Before, the BLOCK grant was followed by a same-token
+/// renewal just to measure the validity (two round trips).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_lock_with_a_wait_costs_one_command() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let calls = || {
+        let text: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut s.conn())
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_lock.acquire:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map(|n| n.parse::<i64>().unwrap())
+            .unwrap_or(0)
+    };
+    let before = calls();
+    let ttl = Duration::from_secs(10);
+    let guard = locks
+        .acquire("free", ttl, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(calls() - before, 1, "one LOCK.ACQUIRE");
+    let left = guard.valid_until() - Instant::now();
+    assert!(left > ttl / 2 && left < ttl, "{left:?}");
+    guard.release().await.unwrap();
+}
