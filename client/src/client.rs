@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::guard::{Lease, LockGuard};
-use crate::node::{LockInfo, Node};
+use crate::node::{LockInfo, Node, NodeSettings};
 
 /// Tuning. The defaults suit TTLs from about a second to minutes.
 #[derive(Debug, Clone)]
@@ -850,6 +850,14 @@ impl LockClient {
             .extend_everywhere(key, token, ttl, far)
             .await?
             .is_some())
+    }
+
+    /// Each node's identity, persistence settings and fence mark, in the
+    /// order the nodes were given (for deployment checks such as
+    /// `redis-lock doctor`).
+    pub async fn settings(&self) -> Vec<Result<NodeSettings>> {
+        let limit = self.node_timeout(Duration::from_secs(5));
+        join_all(self.inner.nodes.iter().map(|n| n.settings(limit))).await
     }
 
     /// LOCK.INFO from every node, in the order the URLs were given.

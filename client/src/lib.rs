@@ -139,4 +139,4 @@ mod node;
 pub use client::{drift, random_token, LockClient, Options};
 pub use error::{Error, Result};
 pub use guard::{Lease, LockGuard};
-pub use node::LockInfo;
+pub use node::{LockInfo, NodeSettings};

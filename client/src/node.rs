@@ -275,6 +275,55 @@ impl Node {
     }
 }
 
+/// How one node is set up, as far as its user may read it (`CONFIG GET`
+/// may be refused by ACL: those fields are then None).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// The node as `redis[s]://host:port/db`, without credentials.
+    pub url: String,
+    pub run_id: String,
+    pub version: String,
+    /// Whether the redis-lock module answers (INFO lock has its fields).
+    pub module_loaded: bool,
+    /// The node's fencing high-water mark (`lock_fence_hwm`).
+    pub fence_hwm: Option<i64>,
+    pub restart_delay_ms: Option<i64>,
+    pub appendonly: Option<bool>,
+    pub appendfsync: Option<String>,
+}
+
+impl Node {
+    /// Reads the node's identity, persistence settings and fence mark.
+    pub async fn settings(&self, limit: Duration) -> Result<NodeSettings> {
+        let mut info = redis::cmd("INFO");
+        info.arg("server").arg("lock");
+        let text: String = self.run(info, limit).await?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        let config = |name: &'static str| async move {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            let pair: Vec<String> = self.run(cmd, limit).await.ok()?;
+            pair.get(1).cloned()
+        };
+        Ok(NodeSettings {
+            url: self.shown.clone(),
+            run_id: field("run_id").unwrap_or_default(),
+            version: field("redis_version").unwrap_or_default(),
+            module_loaded: field("lock_fence_hwm").is_some(),
+            fence_hwm: field("lock_fence_hwm").and_then(|v| v.parse().ok()),
+            restart_delay_ms: config("lock.restart-delay-ms")
+                .await
+                .and_then(|v| v.parse().ok()),
+            appendonly: config("appendonly").await.map(|v| v == "yes"),
+            appendfsync: config("appendfsync").await,
+        })
+    }
+}
+
 /// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
 pub(crate) fn millis(d: Duration) -> u64 {
     (d.as_millis().min(u64::MAX as u128) as u64).max(1)

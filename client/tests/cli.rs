@@ -552,3 +552,83 @@ fn the_same_server_twice_is_refused_and_an_even_count_warned() {
         text(&out.stderr)
     );
 }
+
+/// `redis-lock doctor` reports each node and what to fix: a restart delay
+/// below the TTL without `appendfsync always`, the same server twice, an
+/// even count; a safe group passes. `--json` is machine-readable, as is
+/// `acquire --json`.
+#[test]
+fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
+    if common::skip_unless(
+        common::Needs::OwnServer,
+        "needs three servers with their own settings",
+    ) {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let doctor = |urls: &[String], extra: &[&str]| {
+        let mut args = vec!["doctor".to_string()];
+        for u in urls {
+            args.extend(["--url".into(), u.clone()]);
+        }
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Command::new(BIN)
+            .args(&args)
+            .env_remove("REDIS_LOCK_URL")
+            .output()
+            .unwrap()
+    };
+    let urls: Vec<String> = nodes.iter().map(Server::url).collect();
+    // Machine-readable acquire and info (before the restart delay below
+    // pauses new grants on these freshly started nodes).
+    let out = redis_lock(&[
+        "acquire", "--url", &urls[0], "--key", "j\"son", "--ttl", "5s", "--token", "a\"b\\c",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    assert!(
+        line.starts_with("{\"key\":\"j\\\"son\",\"token\":\"a\\\"b\\\\c\",\"fence\":"),
+        "{line}"
+    );
+    assert!(line.contains("\"validity_ms\":"), "{line}");
+    let out = redis_lock(&["info", "--url", &urls[0], "--key", "j\"son", "--json"]);
+    assert!(
+        text(&out.stdout).starts_with("{\"node\":0,\"held\":true,\"token\":\"a\\\"b\\\\c\""),
+        "{}",
+        text(&out.stdout)
+    );
+    // Defaults: no restart delay, no AOF: unsafe for any TTL.
+    let out = doctor(&urls, &["--ttl", "10s"]);
+    assert_eq!(out.status.code(), Some(78), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("restart-delay-ms 0 is below the TTL"),
+        "{}",
+        text(&out.stdout)
+    );
+    for n in &nodes {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("lock.restart-delay-ms")
+            .arg(10_000)
+            .query(&mut n.conn())
+            .unwrap();
+    }
+    let out = doctor(&urls, &["--ttl", "10s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(text(&out.stdout).contains("ok: nothing to fix"));
+    let twice = vec![urls[0].clone(), urls[0].clone(), urls[1].clone()];
+    let out = doctor(&twice, &["--ttl", "10s", "--json"]);
+    assert_eq!(out.status.code(), Some(78));
+    let last = text(&out.stdout).lines().last().unwrap().to_string();
+    assert!(
+        last.starts_with("{\"findings\":[") && last.contains("same server"),
+        "{last}"
+    );
+    let out = doctor(&urls[..2], &["--ttl", "10s"]);
+    assert!(
+        text(&out.stdout).contains("even count"),
+        "{}",
+        text(&out.stdout)
+    );
+}

@@ -21,6 +21,8 @@ mod exit {
     pub const NOT_ACQUIRED: u8 = 75;
     /// A node refused the user the command or the key (NOPERM).
     pub const NO_PERMISSION: u8 = 77;
+    /// `doctor` found something to fix in the deployment.
+    pub const CONFIG: u8 = 78;
     /// The lock was lost while the command ran; it was signalled.
     pub const LOST: u8 = 76;
     /// The command could not be started.
@@ -118,6 +120,10 @@ enum Command {
         /// The holder token to use (default: a random one).
         #[arg(long)]
         token: Option<String>,
+        /// Print one JSON object (key, token, fence, validity_ms) instead
+        /// of export lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Release a lock held by TOKEN. Exit 0 if released, 75 if it was not held.
     Release {
@@ -140,6 +146,26 @@ enum Command {
     Info {
         #[command(flatten)]
         nodes: Nodes,
+        /// One JSON object per node, one per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the lock nodes' deployment: each node's identity, module,
+    /// persistence and restart delay, duplicates, an even count, and
+    /// whether a node restarted after a crash could grant a lock that is
+    /// still held (restart delay below TTL without `appendfsync always`).
+    /// Exit 0 if nothing is wrong, 78 if something is, 69 if a node did not
+    /// answer.
+    Doctor {
+        /// The lock nodes (as for the other subcommands).
+        #[arg(long = "url", value_name = "URL")]
+        urls: Vec<String>,
+        /// The longest TTL you use, to judge the restart delay against.
+        #[arg(long, value_parser = duration::parse, default_value = "30s")]
+        ttl: Duration,
+        /// One JSON object per node, then one with the findings.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -173,13 +199,17 @@ fn fail(code: u8, message: &str) -> ExitCode {
 }
 
 fn client(nodes: &Nodes, auto_renew: bool) -> Result<LockClient, ExitCode> {
-    let urls: Vec<String> = if nodes.urls.is_empty() {
+    client_for(&nodes.urls, auto_renew)
+}
+
+fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode> {
+    let urls: Vec<String> = if given.is_empty() {
         match std::env::var("REDIS_LOCK_URL") {
             Ok(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
             Err(_) => vec!["redis://127.0.0.1:6379/".into()],
         }
     } else {
-        nodes.urls.clone()
+        given.to_vec()
     };
     if urls.len() > 1 && urls.len() % 2 == 0 {
         eprintln!(
@@ -273,6 +303,7 @@ async fn run(cli: Cli) -> ExitCode {
             ttl,
             wait,
             token,
+            json,
         } => {
             if let Err(code) = check_ttl(ttl) {
                 return code;
@@ -289,6 +320,17 @@ async fn run(cli: Cli) -> ExitCode {
                     let validity = guard
                         .valid_until()
                         .saturating_duration_since(tokio::time::Instant::now());
+                    if json {
+                        println!(
+                            "{{\"key\":{},\"token\":{},\"fence\":{},\"validity_ms\":{}}}",
+                            json_string(&nodes.key),
+                            json_string(guard.token()),
+                            guard.fence(),
+                            validity.as_millis()
+                        );
+                        std::mem::forget(guard);
+                        return ExitCode::SUCCESS;
+                    }
                     println!("export REDIS_LOCK_KEY={}", shell_quote(&nodes.key));
                     println!("export REDIS_LOCK_TOKEN={}", shell_quote(guard.token()));
                     println!("export REDIS_LOCK_FENCE={}", guard.fence());
@@ -335,13 +377,43 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(e) => failed_call(e),
             }
         }
-        Command::Info { nodes } => {
+        Command::Doctor { urls, ttl, json } => {
+            let locks = match client_for(&urls, false) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            doctor(&locks, ttl, json).await
+        }
+        Command::Info { nodes, json } => {
             let locks = match client(&nodes, false) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
             let mut failed = 0;
             for (i, reply) in locks.info(&nodes.key).await.into_iter().enumerate() {
+                if json {
+                    match &reply {
+                        Ok(None) => println!("{{\"node\":{i},\"held\":false}}"),
+                        Ok(Some(info)) => println!(
+                            "{{\"node\":{i},\"held\":true,\"token\":{},\"fence\":{},\"ttl_ms\":{},\"waiters\":{}}}",
+                            info.token
+                                .as_ref()
+                                .map(|t| json_string(&String::from_utf8_lossy(t)))
+                                .unwrap_or_else(|| "null".into()),
+                            info.fence,
+                            info.ttl_ms,
+                            info.waiters
+                        ),
+                        Err(e) => println!(
+                            "{{\"node\":{i},\"error\":{}}}",
+                            json_string(&e.to_string())
+                        ),
+                    }
+                    if reply.is_err() {
+                        failed += 1;
+                    }
+                    continue;
+                }
                 match reply {
                     Ok(None) => println!("node {i}: free"),
                     Ok(Some(info)) => println!(
@@ -365,6 +437,137 @@ async fn run(cli: Cli) -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+    }
+}
+
+/// A JSON string literal.
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `redis-lock doctor`: what each node says about itself, then findings.
+async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
+    let reports = locks.settings().await;
+    let mut findings: Vec<String> = Vec::new();
+    let mut unreachable = 0;
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for (i, report) in reports.iter().enumerate() {
+        let s = match report {
+            Ok(s) => s,
+            Err(e) => {
+                unreachable += 1;
+                if json {
+                    println!("{{\"node\":{i},\"error\":{}}}", json_string(&e.to_string()));
+                } else {
+                    println!("node {i}: error: {e}");
+                }
+                continue;
+            }
+        };
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "null".into());
+        if json {
+            println!(
+                "{{\"node\":{i},\"url\":{},\"run_id\":{},\"version\":{},\"module\":{},\"fence_hwm\":{},\"restart_delay_ms\":{},\"appendonly\":{},\"appendfsync\":{}}}",
+                json_string(&s.url),
+                json_string(&s.run_id),
+                json_string(&s.version),
+                s.module_loaded,
+                opt(s.fence_hwm.map(|v| v.to_string())),
+                opt(s.restart_delay_ms.map(|v| v.to_string())),
+                opt(s.appendonly.map(|v| v.to_string())),
+                opt(s.appendfsync.as_deref().map(json_string)),
+            );
+        } else {
+            let show = |v: Option<String>| v.unwrap_or_else(|| "(not readable)".into());
+            println!(
+                "node {i}: {} version {} run_id {} module {} fence_hwm {} restart-delay-ms {} appendonly {} appendfsync {}",
+                s.url,
+                s.version,
+                s.run_id,
+                if s.module_loaded { "loaded" } else { "MISSING" },
+                show(s.fence_hwm.map(|v| v.to_string())),
+                show(s.restart_delay_ms.map(|v| v.to_string())),
+                show(s.appendonly.map(|v| if v { "yes".into() } else { "no".into() })),
+                show(s.appendfsync.clone()),
+            );
+        }
+        if !s.module_loaded {
+            findings.push(format!(
+                "node {i} ({}): the redis-lock module is not loaded",
+                s.url
+            ));
+        }
+        if let Some((other, _)) = seen.iter().find(|(_, id)| *id == s.run_id) {
+            findings.push(format!(
+                "node {i} ({}) is the same server as {other} (run_id {}): it would count as two votes",
+                s.url, s.run_id
+            ));
+        }
+        seen.push((s.url.clone(), s.run_id.clone()));
+        let always = s.appendonly == Some(true) && s.appendfsync.as_deref() == Some("always");
+        match s.restart_delay_ms {
+            Some(delay) if !always && (delay as u128) < ttl.as_millis() => findings.push(format!(
+                "node {i} ({}): lock.restart-delay-ms {delay} is below the TTL ({} ms) without appendfsync always: after a crash it may grant a lock that is still held (set lock.restart-delay-ms >= {} or appendonly yes + appendfsync always)",
+                s.url,
+                ttl.as_millis(),
+                ttl.as_millis()
+            )),
+            None if !always => findings.push(format!(
+                "node {i} ({}): cannot read lock.restart-delay-ms or appendfsync (CONFIG GET refused?): check them by hand",
+                s.url
+            )),
+            _ => {}
+        }
+    }
+    let n = reports.len();
+    if n > 1 && n % 2 == 0 {
+        findings.push(format!(
+            "{n} nodes: an even count tolerates no more failures than {} (use an odd number)",
+            n - 1
+        ));
+    }
+    let hwms: Vec<i64> = reports
+        .iter()
+        .filter_map(|r| r.as_ref().ok()?.fence_hwm)
+        .collect();
+    if let (Some(lo), Some(hi)) = (hwms.iter().min(), hwms.iter().max()) {
+        if !json {
+            println!(
+                "fence marks: lowest {lo}, highest {hi} (spread {} ms; the next grant on a majority exceeds the highest of its nodes)",
+                (hi - lo) / 1000
+            );
+        }
+    }
+    if json {
+        let list: Vec<String> = findings.iter().map(|f| json_string(f)).collect();
+        println!(
+            "{{\"findings\":[{}],\"unreachable\":{unreachable}}}",
+            list.join(",")
+        );
+    } else if findings.is_empty() && unreachable == 0 {
+        println!("ok: nothing to fix");
+    } else {
+        for f in &findings {
+            println!("problem: {f}");
+        }
+    }
+    if unreachable > 0 {
+        ExitCode::from(exit::UNAVAILABLE)
+    } else if !findings.is_empty() {
+        ExitCode::from(exit::CONFIG)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 
