@@ -23,8 +23,65 @@ struct Shared {
     token: String,
     fence: i64,
     ttl: Duration,
-    valid_until: Mutex<Instant>,
+    valid_until: Mutex<Deadline>,
     lost: CancellationToken,
+}
+
+/// The validity deadline on two clocks: tokio's (CLOCK_MONOTONIC, for
+/// timers) and CLOCK_BOOTTIME, which also counts the time the machine was
+/// suspended (a laptop lid, a paused VM): CLOCK_MONOTONIC stops then, so
+/// after a resume it alone would call a lease valid that ended long ago.
+#[derive(Debug, Clone, Copy)]
+struct Deadline {
+    monotonic: Instant,
+    boot: Duration,
+}
+
+impl Deadline {
+    fn new(at: Instant) -> Deadline {
+        Deadline {
+            monotonic: at,
+            boot: boot_now() + at.saturating_duration_since(Instant::now()),
+        }
+    }
+
+    /// Whether either clock has reached its deadline.
+    fn passed(&self) -> bool {
+        Instant::now() >= self.monotonic || boot_now() >= self.boot
+    }
+
+    /// The earlier of the two, as a tokio instant.
+    fn effective(&self) -> Instant {
+        let now = Instant::now();
+        let boot_left = self.boot.saturating_sub(boot_now());
+        self.monotonic.min(now + boot_left)
+    }
+}
+
+/// CLOCK_BOOTTIME: monotonic, and counts system suspend.
+fn boot_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32) + suspended_for_tests()
+}
+
+#[cfg(test)]
+static SUSPENDED_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// A suspend the unit tests pretend happened (zero outside them).
+fn suspended_for_tests() -> Duration {
+    #[cfg(test)]
+    {
+        Duration::from_millis(SUSPENDED_MS.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    #[cfg(not(test))]
+    {
+        Duration::ZERO
+    }
 }
 
 impl Lease {
@@ -41,7 +98,7 @@ impl Lease {
                 token: token.into(),
                 fence,
                 ttl,
-                valid_until: Mutex::new(valid_until),
+                valid_until: Mutex::new(Deadline::new(valid_until)),
                 lost: CancellationToken::new(),
             }),
         }
@@ -67,13 +124,14 @@ impl Lease {
     }
 
     /// Until when the lock is surely held (the TTL less the time the
-    /// acquisition or last renewal took and the allowed clock drift).
+    /// acquisition or last renewal took and the allowed clock drift),
+    /// counting time the machine was suspended.
     pub fn valid_until(&self) -> Instant {
-        *self
-            .shared
+        self.shared
             .valid_until
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .effective()
     }
 
     pub(crate) fn set_valid_until(&self, at: Instant) {
@@ -81,7 +139,7 @@ impl Lease {
             .shared
             .valid_until
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = at;
+            .unwrap_or_else(|p| p.into_inner()) = Deadline::new(at);
     }
 
     /// Fires when the lock is lost: a renewal was refused, or one failed
@@ -94,7 +152,15 @@ impl Lease {
 
     /// Held and within its validity.
     pub fn is_valid(&self) -> bool {
-        !self.shared.lost.is_cancelled() && Instant::now() < self.valid_until()
+        !self.shared.lost.is_cancelled() && !self.deadline().passed()
+    }
+
+    fn deadline(&self) -> Deadline {
+        *self
+            .shared
+            .valid_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -216,28 +282,36 @@ impl Drop for LockGuard {
 /// renewal is refused or the validity deadline passes without one.
 async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: bool) {
     let ttl = lease.ttl();
+    let mut renew_at = Instant::now() + ttl / 3;
     loop {
         let valid_until = lease.valid_until();
+        // At least once a second: tokio's clock stops during a system
+        // suspend, so a deadline passed while suspended is noticed here.
+        let soon = Instant::now() + Duration::from_secs(1);
         let wake = if renew {
-            (Instant::now() + ttl / 3).min(valid_until)
+            renew_at.min(valid_until)
         } else {
             valid_until
-        };
+        }
+        .min(soon);
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
         }
-        if Instant::now() >= lease.valid_until() {
+        if lease.deadline().passed() {
             lease.shared.lost.cancel();
             return;
         }
-        if !renew {
-            continue; // extended meanwhile by hand
+        if !renew || Instant::now() < renew_at {
+            continue; // not due (or extended meanwhile by hand)
         }
         let renewal = client.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
         tokio::select! {
             result = renewal => match result {
-                Ok(Some(until)) => lease.set_valid_until(until),
+                Ok(Some(until)) => {
+                    lease.set_valid_until(until);
+                    renew_at = Instant::now() + ttl / 3;
+                }
                 Ok(None) => {
                     lease.shared.lost.cancel();
                     return;
@@ -264,5 +338,32 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A suspend longer than the validity ends it, though tokio's clock
+    /// (CLOCK_MONOTONIC) did not move: `is_valid` and `valid_until` count
+    /// CLOCK_BOOTTIME too.
+    #[test]
+    fn a_suspend_longer_than_the_validity_ends_it() {
+        let lease = Lease::new(
+            "k",
+            "t",
+            1,
+            Duration::from_secs(30),
+            Instant::now() + Duration::from_secs(10),
+        );
+        assert!(lease.is_valid());
+        SUSPENDED_MS.store(20_000, std::sync::atomic::Ordering::Relaxed);
+        let after = lease.is_valid();
+        let until = lease.valid_until();
+        SUSPENDED_MS.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert!(!after, "valid after a 20 s suspend of a 10 s validity");
+        assert!(until <= Instant::now());
+        assert!(lease.is_valid(), "without the suspend it is valid again");
     }
 }
