@@ -267,11 +267,33 @@ impl LockClient {
         if ttl.is_zero() {
             return Err(Error::Config("the TTL must be positive".into()));
         }
-        let granted = if self.inner.nodes.len() == 1 {
-            self.acquire_single(key, token, ttl, wait).await?
+        let start = Instant::now();
+        let nodes = self.inner.nodes.len();
+        let granted = if nodes == 1 {
+            self.acquire_single(key, token, ttl, wait).await
         } else {
-            self.check_distinct_nodes(self.node_timeout(ttl)).await?;
-            self.acquire_redlock(key, token, ttl, floor, wait).await?
+            match self.check_distinct_nodes(self.node_timeout(ttl)).await {
+                Ok(()) => self.acquire_redlock(key, token, ttl, floor, wait).await,
+                Err(e) => Err(e),
+            }
+        };
+        let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+        let granted = match granted {
+            Ok(Some((fence, valid_until))) => {
+                let validity_ms = valid_until
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64;
+                tracing::debug!(key, fence, nodes, elapsed_ms, validity_ms, "lock acquired");
+                Some((fence, valid_until))
+            }
+            Ok(None) => {
+                tracing::debug!(key, nodes, elapsed_ms, "lock not acquired: held by another");
+                None
+            }
+            Err(e) => {
+                tracing::warn!(key, nodes, elapsed_ms, error = %e, "lock acquire failed");
+                return Err(e);
+            }
         };
         Ok(granted.map(|(fence, valid_until)| {
             LockGuard::new(

@@ -238,7 +238,7 @@ impl LockGuard {
                 Ok(true)
             }
             None => {
-                lease.shared.lost.cancel();
+                lost(lease, "an extend was refused");
                 Ok(false)
             }
         }
@@ -258,7 +258,15 @@ impl LockGuard {
             .client
             .release_everywhere(lease.key(), lease.token(), lease.ttl())
             .await;
-        Ok(released >= self.client.quorum())
+        let held = released >= self.client.quorum();
+        tracing::debug!(
+            key = lease.key(),
+            fence = lease.fence(),
+            released,
+            held,
+            "lock released"
+        );
+        Ok(held)
     }
 }
 
@@ -273,9 +281,22 @@ impl Drop for LockGuard {
         // on the runtime: one that is shutting down would never run it.
         keeper.task.abort();
         let lease = &self.lease;
-        self.client
-            .release_everywhere_blocking(lease.key(), lease.token(), lease.ttl());
+        let released =
+            self.client
+                .release_everywhere_blocking(lease.key(), lease.token(), lease.ttl());
+        tracing::debug!(
+            key = lease.key(),
+            fence = lease.fence(),
+            released,
+            "lock released on drop"
+        );
     }
+}
+
+/// Fires `lost` and says why.
+fn lost(lease: &Lease, why: &str) {
+    tracing::warn!(key = lease.key(), fence = lease.fence(), why, "lock lost");
+    lease.shared.lost.cancel();
 }
 
 /// Renews at about a third of the TTL (if `renew`), and fires `lost` when a
@@ -299,7 +320,7 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
             _ = tokio::time::sleep_until(wake) => {}
         }
         if lease.deadline().passed() {
-            lease.shared.lost.cancel();
+            lost(&lease, "its validity ran out without a renewal");
             return;
         }
         if !renew || Instant::now() < renew_at {
@@ -311,20 +332,22 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
                 Ok(Some(until)) => {
                     lease.set_valid_until(until);
                     renew_at = Instant::now() + ttl / 3;
+                    tracing::trace!(key = lease.key(), fence = lease.fence(), "lock renewed");
                 }
                 Ok(None) => {
-                    lease.shared.lost.cancel();
+                    lost(&lease, "a renewal was refused");
                     return;
                 }
                 // Nodes unreachable: try again soon, if another attempt
                 // can still finish within the validity; otherwise the lock
                 // cannot be kept, and the holder hears it now rather than
                 // when the validity runs out.
-                Err(_) => {
+                Err(e) => {
                     let retry = (ttl / 10).max(Duration::from_millis(5));
                     let attempt = retry + client.node_timeout(ttl);
+                    tracing::warn!(key = lease.key(), error = %e, "lock renewal failed");
                     if Instant::now() + attempt >= lease.valid_until() {
-                        lease.shared.lost.cancel();
+                        lost(&lease, "renewals failed and no retry can finish within the validity");
                         return;
                     }
                     tokio::select! {
@@ -334,7 +357,7 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
                 }
             },
             _ = tokio::time::sleep_until(valid_until) => {
-                lease.shared.lost.cancel();
+                lost(&lease, "a renewal was still in flight when the validity ran out");
                 return;
             }
         }

@@ -448,3 +448,75 @@ async fn a_free_lock_with_a_wait_costs_one_command() {
     assert!(left > ttl / 2 && left < ttl, "{left:?}");
     guard.release().await.unwrap();
 }
+
+/// Issue 17: acquire, loss and release show up as `tracing` events with the
+/// key and fence, so an application's existing logs and metrics see them.
+#[test]
+fn acquire_loss_and_release_are_tracing_events() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let sink = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let s = Server::start();
+    let url = s.url();
+    let port = s.port;
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let locks = renewing_url(&url);
+            let guard = locks
+                .try_acquire("traced", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(guard.release().await.unwrap());
+            let guard = locks
+                .try_acquire("traced", Duration::from_millis(600))
+                .await
+                .unwrap()
+                .unwrap();
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let _: i64 = redis::cmd("DEL").arg("traced").query(&mut c).unwrap();
+            guard.lost().cancelled().await;
+        });
+    });
+    let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+    for want in [
+        "lock acquired",
+        "lock released",
+        "lock lost",
+        "key=\"traced\"",
+        "fence=",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+}
+
+fn renewing_url(url: &str) -> LockClient {
+    let options = Options {
+        auto_renew: true,
+        ..Options::default()
+    };
+    LockClient::with_options(&[url], options).unwrap()
+}
