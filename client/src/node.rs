@@ -9,7 +9,11 @@ use tokio::sync::Mutex;
 use crate::error::{Error, Result};
 
 pub(crate) struct Node {
-    client: redis::Client,
+    /// The server to talk to (for a Sentinel node, the current master).
+    client: std::sync::Mutex<redis::Client>,
+    /// Set for a node found through Sentinel: asked again for the master
+    /// after a connection fails or the server answers READONLY (a failover).
+    sentinel: Option<Sentinel>,
     /// `host:port` (or the socket path): what Redlock's ordering node is
     /// chosen by, the same for every client given the same nodes.
     addr: String,
@@ -37,9 +41,121 @@ pub struct LockInfo {
     pub granted_ms: Option<i64>,
 }
 
+/// Sentinels that know the master of `service`.
+struct Sentinel {
+    sentinels: Vec<redis::Client>,
+    service: String,
+    /// The database and credentials for the master, from the URL.
+    db: i64,
+    /// Whether the master must be asked for again before the next command.
+    stale: std::sync::atomic::AtomicBool,
+}
+
+/// The URL scheme for a master found through Sentinel:
+/// `redis-sentinel://host:port[,host:port...]/service[/db]`.
+pub(crate) const SENTINEL_SCHEME: &str = "redis-sentinel://";
+
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
+        if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
+            return Node::sentinel(url, rest);
+        }
         Ok(Node::from_client(redis::Client::open(url)?))
+    }
+
+    fn sentinel(url: &str, rest: &str) -> Result<Node> {
+        let bad = |why: &str| {
+            Error::Config(format!(
+                "{url}: {why} (expected redis-sentinel://host:port[,host:port]/service[/db])"
+            ))
+        };
+        let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("no service name"))?;
+        let mut parts = path.trim_end_matches('/').split('/');
+        let service = parts
+            .next()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| bad("no service name"))?;
+        let db: i64 = match parts.next() {
+            Some(d) => d.parse().map_err(|_| bad("bad database number"))?,
+            None => 0,
+        };
+        let sentinels = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| redis::Client::open(format!("redis://{h}/")))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        if sentinels.is_empty() {
+            return Err(bad("no sentinel address"));
+        }
+        // Until a sentinel is asked, the first one stands in (never used
+        // for a command: `stale` forces the question first).
+        let placeholder = sentinels[0].clone();
+        Ok(Node {
+            client: std::sync::Mutex::new(placeholder),
+            addr: format!("sentinel:{hosts}/{service}"),
+            shown: format!("{SENTINEL_SCHEME}{hosts}/{service}/{db}"),
+            sentinel: Some(Sentinel {
+                sentinels,
+                service: service.to_string(),
+                db,
+                stale: std::sync::atomic::AtomicBool::new(true),
+            }),
+            conn: Mutex::new(None),
+            spare: std::sync::Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The client for the server to talk to; for Sentinel, asks the
+    /// sentinels for the master first when the last answer may be stale.
+    async fn target(&self, limit: Duration) -> Result<redis::Client> {
+        if let Some(sentinel) = &self.sentinel {
+            if sentinel.stale.load(std::sync::atomic::Ordering::Acquire) {
+                let master = self.ask_sentinels(sentinel, limit).await?;
+                *self.client.lock().unwrap_or_else(|p| p.into_inner()) = master;
+                sentinel
+                    .stale
+                    .store(false, std::sync::atomic::Ordering::Release);
+            }
+        }
+        Ok(self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone())
+    }
+
+    /// `SENTINEL get-master-addr-by-name`, from the first sentinel that
+    /// answers.
+    async fn ask_sentinels(&self, sentinel: &Sentinel, limit: Duration) -> Result<redis::Client> {
+        let mut last = Error::Timeout;
+        for s in &sentinel.sentinels {
+            let answer = within(limit, async {
+                let mut conn = s.get_multiplexed_async_connection().await?;
+                let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&sentinel.service)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(addr)
+            })
+            .await;
+            match answer {
+                Ok(Some((host, port))) => {
+                    return Ok(redis::Client::open(format!(
+                        "redis://{host}:{port}/{}",
+                        sentinel.db
+                    ))?)
+                }
+                Ok(None) => {
+                    last = Error::Config(format!(
+                        "sentinels know no master named {}",
+                        sentinel.service
+                    ))
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     /// A node reached through the application's own client (its TLS,
@@ -54,7 +170,8 @@ impl Node {
         Node {
             shown,
             addr: info.addr.to_string(),
-            client,
+            client: std::sync::Mutex::new(client),
+            sentinel: None,
             conn: Mutex::new(None),
             spare: std::sync::Mutex::new(Vec::new()),
         }
@@ -87,15 +204,24 @@ impl Node {
             return Ok(c.clone());
         }
         let fresh = within(limit, async {
-            Ok(self.client.get_multiplexed_async_connection().await?)
+            let client = self.target(limit).await?;
+            Ok(client.get_multiplexed_async_connection().await?)
         })
         .await?;
         *conn = Some(fresh.clone());
         Ok(fresh)
     }
 
+    /// Drops the shared connection (and, for Sentinel, the master's
+    /// address), so the next call connects afresh.
     async fn forget_connection(&self) {
         *self.conn.lock().await = None;
+        if let Some(sentinel) = &self.sentinel {
+            sentinel
+                .stale
+                .store(true, std::sync::atomic::Ordering::Release);
+            self.spare.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        }
     }
 
     /// Runs `cmd` on the shared connection within `limit`; an I/O error or a
@@ -109,7 +235,14 @@ impl Node {
         let result = self.run_once(&cmd, limit).await;
         let dropped =
             matches!(&result, Err(Error::Redis(e)) if e.is_connection_dropped() || e.is_io_error());
-        if was_cached && dropped {
+        // After a failover the old master answers READONLY: ask Sentinel
+        // again and retry on the new master.
+        let demoted = self.sentinel.is_some()
+            && matches!(&result, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ReadOnly);
+        if demoted {
+            self.forget_connection().await;
+        }
+        if (was_cached && dropped) || demoted {
             let left = limit.saturating_sub(start.elapsed());
             if !left.is_zero() {
                 return self.run_once(&cmd, left).await;
@@ -173,7 +306,8 @@ impl Node {
             Some(c) => c,
             None => {
                 within(limit, async {
-                    Ok(self.client.get_multiplexed_async_connection().await?)
+                    let client = self.target(limit).await?;
+                    Ok(client.get_multiplexed_async_connection().await?)
                 })
                 .await?
             }
@@ -225,7 +359,19 @@ impl Node {
     /// must finish without an async runtime (a guard dropped as its runtime
     /// shuts down, when the shared connection's task no longer runs).
     pub fn release_blocking(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
-        let mut conn = self.client.get_connection_with_timeout(limit)?;
+        if self
+            .sentinel
+            .as_ref()
+            .is_some_and(|s| s.stale.load(std::sync::atomic::Ordering::Acquire))
+        {
+            return Err(Error::Config("no known master to release on".into()));
+        }
+        let client = self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut conn = client.get_connection_with_timeout(limit)?;
         conn.set_read_timeout(Some(limit))?;
         conn.set_write_timeout(Some(limit))?;
         let released: i64 = redis::cmd("LOCK.RELEASE")

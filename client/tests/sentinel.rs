@@ -1,0 +1,164 @@
+//! Sentinel (issue 17): a lock node named by `redis-sentinel://` is the
+//! master a real sentinel process reports, and after a failover the client
+//! asks again and locks on the new master (the old one answers READONLY).
+
+use redis_lock_testkit as common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_until, Server};
+use redis_lock_client::LockClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+/// A sentinel process on loopback, monitoring `master` as service `m`.
+struct SentinelProcess {
+    child: Child,
+    port: u16,
+    dir: std::path::PathBuf,
+}
+
+impl SentinelProcess {
+    fn start(master: &Server) -> SentinelProcess {
+        let port = common::free_port();
+        let dir =
+            std::env::temp_dir().join(format!("redis-lock-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 2000\nsentinel failover-timeout m 10000\n",
+                dir.display(),
+                master.port
+            ),
+        )
+        .unwrap();
+        let child = Command::new(common::server_binary())
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a sentinel");
+        let sentinel = SentinelProcess { child, port, dir };
+        wait_until(Duration::from_secs(20), || sentinel.master_port().is_some());
+        sentinel
+    }
+
+    fn conn(&self) -> Option<redis::Connection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .ok()?
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()
+    }
+
+    fn master_port(&self) -> Option<u16> {
+        let mut c = self.conn()?;
+        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg("m")
+            .query(&mut c)
+            .ok()?;
+        addr.map(|(_, p)| p)
+    }
+}
+
+impl Drop for SentinelProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn locks_follow_the_master_that_sentinel_reports() {
+    if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
+        return;
+    }
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let sentinel = SentinelProcess::start(&master);
+    // The sentinel must know the replica before it can fail over to it.
+    wait_until(Duration::from_secs(30), || {
+        sentinel.conn().is_some_and(|mut c| {
+            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                .arg("replicas")
+                .arg("m")
+                .query(&mut c)
+                .unwrap_or_default();
+            !replicas.is_empty()
+        })
+    });
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+
+    // The command finds the master through the sentinel.
+    let out = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", "s:k", "--ttl", "5s", "--"])
+        .args(["sh", "-c", "echo $REDIS_LOCK_FENCE"])
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(master.info_field("grants") >= 1, "granted on the master");
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let locks = LockClient::new(&[url.as_str()]).unwrap();
+    let before = runtime.block_on(async {
+        let g = locks
+            .try_acquire("s:lib", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        let f = g.fence();
+        assert!(g.release().await.unwrap());
+        f
+    });
+    // Fail over to the replica; the old master becomes a replica.
+    // (NOGOODSLAVE until the sentinel has heard from the replica itself.)
+    let mut c = sentinel.conn().unwrap();
+    wait_until(Duration::from_secs(30), || {
+        redis::cmd("SENTINEL")
+            .arg("failover")
+            .arg("m")
+            .query::<()>(&mut c)
+            .is_ok()
+    });
+    wait_until(Duration::from_secs(30), || {
+        sentinel.master_port() == Some(replica.port)
+    });
+    wait_until(Duration::from_secs(30), || {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query(&mut master.conn())
+            .unwrap();
+        info.contains("role:slave")
+    });
+    // The same client: READONLY from the old master, then the new one.
+    let after = runtime.block_on(async {
+        let g = locks
+            .try_acquire("s:lib", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("granted on the new master");
+        let f = g.fence();
+        assert!(g.release().await.unwrap());
+        f
+    });
+    assert!(
+        after > before,
+        "the promoted node's token {after} is above {before}"
+    );
+    assert!(
+        replica.info_field("grants") >= 1,
+        "granted on the new master"
+    );
+}
