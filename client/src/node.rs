@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
@@ -21,10 +22,51 @@ pub(crate) struct Node {
     shown: String,
     /// Shared by every lock of this client; replaced after an error, so a
     /// restarted node is reached again.
-    conn: Mutex<Option<MultiplexedConnection>>,
+    conn: Mutex<Option<Conn>>,
     /// Connections for BLOCK (a blocked command would hold up everything
     /// multiplexed behind it), kept after a wait that ended normally.
-    spare: std::sync::Mutex<Vec<MultiplexedConnection>>,
+    spare: std::sync::Mutex<Vec<Conn>>,
+    /// Set for a Redis Cluster: every command goes to its key's master
+    /// (MOVED and ASK followed by the redis crate's cluster client).
+    cluster: Option<redis::cluster::ClusterClient>,
+}
+
+/// A connection to one server, or to a cluster (routed by key).
+#[derive(Clone)]
+enum Conn {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
 }
 
 /// What `LOCK.INFO` reports.
@@ -55,10 +97,16 @@ struct Sentinel {
 /// `redis-sentinel://host:port[,host:port...]/service[/db]`.
 pub(crate) const SENTINEL_SCHEME: &str = "redis-sentinel://";
 
+/// The URL scheme for a Redis Cluster: `redis-cluster://host:port[,...]/`.
+pub(crate) const CLUSTER_SCHEME: &str = "redis-cluster://";
+
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
         if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
             return Node::sentinel(url, rest);
+        }
+        if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
+            return Node::cluster(url, rest);
         }
         Ok(Node::from_client(redis::Client::open(url)?))
     }
@@ -102,7 +150,51 @@ impl Node {
             }),
             conn: Mutex::new(None),
             spare: std::sync::Mutex::new(Vec::new()),
+            cluster: None,
         })
+    }
+
+    /// `redis-cluster://host:port[,host:port...]/`: a Redis Cluster, given
+    /// by some of its nodes.
+    fn cluster(url: &str, rest: &str) -> Result<Node> {
+        let hosts = rest.trim_end_matches('/');
+        let urls: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{h}/"))
+            .collect();
+        if urls.is_empty() {
+            return Err(Error::Config(format!(
+                "{url}: no node address (expected redis-cluster://host:port[,host:port]/)"
+            )));
+        }
+        let cluster = redis::cluster::ClusterClient::builder(urls.clone())
+            .connection_timeout(Duration::from_secs(1))
+            .build()?;
+        Ok(Node {
+            client: std::sync::Mutex::new(redis::Client::open(urls[0].as_str())?),
+            sentinel: None,
+            addr: format!("cluster:{hosts}"),
+            shown: format!("{CLUSTER_SCHEME}{hosts}/"),
+            conn: Mutex::new(None),
+            spare: std::sync::Mutex::new(Vec::new()),
+            cluster: Some(cluster),
+        })
+    }
+
+    /// A new connection: to the server (for Sentinel, the current master),
+    /// or to the cluster.
+    async fn open(&self, limit: Duration) -> Result<Conn> {
+        within(limit, async {
+            if let Some(cluster) = &self.cluster {
+                return Ok(Conn::Cluster(cluster.get_async_connection().await?));
+            }
+            let client = self.target(limit).await?;
+            Ok(Conn::Server(
+                client.get_multiplexed_async_connection().await?,
+            ))
+        })
+        .await
     }
 
     /// The client for the server to talk to; for Sentinel, asks the
@@ -174,6 +266,7 @@ impl Node {
             sentinel: None,
             conn: Mutex::new(None),
             spare: std::sync::Mutex::new(Vec::new()),
+            cluster: None,
         }
     }
 
@@ -198,16 +291,12 @@ impl Node {
             .ok_or_else(|| Error::Config(format!("{} reports no run_id", self.shown)))
     }
 
-    async fn connection(&self, limit: Duration) -> Result<MultiplexedConnection> {
+    async fn connection(&self, limit: Duration) -> Result<Conn> {
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref() {
             return Ok(c.clone());
         }
-        let fresh = within(limit, async {
-            let client = self.target(limit).await?;
-            Ok(client.get_multiplexed_async_connection().await?)
-        })
-        .await?;
+        let fresh = self.open(limit).await?;
         *conn = Some(fresh.clone());
         Ok(fresh)
     }
@@ -304,13 +393,7 @@ impl Node {
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut conn = match spare {
             Some(c) => c,
-            None => {
-                within(limit, async {
-                    let client = self.target(limit).await?;
-                    Ok(client.get_multiplexed_async_connection().await?)
-                })
-                .await?
-            }
+            None => self.open(limit).await?,
         };
         // BLOCK 0 would wait forever: wait at least a millisecond.
         let block_ms = millis(wait).max(1);
@@ -365,6 +448,14 @@ impl Node {
             .is_some_and(|s| s.stale.load(std::sync::atomic::Ordering::Acquire))
         {
             return Err(Error::Config("no known master to release on".into()));
+        }
+        if let Some(cluster) = &self.cluster {
+            let mut conn = cluster.get_connection()?;
+            let released: i64 = redis::cmd("LOCK.RELEASE")
+                .arg(key)
+                .arg(token)
+                .query(&mut conn)?;
+            return Ok(released == 1);
         }
         let client = self
             .client

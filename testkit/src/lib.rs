@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 pub use redis::{Connection, Value};
 
+pub mod cluster;
 pub mod proxy;
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);

@@ -1,0 +1,91 @@
+//! Redis Cluster from the client (issue 17): one lock node given as
+//! `redis-cluster://`, every key's commands on its master (the module
+//! routes by key; the redis crate follows MOVED and ASK), waiting in the
+//! key's master's line.
+
+use redis_lock_testkit as common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::cluster::{Cluster, MASTER_RANGES};
+use redis_lock_client::LockClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+/// A key whose slot is served by master `i`.
+fn key_on(cluster: &Cluster, i: usize) -> String {
+    let (lo, hi) = MASTER_RANGES[i];
+    (0..)
+        .map(|n| format!("order:{n}"))
+        .find(|k| {
+            let slot: u16 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(k)
+                .query(&mut cluster.nodes[0].conn())
+                .unwrap();
+            (lo..=hi).contains(&slot)
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_cluster_url_locks_each_key_on_its_master_and_waits_in_its_line() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let locks = LockClient::new(&[url.as_str()]).unwrap();
+    runtime.block_on(async {
+        for i in 0..3 {
+            let key = key_on(&cluster, i);
+            let guard = locks
+                .try_acquire(&key, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("free");
+            assert_eq!(
+                common::fence(&mut cluster.nodes[i].conn(), &key),
+                Some(guard.fence()),
+                "{key} is held on master {i}"
+            );
+            // Another holder waits in that master's line and is handed it.
+            let other = locks.clone();
+            let k = key.clone();
+            let waiter = tokio::spawn(async move {
+                other
+                    .acquire(&k, Duration::from_secs(10), Duration::from_secs(10))
+                    .await
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let fence = guard.fence();
+            assert!(guard.release().await.unwrap());
+            let next = waiter.await.unwrap().unwrap().expect("handed the lock");
+            assert!(next.fence() > fence);
+            assert!(next.release().await.unwrap());
+        }
+    });
+    // The command too.
+    let key = key_on(&cluster, 2);
+    let out = Command::new(BIN)
+        .args(["run", "--url", &url, "--key", &key, "--ttl", "5s", "--"])
+        .args(["sh", "-c", "echo $REDIS_LOCK_FENCE"])
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fence: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!(fence > 0);
+    assert_eq!(
+        common::fence(&mut cluster.nodes[2].conn(), &key),
+        None,
+        "released"
+    );
+}
