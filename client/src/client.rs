@@ -202,6 +202,11 @@ impl LockClient {
         Ok(())
     }
 
+    /// How many nodes were given.
+    pub fn nodes(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
     /// How many nodes must agree: N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.inner.nodes.len() / 2 + 1
@@ -860,8 +865,16 @@ impl LockClient {
     /// Releases `key` held by `token` (for scripts that kept the token):
     /// true if a majority of nodes (the node) released it.
     pub async fn release_token(&self, key: &str, token: &str) -> Result<bool> {
+        Ok(self.release_token_count(key, token).await? >= self.quorum())
+    }
+
+    /// Releases `key` held by `token` on every node: on how many it was
+    /// held. Fewer than a majority but more than none: the lock was no
+    /// longer held (lost, or a failed extend left its lease on a minority),
+    /// and those nodes are free now.
+    pub async fn release_token_count(&self, key: &str, token: &str) -> Result<usize> {
         let ttl = Duration::from_secs(5);
-        Ok(self.release_everywhere(key, token, ttl).await >= self.quorum())
+        Ok(self.release_everywhere(key, token, ttl).await)
     }
 
     /// Extends `key` held by `token` to `ttl` from now: true if a majority

@@ -632,3 +632,58 @@ fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
         text(&out.stdout)
     );
 }
+
+/// A release that finds the token on a minority of the nodes (a failed
+/// extend left its lease there) says so and that it released them, instead
+/// of "was not held".
+#[test]
+fn a_release_found_on_a_minority_says_what_it_did() {
+    if common::skip_unless(common::Needs::OwnServer, "needs three servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    common::acquire(&mut nodes[0].conn(), "k", "tok", 60_000).unwrap();
+    let mut args = vec!["release".to_string()];
+    for n in &nodes {
+        args.extend(["--url".into(), n.url()]);
+    }
+    args.extend(["--key", "k", "--token", "tok"].map(String::from));
+    let out = Command::new(BIN)
+        .args(&args)
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(75));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("on 1 of 3 nodes only") && err.contains("released on those 1"),
+        "{err}"
+    );
+    assert_eq!(common::fence(&mut nodes[0].conn(), "k"), None);
+}
+
+/// `run` on a Redlock group warns (and still runs) when a node's restart
+/// delay is below the TTL without `appendfsync always`.
+#[test]
+fn run_warns_about_a_group_that_is_unsafe_after_a_crash() {
+    if common::skip_unless(common::Needs::OwnServer, "needs three servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let mut args = vec!["run".to_string()];
+    for n in &nodes {
+        args.extend(["--url".into(), n.url()]);
+    }
+    args.extend(["--key", "k", "--ttl", "10s", "--", "true"].map(String::from));
+    let out = Command::new(BIN)
+        .args(&args)
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("restart-delay-ms 0 is below --ttl 10s"),
+        "{}",
+        text(&out.stderr)
+    );
+}

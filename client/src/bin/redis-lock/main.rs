@@ -296,6 +296,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
+            warn_unsafe_group(&locks, ttl).await;
             run_under_lock(&locks, &nodes.key, ttl, wait, grace, &cmd).await
         }
         Command::Acquire {
@@ -348,13 +349,21 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match locks.release_token(&nodes.key, &token).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => fail(
+            match locks.release_token_count(&nodes.key, &token).await {
+                Ok(n) if n >= locks.quorum() => ExitCode::SUCCESS,
+                Ok(0) => fail(
                     exit::NOT_ACQUIRED,
                     &format!(
                         "{} was not held by this token (expired, or another holder)",
                         nodes.key
+                    ),
+                ),
+                Ok(n) => fail(
+                    exit::NOT_ACQUIRED,
+                    &format!(
+                        "{} was held by this token on {n} of {} nodes only, not a majority: the lock was no longer held (lost, or a failed extend left its lease there); released on those {n}",
+                        nodes.key,
+                        locks.nodes()
                     ),
                 ),
                 Err(e) => failed_call(e),
@@ -454,6 +463,29 @@ fn json_string(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// Redlock: a node that restarts after a crash with less than the TTL of
+/// restart delay and without `appendfsync always` may grant a lock a
+/// majority still holds elsewhere. Said once, on stderr, before acquiring
+/// (`redis-lock doctor` checks single nodes too).
+async fn warn_unsafe_group(locks: &LockClient, ttl: Duration) {
+    if locks.nodes() < 2 {
+        return;
+    }
+    for s in locks.settings().await.into_iter().flatten() {
+        let always = s.appendonly == Some(true) && s.appendfsync.as_deref() == Some("always");
+        if let Some(delay) = s
+            .restart_delay_ms
+            .filter(|d| !always && (*d as u128) < ttl.as_millis())
+        {
+            eprintln!(
+                "redis-lock: warning: {}: lock.restart-delay-ms {delay} is below --ttl {} without appendfsync always: after a crash it may grant a lock still held (see redis-lock doctor)",
+                s.url,
+                show(ttl)
+            );
+        }
+    }
 }
 
 /// `redis-lock doctor`: what each node says about itself, then findings.
