@@ -1,4 +1,4 @@
-// node-redlock (npm `redlock` 4.x over `ioredis`) driven for
+// node-redlock (npm `redlock` 4.x or 5.x beta over `ioredis`) driven for
 // client/examples/redlock_bench.rs. One argument, JSON:
 //   {"mode": "latency"|"contention"|"clockjump", "ports": [p1..p5], ...}
 // prints one JSON object on stdout. Run by the Rust bench with NODE_PATH
@@ -6,7 +6,16 @@
 'use strict';
 
 const Redis = require('ioredis');
-const Redlock = require('redlock');
+const redlockModule = require('redlock');
+// 4.x exports the class; 5.x (beta) exports it as `default` and changed the
+// API: acquire([keys], ttl) / release(), attempts as a list, and using()
+// with automatic extension and an AbortSignal.
+const Redlock = redlockModule.default || redlockModule.Redlock || redlockModule;
+// (5.x does not export its package.json: tell them apart by using().)
+const V5 = typeof Redlock.prototype.using === 'function';
+const lockOf = (redlock, key, ttl) => (V5 ? redlock.acquire([key], ttl) : redlock.lock(key, ttl));
+const unlockOf = (lock) => (V5 ? lock.release() : lock.unlock());
+const attemptsOf = (lock) => (V5 ? lock.attempts.length : lock.attempts);
 
 const args = JSON.parse(process.argv[2]);
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -44,9 +53,9 @@ async function latency() {
   const release = [];
   for (let i = 0; i < args.warmup + args.iterations; i++) {
     const t0 = nowMs();
-    const lock = await redlock.lock(key, args.ttl_ms);
+    const lock = await lockOf(redlock, key, args.ttl_ms);
     const t1 = nowMs();
-    await lock.unlock();
+    await unlockOf(lock);
     const t2 = nowMs();
     if (i >= args.warmup) {
       acquire.push(Math.round((t1 - t0) * 1000));
@@ -76,14 +85,32 @@ async function contention() {
   await Promise.all(
     groups.map(async (g, i) => {
       while (nowMs() < end) {
+        if (V5) {
+          // 5.x's using(): acquire, extend automatically, release.
+          try {
+            await g.redlock.using([args.key], args.ttl_ms, async () => {
+              attempts++;
+              if (holding) overlaps++;
+              holding = true;
+              const held = nowMs();
+              await sleep(args.hold_ms);
+              heldMs += nowMs() - held;
+              holding = false;
+              grants[i]++;
+            });
+          } catch (e) {
+            errors++;
+          }
+          continue;
+        }
         let lock;
         try {
-          lock = await g.redlock.lock(args.key, args.ttl_ms);
+          lock = await lockOf(g.redlock, args.key, args.ttl_ms);
         } catch (e) {
           errors++;
           continue;
         }
-        attempts += lock.attempts;
+        attempts += attemptsOf(lock);
         if (holding) overlaps++;
         holding = true;
         const held = nowMs();
@@ -92,7 +119,7 @@ async function contention() {
         holding = false;
         grants[i]++;
         try {
-          await lock.unlock();
+          await unlockOf(lock);
         } catch (e) {
           errors++;
         }
@@ -121,21 +148,21 @@ async function clockjump() {
   const c2 = connect();
   await ready(c1);
   await ready(c2);
-  const lock1 = await group(c1, 0).lock(key, ttl);
+  const lock1 = await lockOf(group(c1, 0), key, ttl);
   const holders1 = [];
   for (const c of raw) holders1.push((await c.get(key)) === lock1.value);
   for (const c of raw.slice(3)) await c.del(key);
   await raw[2].del(key); // C's clock jumps: its copy of the lease is gone
   let lock2 = null;
   try {
-    lock2 = await group(c2, 0).lock(key, ttl);
+    lock2 = await lockOf(group(c2, 0), key, ttl);
   } catch (e) {
     lock2 = null;
   }
   const client1Valid = lock1.expiration > Date.now();
   const overlap = lock2 !== null && client1Valid;
-  if (lock2) await lock2.unlock().catch(() => {});
-  await lock1.unlock().catch(() => {});
+  if (lock2) await unlockOf(lock2).catch(() => {});
+  await unlockOf(lock1).catch(() => {});
   await quit(raw);
   await quit(c1);
   await quit(c2);

@@ -26,6 +26,9 @@ use redis_lock_client::{LockClient, Options};
 use tokio::time::Instant;
 
 const NODE_PEERS: &[&str] = &["redlock@4.2.0", "ioredis@5.11.1"];
+/// node-redlock's 5.0 beta (npm's `beta` tag): `using()` with automatic
+/// extension and an AbortSignal, the peer feature closest to this client's.
+const NODE_PEERS_5: &[&str] = &["redlock@5.0.0-beta.2", "ioredis@5.11.1"];
 const PYTHON_PEERS: &[&str] = &["pottery==3.0.1"];
 const BEGIN: &str = "<!-- redlock-bench -->";
 const END: &str = "<!-- /redlock-bench -->";
@@ -417,6 +420,7 @@ fn names(on: &[bool]) -> String {
 
 enum Peer {
     NodeRedlock,
+    NodeRedlock5,
     Pottery,
 }
 
@@ -424,6 +428,7 @@ impl Peer {
     fn label(&self) -> &'static str {
         match self {
             Peer::NodeRedlock => "node-redlock 4.2.0 (ioredis 5)",
+            Peer::NodeRedlock5 => "node-redlock 5.0.0-beta.2, using() (ioredis 5)",
             Peer::Pottery => "pottery 3.0.1 Redlock (redis-py)",
         }
     }
@@ -431,6 +436,7 @@ impl Peer {
     fn dir(&self) -> PathBuf {
         workspace_root().join(match self {
             Peer::NodeRedlock => "target/bench-peers/node",
+            Peer::NodeRedlock5 => "target/bench-peers/node5",
             Peer::Pottery => "target/bench-peers/python",
         })
     }
@@ -439,11 +445,14 @@ impl Peer {
     fn install(&self) -> Result<(), String> {
         let dir = self.dir();
         let (marker, mut cmd) = match self {
-            Peer::NodeRedlock => {
+            Peer::NodeRedlock | Peer::NodeRedlock5 => {
                 let mut c = Command::new("npm");
                 c.args(["install", "--no-audit", "--no-fund", "--prefix"])
                     .arg(&dir)
-                    .args(NODE_PEERS);
+                    .args(match self {
+                        Peer::NodeRedlock5 => NODE_PEERS_5,
+                        _ => NODE_PEERS,
+                    });
                 (dir.join("node_modules/redlock/package.json"), c)
             }
             Peer::Pottery => {
@@ -476,7 +485,7 @@ impl Peer {
     fn run(&self, request: serde_like::Obj) -> Result<String, String> {
         let json = request.to_string();
         let mut cmd = match self {
-            Peer::NodeRedlock => {
+            Peer::NodeRedlock | Peer::NodeRedlock5 => {
                 let mut c = Command::new("node");
                 c.arg(workspace_root().join("bench/peers/redlock.js"))
                     .env("NODE_PATH", self.dir().join("node_modules"));
@@ -645,7 +654,7 @@ async fn main() {
     let peers: Vec<Peer> = if a.smoke {
         vec![]
     } else {
-        [Peer::NodeRedlock, Peer::Pottery]
+        [Peer::NodeRedlock, Peer::NodeRedlock5, Peer::Pottery]
             .into_iter()
             .filter(|p| match p.install() {
                 Ok(()) => true,

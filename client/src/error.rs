@@ -1,7 +1,9 @@
 use std::fmt;
 
-/// What can go wrong talking to the lock nodes.
+/// What can go wrong talking to the lock nodes. More variants may come:
+/// match with a wildcard arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Error {
     /// A node answered with an error, or the connection failed.
     Redis(redis::RedisError),
