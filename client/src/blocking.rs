@@ -107,26 +107,6 @@ impl LockGuard {
         self.inner.as_ref().expect("present until released")
     }
 
-    pub fn key(&self) -> &str {
-        self.guard().key()
-    }
-
-    pub fn token(&self) -> &str {
-        self.guard().token()
-    }
-
-    pub fn fence(&self) -> i64 {
-        self.guard().fence()
-    }
-
-    pub fn valid_until(&self) -> tokio::time::Instant {
-        self.guard().valid_until()
-    }
-
-    pub fn is_valid(&self) -> bool {
-        self.guard().is_valid()
-    }
-
     /// True once the lock is known lost (see [`crate::Lease::lost`]).
     pub fn is_lost(&self) -> bool {
         self.guard().lost().is_cancelled()
@@ -139,6 +119,15 @@ impl LockGuard {
     pub fn release(mut self) -> Result<bool> {
         let guard = self.inner.take().expect("present until released");
         wait_on(&self.runtime, guard.release())
+    }
+}
+
+/// One set of getters: a guard reads as its [`crate::Lease`] (`key`,
+/// `token`, `fence`, `valid_until`, `is_valid`, ...).
+impl std::ops::Deref for LockGuard {
+    type Target = crate::Lease;
+    fn deref(&self) -> &crate::Lease {
+        self.guard()
     }
 }
 

@@ -859,15 +859,23 @@ impl LockClient {
             let first = replies.into_iter().find_map(|r| r.err());
             return Err(first.unwrap_or(Error::Timeout));
         }
+        // The lock is lost. Nodes that did extend would keep a new lease
+        // for nobody, shutting out the next holder there for a whole TTL:
+        // give it back.
+        if extended > 0 {
+            self.release_everywhere(key, token, ttl).await;
+        }
         Ok(None)
     }
 
+    #[doc(hidden)] // for the redis-lock command
     /// Releases `key` held by `token` (for scripts that kept the token):
     /// true if a majority of nodes (the node) released it.
     pub async fn release_token(&self, key: &str, token: &str) -> Result<bool> {
         Ok(self.release_token_count(key, token).await? >= self.quorum())
     }
 
+    #[doc(hidden)] // for the redis-lock command
     /// Releases `key` held by `token` on every node: on how many it was
     /// held. Fewer than a majority but more than none: the lock was no
     /// longer held (lost, or a failed extend left its lease on a minority),
@@ -877,14 +885,25 @@ impl LockClient {
         Ok(self.release_everywhere(key, token, ttl).await)
     }
 
+    #[doc(hidden)] // for the redis-lock command
     /// Extends `key` held by `token` to `ttl` from now: true if a majority
     /// of nodes (the node) extended it.
     pub async fn extend_token(&self, key: &str, token: &str, ttl: Duration) -> Result<bool> {
+        Ok(self.extend_token_until(key, token, ttl).await?.is_some())
+    }
+
+    #[doc(hidden)] // for the redis-lock command
+    /// [`extend_token`](Self::extend_token), with the new validity
+    /// deadline when extended. When a majority answered but did not all
+    /// extend, the lock is lost and is released where it was extended.
+    pub async fn extend_token_until(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<Option<Instant>> {
         let far = Instant::now() + ttl;
-        Ok(self
-            .extend_everywhere(key, token, ttl, far)
-            .await?
-            .is_some())
+        self.extend_everywhere(key, token, ttl, far).await
     }
 
     /// Each node's identity, persistence settings and fence mark, in the

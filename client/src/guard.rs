@@ -194,32 +194,8 @@ impl LockGuard {
         }
     }
 
-    pub fn key(&self) -> &str {
-        self.lease.key()
-    }
-
-    pub fn token(&self) -> &str {
-        self.lease.token()
-    }
-
-    pub fn fence(&self) -> i64 {
-        self.lease.fence()
-    }
-
-    pub fn valid_until(&self) -> Instant {
-        self.lease.valid_until()
-    }
-
-    /// See [`Lease::lost`]; clone it to hand it to another task.
-    pub fn lost(&self) -> &CancellationToken {
-        self.lease.lost()
-    }
-
-    pub fn is_valid(&self) -> bool {
-        self.lease.is_valid()
-    }
-
-    /// A cloneable view for other tasks.
+    /// A cloneable view for other tasks. (The guard also reads as its
+    /// [`Lease`]: `guard.fence()`, `guard.lost()`, ... are the lease's.)
     pub fn lease(&self) -> Lease {
         self.lease.clone()
     }
@@ -267,6 +243,14 @@ impl LockGuard {
             "lock released"
         );
         Ok(held)
+    }
+}
+
+/// One set of getters: a guard reads as its lease.
+impl std::ops::Deref for LockGuard {
+    type Target = Lease;
+    fn deref(&self) -> &Lease {
+        &self.lease
     }
 }
 

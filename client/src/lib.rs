@@ -131,12 +131,14 @@
 
 pub mod blocking;
 mod client;
-pub mod duration;
 mod error;
 mod guard;
 mod node;
 
-pub use client::{drift, random_token, LockClient, Options};
+/// Support for the `redis-lock` command; not part of the library's API.
+#[doc(hidden)]
+pub use client::{drift, random_token};
+pub use client::{LockClient, Options};
 pub use error::{Error, Result};
 pub use guard::{Lease, LockGuard};
 pub use node::{LockInfo, NodeSettings};

@@ -687,3 +687,42 @@ fn run_warns_about_a_group_that_is_unsafe_after_a_crash() {
         text(&out.stderr)
     );
 }
+
+/// An extend that reaches a majority but extends only a minority (the lock
+/// was lost) gives those nodes back, instead of leaving a fresh lease for
+/// nobody there; a successful extend prints the validity.
+#[test]
+fn a_failed_minority_extend_releases_what_it_extended() {
+    if common::skip_unless(common::Needs::OwnServer, "needs three servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    common::acquire(&mut nodes[0].conn(), "k", "tok", 2_000).unwrap();
+    let extend = |ttl: &str| {
+        let mut args = vec!["extend".to_string()];
+        for n in &nodes {
+            args.extend(["--url".into(), n.url()]);
+        }
+        args.extend(["--key", "k", "--token", "tok", "--ttl", ttl].map(String::from));
+        Command::new(BIN)
+            .args(&args)
+            .env_remove("REDIS_LOCK_URL")
+            .output()
+            .unwrap()
+    };
+    let out = extend("60s");
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert_eq!(common::fence(&mut nodes[0].conn(), "k"), None, "given back");
+    for n in &nodes {
+        common::acquire(&mut n.conn(), "k", "tok", 5_000).unwrap();
+    }
+    let out = extend("30s");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let validity: u64 = text(&out.stdout)
+        .trim()
+        .strip_prefix("export REDIS_LOCK_VALIDITY_MS=")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(validity > 25_000 && validity <= 30_000, "{validity}");
+}

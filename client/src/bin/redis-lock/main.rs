@@ -5,9 +5,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_client::{drift, duration, random_token, LockClient, Options};
+use redis_lock_client::{drift, random_token, LockClient, Options};
 use tokio::sync::mpsc;
 
+mod duration;
 mod job;
 
 /// Exit codes besides the child's own status.
@@ -132,8 +133,9 @@ enum Command {
         #[arg(long)]
         token: String,
     },
-    /// Set the lease of a lock held by TOKEN to TTL from now. Exit 0 if
-    /// extended, 75 if it was not held.
+    /// Set the lease of a lock held by TOKEN to TTL from now, and print
+    /// `export REDIS_LOCK_VALIDITY_MS=...`. Exit 0 if extended, 75 if it was
+    /// not held on a majority (then it is released where it was extended).
     Extend {
         #[command(flatten)]
         nodes: Nodes,
@@ -374,12 +376,18 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match locks.extend_token(&nodes.key, &token, ttl).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => fail(
+            match locks.extend_token_until(&nodes.key, &token, ttl).await {
+                Ok(Some(valid_until)) => {
+                    // The validity, not the TTL, is how long it is surely held.
+                    let validity =
+                        valid_until.saturating_duration_since(tokio::time::Instant::now());
+                    println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
+                    ExitCode::SUCCESS
+                }
+                Ok(None) => fail(
                     exit::NOT_ACQUIRED,
                     &format!(
-                        "{} is not held by this token any more: acquire it again",
+                        "{} is not held by this token any more (released where it was extended): acquire it again",
                         nodes.key
                     ),
                 ),
