@@ -11,6 +11,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::group::{drift, Group};
 use crate::guard::{Lease, LockGuard};
 use crate::node::{LockInfo, Node, NodeSettings};
 
@@ -57,8 +58,8 @@ pub struct LockClient {
 }
 
 pub(crate) struct Inner {
-    pub(crate) nodes: Vec<Node>,
-    pub(crate) options: Options,
+    /// The nodes, shared with every guard of this client.
+    pub(crate) group: Arc<Group>,
     /// Redlock: keys whose ordering node recently refused this client, and when.
     contended: std::sync::Mutex<HashMap<String, Instant>>,
     /// Redlock: the largest token this client asked for in a first phase
@@ -115,11 +116,6 @@ const FENCE_LEAD_US: i64 = 2_000;
 /// rates can drift apart: 30 s at 500 ppm is 15 ms).
 const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 
-/// The clock drift Redlock allows for: 1% of the TTL plus 2 ms.
-pub fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
-}
-
 /// A fresh random token: 128 bits, as hex.
 pub fn random_token() -> String {
     format!("{:032x}", rand::thread_rng().gen::<u128>())
@@ -159,8 +155,7 @@ impl LockClient {
     fn from_nodes(nodes: Vec<Node>, options: Options) -> LockClient {
         LockClient {
             inner: Arc::new(Inner {
-                nodes,
-                options,
+                group: Arc::new(Group { nodes, options }),
                 contended: std::sync::Mutex::new(HashMap::new()),
                 highest_fence: AtomicI64::new(0),
                 node_clock: std::sync::Mutex::new(None),
@@ -179,7 +174,7 @@ impl LockClient {
         if self.inner.nodes_checked.load(AtomicOrdering::Acquire) {
             return Ok(());
         }
-        let ids = join_all(self.inner.nodes.iter().map(|n| n.run_id(limit))).await;
+        let ids = join_all(self.inner.group.nodes.iter().map(|n| n.run_id(limit))).await;
         let answered: Vec<(usize, &String)> = ids
             .iter()
             .enumerate()
@@ -189,8 +184,8 @@ impl LockClient {
             if let Some((j, _)) = answered[..k].iter().find(|(_, other)| other == id) {
                 return Err(Error::Config(format!(
                     "{} and {} are the same server (run_id {id}): a Redlock group needs independent nodes",
-                    self.inner.nodes[*j].url(),
-                    self.inner.nodes[*i].url(),
+                    self.inner.group.nodes[*j].url(),
+                    self.inner.group.nodes[*i].url(),
                 )));
             }
         }
@@ -204,24 +199,22 @@ impl LockClient {
 
     /// How many nodes were given.
     pub fn nodes(&self) -> usize {
-        self.inner.nodes.len()
+        self.inner.group.nodes.len()
     }
 
     /// How many nodes must agree: N/2 + 1.
     pub fn quorum(&self) -> usize {
-        self.inner.nodes.len() / 2 + 1
+        self.inner.group.quorum()
     }
 
     pub(crate) fn node_timeout(&self, ttl: Duration) -> Duration {
-        self.inner.options.node_timeout.unwrap_or_else(|| {
-            (ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(500))
-        })
+        self.inner.group.node_timeout(ttl)
     }
 
     /// One attempt: the lock, or None if another holder has it.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
         let token = random_token();
-        let renew = self.inner.options.auto_renew;
+        let renew = self.inner.group.options.auto_renew;
         self.grant(key, &token, ttl, Duration::ZERO, renew, true)
             .await
     }
@@ -239,7 +232,7 @@ impl LockClient {
         wait: Duration,
     ) -> Result<Option<LockGuard>> {
         let token = random_token();
-        let renew = self.inner.options.auto_renew;
+        let renew = self.inner.group.options.auto_renew;
         self.grant(key, &token, ttl, wait, renew, true).await
     }
 
@@ -254,8 +247,15 @@ impl LockClient {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<LockGuard>> {
-        self.grant(key, token, ttl, wait, self.inner.options.auto_renew, false)
-            .await
+        self.grant(
+            key,
+            token,
+            ttl,
+            wait,
+            self.inner.group.options.auto_renew,
+            false,
+        )
+        .await
     }
 
     /// The one acquisition path: one node or Redlock, then the guard.
@@ -273,7 +273,7 @@ impl LockClient {
             return Err(Error::Config("the TTL must be positive".into()));
         }
         let start = Instant::now();
-        let nodes = self.inner.nodes.len();
+        let nodes = self.inner.group.nodes.len();
         let granted = if nodes == 1 {
             self.acquire_single(key, token, ttl, wait).await
         } else {
@@ -302,7 +302,7 @@ impl LockClient {
         };
         Ok(granted.map(|(fence, valid_until)| {
             LockGuard::new(
-                self.clone(),
+                self.inner.group.clone(),
                 Lease::new(key, token, fence, ttl, valid_until),
                 renew,
             )
@@ -352,7 +352,7 @@ impl LockClient {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
-        let node = &self.inner.nodes[0];
+        let node = &self.inner.group.nodes[0];
         let limit = self.node_timeout(ttl);
         // One ACQUIRE; the validity is measured from just before it.
         let acquire_now = || async {
@@ -394,7 +394,8 @@ impl LockClient {
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
         let deadline = Instant::now() + wait;
-        let order = (self.inner.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
+        let order =
+            (self.inner.group.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
         loop {
             let line = match order {
                 // Recently contended here: ask the ordering node alone first,
@@ -402,7 +403,7 @@ impl LockClient {
                 // that node has just handed the lock to.
                 Some(o) if self.recently_contended(key) => {
                     let limit = self.node_timeout(ttl);
-                    match self.inner.nodes[o]
+                    match self.inner.group.nodes[o]
                         .acquire(key, token, ttl, None, limit)
                         .await
                     {
@@ -451,7 +452,12 @@ impl LockClient {
                 // retry after a random pause.
                 Line::Gone => {}
             }
-            let max_delay = self.inner.options.retry_delay.max(Duration::from_millis(1));
+            let max_delay = self
+                .inner
+                .group
+                .options
+                .retry_delay
+                .max(Duration::from_millis(1));
             let pause = rand::thread_rng().gen_range(Duration::ZERO..max_delay);
             if Instant::now() + pause >= deadline {
                 return Ok(None);
@@ -481,8 +487,8 @@ impl LockClient {
             h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
             h ^ (h >> 31)
         };
-        (0..self.inner.nodes.len())
-            .max_by_key(|&i| score(self.inner.nodes[i].addr()))
+        (0..self.inner.group.nodes.len())
+            .max_by_key(|&i| score(self.inner.group.nodes[i].addr()))
             .unwrap_or(0)
     }
 
@@ -524,7 +530,7 @@ impl LockClient {
         o: usize,
         deadline: Instant,
     ) -> Line {
-        let node = &self.inner.nodes[o];
+        let node = &self.inner.group.nodes[o];
         let limit = self.node_timeout(ttl);
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -562,7 +568,12 @@ impl LockClient {
         o: usize,
         deadline: Instant,
     ) -> Line {
-        let max_pause = self.inner.options.retry_delay.max(Duration::from_millis(1));
+        let max_pause = self
+            .inner
+            .group
+            .options
+            .retry_delay
+            .max(Duration::from_millis(1));
         let mut pause = Duration::from_micros(500);
         loop {
             let result = self
@@ -580,7 +591,7 @@ impl LockClient {
                 // Our grant on the ordering node is gone (it expired, or
                 // the node restarted): back to the start.
                 Ok(_) | Err(_) => {
-                    self.release_everywhere(key, token, ttl).await;
+                    self.inner.group.release_everywhere(key, token, ttl).await;
                     return match result {
                         Err(e) if Instant::now() >= deadline => Line::Over(Some(e)),
                         _ => Line::Gone,
@@ -589,7 +600,7 @@ impl LockClient {
             }
             let jittered = rand::thread_rng().gen_range(pause / 2..=pause);
             if Instant::now() + jittered >= deadline {
-                self.release_everywhere(key, token, ttl).await;
+                self.inner.group.release_everywhere(key, token, ttl).await;
                 return Line::Over(None);
             }
             tokio::time::sleep(jittered).await;
@@ -644,7 +655,7 @@ impl LockClient {
         if let Some(sample) = cached.filter(|c| c.at.elapsed() < NODE_CLOCK_MAX_AGE) {
             return Some(sample.node_us + sample.at.elapsed().as_micros() as i64);
         }
-        let replies = join_all(self.inner.nodes.iter().map(|n| n.time_us(limit))).await;
+        let replies = join_all(self.inner.group.nodes.iter().map(|n| n.time_us(limit))).await;
         // Taken after every reply arrived: each node read its clock before
         // this, so the extrapolation errs behind the nodes, the safe side.
         let at = Instant::now();
@@ -696,10 +707,10 @@ impl LockClient {
         order: Option<usize>,
         keep: Option<usize>,
     ) -> Result<Round> {
-        let nodes = &self.inner.nodes;
+        let nodes = &self.inner.group.nodes;
         let limit = self.node_timeout(ttl);
         let quorum = self.quorum();
-        let fencing = self.inner.options.quorum_fencing;
+        let fencing = self.inner.group.options.quorum_fencing;
         let in_time = |start: Instant| start.elapsed() + drift(ttl) < ttl;
         // A token the caller chose may already hold the lock: a floor would
         // give that holder a new fence on some nodes (MINFENCE above a held
@@ -756,7 +767,7 @@ impl LockClient {
                 });
             }
         }
-        self.release_except(key, token, ttl, keep).await;
+        self.inner.group.release_except(key, token, ttl, keep).await;
         let failed = replies.iter().filter(|r| r.is_err()).count();
         if failed > nodes.len() - quorum {
             let first = replies.into_iter().find_map(|r| r.err());
@@ -766,106 +777,6 @@ impl LockClient {
             granted: None,
             order: order_reply,
         })
-    }
-
-    /// LOCK.RELEASE on every node but `keep`.
-    async fn release_except(&self, key: &str, token: &str, ttl: Duration, keep: Option<usize>) {
-        let limit = self.node_timeout(ttl);
-        join_all(
-            self.inner
-                .nodes
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| Some(*i) != keep)
-                .map(|(_, n)| n.release(key, token, limit)),
-        )
-        .await;
-    }
-
-    /// LOCK.RELEASE on every node; how many released.
-    pub(crate) async fn release_everywhere(&self, key: &str, token: &str, ttl: Duration) -> usize {
-        let limit = self.node_timeout(ttl);
-        join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|n| n.release(key, token, limit)),
-        )
-        .await
-        .into_iter()
-        .filter(|r| matches!(r, Ok(true)))
-        .count()
-    }
-
-    /// LOCK.RELEASE on every node without the async runtime (a thread per
-    /// node, fresh connections); how many released within twice the node
-    /// timeout (connecting, then the command). A thread stuck on a node that
-    /// does not answer is left behind rather than waited for: the redis
-    /// crate's connection setup has no read timeout.
-    pub(crate) fn release_everywhere_blocking(
-        &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> usize {
-        let limit = self.node_timeout(ttl);
-        let (tx, rx) = std::sync::mpsc::channel();
-        for i in 0..self.inner.nodes.len() {
-            let (client, tx) = (self.clone(), tx.clone());
-            let (key, token) = (key.to_string(), token.to_string());
-            std::thread::spawn(move || {
-                let _ = tx.send(client.inner.nodes[i].release_blocking(&key, &token, limit));
-            });
-        }
-        drop(tx);
-        let deadline = std::time::Instant::now() + 2 * limit;
-        let mut released = 0;
-        for _ in 0..self.inner.nodes.len() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(Ok(true)) => released += 1,
-                Ok(_) => {}
-                Err(_) => break,
-            }
-        }
-        released
-    }
-
-    /// LOCK.EXTEND on every node: the new validity deadline if a majority
-    /// extended before both the TTL (less drift) and `valid_until` ran out.
-    pub(crate) async fn extend_everywhere(
-        &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
-        valid_until: Instant,
-    ) -> Result<Option<Instant>> {
-        let limit = self.node_timeout(ttl);
-        let start = Instant::now();
-        let replies = join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|n| n.extend(key, token, ttl, limit)),
-        )
-        .await;
-        let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
-        let now = Instant::now();
-        if extended >= self.quorum() && now < valid_until && start.elapsed() + drift(ttl) < ttl {
-            return Ok(Some(start + ttl - drift(ttl)));
-        }
-        let answered = replies.iter().filter(|r| r.is_ok()).count();
-        if answered < self.quorum() {
-            let first = replies.into_iter().find_map(|r| r.err());
-            return Err(first.unwrap_or(Error::Timeout));
-        }
-        // The lock is lost. Nodes that did extend would keep a new lease
-        // for nobody, shutting out the next holder there for a whole TTL:
-        // give it back.
-        if extended > 0 {
-            self.release_everywhere(key, token, ttl).await;
-        }
-        Ok(None)
     }
 
     #[doc(hidden)] // for the redis-lock command
@@ -882,7 +793,7 @@ impl LockClient {
     /// and those nodes are free now.
     pub async fn release_token_count(&self, key: &str, token: &str) -> Result<usize> {
         let ttl = Duration::from_secs(5);
-        Ok(self.release_everywhere(key, token, ttl).await)
+        Ok(self.inner.group.release_everywhere(key, token, ttl).await)
     }
 
     #[doc(hidden)] // for the redis-lock command
@@ -903,7 +814,10 @@ impl LockClient {
         ttl: Duration,
     ) -> Result<Option<Instant>> {
         let far = Instant::now() + ttl;
-        self.extend_everywhere(key, token, ttl, far).await
+        self.inner
+            .group
+            .extend_everywhere(key, token, ttl, far)
+            .await
     }
 
     /// Each node's identity, persistence settings and fence mark, in the
@@ -911,13 +825,13 @@ impl LockClient {
     /// `redis-lock doctor`).
     pub async fn settings(&self) -> Vec<Result<NodeSettings>> {
         let limit = self.node_timeout(Duration::from_secs(5));
-        join_all(self.inner.nodes.iter().map(|n| n.settings(limit))).await
+        join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await
     }
 
     /// LOCK.INFO from every node, in the order the URLs were given.
     pub async fn info(&self, key: &str) -> Vec<Result<Option<LockInfo>>> {
         let limit = self.node_timeout(Duration::from_secs(5));
-        join_all(self.inner.nodes.iter().map(|n| n.info(key, limit))).await
+        join_all(self.inner.group.nodes.iter().map(|n| n.info(key, limit))).await
     }
 }
 
@@ -949,8 +863,8 @@ mod tests {
             let a = forward.ordering_node(&key);
             let b = reversed.ordering_node(&key);
             assert_eq!(
-                forward.inner.nodes[a].addr(),
-                reversed.inner.nodes[b].addr(),
+                forward.inner.group.nodes[a].addr(),
+                reversed.inner.group.nodes[b].addr(),
                 "{key}"
             );
             per_node[a] += 1;

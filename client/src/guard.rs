@@ -7,8 +7,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::LockClient;
 use crate::error::Result;
+use crate::group::Group;
 
 /// What the holder needs while it works: cheap to clone and to pass to
 /// other tasks.
@@ -171,7 +171,7 @@ impl Lease {
 /// released, not left for its TTL. In async code prefer `release().await`,
 /// which does not block the thread.
 pub struct LockGuard {
-    client: LockClient,
+    group: Arc<Group>,
     lease: Lease,
     keeper: Option<Keeper>,
 }
@@ -184,11 +184,11 @@ struct Keeper {
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, lease: Lease, renew: bool) -> LockGuard {
+    pub(crate) fn new(group: Arc<Group>, lease: Lease, renew: bool) -> LockGuard {
         let stop = CancellationToken::new();
-        let task = tokio::spawn(keep(client.clone(), lease.clone(), stop.clone(), renew));
+        let task = tokio::spawn(keep(group.clone(), lease.clone(), stop.clone(), renew));
         LockGuard {
-            client,
+            group,
             lease,
             keeper: Some(Keeper { stop, task }),
         }
@@ -205,7 +205,7 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         let lease = &self.lease;
         match self
-            .client
+            .group
             .extend_everywhere(lease.key(), lease.token(), ttl, lease.valid_until())
             .await?
         {
@@ -231,10 +231,10 @@ impl LockGuard {
         }
         let lease = &self.lease;
         let released = self
-            .client
+            .group
             .release_everywhere(lease.key(), lease.token(), lease.ttl())
             .await;
-        let held = released >= self.client.quorum();
+        let held = released >= self.group.quorum();
         tracing::debug!(
             key = lease.key(),
             fence = lease.fence(),
@@ -266,7 +266,7 @@ impl Drop for LockGuard {
         keeper.task.abort();
         let lease = &self.lease;
         let released =
-            self.client
+            self.group
                 .release_everywhere_blocking(lease.key(), lease.token(), lease.ttl());
         tracing::debug!(
             key = lease.key(),
@@ -285,7 +285,7 @@ fn lost(lease: &Lease, why: &str) {
 
 /// Renews at about a third of the TTL (if `renew`), and fires `lost` when a
 /// renewal is refused or the validity deadline passes without one.
-async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: bool) {
+async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: bool) {
     let ttl = lease.ttl();
     let mut renew_at = Instant::now() + ttl / 3;
     loop {
@@ -310,7 +310,7 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
         if !renew || Instant::now() < renew_at {
             continue; // not due (or extended meanwhile by hand)
         }
-        let renewal = client.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
+        let renewal = group.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
         tokio::select! {
             result = renewal => match result {
                 Ok(Some(until)) => {
@@ -328,7 +328,7 @@ async fn keep(client: LockClient, lease: Lease, stop: CancellationToken, renew: 
                 // when the validity runs out.
                 Err(e) => {
                     let retry = (ttl / 10).max(Duration::from_millis(5));
-                    let attempt = retry + client.node_timeout(ttl);
+                    let attempt = retry + group.node_timeout(ttl);
                     tracing::warn!(key = lease.key(), error = %e, "lock renewal failed");
                     if Instant::now() + attempt >= lease.valid_until() {
                         lost(&lease, "renewals failed and no retry can finish within the validity");

@@ -132,13 +132,16 @@
 pub mod blocking;
 mod client;
 mod error;
+mod group;
 mod guard;
 mod node;
 
 /// Support for the `redis-lock` command; not part of the library's API.
 #[doc(hidden)]
-pub use client::{drift, random_token};
+pub use client::random_token;
 pub use client::{LockClient, Options};
 pub use error::{Error, Result};
+#[doc(hidden)]
+pub use group::drift;
 pub use guard::{Lease, LockGuard};
 pub use node::{LockInfo, NodeSettings};

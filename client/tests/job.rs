@@ -75,7 +75,7 @@ impl Pty {
             shell,
             seen: String::new(),
         };
-        pty.expect("$ ", Duration::from_secs(10));
+        pty.expect("$ ", Duration::from_secs(30));
         pty
     }
 
@@ -191,8 +191,8 @@ fn a_child_reads_the_terminal() {
         holder(&s, "k").is_some()
     });
     pty.send("hello\n");
-    pty.expect("got:hello", Duration::from_secs(10));
-    pty.expect("rc=0", Duration::from_secs(10));
+    pty.expect("got:hello", Duration::from_secs(30));
+    pty.expect("rc=0", Duration::from_secs(30));
     assert_eq!(holder(&s, "k"), None, "released");
 }
 
@@ -220,7 +220,7 @@ fn ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock() {
         let child = read_pid(&pid_file, Duration::from_secs(10));
         let redis_lock = parent_of(child);
         pty.send("\x1a");
-        pty.expect("Stopped", Duration::from_secs(10));
+        pty.expect("Stopped", Duration::from_secs(30));
         assert_eq!(state(child), Some('T'), "the child is stopped");
         assert_eq!(state(redis_lock), Some('T'), "redis-lock is stopped");
         sleep(stop_for);
@@ -235,7 +235,7 @@ fn ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock() {
                 !alive(redis_lock)
             });
             pty.send("echo \"rc=$?\"\n");
-            pty.expect("rc=76", Duration::from_secs(10));
+            pty.expect("rc=76", Duration::from_secs(30));
             assert!(!alive(child), "the stopped child was killed");
             assert_eq!(
                 std::fs::read_to_string(&ticks).unwrap().len(),
@@ -256,7 +256,7 @@ fn ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock() {
                 !alive(redis_lock)
             });
             pty.send("echo \"rc=$?\"\n");
-            pty.expect("rc=130", Duration::from_secs(10));
+            pty.expect("rc=130", Duration::from_secs(30));
             assert!(!alive(child));
             assert_eq!(holder(&s, &key), None, "released after Ctrl-C");
         }

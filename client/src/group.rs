@@ -1,0 +1,131 @@
+//! The lock nodes (one node, or a Redlock group) and what both a client
+//! and a held lock do on all of them: count a majority, release, extend.
+//! Shared by `client.rs` (acquiring) and `guard.rs` (renewing, releasing),
+//! so neither depends on the other for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+
+use crate::client::Options;
+use crate::error::{Error, Result};
+use crate::node::Node;
+
+pub(crate) struct Group {
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) options: Options,
+}
+
+/// The clock drift Redlock allows for: 1% of the TTL plus 2 ms.
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+impl Group {
+    /// How many nodes must agree: N/2 + 1.
+    pub(crate) fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    pub(crate) fn node_timeout(&self, ttl: Duration) -> Duration {
+        self.options.node_timeout.unwrap_or_else(|| {
+            (ttl / 10).clamp(Duration::from_millis(5), Duration::from_millis(500))
+        })
+    }
+
+    /// LOCK.RELEASE on every node but `keep`.
+    pub(crate) async fn release_except(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        keep: Option<usize>,
+    ) {
+        let limit = self.node_timeout(ttl);
+        join_all(
+            self.nodes
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| Some(*i) != keep)
+                .map(|(_, n)| n.release(key, token, limit)),
+        )
+        .await;
+    }
+
+    /// LOCK.RELEASE on every node; how many released.
+    pub(crate) async fn release_everywhere(&self, key: &str, token: &str, ttl: Duration) -> usize {
+        let limit = self.node_timeout(ttl);
+        join_all(self.nodes.iter().map(|n| n.release(key, token, limit)))
+            .await
+            .into_iter()
+            .filter(|r| matches!(r, Ok(true)))
+            .count()
+    }
+
+    /// LOCK.RELEASE on every node without the async runtime (a thread per
+    /// node, fresh connections); how many released within twice the node
+    /// timeout (connecting, then the command). A thread stuck on a node that
+    /// does not answer is left behind rather than waited for: the redis
+    /// crate's connection setup has no read timeout.
+    pub(crate) fn release_everywhere_blocking(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> usize {
+        let limit = self.node_timeout(ttl);
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..self.nodes.len() {
+            let (group, tx) = (Arc::clone(self), tx.clone());
+            let (key, token) = (key.to_string(), token.to_string());
+            std::thread::spawn(move || {
+                let _ = tx.send(group.nodes[i].release_blocking(&key, &token, limit));
+            });
+        }
+        drop(tx);
+        let deadline = std::time::Instant::now() + 2 * limit;
+        let mut released = 0;
+        for _ in 0..self.nodes.len() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Ok(true)) => released += 1,
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        released
+    }
+
+    /// LOCK.EXTEND on every node: the new validity deadline if a majority
+    /// extended before both the TTL (less drift) and `valid_until` ran out.
+    pub(crate) async fn extend_everywhere(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        valid_until: Instant,
+    ) -> Result<Option<Instant>> {
+        let limit = self.node_timeout(ttl);
+        let start = Instant::now();
+        let replies = join_all(self.nodes.iter().map(|n| n.extend(key, token, ttl, limit))).await;
+        let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
+        let now = Instant::now();
+        if extended >= self.quorum() && now < valid_until && start.elapsed() + drift(ttl) < ttl {
+            return Ok(Some(start + ttl - drift(ttl)));
+        }
+        let answered = replies.iter().filter(|r| r.is_ok()).count();
+        if answered < self.quorum() {
+            let first = replies.into_iter().find_map(|r| r.err());
+            return Err(first.unwrap_or(Error::Timeout));
+        }
+        // The lock is lost. Nodes that did extend would keep a new lease
+        // for nobody, shutting out the next holder there for a whole TTL:
+        // give it back.
+        if extended > 0 {
+            self.release_everywhere(key, token, ttl).await;
+        }
+        Ok(None)
+    }
+}
