@@ -312,26 +312,26 @@ impl LockClient {
     /// Runs `f` while holding the lock, renewing it in the background, then
     /// releases it. `f` gets the [`Lease`]: its fencing token for the
     /// resource, and [`Lease::lost`] to stop work if the lock is lost.
-    /// Not acquired within `wait`: [`Error::NotAcquired`]. Lost before `f`
-    /// finished (a renewal refused, or none within the validity):
-    /// [`Error::Lost`], so "done under the lock" and "lost it halfway" never
-    /// look alike.
+    /// Not acquired within `wait`: `Ok(None)`, as from
+    /// [`acquire`](Self::acquire) (one convention for "not acquired"). Lost
+    /// before `f` finished (a renewal refused, or none within the
+    /// validity): [`Error::Lost`], so "done under the lock" and "lost it
+    /// halfway" never look alike.
     pub async fn with_lock<T, F, Fut>(
         &self,
         key: &str,
         ttl: Duration,
         wait: Duration,
         f: F,
-    ) -> Result<T>
+    ) -> Result<Option<T>>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: std::future::Future<Output = T>,
     {
         let token = random_token();
-        let guard = self
-            .grant(key, &token, ttl, wait, true, true)
-            .await?
-            .ok_or(Error::NotAcquired)?;
+        let Some(guard) = self.grant(key, &token, ttl, wait, true, true).await? else {
+            return Ok(None);
+        };
         let lease = guard.lease();
         let out = f(lease.clone()).await;
         // Judged before the release: was the lock held all along?
@@ -339,7 +339,7 @@ impl LockClient {
         // The work is done: a failed release only means the lease ends by itself.
         let _ = guard.release().await;
         if kept {
-            Ok(out)
+            Ok(Some(out))
         } else {
             Err(Error::Lost)
         }

@@ -9,8 +9,6 @@ pub enum Error {
     Redis(redis::RedisError),
     /// A node did not answer within the node timeout.
     Timeout,
-    /// `with_lock` could not acquire the lock within its wait.
-    NotAcquired,
     /// `with_lock`: the lock was lost while the closure ran (a renewal was
     /// refused, or none succeeded within the validity), so its work may
     /// have overlapped another holder's. The closure's output is dropped.
@@ -24,7 +22,6 @@ impl fmt::Display for Error {
         match self {
             Error::Redis(e) => write!(f, "{e}"),
             Error::Timeout => write!(f, "the lock node did not answer in time"),
-            Error::NotAcquired => write!(f, "the lock was not acquired within the wait"),
             Error::Lost => write!(
                 f,
                 "the lock was lost while the work ran (it may have overlapped another holder)"

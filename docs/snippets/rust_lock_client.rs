@@ -51,7 +51,8 @@ pub async fn main() -> redis_lock_client::Result<()> {
                 }
             },
         )
-        .await?;
+        .await? // Err(Lost) if the lock was lost while the closure ran
+        .flatten(); // None: not acquired within the wait
     println!(
         "with_lock: fence {} higher: {}",
         fence.unwrap_or(0),
