@@ -189,7 +189,14 @@ impl LockClient {
                 )));
             }
         }
-        if answered.len() >= self.quorum() {
+        // A node that refused INFO (an ACL user without @dangerous) cannot
+        // be checked, now or later: it counts as answered, so the question
+        // is not asked again before every acquire.
+        let refused = ids
+            .iter()
+            .filter(|r| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
+            .count();
+        if answered.len() + refused >= self.quorum() {
             self.inner
                 .nodes_checked
                 .store(true, AtomicOrdering::Release);

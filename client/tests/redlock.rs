@@ -377,3 +377,48 @@ async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
     std::mem::forget(first);
     assert!(again.release().await.unwrap());
 }
+
+/// An application user that may not run INFO (as under `-@dangerous`) is
+/// asked for the nodes' identities once, not before every acquire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_that_refuse_info_are_asked_once() {
+    let nodes = group(3);
+    for n in &nodes {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("app")
+            .arg("on")
+            .arg(">pw")
+            .arg("~*")
+            .arg("+@all")
+            .arg("-info")
+            .query(&mut n.conn())
+            .unwrap();
+    }
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|n| format!("redis://app:pw@127.0.0.1:{}/", n.port))
+        .collect();
+    let locks = LockClient::new(&urls).unwrap();
+    for _ in 0..3 {
+        let g = locks
+            .try_acquire("res", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(g.release().await.unwrap());
+    }
+    for n in &nodes {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut n.conn())
+            .unwrap();
+        let rejected = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_info:"))
+            .and_then(|l| l.split(',').find_map(|f| f.strip_prefix("rejected_calls=")))
+            .map(|v| v.trim().parse::<i64>().unwrap())
+            .unwrap_or(0);
+        assert_eq!(rejected, 1, "INFO refused once per node");
+    }
+}
