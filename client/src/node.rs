@@ -529,6 +529,22 @@ pub struct NodeSettings {
     pub appendfsync: Option<String>,
 }
 
+impl NodeSettings {
+    /// Whether a crash and restart of this node could let it grant a lock
+    /// that is still held: it does not fsync every write (`appendonly yes`
+    /// with `appendfsync always`) and its `lock.restart-delay-ms` is below
+    /// `ttl`. None when that cannot be told (CONFIG GET refused).
+    pub fn unsafe_after_crash(&self, ttl: Duration) -> Option<bool> {
+        let fsyncs_every_write =
+            self.appendonly == Some(true) && self.appendfsync.as_deref() == Some("always");
+        if fsyncs_every_write {
+            return Some(false);
+        }
+        self.restart_delay_ms
+            .map(|delay| (delay as u128) < ttl.as_millis())
+    }
+}
+
 impl Node {
     /// Reads the node's identity, persistence settings and fence mark.
     pub async fn settings(&self, limit: Duration) -> Result<NodeSettings> {

@@ -330,6 +330,28 @@ fn pinned_server(builder: common::Builder) -> Server {
     s
 }
 
+/// One side of a paired comparison: a pinned server of `binary` with or
+/// without the module, under callgrind (instrumentation off until a row
+/// turns it on, plus `callgrind` options) when given.
+fn paired_server(binary: &str, with_module: bool, callgrind: Option<&[&str]>) -> Server {
+    let mut b = Server::builder()
+        .binary(binary)
+        .config("maxclients", "10000");
+    if !with_module {
+        b = b.without_module();
+    }
+    if let Some(extra) = callgrind {
+        let mut wrapper = vec!["valgrind", "--tool=callgrind"];
+        wrapper.extend_from_slice(extra);
+        wrapper.extend([
+            "--instr-atstart=no",
+            "--callgrind-out-file=callgrind.out.%p",
+        ]);
+        b = b.wrapped_in(&wrapper);
+    }
+    pinned_server(b)
+}
+
 /// What the module costs the host: commands that touch no lock, and the
 /// grant against `SET NX PX`, each on a server of the same binary without
 /// the module (the baseline a user would pick).
@@ -371,20 +393,9 @@ fn host_section(doc: &mut String, o: &Options) {
     let mut best_instr: f64 = f64::INFINITY;
     let mut grant = None;
     for &held in helds {
+        let binary = common::server_binary();
         let start = |module: bool, wrap: bool| {
-            let mut b = Server::builder().config("maxclients", "10000");
-            if !module {
-                b = b.without_module();
-            }
-            if wrap {
-                b = b.wrapped_in(&[
-                    "valgrind",
-                    "--tool=callgrind",
-                    "--instr-atstart=no",
-                    "--callgrind-out-file=callgrind.out.%p",
-                ]);
-            }
-            let s = pinned_server(b);
+            let s = paired_server(&binary, module, wrap.then_some(&[][..]));
             host::hold(&s, held, module);
             s
         };
@@ -546,22 +557,11 @@ fn cost_section(doc: &mut String, o: &Options) {
         // Two servers of the same binary: the module's rows on the one with
         // the module, the alternatives on one without it.
         let start = |with_module: bool, grind: bool| {
-            let mut b = Server::builder()
-                .binary(&binary)
-                .config("maxclients", "10000");
-            if !with_module {
-                b = b.without_module();
-            }
-            if grind {
-                b = b.wrapped_in(&[
-                    "valgrind",
-                    "--tool=callgrind",
-                    "--cache-sim=yes",
-                    "--instr-atstart=no",
-                    "--callgrind-out-file=callgrind.out.%p",
-                ]);
-            }
-            pinned_server(b)
+            paired_server(
+                &binary,
+                with_module,
+                grind.then_some(&["--cache-sim=yes"][..]),
+            )
         };
         let (plain, module) = (start(false, false), start(true, false));
         let on = |row: Row| if row.needs_module() { &module } else { &plain };

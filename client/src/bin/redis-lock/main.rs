@@ -482,14 +482,11 @@ async fn warn_unsafe_group(locks: &LockClient, ttl: Duration) {
         return;
     }
     for s in locks.settings().await.into_iter().flatten() {
-        let always = s.appendonly == Some(true) && s.appendfsync.as_deref() == Some("always");
-        if let Some(delay) = s
-            .restart_delay_ms
-            .filter(|d| !always && (*d as u128) < ttl.as_millis())
-        {
+        if s.unsafe_after_crash(ttl) == Some(true) {
             eprintln!(
-                "redis-lock: warning: {}: lock.restart-delay-ms {delay} is below --ttl {} without appendfsync always: after a crash it may grant a lock still held (see redis-lock doctor)",
+                "redis-lock: warning: {}: lock.restart-delay-ms {} is below --ttl {} without appendfsync always: after a crash it may grant a lock still held (see redis-lock doctor)",
                 s.url,
+                s.restart_delay_ms.unwrap_or(0),
                 show(ttl)
             );
         }
@@ -555,15 +552,15 @@ async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
             ));
         }
         seen.push((s.url.clone(), s.run_id.clone()));
-        let always = s.appendonly == Some(true) && s.appendfsync.as_deref() == Some("always");
-        match s.restart_delay_ms {
-            Some(delay) if !always && (delay as u128) < ttl.as_millis() => findings.push(format!(
-                "node {i} ({}): lock.restart-delay-ms {delay} is below the TTL ({} ms) without appendfsync always: after a crash it may grant a lock that is still held (set lock.restart-delay-ms >= {} or appendonly yes + appendfsync always)",
+        match s.unsafe_after_crash(ttl) {
+            Some(true) => findings.push(format!(
+                "node {i} ({}): lock.restart-delay-ms {} is below the TTL ({} ms) without appendfsync always: after a crash it may grant a lock that is still held (set lock.restart-delay-ms >= {} or appendonly yes + appendfsync always)",
                 s.url,
+                s.restart_delay_ms.unwrap_or(0),
                 ttl.as_millis(),
                 ttl.as_millis()
             )),
-            None if !always => findings.push(format!(
+            None => findings.push(format!(
                 "node {i} ({}): cannot read lock.restart-delay-ms or appendfsync (CONFIG GET refused?): check them by hand",
                 s.url
             )),
