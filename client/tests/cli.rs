@@ -17,6 +17,20 @@ fn redis_lock(args: &[&str]) -> Output {
         .expect("run redis-lock")
 }
 
+/// `redis-lock SUB --url U1 --url U2 ... REST...`, run to its end.
+fn redis_lock_on(sub: &str, urls: &[String], rest: &[&str]) -> Output {
+    let mut args = vec![sub.to_string()];
+    for u in urls {
+        args.extend(["--url".into(), u.clone()]);
+    }
+    args.extend(rest.iter().map(|a| a.to_string()));
+    Command::new(BIN)
+        .args(&args)
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .expect("run redis-lock")
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -506,16 +520,7 @@ fn the_same_server_twice_is_refused_and_an_even_count_warned() {
             format!("redis://127.0.0.1:{b}/"),
         ],
     ] {
-        let mut args = vec!["run".to_string()];
-        for u in &urls {
-            args.extend(["--url".into(), u.clone()]);
-        }
-        args.extend(["--key", "k", "--ttl", "5s", "--", "true"].map(String::from));
-        let out = Command::new(BIN)
-            .args(&args)
-            .env_remove("REDIS_LOCK_URL")
-            .output()
-            .unwrap();
+        let out = redis_lock_on("run", &urls, &["--key", "k", "--ttl", "5s", "--", "true"]);
         assert_eq!(
             out.status.code(),
             Some(64),
@@ -535,16 +540,8 @@ fn the_same_server_twice_is_refused_and_an_even_count_warned() {
             );
         }
     }
-    let mut args = vec!["run".to_string()];
-    for n in &nodes[..2] {
-        args.extend(["--url".into(), n.url()]);
-    }
-    args.extend(["--key", "k", "--ttl", "5s", "--", "true"].map(String::from));
-    let out = Command::new(BIN)
-        .args(&args)
-        .env_remove("REDIS_LOCK_URL")
-        .output()
-        .unwrap();
+    let two = common::urls(&nodes[..2]);
+    let out = redis_lock_on("run", &two, &["--key", "k", "--ttl", "5s", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("odd number"),
@@ -566,18 +563,7 @@ fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
         return;
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let doctor = |urls: &[String], extra: &[&str]| {
-        let mut args = vec!["doctor".to_string()];
-        for u in urls {
-            args.extend(["--url".into(), u.clone()]);
-        }
-        args.extend(extra.iter().map(|a| a.to_string()));
-        Command::new(BIN)
-            .args(&args)
-            .env_remove("REDIS_LOCK_URL")
-            .output()
-            .unwrap()
-    };
+    let doctor = |urls: &[String], extra: &[&str]| redis_lock_on("doctor", urls, extra);
     let urls: Vec<String> = nodes.iter().map(Server::url).collect();
     // Machine-readable acquire and info (before the restart delay below
     // pauses new grants on these freshly started nodes).
@@ -643,16 +629,11 @@ fn a_release_found_on_a_minority_says_what_it_did() {
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     common::acquire(&mut nodes[0].conn(), "k", "tok", 60_000).unwrap();
-    let mut args = vec!["release".to_string()];
-    for n in &nodes {
-        args.extend(["--url".into(), n.url()]);
-    }
-    args.extend(["--key", "k", "--token", "tok"].map(String::from));
-    let out = Command::new(BIN)
-        .args(&args)
-        .env_remove("REDIS_LOCK_URL")
-        .output()
-        .unwrap();
+    let out = redis_lock_on(
+        "release",
+        &common::urls(&nodes),
+        &["--key", "k", "--token", "tok"],
+    );
     assert_eq!(out.status.code(), Some(75));
     let err = text(&out.stderr);
     assert!(
@@ -670,16 +651,11 @@ fn run_warns_about_a_group_that_is_unsafe_after_a_crash() {
         return;
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let mut args = vec!["run".to_string()];
-    for n in &nodes {
-        args.extend(["--url".into(), n.url()]);
-    }
-    args.extend(["--key", "k", "--ttl", "10s", "--", "true"].map(String::from));
-    let out = Command::new(BIN)
-        .args(&args)
-        .env_remove("REDIS_LOCK_URL")
-        .output()
-        .unwrap();
+    let out = redis_lock_on(
+        "run",
+        &common::urls(&nodes),
+        &["--key", "k", "--ttl", "10s", "--", "true"],
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("restart-delay-ms 0 is below --ttl 10s"),
@@ -698,17 +674,13 @@ fn a_failed_minority_extend_releases_what_it_extended() {
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     common::acquire(&mut nodes[0].conn(), "k", "tok", 2_000).unwrap();
+    let urls = common::urls(&nodes);
     let extend = |ttl: &str| {
-        let mut args = vec!["extend".to_string()];
-        for n in &nodes {
-            args.extend(["--url".into(), n.url()]);
-        }
-        args.extend(["--key", "k", "--token", "tok", "--ttl", ttl].map(String::from));
-        Command::new(BIN)
-            .args(&args)
-            .env_remove("REDIS_LOCK_URL")
-            .output()
-            .unwrap()
+        redis_lock_on(
+            "extend",
+            &urls,
+            &["--key", "k", "--token", "tok", "--ttl", ttl],
+        )
     };
     let out = extend("60s");
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
