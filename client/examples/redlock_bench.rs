@@ -202,12 +202,10 @@ fn yes(b: bool) -> &'static str {
 }
 
 fn options(fencing: bool, queue: bool) -> Options {
-    Options {
-        retry_delay: Duration::from_millis(RETRY_MS),
-        quorum_fencing: fencing,
-        queue,
-        ..Options::default()
-    }
+    Options::default()
+        .retry_delay(Duration::from_millis(RETRY_MS))
+        .quorum_fencing(fencing)
+        .queue(queue)
 }
 
 async fn our_latency(nodes: &[Server], fencing: bool, iterations: usize) -> Latency {
@@ -222,7 +220,8 @@ async fn our_latency(nodes: &[Server], fencing: bool, iterations: usize) -> Late
     for i in 0..warmup + iterations {
         let t0 = Instant::now();
         let guard = locks
-            .acquire(&key, ttl, Duration::from_secs(1))
+            .acquire(&key, ttl)
+            .wait(Duration::from_secs(1))
             .await
             .unwrap()
             .expect("uncontended acquire");
@@ -274,11 +273,8 @@ async fn our_contention(nodes: &[Server], queue: bool, a: &Args) -> Contention {
                 let mut mine = 0u64;
                 while start.elapsed() < run_for {
                     let got = locks
-                        .acquire(
-                            &key,
-                            Duration::from_millis(CONTENDED_TTL_MS),
-                            Duration::from_secs(2),
-                        )
+                        .acquire(&key, Duration::from_millis(CONTENDED_TTL_MS))
+                        .wait(Duration::from_secs(2))
                         .await;
                     let guard = match got {
                         Ok(Some(g)) => g,

@@ -9,13 +9,14 @@
 //! use redis_lock_client::blocking::LockClient;
 //!
 //! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
-//! if let Some(guard) = locks.acquire("order:42", Duration::from_secs(30), Duration::from_secs(10))? {
+//! if let Some(guard) = locks.acquire("order:42", Duration::from_secs(30)).wait(Duration::from_secs(10)).call()? {
 //!     println!("fence {}", guard.fence());
 //!     guard.release()?;
 //! }
 //! # Ok::<(), redis_lock_client::Error>(())
 //! ```
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,27 +72,63 @@ impl LockClient {
         })
     }
 
-    /// Runs `work` on this facade's runtime and waits for it. Inside another
-    /// runtime's context (where `block_on` panics) it waits from a scoped
-    /// thread of its own.
-    fn wait<F: std::future::Future + Send>(&self, work: F) -> F::Output
-    where
-        F::Output: Send,
-    {
-        wait_on(&self.runtime, work)
-    }
-
-    /// See [`crate::LockClient::try_acquire`].
+    /// One attempt; see [`crate::LockClient::try_acquire`].
     pub fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
-        self.acquire(key, ttl, Duration::ZERO)
+        self.acquire(key, ttl).call()
     }
 
-    /// See [`crate::LockClient::acquire`].
-    pub fn acquire(&self, key: &str, ttl: Duration, wait: Duration) -> Result<Option<LockGuard>> {
-        let guard = self.wait(self.inner.acquire(key, ttl, wait))?;
+    /// The lock on `key` for `ttl`, with the wait and token named on the
+    /// returned [`Acquire`]; [`call`](Acquire::call) runs it. See
+    /// [`crate::LockClient::acquire`].
+    pub fn acquire<'a>(&'a self, key: &'a str, ttl: Duration) -> Acquire<'a> {
+        Acquire {
+            client: self,
+            inner: self.inner.acquire(key, ttl),
+        }
+    }
+}
+
+/// One blocking acquisition, made by [`LockClient::acquire`]; nothing
+/// happens until [`call`](Acquire::call).
+#[must_use = "an acquisition does nothing until call()"]
+pub struct Acquire<'a> {
+    client: &'a LockClient,
+    inner: crate::Acquire<'a>,
+}
+
+impl<'a> Acquire<'a> {
+    /// See [`crate::Acquire::wait`].
+    pub fn wait(self, wait: Duration) -> Self {
+        Acquire {
+            inner: self.inner.wait(wait),
+            ..self
+        }
+    }
+
+    /// See [`crate::Acquire::token`].
+    pub fn token(self, token: impl Into<String>) -> Self {
+        Acquire {
+            inner: self.inner.token(token),
+            ..self
+        }
+    }
+
+    /// See [`crate::Acquire::auto_renew`] (renewals run on the facade's
+    /// own runtime).
+    pub fn auto_renew(self, on: bool) -> Self {
+        Acquire {
+            inner: self.inner.auto_renew(on),
+            ..self
+        }
+    }
+
+    /// Acquires, waiting as set: the guard, or None if not acquired.
+    pub fn call(self) -> Result<Option<LockGuard>> {
+        let runtime = &self.client.runtime;
+        let guard = wait_on(runtime, self.inner.into_future())?;
         Ok(guard.map(|g| LockGuard {
             inner: Some(g),
-            runtime: self.runtime.clone(),
+            runtime: runtime.clone(),
         }))
     }
 }

@@ -15,8 +15,25 @@ use crate::group::{drift, Group};
 use crate::guard::{Lease, LockGuard};
 use crate::node::{LockInfo, Node, NodeSettings};
 
-/// Tuning. The defaults suit TTLs from about a second to minutes.
+/// Tuning. The defaults suit TTLs from about a second to minutes. Built
+/// from the defaults with one method per setting, so settings added later
+/// do not break callers:
+/// `Options::default().auto_renew(true).node_timeout(Duration::from_millis(50))`.
+///
+/// ```
+/// # use std::time::Duration;
+/// use redis_lock_client::Options;
+/// let options = Options::default().auto_renew(true).queue(false);
+/// assert!(options.auto_renew && !options.queue);
+/// ```
+///
+/// A struct literal does not compile (settings may be added):
+///
+/// ```compile_fail
+/// let options = redis_lock_client::Options { auto_renew: true, ..Default::default() };
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Options {
     /// How long to wait for one node's answer. Default: a tenth of the TTL,
     /// between 5 ms and 500 ms, far below the TTL as Redlock requires.
@@ -48,6 +65,38 @@ impl Default for Options {
             queue: true,
             quorum_fencing: true,
         }
+    }
+}
+
+impl Options {
+    /// See [`Options::node_timeout`](#structfield.node_timeout).
+    pub fn node_timeout(mut self, limit: Duration) -> Self {
+        self.node_timeout = Some(limit);
+        self
+    }
+
+    /// See [`Options::retry_delay`](#structfield.retry_delay).
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// See [`Options::auto_renew`](#structfield.auto_renew).
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
+        self
+    }
+
+    /// See [`Options::queue`](#structfield.queue).
+    pub fn queue(mut self, on: bool) -> Self {
+        self.queue = on;
+        self
+    }
+
+    /// See [`Options::quorum_fencing`](#structfield.quorum_fencing).
+    pub fn quorum_fencing(mut self, on: bool) -> Self {
+        self.quorum_fencing = on;
+        self
     }
 }
 
@@ -218,51 +267,34 @@ impl LockClient {
         self.inner.group.node_timeout(ttl)
     }
 
-    /// One attempt: the lock, or None if another holder has it.
+    /// One attempt: the lock, or None if another holder has it. The same
+    /// as `acquire(key, ttl).await`.
     pub async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<LockGuard>> {
-        let token = random_token();
-        let renew = self.inner.group.options.auto_renew;
-        self.grant(key, &token, ttl, Duration::ZERO, renew, true)
-            .await
+        self.acquire(key, ttl).await
     }
 
-    /// Waits up to `wait` for the lock. On one node the client waits in the
-    /// server's FIFO line (BLOCK), without polling. With Redlock it waits in
-    /// the FIFO line of the key's [ordering node](Self::ordering_node), then
-    /// takes the other nodes, so waiters take turns in arrival order; while
-    /// that node does not answer (or with [`Options::queue`] off) it retries
-    /// after random pauses until `wait` has passed.
-    pub async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Option<LockGuard>> {
-        let token = random_token();
-        let renew = self.inner.group.options.auto_renew;
-        self.grant(key, &token, ttl, wait, renew, true).await
-    }
-
-    /// [`acquire`](Self::acquire) with a token of the caller's choosing (a
-    /// token already holding the lock renews it and keeps its fencing token
-    /// on every node that still holds it). With Redlock the first phase then
-    /// asks for no token floor, so a grant may take the second phase.
-    pub async fn acquire_as(
-        &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Option<LockGuard>> {
-        self.grant(
+    /// The lock on `key` for `ttl`: await it for a [`LockGuard`] (`None`
+    /// if another holder has it). What the call may do is named, not
+    /// positional: [`wait`](Acquire::wait) for a held lock,
+    /// a [`token`](Acquire::token) of the caller's choosing,
+    /// [`auto_renew`](Acquire::auto_renew), or run a closure under the lock
+    /// with [`with_lock`](Acquire::with_lock).
+    ///
+    /// On one node the client waits in the server's FIFO line (BLOCK),
+    /// without polling. With Redlock it waits in the FIFO line of the key's
+    /// [ordering node](Self::ordering_node), then takes the other nodes, so
+    /// waiters take turns in arrival order; while that node does not answer
+    /// (or with [`Options::queue`] off) it retries after random pauses until
+    /// the wait has passed.
+    pub fn acquire<'a>(&'a self, key: &'a str, ttl: Duration) -> Acquire<'a> {
+        Acquire {
+            client: self,
             key,
-            token,
             ttl,
-            wait,
-            self.inner.group.options.auto_renew,
-            false,
-        )
-        .await
+            wait: Duration::ZERO,
+            token: None,
+            auto_renew: self.inner.group.options.auto_renew,
+        }
     }
 
     /// The one acquisition path: one node or Redlock, then the guard.
@@ -314,42 +346,6 @@ impl LockClient {
                 renew,
             )
         }))
-    }
-
-    /// Runs `f` while holding the lock, renewing it in the background, then
-    /// releases it. `f` gets the [`Lease`]: its fencing token for the
-    /// resource, and [`Lease::lost`] to stop work if the lock is lost.
-    /// Not acquired within `wait`: `Ok(None)`, as from
-    /// [`acquire`](Self::acquire) (one convention for "not acquired"). Lost
-    /// before `f` finished (a renewal refused, or none within the
-    /// validity): [`Error::Lost`], so "done under the lock" and "lost it
-    /// halfway" never look alike.
-    pub async fn with_lock<T, F, Fut>(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-        f: F,
-    ) -> Result<Option<T>>
-    where
-        F: FnOnce(Lease) -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
-        let token = random_token();
-        let Some(guard) = self.grant(key, &token, ttl, wait, true, true).await? else {
-            return Ok(None);
-        };
-        let lease = guard.lease();
-        let out = f(lease.clone()).await;
-        // Judged before the release: was the lock held all along?
-        let kept = lease.is_valid();
-        // The work is done: a failed release only means the lease ends by itself.
-        let _ = guard.release().await;
-        if kept {
-            Ok(Some(out))
-        } else {
-            Err(Error::Lost)
-        }
     }
 
     async fn acquire_single(
@@ -839,6 +835,98 @@ impl LockClient {
     pub async fn info(&self, key: &str) -> Vec<Result<Option<LockInfo>>> {
         let limit = self.node_timeout(Duration::from_secs(5));
         join_all(self.inner.group.nodes.iter().map(|n| n.info(key, limit))).await
+    }
+}
+
+/// One acquisition, made by [`LockClient::acquire`]; nothing happens until
+/// it is awaited (or [`with_lock`](Acquire::with_lock) runs).
+#[must_use = "an acquisition does nothing until it is awaited"]
+pub struct Acquire<'a> {
+    client: &'a LockClient,
+    key: &'a str,
+    ttl: Duration,
+    wait: Duration,
+    token: Option<String>,
+    auto_renew: bool,
+}
+
+impl<'a> Acquire<'a> {
+    /// Waits up to `wait` while another holder has the lock (default: no
+    /// wait, one attempt).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Acquires with this token rather than a fresh random one. A token
+    /// already holding the lock renews it and keeps its fencing token on
+    /// every node that still holds it. With Redlock the first phase then
+    /// asks for no token floor, so a grant may take the second phase.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Renews this lock in the background (default: [`Options::auto_renew`]).
+    pub fn auto_renew(mut self, on: bool) -> Self {
+        self.auto_renew = on;
+        self
+    }
+
+    /// Runs `f` while holding the lock, renewing it in the background, then
+    /// releases it. `f` gets the [`Lease`]: its fencing token for the
+    /// resource, and [`Lease::lost`] to stop work if the lock is lost.
+    /// Not acquired within the wait: `Ok(None)`, as from awaiting the
+    /// acquisition (one convention for "not acquired"). Lost before `f`
+    /// finished (a renewal refused, or none within the validity):
+    /// [`Error::Lost`], so "done under the lock" and "lost it halfway" never
+    /// look alike.
+    pub async fn with_lock<T, F, Fut>(self, f: F) -> Result<Option<T>>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let Some(guard) = self.auto_renew(true).await? else {
+            return Ok(None);
+        };
+        let lease = guard.lease();
+        let out = f(lease.clone()).await;
+        // Judged before the release: was the lock held all along?
+        let kept = lease.is_valid();
+        // The work is done: a failed release only means the lease ends by itself.
+        let _ = guard.release().await;
+        if kept {
+            Ok(Some(out))
+        } else {
+            Err(Error::Lost)
+        }
+    }
+}
+
+impl<'a> std::future::IntoFuture for Acquire<'a> {
+    type Output = Result<Option<LockGuard>>;
+    type IntoFuture =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Self::Output> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            // A token this client makes up holds nothing yet, so the first
+            // phase may ask for a floor; a caller's token may hold the lock.
+            let (token, floor) = match self.token {
+                Some(token) => (token, false),
+                None => (random_token(), true),
+            };
+            self.client
+                .grant(
+                    self.key,
+                    &token,
+                    self.ttl,
+                    self.wait,
+                    self.auto_renew,
+                    floor,
+                )
+                .await
+        })
     }
 }
 

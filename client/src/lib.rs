@@ -12,8 +12,12 @@
 //!
 //! # async fn demo() -> redis_lock_client::Result<()> {
 //! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
-//! // Wait up to 10 s in the server's FIFO line (no polling).
-//! if let Some(guard) = locks.acquire("order:42", Duration::from_secs(30), Duration::from_secs(10)).await? {
+//! // A 30 s lease; wait up to 10 s in the server's FIFO line (no polling).
+//! let acquired = locks
+//!     .acquire("order:42", Duration::from_secs(30))
+//!     .wait(Duration::from_secs(10))
+//!     .await?;
+//! if let Some(guard) = acquired {
 //!     // Send the fencing token with every write to the protected resource.
 //!     println!("holding order:42 with fence {}", guard.fence());
 //!     guard.release().await?;
@@ -21,8 +25,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `try_acquire` makes one attempt (`None` if another holder has the lock),
-//! and `with_lock` runs a closure under the lock, renewing it meanwhile:
+//! The wait, a token of the caller's choosing and auto-renewal are named on
+//! the [`Acquire`] that `acquire` returns; without `.wait(..)` it makes one
+//! attempt (`None` if another holder has the lock), as `try_acquire` does.
+//! `with_lock` runs a closure under the lock, renewing it meanwhile:
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -31,7 +37,9 @@
 //! # async fn demo() -> redis_lock_client::Result<()> {
 //! let locks = LockClient::new(&["redis://127.0.0.1:6379/"])?;
 //! let total = locks
-//!     .with_lock("stock:7", Duration::from_secs(5), Duration::from_secs(2), |lease| async move {
+//!     .acquire("stock:7", Duration::from_secs(5))
+//!     .wait(Duration::from_secs(2))
+//!     .with_lock(|lease| async move {
 //!         // Stop if the lock is lost (a renewal refused, or its validity ran out).
 //!         tokio::select! {
 //!             _ = lease.lost().cancelled() => None,
@@ -120,8 +128,9 @@
 //! # async fn demo() -> redis_lock_client::Result<()> {
 //! let nodes = ["redis://10.0.0.1:6379/", "redis://10.0.0.2:6379/", "redis://10.0.0.3:6379/",
 //!              "redis://10.0.0.4:6379/", "redis://10.0.0.5:6379/"];
-//! let locks = LockClient::with_options(&nodes, Options { auto_renew: true, ..Options::default() })?;
-//! if let Some(guard) = locks.acquire("job:nightly", Duration::from_secs(60), Duration::from_secs(5)).await? {
+//! let locks = LockClient::with_options(&nodes, Options::default().auto_renew(true))?;
+//! let acquired = locks.acquire("job:nightly", Duration::from_secs(60)).wait(Duration::from_secs(5));
+//! if let Some(guard) = acquired.await? {
 //!     let fence = guard.fence(); // above every earlier Redlock grant of job:nightly
 //!     # let _ = fence;
 //!     guard.release().await?;
@@ -139,7 +148,7 @@ mod node;
 /// Support for the `redis-lock` command; not part of the library's API.
 #[doc(hidden)]
 pub use client::random_token;
-pub use client::{LockClient, Options};
+pub use client::{Acquire, LockClient, Options};
 pub use error::{Error, Result};
 #[doc(hidden)]
 pub use group::drift;

@@ -71,6 +71,7 @@ impl redis::aio::ConnectionLike for Conn {
 
 /// What `LOCK.INFO` reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockInfo {
     /// The holder's token; None if this connection's user may not write the key.
     pub token: Option<Vec<u8>>,
@@ -515,6 +516,7 @@ impl Node {
 /// How one node is set up, as far as its user may read it (`CONFIG GET`
 /// may be refused by ACL: those fields are then None).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct NodeSettings {
     /// The node as `redis[s]://host:port/db`, without credentials.
     pub url: String,

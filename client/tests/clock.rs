@@ -100,11 +100,9 @@ fn partitioned_client(nodes: &[Server], cut: &[usize], proxies: &mut Vec<Proxy>)
             }
         })
         .collect();
-    let options = Options {
-        node_timeout: Some(Duration::from_millis(200)),
-        retry_delay: Duration::from_millis(30),
-        ..Options::default()
-    };
+    let options = Options::default()
+        .node_timeout(Duration::from_millis(200))
+        .retry_delay(Duration::from_millis(30));
     LockClient::with_options(&urls, options).unwrap()
 }
 

@@ -56,7 +56,8 @@ fn a_cluster_url_locks_each_key_on_its_master_and_waits_in_its_line() {
             let k = key.clone();
             let waiter = tokio::spawn(async move {
                 other
-                    .acquire(&k, Duration::from_secs(10), Duration::from_secs(10))
+                    .acquire(&k, Duration::from_secs(10))
+                    .wait(Duration::from_secs(10))
                     .await
             });
             tokio::time::sleep(Duration::from_millis(200)).await;

@@ -33,11 +33,9 @@ struct Round {
 async fn eight_tasks_two_hundred_rounds_lose_no_increment_under_crashes() {
     let nodes = Server::redlock_nodes(5, TTL.as_millis());
     let urls: Vec<String> = nodes.iter().map(Server::url).collect();
-    let options = Options {
-        node_timeout: Some(Duration::from_millis(50)),
-        retry_delay: Duration::from_millis(20),
-        ..Options::default()
-    };
+    let options = Options::default()
+        .node_timeout(Duration::from_millis(50))
+        .retry_delay(Duration::from_millis(20));
     let locks = LockClient::with_options(&urls, options).unwrap();
     let nodes = Arc::new(Mutex::new(nodes));
     // The shared value, read and written in two separate steps.
@@ -75,8 +73,10 @@ async fn eight_tasks_two_hundred_rounds_lose_no_increment_under_crashes() {
                 for _ in 0..ROUNDS {
                     let guard = loop {
                         attempts += 1;
-                        if let Ok(Some(g)) =
-                            locks.acquire("counter", TTL, Duration::from_secs(2)).await
+                        if let Ok(Some(g)) = locks
+                            .acquire("counter", TTL)
+                            .wait(Duration::from_secs(2))
+                            .await
                         {
                             break g;
                         }

@@ -63,11 +63,9 @@ async fn redlock_holds_under_crashes_and_pauses() {
         .unwrap_or(6);
     let nodes = Server::redlock_nodes(5, TTL.as_millis());
     let urls: Vec<String> = nodes.iter().map(Server::url).collect();
-    let options = Options {
-        retry_delay: Duration::from_millis(30),
-        node_timeout: Some(Duration::from_millis(50)),
-        ..Options::default()
-    };
+    let options = Options::default()
+        .retry_delay(Duration::from_millis(30))
+        .node_timeout(Duration::from_millis(50));
     let locks = LockClient::with_options(&urls, options).unwrap();
     let nodes = Arc::new(Mutex::new(nodes));
     let history = Arc::new(Mutex::new(Vec::<Grant>::new()));
@@ -80,7 +78,8 @@ async fn redlock_holds_under_crashes_and_pauses() {
             let (locks, history, store) = (locks.clone(), history.clone(), store.clone());
             tokio::spawn(async move {
                 while start.elapsed() < run_for {
-                    let Ok(Some(guard)) = locks.acquire("res", TTL, Duration::from_secs(1)).await
+                    let Ok(Some(guard)) =
+                        locks.acquire("res", TTL).wait(Duration::from_secs(1)).await
                     else {
                         continue;
                     };

@@ -23,11 +23,9 @@ fn group() -> (Vec<Server>, Vec<Proxy>) {
 
 fn client(proxies: &[Proxy]) -> LockClient {
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
-    let options = Options {
-        node_timeout: Some(Duration::from_millis(100)),
-        retry_delay: Duration::from_millis(30),
-        ..Options::default()
-    };
+    let options = Options::default()
+        .node_timeout(Duration::from_millis(100))
+        .retry_delay(Duration::from_millis(30));
     LockClient::with_options(&urls, options).unwrap()
 }
 
@@ -100,7 +98,8 @@ async fn a_blackholed_node_costs_only_its_timeout_like_a_paused_one() {
         }
         let start = Instant::now();
         let guard = locks
-            .acquire("k", ttl, Duration::from_secs(3))
+            .acquire("k", ttl)
+            .wait(Duration::from_secs(3))
             .await
             .unwrap()
             .unwrap_or_else(|| panic!("4 of 5 answer ({fault})"));
@@ -158,7 +157,9 @@ async fn three_blackholed_nodes_fail_cleanly_and_leave_no_grant() {
     }
     let token = "the-failed-attempt";
     let got = locks
-        .acquire_as("k", token, ttl, Duration::from_millis(500))
+        .acquire("k", ttl)
+        .token(token)
+        .wait(Duration::from_millis(500))
         .await;
     assert!(
         !matches!(got, Ok(Some(_))),

@@ -15,10 +15,7 @@ fn group(n: usize) -> Vec<Server> {
 }
 
 fn fast_retries() -> Options {
-    Options {
-        retry_delay: Duration::from_millis(30),
-        ..Options::default()
-    }
+    Options::default().retry_delay(Duration::from_millis(30))
 }
 
 fn node_fence(s: &Server, key: &str) -> Option<i64> {
@@ -57,7 +54,10 @@ async fn two_of_five_down_still_locks_three_down_does_not() {
     let guard = locks.try_acquire("k", ttl).await.unwrap().expect("3 of 5");
     assert!(guard.release().await.unwrap());
     nodes[2].kill9();
-    let got = locks.acquire("k", ttl, Duration::from_millis(300)).await;
+    let got = locks
+        .acquire("k", ttl)
+        .wait(Duration::from_millis(300))
+        .await;
     assert!(!matches!(got, Ok(Some(_))), "2 of 5 is not a majority");
     for n in &nodes[3..] {
         assert_eq!(node_fence(n, "k"), None, "no partial grant left behind");
@@ -67,10 +67,7 @@ async fn two_of_five_down_still_locks_three_down_does_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_costs_only_its_timeout() {
     let nodes = group(5);
-    let options = Options {
-        node_timeout: Some(Duration::from_millis(100)),
-        ..Options::default()
-    };
+    let options = Options::default().node_timeout(Duration::from_millis(100));
     let locks = LockClient::with_options(&urls(&nodes), options).unwrap();
     nodes[0].signal("STOP");
     let start = Instant::now();
@@ -196,10 +193,7 @@ async fn extend_needs_a_majority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_contending_clients_take_turns() {
     let nodes = group(5);
-    let options = Options {
-        retry_delay: Duration::from_millis(20),
-        ..Options::default()
-    };
+    let options = Options::default().retry_delay(Duration::from_millis(20));
     let locks = LockClient::with_options(&urls(&nodes), options).unwrap();
     let holding = Arc::new(AtomicBool::new(false));
     let overlaps = Arc::new(AtomicUsize::new(0));
@@ -218,7 +212,8 @@ async fn sixteen_contending_clients_take_turns() {
                 let mut mine = 0;
                 while start.elapsed() < run_for {
                     let got = locks
-                        .acquire("hot", Duration::from_secs(2), Duration::from_secs(1))
+                        .acquire("hot", Duration::from_secs(2))
+                        .wait(Duration::from_secs(1))
                         .await;
                     let Ok(Some(guard)) = got else { continue };
                     if holding.swap(true, Ordering::SeqCst) {
@@ -274,7 +269,8 @@ async fn waiters_take_turns_in_the_ordering_nodes_line() {
                 let mut mine = 0u32;
                 while start.elapsed() < run_for {
                     let got = locks
-                        .acquire("line", Duration::from_secs(2), Duration::from_secs(5))
+                        .acquire("line", Duration::from_secs(2))
+                        .wait(Duration::from_secs(5))
                         .await;
                     let Ok(Some(guard)) = got else { continue };
                     if holding.swap(true, Ordering::SeqCst) {
@@ -309,10 +305,7 @@ async fn waiters_take_turns_in_the_ordering_nodes_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_leaves_a_stopped_ordering_node_and_still_gets_the_lock() {
     let nodes = group(5);
-    let options = Options {
-        node_timeout: Some(Duration::from_millis(100)),
-        ..fast_retries()
-    };
+    let options = fast_retries().node_timeout(Duration::from_millis(100));
     let holder = LockClient::with_options(&urls(&nodes), options.clone()).unwrap();
     let waiter = LockClient::with_options(&urls(&nodes), options).unwrap();
     let o = waiter.ordering_node("res");
@@ -320,7 +313,10 @@ async fn a_waiter_leaves_a_stopped_ordering_node_and_still_gets_the_lock() {
     let ttl = Duration::from_secs(5);
     let held = holder.try_acquire("res", ttl).await.unwrap().unwrap();
     let waiting = tokio::spawn(async move {
-        let got = waiter.acquire("res", ttl, Duration::from_secs(4)).await;
+        let got = waiter
+            .acquire("res", ttl)
+            .wait(Duration::from_secs(4))
+            .await;
         (got.map(|g| g.map(|g| g.fence())), waiter)
     });
     // The waiter is in the line.
@@ -356,7 +352,8 @@ async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
     let locks = LockClient::new(&urls(&nodes)).unwrap();
     let ttl = Duration::from_secs(10);
     let first = locks
-        .acquire_as("res", "holder", ttl, Duration::ZERO)
+        .acquire("res", ttl)
+        .token("holder")
         .await
         .unwrap()
         .expect("free");
@@ -366,7 +363,8 @@ async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
     // Past the node clock's next µs and the client's floor lead.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let again = locks
-        .acquire_as("res", "holder", ttl, Duration::ZERO)
+        .acquire("res", ttl)
+        .token("holder")
         .await
         .unwrap()
         .expect("held by this token");

@@ -9,10 +9,7 @@ use redis_lock_client::{LockClient, Options};
 use tokio::time::{sleep, Instant};
 
 fn renewing(s: &Server) -> LockClient {
-    let options = Options {
-        auto_renew: true,
-        ..Options::default()
-    };
+    let options = Options::default().auto_renew(true);
     LockClient::with_options(&[s.url()], options).unwrap()
 }
 
@@ -57,7 +54,8 @@ async fn acquire_waits_in_the_server_not_by_polling() {
         let locks = locks.clone();
         tokio::spawn(async move {
             locks
-                .acquire("job", Duration::from_secs(30), Duration::from_secs(20))
+                .acquire("job", Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
                 .await
         })
     };
@@ -82,7 +80,8 @@ async fn acquire_gives_up_after_the_wait() {
         .unwrap();
     let start = Instant::now();
     let got = locks
-        .acquire("k", Duration::from_secs(5), Duration::from_millis(300))
+        .acquire("k", Duration::from_secs(5))
+        .wait(Duration::from_millis(300))
         .await
         .unwrap();
     assert!(got.is_none());
@@ -96,18 +95,15 @@ async fn with_lock_runs_under_the_lock_and_releases() {
     let locks = LockClient::new(&[s.url()]).unwrap();
     let port = s.port;
     let (fence, seen) = locks
-        .with_lock(
-            "stock:7",
-            Duration::from_secs(5),
-            Duration::from_secs(1),
-            move |lease| async move {
-                let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                (lease.fence(), common::fence(&mut c, "stock:7"))
-            },
-        )
+        .acquire("stock:7", Duration::from_secs(5))
+        .wait(Duration::from_secs(1))
+        .with_lock(move |lease| async move {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            (lease.fence(), common::fence(&mut c, "stock:7"))
+        })
         .await
         .unwrap()
         .expect("acquired");
@@ -120,12 +116,9 @@ async fn with_lock_runs_under_the_lock_and_releases() {
         .unwrap()
         .unwrap();
     let not = locks
-        .with_lock(
-            "stock:7",
-            Duration::from_secs(5),
-            Duration::from_millis(100),
-            |_| async {},
-        )
+        .acquire("stock:7", Duration::from_secs(5))
+        .wait(Duration::from_millis(100))
+        .with_lock(|_| async {})
         .await
         .unwrap();
     assert!(not.is_none());
@@ -266,6 +259,74 @@ fn the_blocking_facade_acquires_extends_and_releases() {
     assert_eq!(server_fence(&s, "b"), None, "released on drop");
 }
 
+/// Issue 17 (the crate's shape): the blocking facade names the wait and
+/// the token as the async client does; without a wait it makes one attempt.
+#[test]
+fn the_blocking_facade_waits_and_takes_a_named_token() {
+    let s = Server::start();
+    let holder = redis_lock_client::blocking::LockClient::new(&[s.url()]).unwrap();
+    let waiter = redis_lock_client::blocking::LockClient::new(&[s.url()]).unwrap();
+    let ttl = Duration::from_secs(30);
+    let held = holder
+        .acquire("b", ttl)
+        .token("first")
+        .call()
+        .unwrap()
+        .expect("free");
+    assert_eq!(held.token(), "first");
+    let info = common::lock_info(&mut s.conn(), "b").expect("held");
+    assert_eq!(info.token.as_deref(), Some(&b"first"[..]));
+    assert!(
+        waiter.acquire("b", ttl).call().unwrap().is_none(),
+        "no wait: one attempt"
+    );
+    let first = held.fence();
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| {
+            waiter
+                .acquire("b", ttl)
+                .token("second")
+                .wait(Duration::from_secs(20))
+                .call()
+        });
+        common::wait_until(Duration::from_secs(10), || {
+            common::lock_info(&mut s.conn(), "b").is_some_and(|i| i.waiters == 1)
+        });
+        assert!(held.release().unwrap());
+        let got = waiting.join().unwrap().unwrap().expect("handed the lock");
+        assert_eq!(got.token(), "second");
+        assert!(got.fence() > first);
+        assert_eq!(server_fence(&s, "b"), Some(got.fence()));
+    });
+}
+
+/// Issue 17 (the crate's shape): `auto_renew` named on one acquisition
+/// overrides the client's option, both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_renew_named_on_one_acquisition_overrides_the_option() {
+    let s = Server::start();
+    let ttl = Duration::from_millis(400);
+    let plain = LockClient::new(&[s.url()]).unwrap();
+    let kept = plain
+        .acquire("kept", ttl)
+        .auto_renew(true)
+        .await
+        .unwrap()
+        .expect("free");
+    let left = renewing(&s)
+        .acquire("left", ttl)
+        .auto_renew(false)
+        .await
+        .unwrap()
+        .expect("free");
+    sleep(ttl * 4).await;
+    assert_eq!(server_fence(&s, "kept"), Some(kept.fence()), "renewed");
+    assert!(!kept.lost().is_cancelled());
+    assert_eq!(server_fence(&s, "left"), None, "not renewed: expired");
+    assert!(!left.is_valid());
+    assert!(kept.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_reports_the_holder_and_when_it_was_granted() {
     let s = Server::start();
@@ -310,24 +371,20 @@ async fn with_lock_reports_a_lock_lost_during_the_work() {
     let locks = LockClient::new(&[s.url()]).unwrap();
     let port = s.port;
     let result = locks
-        .with_lock(
-            "job",
-            Duration::from_millis(600),
-            Duration::ZERO,
-            move |lease| async move {
-                let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                    .unwrap()
-                    .get_connection()
-                    .unwrap();
-                let _: i64 = redis::cmd("DEL").arg("job").query(&mut c).unwrap();
-                // Work on past the next renewal (a third of the TTL).
-                tokio::select! {
-                    _ = lease.lost().cancelled() => {}
-                    _ = sleep(Duration::from_secs(3)) => {}
-                }
-                "done"
-            },
-        )
+        .acquire("job", Duration::from_millis(600))
+        .with_lock(move |lease| async move {
+            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let _: i64 = redis::cmd("DEL").arg("job").query(&mut c).unwrap();
+            // Work on past the next renewal (a third of the TTL).
+            tokio::select! {
+                _ = lease.lost().cancelled() => {}
+                _ = sleep(Duration::from_secs(3)) => {}
+            }
+            "done"
+        })
         .await;
     assert!(
         matches!(result, Err(redis_lock_client::Error::Lost)),
@@ -335,9 +392,8 @@ async fn with_lock_reports_a_lock_lost_during_the_work() {
     );
     // Done in time: Ok.
     let ok = locks
-        .with_lock("job", Duration::from_secs(5), Duration::ZERO, |_| async {
-            7
-        })
+        .acquire("job", Duration::from_secs(5))
+        .with_lock(|_| async { 7 })
         .await
         .unwrap();
     assert_eq!(ok, Some(7));
@@ -366,14 +422,8 @@ fn a_guard_dropped_as_the_runtime_ends_is_released() {
         let url = s.url();
         let k = key.clone();
         let outcome: Result<(), String> = runtime.block_on(async move {
-            let locks = LockClient::with_options(
-                &[url],
-                Options {
-                    auto_renew: true,
-                    ..Options::default()
-                },
-            )
-            .unwrap();
+            let locks =
+                LockClient::with_options(&[url], Options::default().auto_renew(true)).unwrap();
             let _guard = locks
                 .try_acquire(&k, Duration::from_secs(60))
                 .await
@@ -437,7 +487,8 @@ async fn a_free_lock_with_a_wait_costs_one_command() {
     let before = calls();
     let ttl = Duration::from_secs(10);
     let guard = locks
-        .acquire("free", ttl, Duration::from_secs(5))
+        .acquire("free", ttl)
+        .wait(Duration::from_secs(5))
         .await
         .unwrap()
         .expect("free");
@@ -512,9 +563,6 @@ fn acquire_loss_and_release_are_tracing_events() {
 }
 
 fn renewing_url(url: &str) -> LockClient {
-    let options = Options {
-        auto_renew: true,
-        ..Options::default()
-    };
+    let options = Options::default().auto_renew(true);
     LockClient::with_options(&[url], options).unwrap()
 }

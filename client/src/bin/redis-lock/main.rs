@@ -221,10 +221,7 @@ fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode
             urls.len() / 2 + 1
         );
     }
-    let options = Options {
-        auto_renew,
-        ..Options::default()
-    };
+    let options = Options::default().auto_renew(auto_renew);
     LockClient::with_options(&urls, options).map_err(|e| {
         fail(
             exit::USAGE,
@@ -316,7 +313,12 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let token = token.unwrap_or_else(random_token);
-            match locks.acquire_as(&nodes.key, &token, ttl, wait).await {
+            match locks
+                .acquire(&nodes.key, ttl)
+                .token(token.as_str())
+                .wait(wait)
+                .await
+            {
                 Ok(Some(guard)) => {
                     // Exported (a program the script runs sees them, as
                     // under `run`) and quoted (a token is any bytes).
@@ -658,7 +660,7 @@ async fn run_under_lock(
     };
     let token = random_token();
     let acquired = tokio::select! {
-        result = locks.acquire_as(key, &token, ttl, wait) => Ok(result),
+        result = locks.acquire(key, ttl).token(token.as_str()).wait(wait) => Ok(result),
         Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
