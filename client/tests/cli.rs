@@ -552,8 +552,8 @@ fn the_same_server_twice_is_refused_and_an_even_count_warned() {
 
 /// `redis-lock doctor` reports each node and what to fix: a restart delay
 /// below the TTL without `appendfsync always`, the same server twice, an
-/// even count; a safe group passes. `--json` is machine-readable, as is
-/// `acquire --json`.
+/// even count; a safe group passes. `--json` is machine-readable, as are
+/// `acquire --json`, `extend --json` and `info --json`.
 #[test]
 fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
     if common::skip_unless(
@@ -578,6 +578,23 @@ fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
         "{line}"
     );
     assert!(line.contains("\"validity_ms\":"), "{line}");
+    let out = redis_lock(&[
+        "extend", "--url", &urls[0], "--key", "j\"son", "--ttl", "8s", "--token", "a\"b\\c",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    let validity_ms: u64 = line
+        .strip_prefix("{\"key\":\"j\\\"son\",\"token\":\"a\\\"b\\\\c\",\"validity_ms\":")
+        .and_then(|rest| rest.trim_end().strip_suffix('}'))
+        .unwrap_or_else(|| panic!("extend --json printed {line}"))
+        .parse()
+        .unwrap();
+    assert!((5_000..8_000).contains(&validity_ms), "{line}");
+    let out = redis_lock(&[
+        "extend", "--url", &urls[0], "--key", "j\"son", "--ttl", "0", "--token", "a\"b\\c",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
     let out = redis_lock(&["info", "--url", &urls[0], "--key", "j\"son", "--json"]);
     assert!(
         text(&out.stdout).starts_with("{\"node\":0,\"held\":true,\"token\":\"a\\\"b\\\\c\""),

@@ -143,6 +143,10 @@ enum Command {
         token: String,
         #[arg(long, value_parser = duration::parse)]
         ttl: Duration,
+        /// Print one JSON object (key, token, validity_ms) instead of the
+        /// export line (an extend keeps the fencing token acquire printed).
+        #[arg(long)]
+        json: bool,
     },
     /// Show the lock on every node.
     Info {
@@ -373,7 +377,15 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(e) => failed_call(e),
             }
         }
-        Command::Extend { nodes, token, ttl } => {
+        Command::Extend {
+            nodes,
+            token,
+            ttl,
+            json,
+        } => {
+            if let Err(code) = check_ttl(ttl) {
+                return code;
+            }
             let locks = match client(&nodes, false) {
                 Ok(c) => c,
                 Err(code) => return code,
@@ -383,7 +395,16 @@ async fn run(cli: Cli) -> ExitCode {
                     // The validity, not the TTL, is how long it is surely held.
                     let validity =
                         valid_until.saturating_duration_since(tokio::time::Instant::now());
-                    println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
+                    if json {
+                        println!(
+                            "{{\"key\":{},\"token\":{},\"validity_ms\":{}}}",
+                            json_string(&nodes.key),
+                            json_string(&token),
+                            validity.as_millis()
+                        );
+                    } else {
+                        println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
+                    }
                     ExitCode::SUCCESS
                 }
                 Ok(None) => fail(
