@@ -120,7 +120,48 @@ pub(crate) struct Inner {
     node_clock: std::sync::Mutex<Option<ClockSample>>,
     /// Redlock: whether the nodes were found to be distinct servers.
     nodes_checked: std::sync::atomic::AtomicBool,
+    /// The nodes' deployment as read once after the first grant.
+    deployment: std::sync::Mutex<Deployment>,
 }
+
+/// The deployment check: each node's settings, read once in the background
+/// after this client's first grant, and the nodes already warned about.
+#[derive(Default)]
+struct Deployment {
+    started: bool,
+    /// Per node: its settings (None: it did not answer, or refused INFO).
+    settings: Option<Vec<Option<NodeSettings>>>,
+    warned: Vec<bool>,
+}
+
+impl Deployment {
+    fn record(&mut self, settings: Vec<Option<NodeSettings>>) {
+        self.warned = vec![false; settings.len()];
+        self.settings = Some(settings);
+        tracing::debug!("lock nodes' deployment checked");
+    }
+
+    /// Warns (a `tracing` warning, once per node) about each node a crash
+    /// would make unsafe for leases of `ttl`.
+    fn warn_unsafe(&mut self, ttl: Duration) {
+        let Some(settings) = &self.settings else {
+            return;
+        };
+        for (i, s) in settings.iter().enumerate() {
+            let Some(s) = s else { continue };
+            if self.warned[i] {
+                continue;
+            }
+            if let Some(warning) = s.crash_warning(ttl) {
+                self.warned[i] = true;
+                tracing::warn!(node = %s.url, ttl_ms = ttl.as_millis() as u64, "lock node unsafe after a crash: {warning}");
+            }
+        }
+    }
+}
+
+/// How long the background deployment check waits for a node.
+const DEPLOYMENT_READ_LIMIT: Duration = Duration::from_secs(2);
 
 /// The nodes' wall clock in µs, read at `at` (this client's monotonic clock).
 #[derive(Clone, Copy, Debug)]
@@ -202,6 +243,15 @@ impl LockClient {
     }
 
     fn from_nodes(nodes: Vec<Node>, options: Options) -> LockClient {
+        let n = nodes.len();
+        if n > 1 && n % 2 == 0 {
+            tracing::warn!(
+                nodes = n,
+                "an even count of lock nodes tolerates no more failures than {} (a majority of {n} is {}): use an odd number",
+                n - 1,
+                n / 2 + 1
+            );
+        }
         LockClient {
             inner: Arc::new(Inner {
                 group: Arc::new(Group { nodes, options }),
@@ -209,8 +259,56 @@ impl LockClient {
                 highest_fence: AtomicI64::new(0),
                 node_clock: std::sync::Mutex::new(None),
                 nodes_checked: std::sync::atomic::AtomicBool::new(false),
+                deployment: std::sync::Mutex::new(Deployment::default()),
             }),
         }
+    }
+
+    /// At the first grant, reads every node's restart delay and
+    /// persistence in the background (no caller waits for it; a Redlock
+    /// group's were read with the distinct-server check) and warns,
+    /// as a `tracing` warning once per node, about a node that after a crash
+    /// could grant a lock still held: `lock.restart-delay-ms` below the
+    /// TTL without `appendfsync always` (the rule `redis-lock doctor` and
+    /// `redis-lock run` apply). Later grants with a longer TTL are judged
+    /// against the settings read then. A node whose settings cannot be read
+    /// (down, or an ACL user without CONFIG) is not judged.
+    fn check_deployment(&self, ttl: Duration) {
+        let mut deployment = self
+            .inner
+            .deployment
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if deployment.started {
+            deployment.warn_unsafe(ttl);
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        deployment.started = true;
+        let inner = self.inner.clone();
+        runtime.spawn(async move {
+            let read = join_all(
+                inner
+                    .group
+                    .nodes
+                    .iter()
+                    .map(|n| n.settings(DEPLOYMENT_READ_LIMIT)),
+            )
+            .await;
+            let settings: Vec<Option<NodeSettings>> = read
+                .into_iter()
+                .zip(&inner.group.nodes)
+                .map(|(r, node)| {
+                    r.map_err(|e| tracing::debug!(node = %node.url(), error = %e, "lock node settings not readable"))
+                        .ok()
+                })
+                .collect();
+            let mut deployment = inner.deployment.lock().unwrap_or_else(|e| e.into_inner());
+            deployment.record(settings);
+            deployment.warn_unsafe(ttl);
+        });
     }
 
     /// Redlock: refuses a group in which one server appears twice (the
@@ -223,11 +321,13 @@ impl LockClient {
         if self.inner.nodes_checked.load(AtomicOrdering::Acquire) {
             return Ok(());
         }
-        let ids = join_all(self.inner.group.nodes.iter().map(|n| n.run_id(limit))).await;
-        let answered: Vec<(usize, &String)> = ids
+        // One read per node serves this check and the deployment check.
+        let read = join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await;
+        let answered: Vec<(usize, &String)> = read
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.as_ref().ok().map(|id| (i, id)))
+            .filter_map(|(i, r)| r.as_ref().ok().map(|s| (i, &s.run_id)))
+            .filter(|(_, id)| !id.is_empty())
             .collect();
         for (k, (i, id)) in answered.iter().enumerate() {
             if let Some((j, _)) = answered[..k].iter().find(|(_, other)| other == id) {
@@ -241,7 +341,7 @@ impl LockClient {
         // A node that refused INFO (an ACL user without @dangerous) cannot
         // be checked, now or later: it counts as answered, so the question
         // is not asked again before every acquire.
-        let refused = ids
+        let refused = read
             .iter()
             .filter(|r| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
             .count();
@@ -249,6 +349,15 @@ impl LockClient {
             self.inner
                 .nodes_checked
                 .store(true, AtomicOrdering::Release);
+            let mut deployment = self
+                .inner
+                .deployment
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if !deployment.started {
+                deployment.started = true;
+                deployment.record(read.into_iter().map(Result::ok).collect());
+            }
         }
         Ok(())
     }
@@ -328,6 +437,7 @@ impl LockClient {
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64;
                 tracing::debug!(key, fence, nodes, elapsed_ms, validity_ms, "lock acquired");
+                self.check_deployment(ttl);
                 Some((fence, valid_until))
             }
             Ok(None) => {

@@ -280,18 +280,6 @@ impl Node {
         &self.shown
     }
 
-    /// The server's `run_id` (INFO server): the same for every URL that
-    /// reaches one server process.
-    pub async fn run_id(&self, limit: Duration) -> Result<String> {
-        let mut cmd = redis::cmd("INFO");
-        cmd.arg("server");
-        let text: String = self.run(cmd, limit).await?;
-        text.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_string())
-            .ok_or_else(|| Error::Config(format!("{} reports no run_id", self.shown)))
-    }
-
     async fn connection(&self, limit: Duration) -> Result<Conn> {
         let mut conn = self.conn.lock().await;
         if let Some(c) = conn.as_ref() {
@@ -545,6 +533,21 @@ impl NodeSettings {
         self.restart_delay_ms
             .map(|delay| (delay as u128) < ttl.as_millis())
     }
+
+    /// What to say when [`unsafe_after_crash`](Self::unsafe_after_crash)
+    /// holds for `ttl` (None otherwise): one text for the library's warning,
+    /// `redis-lock run`'s and `redis-lock doctor`'s.
+    pub fn crash_warning(&self, ttl: Duration) -> Option<String> {
+        (self.unsafe_after_crash(ttl) == Some(true)).then(|| {
+            format!(
+                "{}: lock.restart-delay-ms {} is below the TTL ({} ms) without appendfsync always: after a crash it may grant a lock that is still held (set lock.restart-delay-ms >= {} or appendonly yes + appendfsync always)",
+                self.url,
+                self.restart_delay_ms.unwrap_or(0),
+                ttl.as_millis(),
+                ttl.as_millis()
+            )
+        })
+    }
 }
 
 impl Node {
@@ -552,11 +555,9 @@ impl Node {
     pub async fn settings(&self, limit: Duration) -> Result<NodeSettings> {
         let mut info = redis::cmd("INFO");
         info.arg("server").arg("lock");
-        let text: String = self.run(info, limit).await?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(|v| v.trim().to_string())
+        let info = async move {
+            let text: String = self.run(info, limit).await?;
+            Ok::<_, Error>(text)
         };
         let config = |name: &'static str| async move {
             let mut cmd = redis::cmd("CONFIG");
@@ -564,17 +565,28 @@ impl Node {
             let pair: Vec<String> = self.run(cmd, limit).await.ok()?;
             pair.get(1).cloned()
         };
+        // Asked together: one round trip on the shared connection.
+        let (text, restart_delay_ms, appendonly, appendfsync) = tokio::join!(
+            info,
+            config("lock.restart-delay-ms"),
+            config("appendonly"),
+            config("appendfsync")
+        );
+        let text = text?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
         Ok(NodeSettings {
             url: self.shown.clone(),
             run_id: field("run_id").unwrap_or_default(),
             version: field("redis_version").unwrap_or_default(),
             module_loaded: field("lock_fence_hwm").is_some(),
             fence_hwm: field("lock_fence_hwm").and_then(|v| v.parse().ok()),
-            restart_delay_ms: config("lock.restart-delay-ms")
-                .await
-                .and_then(|v| v.parse().ok()),
-            appendonly: config("appendonly").await.map(|v| v == "yes"),
-            appendfsync: config("appendfsync").await,
+            restart_delay_ms: restart_delay_ms.and_then(|v| v.parse().ok()),
+            appendonly: appendonly.map(|v| v == "yes"),
+            appendfsync,
         })
     }
 }

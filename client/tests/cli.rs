@@ -675,7 +675,7 @@ fn run_warns_about_a_group_that_is_unsafe_after_a_crash() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("restart-delay-ms 0 is below --ttl 10s"),
+        text(&out.stderr).contains("restart-delay-ms 0 is below the TTL (10000 ms)"),
         "{}",
         text(&out.stderr)
     );

@@ -505,13 +505,8 @@ async fn warn_unsafe_group(locks: &LockClient, ttl: Duration) {
         return;
     }
     for s in locks.settings().await.into_iter().flatten() {
-        if s.unsafe_after_crash(ttl) == Some(true) {
-            eprintln!(
-                "redis-lock: warning: {}: lock.restart-delay-ms {} is below --ttl {} without appendfsync always: after a crash it may grant a lock still held (see redis-lock doctor)",
-                s.url,
-                s.restart_delay_ms.unwrap_or(0),
-                show(ttl)
-            );
+        if let Some(warning) = s.crash_warning(ttl) {
+            eprintln!("redis-lock: warning: {warning} (see redis-lock doctor)");
         }
     }
 }
@@ -577,11 +572,8 @@ async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
         seen.push((s.url.clone(), s.run_id.clone()));
         match s.unsafe_after_crash(ttl) {
             Some(true) => findings.push(format!(
-                "node {i} ({}): lock.restart-delay-ms {} is below the TTL ({} ms) without appendfsync always: after a crash it may grant a lock that is still held (set lock.restart-delay-ms >= {} or appendonly yes + appendfsync always)",
-                s.url,
-                s.restart_delay_ms.unwrap_or(0),
-                ttl.as_millis(),
-                ttl.as_millis()
+                "node {i}: {}",
+                s.crash_warning(ttl).unwrap_or_default()
             )),
             None => findings.push(format!(
                 "node {i} ({}): cannot read lock.restart-delay-ms or appendfsync (CONFIG GET refused?): check them by hand",
