@@ -402,6 +402,7 @@ impl LockClient {
             ttl,
             wait: Duration::ZERO,
             token: None,
+            fresh_token: false,
             auto_renew: self.inner.group.options.auto_renew,
         }
     }
@@ -957,6 +958,8 @@ pub struct Acquire<'a> {
     ttl: Duration,
     wait: Duration,
     token: Option<String>,
+    /// The token was made for this call (see `fresh_token`).
+    fresh_token: bool,
     auto_renew: bool,
 }
 
@@ -974,6 +977,18 @@ impl<'a> Acquire<'a> {
     /// asks for no token floor, so a grant may take the second phase.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
+        self.fresh_token = false;
+        self
+    }
+
+    /// [`token`](Self::token) for a token the caller has just made with
+    /// [`random_token`] (so it holds nothing yet and the first phase may
+    /// ask for a floor, one round trip): for the `redis-lock` command,
+    /// which must know its token before the grant to release it on a signal.
+    #[doc(hidden)]
+    pub fn fresh_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self.fresh_token = true;
         self
     }
 
@@ -1023,7 +1038,7 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
             // A token this client makes up holds nothing yet, so the first
             // phase may ask for a floor; a caller's token may hold the lock.
             let (token, floor) = match self.token {
-                Some(token) => (token, false),
+                Some(token) => (token, self.fresh_token),
                 None => (random_token(), true),
             };
             self.client

@@ -715,3 +715,220 @@ fn a_failed_minority_extend_releases_what_it_extended() {
         .unwrap();
     assert!(validity > 25_000 && validity <= 30_000, "{validity}");
 }
+
+/// Whether process `pid` is still running (a zombie, exited but not yet
+/// reaped, counts as ended).
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z')
+        })
+        .unwrap_or(false)
+}
+
+/// The pid a job wrote to `file`, once it has.
+fn pid_in(file: &std::path::Path) -> i32 {
+    let mut pid = None;
+    common::wait_until(Duration::from_secs(10), || {
+        pid = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        pid.is_some()
+    });
+    pid.unwrap()
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "redis-lock-cli-{}-{name}-{}",
+        std::process::id(),
+        common::free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("pid")
+}
+
+/// A lost lock stops the whole job, not only the command: a process the
+/// command started that ignores SIGTERM is killed before `redis-lock`
+/// exits (before, the command's exit ended the job and the process ran on
+/// without the lock while another holder was granted).
+#[test]
+fn a_lost_lock_kills_what_the_command_started_before_exiting() {
+    let s = Server::start();
+    let pid_file = scratch("lost");
+    let script = format!(
+        "(trap '' TERM; exec sleep 60) >/dev/null 2>&1 & echo $! > {}; wait",
+        pid_file.display()
+    );
+    let mut child = Command::new(BIN)
+        .args(["run", "--url", &s.url(), "--key", "k", "--ttl", "3s", "--"])
+        .args(["sh", "-c", &script])
+        .env_remove("REDIS_LOCK_URL")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let straggler = pid_in(&pid_file);
+    assert!(running(straggler));
+    let _: i64 = redis::cmd("DEL").arg("k").query(&mut s.conn()).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(76));
+    assert!(
+        !running(straggler),
+        "a process of the job outlived redis-lock after the lock was lost"
+    );
+}
+
+/// The job ends when its whole process group has: the lock stays held
+/// (and renewed) while a process the command left behind still runs, as
+/// flock(1)'s lock stays with every process that inherited it (before, it
+/// was released as the command exited, under the running process).
+#[test]
+fn the_lock_is_held_until_every_process_of_the_job_has_exited() {
+    let s = Server::start();
+    let pid_file = scratch("held");
+    let script = format!("sleep 2 >/dev/null 2>&1 & echo $! > {}", pid_file.display());
+    let start = Instant::now();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &s.url(),
+            "--key",
+            "k",
+            "--ttl",
+            "900ms",
+            "--",
+        ])
+        .args(["sh", "-c", &script])
+        .env_remove("REDIS_LOCK_URL")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let straggler = pid_in(&pid_file);
+    // The command (sh) has exited by now; its sleep runs on.
+    std::thread::sleep(Duration::from_millis(1200));
+    if running(straggler) {
+        assert!(
+            common::fence(&mut s.conn(), "k").is_some(),
+            "released while a process of the job still ran"
+        );
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(!running(straggler));
+    assert!(start.elapsed() >= Duration::from_millis(1900));
+    assert!(
+        text(&out.stderr).contains("holding the lock on k until they exit"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        common::fence(&mut s.conn(), "k"),
+        None,
+        "released at the end"
+    );
+}
+
+/// A lease whose validity ran out while `redis-lock` was stopped (SIGSTOP,
+/// which it cannot see) and the command went on is reported as lost (76)
+/// when the command's exit and the lapse are seen together; before, which
+/// came first was a coin toss and the command's 0 often won.
+#[test]
+fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
+    let s = Server::start();
+    for round in 0..3 {
+        let child = Command::new(BIN)
+            .args([
+                "run",
+                "--url",
+                &s.url(),
+                "--key",
+                "k",
+                "--ttl",
+                "500ms",
+                "--",
+            ])
+            .args(["sleep", "1"])
+            .env_remove("REDIS_LOCK_URL")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        common::wait_until(Duration::from_secs(10), || {
+            common::fence(&mut s.conn(), "k").is_some()
+        });
+        unsafe { libc_kill(child.id() as i32, 19) }; // SIGSTOP
+                                                     // The lease lapses and another holder takes the lock; the command
+                                                     // ends meanwhile.
+        common::wait_until(Duration::from_secs(10), || {
+            common::acquire(&mut s.conn(), "k", "other", 60_000).is_some()
+        });
+        std::thread::sleep(Duration::from_millis(1500));
+        unsafe { libc_kill(child.id() as i32, 18) }; // SIGCONT
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(76),
+            "round {round}: {}",
+            text(&out.stderr)
+        );
+        let _: i64 = redis::cmd("DEL").arg("k").query(&mut s.conn()).unwrap();
+    }
+}
+
+/// `run` over a Redlock group asks each node once when the lock is free:
+/// its own fresh token gets the first phase's floor, as the library's
+/// random tokens do (before, it took the second phase on most nodes).
+#[test]
+fn run_on_a_free_redlock_group_asks_each_node_once() {
+    if common::skip_unless(common::Needs::OwnServer, "counts commands from zero") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let out = redis_lock_on(
+        "run",
+        &common::urls(&nodes),
+        &["--key", "k", "--ttl", "10s", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let acquires: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
+    assert_eq!(acquires, 3, "one LOCK.ACQUIRE per node");
+}
+
+/// How many times `command` ran on `s` (INFO commandstats).
+fn calls(s: &Server, command: &str) -> i64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut s.conn())
+        .unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// SIGKILL to `redis-lock` (the OOM killer, a supervisor) ends the whole
+/// job, not only the command (PDEATHSIG reaches the command alone; its
+/// children ran on without the lock before).
+#[test]
+fn sigkill_to_redis_lock_ends_every_process_of_the_job() {
+    let s = Server::start();
+    let pid_file = scratch("sigkill");
+    let script = format!(
+        "sleep 60 >/dev/null 2>&1 & echo $! > {}; wait",
+        pid_file.display()
+    );
+    let mut child = Command::new(BIN)
+        .args(["run", "--url", &s.url(), "--key", "k", "--ttl", "30s", "--"])
+        .args(["sh", "-c", &script])
+        .env_remove("REDIS_LOCK_URL")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let straggler = pid_in(&pid_file);
+    assert!(running(straggler));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    common::wait_until(Duration::from_secs(10), || !running(straggler));
+}

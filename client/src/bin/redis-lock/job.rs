@@ -1,11 +1,20 @@
 //! The command run under the lock, as a job that never runs without it.
 //!
 //! - It dies with `redis-lock`, whatever ends it (SIGKILL, the OOM killer,
-//!   a crash): `PR_SET_PDEATHSIG` with SIGKILL, set before it execs.
-//! - It runs in a process group of its own (so a lost lock stops everything
-//!   it started), which is given the terminal when `redis-lock` has it: it
-//!   reads the terminal and gets Ctrl-C, Ctrl-Z and Ctrl-\ like any
-//!   foreground job (as under flock(1)).
+//!   a crash): the command through `PR_SET_PDEATHSIG` with SIGKILL, set
+//!   before it execs; the rest of its group through a [`Sentry`], a forked
+//!   process that SIGKILLs the group when `redis-lock` ends without
+//!   standing it down (PDEATHSIG is not inherited by the command's
+//!   children).
+//! - It runs in a process group of its own, which is given the terminal
+//!   when `redis-lock` has it: it reads the terminal and gets Ctrl-C, Ctrl-Z
+//!   and Ctrl-\ like any foreground job (as under flock(1)).
+//! - The job is that whole group, not only the command: the lock is held
+//!   until every process in it has exited (as flock(1)'s lock is held by
+//!   every process that inherited it), and a lost lock signals all of them.
+//!   `redis-lock` is a child subreaper, so members orphaned by the
+//!   command's exit are reaped here and the group's end can be told. A
+//!   process that leaves the group (setsid, a daemon) leaves the job.
 //! - A job-control stop of the child (Ctrl-Z, SIGTTIN, SIGTTOU) stops
 //!   `redis-lock` too, so the shell sees the job stopped; when the shell
 //!   continues `redis-lock`, it first renews the lock and continues the
@@ -25,8 +34,11 @@ pub enum ChildEvent {
     /// Stopped by this signal.
     Stopped(libc::c_int),
     Continued,
-    /// Exited: the raw wait status.
+    /// The command exited: the raw wait status. Other members of its
+    /// group may still run.
     Exited(libc::c_int),
+    /// The command has exited and no process is left in its group.
+    GroupEmpty,
 }
 
 /// Signals that end a process by default and can be caught: each is passed
@@ -154,36 +166,162 @@ pub fn prepare(command: &mut std::process::Command, terminal: Option<&Terminal>)
     }
 }
 
-/// Reports the child's stops, continues and exit, from a thread that
-/// waits for it (`waitpid` with WUNTRACED | WCONTINUED). Nothing else may
-/// reap the child.
-pub fn watch(pid: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
+/// Makes `redis-lock` the reaper of its orphaned descendants, so the
+/// members of the job's group that outlive the command become its children
+/// (reaped by [`watch`]) rather than init's.
+pub fn become_subreaper() {
+    // SAFETY: a plain prctl with integer arguments.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
+    }
+}
+
+/// Whether any process is left in `group` (one that cannot be signalled
+/// for want of permission still counts).
+pub fn group_alive(group: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks.
+    let r = unsafe { libc::kill(-group, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Reports the command's stops, continues and exit, then the end of its
+/// group, from a thread that reaps every child of `redis-lock`
+/// (`waitpid(-1)`, WUNTRACED | WCONTINUED; the orphans of the group come
+/// here as its subreaper). Nothing else may reap.
+pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
-    std::thread::spawn(move || loop {
-        let mut status: libc::c_int = 0;
-        // SAFETY: a valid pointer to a local.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WUNTRACED | libc::WCONTINUED) };
-        if r < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+    std::thread::spawn(move || {
+        loop {
+            let mut status: libc::c_int = 0;
+            // SAFETY: a valid pointer to a local.
+            let r = unsafe { libc::waitpid(-1, &mut status, libc::WUNTRACED | libc::WCONTINUED) };
+            if r < 0 {
+                if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                // ECHILD: the command is gone without a status for us.
+                if tx.send(ChildEvent::Exited(0)).is_err() {
+                    return;
+                }
+                break;
+            }
+            if r != leader {
+                // An orphan of the job, reaped (or stopped: not the
+                // command's stop, which is what job control follows).
                 continue;
             }
-            // ECHILD: it is gone (and not ours to reap any more).
-            let _ = tx.send(ChildEvent::Exited(0));
-            return;
+            let event = if libc::WIFSTOPPED(status) {
+                ChildEvent::Stopped(libc::WSTOPSIG(status))
+            } else if libc::WIFCONTINUED(status) {
+                ChildEvent::Continued
+            } else {
+                ChildEvent::Exited(status)
+            };
+            let done = matches!(event, ChildEvent::Exited(_));
+            if tx.send(event).is_err() {
+                return;
+            }
+            if done {
+                break;
+            }
         }
-        let event = if libc::WIFSTOPPED(status) {
-            ChildEvent::Stopped(libc::WSTOPSIG(status))
-        } else if libc::WIFCONTINUED(status) {
-            ChildEvent::Continued
-        } else {
-            ChildEvent::Exited(status)
-        };
-        let done = matches!(event, ChildEvent::Exited(_));
-        if tx.send(event).is_err() || done {
-            return;
+        // The rest of the group: reap whatever exits (orphans come to this
+        // process) until none is left.
+        while group_alive(leader) {
+            let mut status: libc::c_int = 0;
+            // SAFETY: a valid pointer to a local.
+            while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
+            if !group_alive(leader) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        let _ = tx.send(ChildEvent::GroupEmpty);
     });
     rx
+}
+
+/// A forked process that kills the job's group with SIGKILL when
+/// `redis-lock` dies without standing it down: it waits on a pipe whose
+/// only write end `redis-lock` holds, so the kernel closes it however
+/// `redis-lock` ends. The job cannot hold the write end (close-on-exec,
+/// made after the command was spawned).
+pub struct Sentry {
+    write: OwnedFd,
+    group: libc::pid_t,
+}
+
+impl Sentry {
+    /// Forks the sentry for `group`; None if it cannot (then the command
+    /// alone dies with `redis-lock`, through PDEATHSIG).
+    pub fn post(group: libc::pid_t) -> Option<Sentry> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: a valid array of two fds.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        // SAFETY: both fds are fresh and owned here.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // SAFETY: the child makes only async-signal-safe calls (setpgid,
+        // signal, close, read, killpg, _exit): this process has threads.
+        match unsafe { libc::fork() } {
+            -1 => None,
+            0 => unsafe {
+                let keep = read.as_raw_fd();
+                // Out of the terminal's reach (Ctrl-C goes to a foreground
+                // group) and of the job's signals.
+                libc::setpgid(0, 0);
+                for sig in [
+                    libc::SIGINT,
+                    libc::SIGQUIT,
+                    libc::SIGHUP,
+                    libc::SIGTERM,
+                    libc::SIGTSTP,
+                    libc::SIGTTIN,
+                    libc::SIGTTOU,
+                    libc::SIGPIPE,
+                ] {
+                    libc::signal(sig, libc::SIG_IGN);
+                }
+                // Hold nothing of redis-lock's (its output pipes, sockets,
+                // the write end).
+                for fd in 0..1024 {
+                    if fd != keep {
+                        libc::close(fd);
+                    }
+                }
+                let mut byte = 0u8;
+                loop {
+                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
+                    if n == 1 {
+                        libc::_exit(0); // stood down: the job has ended
+                    }
+                    if n == 0 || *libc::__errno_location() != libc::EINTR {
+                        libc::killpg(group, libc::SIGKILL);
+                        libc::_exit(0);
+                    }
+                }
+            },
+            _ => {
+                drop(read);
+                Some(Sentry { write, group })
+            }
+        }
+    }
+}
+
+/// Dropped (redis-lock is about to exit): the sentry leaves without
+/// killing anything if the job has ended, and kills what is left of it
+/// otherwise (the write end closes, as when redis-lock dies).
+impl Drop for Sentry {
+    fn drop(&mut self) {
+        if !group_alive(self.group) {
+            // SAFETY: one byte from a local to an owned fd.
+            unsafe {
+                libc::write(self.write.as_raw_fd(), [1u8].as_ptr().cast(), 1);
+            }
+        }
+    }
 }
 
 /// Sends `sig` to the child's process group (the child leads it).

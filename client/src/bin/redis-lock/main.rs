@@ -52,19 +52,21 @@ Examples:
   redis-lock release --key orders:42 --token \"$REDIS_LOCK_TOKEN\"
 
 The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
-you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. It never
-runs without the lock: it is killed if redis-lock dies (even by SIGKILL); it
-runs as the terminal's foreground job (it may read the terminal; Ctrl-C and
-Ctrl-Z reach it, and Ctrl-Z stops redis-lock with it); once continued,
-redis-lock renews the lock before the command may run again. Signals sent to
-redis-lock (TERM, INT, HUP, QUIT, USR1, USR2, ALRM, ...) are passed on to the
-command's process group, and the lock is released once the command exits.
+you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. The job
+is the command's process group (the command and what it starts), and no
+process of it runs without the lock: the lock is held until all of them have
+exited; they are killed if redis-lock dies (even by SIGKILL); the job runs as
+the terminal's foreground job (it may read the terminal; Ctrl-C and Ctrl-Z
+reach it, and Ctrl-Z stops redis-lock with it); once continued, redis-lock
+renews the lock before the command may run again. Signals sent to redis-lock
+(TERM, INT, HUP, QUIT, USR1, USR2, ALRM, ...) are passed on to the group, and
+the lock is released once the group has exited.
 
 Exit status: the command's own status (128+N if killed by signal N); 64 usage
 error (also a TTL a node refuses); 69 lock nodes unreachable; 75 not acquired
 within --wait, or a node asked to try again later (its restart delay), or, for
-release/extend, the lock was not held; 76 the lock was lost while the command
-ran (it got SIGTERM as soon as the lock could not be kept, then SIGKILL halfway
+release/extend, the lock was not held; 76 the lock was lost, or its validity
+ran out, before the job ended (the group got SIGTERM as soon as the lock could not be kept, then SIGKILL halfway
 to the end of the lease's validity, or after --grace); 77 permission denied (ACL);
 126/127 the command could not be run / was not found.
 Durations: 1500ms, 30s, 2m, 1h, 1m30s (a bare number is seconds)."
@@ -316,13 +318,14 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            let token = token.unwrap_or_else(random_token);
-            match locks
-                .acquire(&nodes.key, ttl)
-                .token(token.as_str())
-                .wait(wait)
-                .await
-            {
+            let acquisition = locks.acquire(&nodes.key, ttl).wait(wait);
+            // A given token may hold the lock already (a re-acquire keeps
+            // its fence); without one the library makes a fresh one.
+            let acquisition = match token {
+                Some(token) => acquisition.token(token),
+                None => acquisition,
+            };
+            match acquisition.await {
                 Ok(Some(guard)) => {
                     // Exported (a program the script runs sees them, as
                     // under `run`) and quoted (a token is any bytes).
@@ -673,7 +676,7 @@ async fn run_under_lock(
     };
     let token = random_token();
     let acquired = tokio::select! {
-        result = locks.acquire(key, ttl).token(token.as_str()).wait(wait) => Ok(result),
+        result = locks.acquire(key, ttl).fresh_token(token.as_str()).wait(wait) => Ok(result),
         Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
@@ -694,6 +697,7 @@ async fn run_under_lock(
         .env("REDIS_LOCK_TOKEN", guard.token())
         .env("REDIS_LOCK_KEY", key);
     job::prepare(&mut command, terminal.as_ref());
+    job::become_subreaper();
     // Spawned from this thread, the main one, which lives as long as the
     // process: PDEATHSIG follows the thread that forked.
     let group = match command.spawn() {
@@ -709,6 +713,8 @@ async fn run_under_lock(
         }
     };
     let mut events = job::watch(group);
+    // Kills the job's group if redis-lock dies before the job has ended.
+    let _sentry = job::Sentry::post(group);
     let Some(mut stops) = handle_signals(job::STOPS) else {
         job::signal_group(group, libc::SIGKILL);
         let _ = guard.release().await;
@@ -720,7 +726,10 @@ async fn run_under_lock(
     let mut lock_lost = false;
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut stopped = false;
-    let status = loop {
+    // The command's wait status, once it exited (the job ends when its
+    // whole group has).
+    let mut status = None;
+    loop {
         let kill_timer = async {
             match kill_at {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -729,8 +738,16 @@ async fn run_under_lock(
         };
         tokio::select! {
             event = events.recv() => match event {
-                None => break None,
-                Some(job::ChildEvent::Exited(status)) => break Some(status),
+                None | Some(job::ChildEvent::GroupEmpty) => break,
+                Some(job::ChildEvent::Exited(code)) => {
+                    status = Some(code);
+                    stopped = false;
+                    if !lock_lost && job::group_alive(group) {
+                        eprintln!(
+                            "redis-lock: the command exited; processes it started still run in its process group: holding the lock on {key} until they exit"
+                        );
+                    }
+                }
                 Some(job::ChildEvent::Continued) => stopped = false,
                 Some(job::ChildEvent::Stopped(sig)) => {
                     stopped = true;
@@ -794,11 +811,19 @@ async fn run_under_lock(
                 kill_at = None;
             }
         }
-    };
+    }
     if let Some(t) = &terminal {
         t.take_back_from(group);
     }
-    if lock_lost {
+    // Judged when the job has ended, not only by the loss signal: a lease
+    // whose validity ran out before (redis-lock stopped or suspended while
+    // the job went on) may have been granted to another holder meanwhile.
+    if lock_lost || !guard.is_valid() {
+        if !lock_lost {
+            eprintln!(
+                "redis-lock: the lock on {key} ran out before the command ended (redis-lock was stopped or suspended?): it may have run without the lock"
+            );
+        }
         let _ = guard.release().await;
         return ExitCode::from(exit::LOST);
     }
@@ -843,7 +868,7 @@ async fn lost_while_stopped(
     eprintln!("redis-lock: the lock on {key} was lost while the command was stopped; killing it");
     job::signal_group(group, libc::SIGKILL);
     while let Some(event) = events.recv().await {
-        if matches!(event, job::ChildEvent::Exited(_)) {
+        if matches!(event, job::ChildEvent::GroupEmpty) {
             break;
         }
     }
