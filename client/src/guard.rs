@@ -22,9 +22,20 @@ struct Shared {
     key: String,
     token: String,
     fence: i64,
-    ttl: Duration,
-    valid_until: Mutex<Deadline>,
+    /// The TTL of the last grant or extend and the validity it gave: set
+    /// together, so the renewals follow a manual extend's TTL.
+    term: Mutex<Term>,
+    /// Wakes the keeper when the term changes (a manual extend).
+    term_changed: tokio::sync::Notify,
     lost: CancellationToken,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Term {
+    ttl: Duration,
+    valid_until: Deadline,
+    /// When the grant or extend was answered.
+    since: Instant,
 }
 
 /// The validity deadline on two clocks: tokio's (CLOCK_MONOTONIC, for
@@ -97,8 +108,12 @@ impl Lease {
                 key: key.into(),
                 token: token.into(),
                 fence,
-                ttl,
-                valid_until: Mutex::new(Deadline::new(valid_until)),
+                term: Mutex::new(Term {
+                    ttl,
+                    valid_until: Deadline::new(valid_until),
+                    since: Instant::now(),
+                }),
+                term_changed: tokio::sync::Notify::new(),
                 lost: CancellationToken::new(),
             }),
         }
@@ -119,27 +134,30 @@ impl Lease {
         self.shared.fence
     }
 
+    /// The TTL of the grant or of the last extend (renewals use it).
     pub fn ttl(&self) -> Duration {
-        self.shared.ttl
+        self.term().ttl
     }
 
     /// Until when the lock is surely held (the TTL less the time the
     /// acquisition or last renewal took and the allowed clock drift),
     /// counting time the machine was suspended.
     pub fn valid_until(&self) -> Instant {
-        self.shared
-            .valid_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .effective()
+        self.term().valid_until.effective()
     }
 
-    pub(crate) fn set_valid_until(&self, at: Instant) {
-        *self
-            .shared
-            .valid_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Deadline::new(at);
+    /// A grant or extend for `ttl` made the lock valid until `at`.
+    pub(crate) fn set_term(&self, ttl: Duration, at: Instant) {
+        *self.shared.term.lock().unwrap_or_else(|p| p.into_inner()) = Term {
+            ttl,
+            valid_until: Deadline::new(at),
+            since: Instant::now(),
+        };
+        self.shared.term_changed.notify_one();
+    }
+
+    fn term(&self) -> Term {
+        *self.shared.term.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Fires when the lock is lost: a renewal was refused, or one failed
@@ -156,11 +174,7 @@ impl Lease {
     }
 
     fn deadline(&self) -> Deadline {
-        *self
-            .shared
-            .valid_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.term().valid_until
     }
 }
 
@@ -200,17 +214,22 @@ impl LockGuard {
         self.lease.clone()
     }
 
-    /// Sets the lease to `ttl` from now (on a majority, within validity).
-    /// Ok(false): the lock was lost, and `lost` fires.
+    /// Sets the lease to `ttl` from now (on a majority, within validity);
+    /// later renewals use this TTL. Ok(false): the lock was lost, and
+    /// `lost` fires. Once `lost` has fired the guard stays lost: an extend
+    /// then asks no node and answers Ok(false) (acquire again instead).
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         let lease = &self.lease;
+        if lease.lost().is_cancelled() {
+            return Ok(false);
+        }
         match self
             .group
             .extend_everywhere(lease.key(), lease.token(), ttl, lease.valid_until())
             .await?
         {
             Some(until) => {
-                lease.set_valid_until(until);
+                lease.set_term(ttl, until);
                 Ok(true)
             }
             None => {
@@ -286,10 +305,14 @@ fn lost(lease: &Lease, why: &str) {
 /// Renews at about a third of the TTL (if `renew`), and fires `lost` when a
 /// renewal is refused or the validity deadline passes without one.
 async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: bool) {
-    let ttl = lease.ttl();
-    let mut renew_at = Instant::now() + ttl / 3;
     loop {
+        // Read afresh each time: a manual extend may have changed the term.
+        let term = lease.term();
+        let ttl = term.ttl;
         let valid_until = lease.valid_until();
+        // Due a third of the TTL after the last grant or extend, whoever
+        // made it.
+        let renew_at = term.since + ttl / 3;
         // At least once a second: tokio's clock stops during a system
         // suspend, so a deadline passed while suspended is noticed here.
         let soon = Instant::now() + Duration::from_secs(1);
@@ -302,20 +325,20 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
+            _ = lease.shared.term_changed.notified() => continue,
         }
         if lease.deadline().passed() {
             lost(&lease, "its validity ran out without a renewal");
             return;
         }
-        if !renew || Instant::now() < renew_at {
+        if !renew || lease.term().since != term.since || Instant::now() < renew_at {
             continue; // not due (or extended meanwhile by hand)
         }
         let renewal = group.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
         tokio::select! {
             result = renewal => match result {
                 Ok(Some(until)) => {
-                    lease.set_valid_until(until);
-                    renew_at = Instant::now() + ttl / 3;
+                    lease.set_term(ttl, until);
                     tracing::trace!(key = lease.key(), fence = lease.fence(), "lock renewed");
                 }
                 Ok(None) => {

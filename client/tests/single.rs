@@ -259,6 +259,59 @@ fn the_blocking_facade_acquires_extends_and_releases() {
     assert_eq!(server_fence(&s, "b"), None, "released on drop");
 }
 
+/// A manual extend with a shorter TTL under auto-renewal: the renewals
+/// follow it (the lease's TTL has one owner), so the lock is kept; before,
+/// the keeper went on with the grant's schedule, missed the shorter
+/// deadline and called the lock lost. A longer one is kept by renewals too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_follow_the_ttl_of_a_manual_extend() {
+    let s = Server::start();
+    let guard = renewing(&s)
+        .try_acquire("k", Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(guard.extend(Duration::from_millis(600)).await.unwrap());
+    assert_eq!(guard.ttl(), Duration::from_millis(600));
+    sleep(Duration::from_secs(2)).await;
+    assert!(guard.is_valid(), "lost after a shorter manual extend");
+    assert_eq!(server_fence(&s, "k"), Some(guard.fence()));
+    let left = common::lease_ms(&mut s.conn(), "k");
+    assert!(left <= 600, "renewed with the grant's TTL: {left} ms left");
+    assert!(guard.extend(Duration::from_secs(20)).await.unwrap());
+    sleep(Duration::from_secs(1)).await;
+    assert!(guard.is_valid());
+    let left = common::lease_ms(&mut s.conn(), "k");
+    assert!(left > 10_000, "cut back to a shorter TTL: {left} ms left");
+    assert!(guard.release().await.unwrap());
+}
+
+/// Once `lost` has fired the guard stays lost: an extend asks no node and
+/// answers false, even while a node still has the lease (a renewal timed
+/// out on a paused node); before, it answered true and moved the deadline
+/// while `lost` stayed fired and nothing renewed the lock any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_after_the_loss_signal_answers_false() {
+    let s = Server::start();
+    let guard = renewing(&s)
+        .try_acquire("k", Duration::from_secs(3))
+        .await
+        .unwrap()
+        .expect("free");
+    s.signal("STOP");
+    tokio::time::timeout(Duration::from_secs(10), guard.lost().cancelled())
+        .await
+        .expect("lost fires while renewals time out");
+    s.signal("CONT");
+    assert_eq!(
+        server_fence(&s, "k"),
+        Some(guard.fence()),
+        "still on the node"
+    );
+    assert!(!guard.extend(Duration::from_secs(3)).await.unwrap());
+    assert!(!guard.is_valid());
+}
+
 /// Issue 17 (the crate's shape): the blocking facade names the wait and
 /// the token as the async client does; without a wait it makes one attempt.
 #[test]
