@@ -379,10 +379,49 @@ impl Node {
         wait: Duration,
         limit: Duration,
     ) -> Result<Option<i64>> {
+        let start = tokio::time::Instant::now();
+        let (reply, was_spare) = self
+            .acquire_waiting_once(key, token, ttl, wait, limit)
+            .await;
+        let dropped =
+            matches!(&reply, Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped());
+        // Sentinel: as for every other command (see `run`), a demoted
+        // master (READONLY) or one not answering is asked for again.
+        let demoted = self.sentinel.is_some()
+            && matches!(&reply, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ReadOnly);
+        if self.sentinel.is_some() && (demoted || dropped || matches!(&reply, Err(Error::Timeout)))
+        {
+            self.forget_connection().await;
+        }
+        // A kept connection found closed (the server restarted, or dropped
+        // its clients at a failover), or a demoted master: the wait goes on
+        // over a fresh connection (a same-token ACQUIRE is safe to repeat).
+        if demoted || (was_spare && dropped) {
+            let left = wait.saturating_sub(start.elapsed());
+            return self
+                .acquire_waiting_once(key, token, ttl, left, limit)
+                .await
+                .0;
+        }
+        reply
+    }
+
+    async fn acquire_waiting_once(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+        wait: Duration,
+        limit: Duration,
+    ) -> (Result<Option<i64>>, bool) {
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let was_spare = spare.is_some();
         let mut conn = match spare {
             Some(c) => c,
-            None => self.open(limit).await?,
+            None => match self.open(limit).await {
+                Ok(c) => c,
+                Err(e) => return (Err(e), false),
+            },
         };
         // BLOCK 0 would wait forever: wait at least a millisecond.
         let block_ms = millis(wait).max(1);
@@ -406,7 +445,7 @@ impl Node {
                 spare.push(conn);
             }
         }
-        reply
+        (reply, was_spare)
     }
 
     /// PING within `limit`: is the node answering?

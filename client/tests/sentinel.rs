@@ -120,6 +120,14 @@ fn locks_follow_the_master_that_sentinel_reports() {
             .expect("free");
         let f = g.fence();
         assert!(g.release().await.unwrap());
+        // A waiting acquire too (it keeps its own connection for the next).
+        let g = locks
+            .acquire("s:wait", Duration::from_secs(5))
+            .wait(Duration::from_secs(1))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(g.release().await.unwrap());
         f
     });
     // Fail over to the replica; the old master becomes a replica.
@@ -141,6 +149,17 @@ fn locks_follow_the_master_that_sentinel_reports() {
             .query(&mut master.conn())
             .unwrap();
         info.contains("role:slave")
+    });
+    // A waiting acquire first finds the new master (before, it kept its
+    // connection to the demoted one and got READONLY every time).
+    runtime.block_on(async {
+        let g = locks
+            .acquire("s:wait", Duration::from_secs(5))
+            .wait(Duration::from_secs(2))
+            .await
+            .expect("a waiting acquire after the failover")
+            .expect("granted on the new master");
+        assert!(g.release().await.unwrap());
     });
     // The same client: READONLY from the old master, then the new one.
     let after = runtime.block_on(async {

@@ -233,6 +233,25 @@ async fn a_restarted_node_is_reached_again() {
     assert!(g.is_some());
 }
 
+/// A waiting acquire keeps its connection for the next wait; after the
+/// server restarted, that connection is closed and the next wait goes on
+/// over a fresh one instead of failing once with "broken pipe".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_after_a_restart_reconnects() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts the server") {
+        return;
+    }
+    let mut s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let wait = Duration::from_secs(2);
+    let g = locks.acquire("a", Duration::from_secs(5)).wait(wait).await;
+    assert!(g.unwrap().expect("free").release().await.unwrap());
+    s.kill9();
+    s.restart();
+    let g = locks.acquire("a", Duration::from_secs(5)).wait(wait).await;
+    assert!(g.expect("reconnected").is_some());
+}
+
 #[test]
 fn the_blocking_facade_acquires_extends_and_releases() {
     let s = Server::start();
