@@ -5,7 +5,6 @@
 
 use redis_lock_testkit as common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::cluster::{Cluster, MASTER_RANGES};
@@ -70,19 +69,7 @@ fn a_cluster_url_locks_each_key_on_its_master_and_waits_in_its_line() {
     });
     // The command too.
     let key = key_on(&cluster, 2);
-    let out = Command::new(BIN)
-        .args(["run", "--url", &url, "--key", &key, "--ttl", "5s", "--"])
-        .args(["sh", "-c", "echo $REDIS_LOCK_FENCE"])
-        .env_remove("REDIS_LOCK_URL")
-        .output()
-        .unwrap();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let fence: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let fence = common::fence_of_a_run(BIN, &url, &key, &[]);
     assert!(fence > 0);
     assert_eq!(
         common::fence(&mut cluster.nodes[2].conn(), &key),

@@ -93,17 +93,11 @@ async fn acquire_gives_up_after_the_wait() {
 async fn with_lock_runs_under_the_lock_and_releases() {
     let s = Server::start();
     let locks = LockClient::new(&[s.url()]).unwrap();
-    let port = s.port;
+    let mut c = s.conn();
     let (fence, seen) = locks
         .acquire("stock:7", Duration::from_secs(5))
         .wait(Duration::from_secs(1))
-        .with_lock(move |lease| async move {
-            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            (lease.fence(), common::fence(&mut c, "stock:7"))
-        })
+        .with_lock(move |lease| async move { (lease.fence(), common::fence(&mut c, "stock:7")) })
         .await
         .unwrap()
         .expect("acquired");
@@ -441,14 +435,10 @@ async fn info_reports_the_holder_and_when_it_was_granted() {
 async fn with_lock_reports_a_lock_lost_during_the_work() {
     let s = Server::start();
     let locks = LockClient::new(&[s.url()]).unwrap();
-    let port = s.port;
+    let mut c = s.conn();
     let result = locks
         .acquire("job", Duration::from_millis(600))
         .with_lock(move |lease| async move {
-            let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                .unwrap()
-                .get_connection()
-                .unwrap();
             let _: i64 = redis::cmd("DEL").arg("job").query(&mut c).unwrap();
             // Work on past the next renewal (a third of the TTL).
             tokio::select! {
@@ -617,7 +607,7 @@ fn traced<F: std::future::Future<Output = ()>>(work: impl FnOnce(Log) -> F) -> S
 fn acquire_loss_and_release_are_tracing_events() {
     let s = Server::start();
     let url = s.url();
-    let port = s.port;
+    let mut c = s.conn();
     let text = traced(|_| async {
         let locks = renewing_url(&url);
         let guard = locks
@@ -630,10 +620,6 @@ fn acquire_loss_and_release_are_tracing_events() {
             .try_acquire("traced", Duration::from_millis(600))
             .await
             .unwrap()
-            .unwrap();
-        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-            .unwrap()
-            .get_connection()
             .unwrap();
         let _: i64 = redis::cmd("DEL").arg("traced").query(&mut c).unwrap();
         guard.lost().cancelled().await;

@@ -126,26 +126,7 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
     let url = format!("rediss://127.0.0.1:{tls_port}/");
 
     // The command, trusting the throwaway CA (OpenSSL reads SSL_CERT_FILE).
-    let out = Command::new(BIN)
-        .args(["run", "--url", &url, "--key", "tls:k", "--ttl", "5s", "--"])
-        .args(["sh", "-c", "echo fence=$REDIS_LOCK_FENCE"])
-        .env("SSL_CERT_FILE", path("ca.pem"))
-        .env_remove("REDIS_LOCK_URL")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{stdout} {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let fence: i64 = stdout
-        .trim()
-        .strip_prefix("fence=")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let fence = common::fence_of_a_run(BIN, &url, "tls:k", &[("SSL_CERT_FILE", &path("ca.pem"))]);
     assert!(fence > 0);
     assert!(s.info_field("grants") >= 1, "granted through the TLS port");
 

@@ -1435,3 +1435,28 @@ pub fn blocked_ids(c: &mut Connection) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Runs `redis-lock run --url URL --key KEY --ttl 5s -- sh -c 'echo
+/// $REDIS_LOCK_FENCE'` (the command built at `bin`, with `env` added),
+/// asserts it exited 0, and returns the fence the job was given.
+pub fn fence_of_a_run(bin: &str, url: &str, key: &str, env: &[(&str, &str)]) -> i64 {
+    let out = std::process::Command::new(bin)
+        .args(["run", "--url", url, "--key", key, "--ttl", "5s", "--"])
+        .args(["sh", "-c", "echo fence=$REDIS_LOCK_FENCE"])
+        .envs(env.iter().copied())
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .expect("run redis-lock");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .trim()
+        .strip_prefix("fence=")
+        .and_then(|f| f.parse().ok())
+        .unwrap_or_else(|| panic!("the job printed {stdout:?}"))
+}
