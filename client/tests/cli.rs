@@ -779,17 +779,22 @@ fn a_lost_lock_kills_what_the_command_started_before_exiting() {
     );
 }
 
-/// The job ends when its whole process group has: the lock stays held
-/// (and renewed) while a process the command left behind still runs, as
-/// flock(1)'s lock stays with every process that inherited it (before, it
-/// was released as the command exited, under the running process).
+/// The job ends with the command, and the lock with the whole job: what
+/// the command left running in its process group gets SIGTERM at once, and
+/// one that ignores it SIGKILL after --grace, while the lock is still held
+/// (renewed); it is released only once none is left. Before, it was
+/// released as the command exited, under the processes still running.
 #[test]
-fn the_lock_is_held_until_every_process_of_the_job_has_exited() {
+fn what_the_command_left_running_is_stopped_before_the_lock_is_released() {
     let s = Server::start();
-    let pid_file = scratch("held");
-    let script = format!("sleep 2 >/dev/null 2>&1 & echo $! > {}", pid_file.display());
+    // One that ends on SIGTERM: the job ends at once.
+    let pid_file = scratch("term");
+    let script = format!(
+        "sleep 60 >/dev/null 2>&1 & echo $! > {}",
+        pid_file.display()
+    );
     let start = Instant::now();
-    let child = Command::new(BIN)
+    let out = Command::new(BIN)
         .args([
             "run",
             "--url",
@@ -802,13 +807,49 @@ fn the_lock_is_held_until_every_process_of_the_job_has_exited() {
         ])
         .args(["sh", "-c", &script])
         .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "not held for the sleep"
+    );
+    assert!(!running(pid_in(&pid_file)));
+    assert!(
+        text(&out.stderr).contains("stopping what it left running"),
+        "{}",
+        text(&out.stderr)
+    );
+    // One that ignores SIGTERM: SIGKILL after the grace, the lock held
+    // until then.
+    let pid_file = scratch("ignores");
+    let script = format!(
+        "(trap '' TERM; exec sleep 60) >/dev/null 2>&1 & echo $! > {}",
+        pid_file.display()
+    );
+    let start = Instant::now();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &s.url(),
+            "--key",
+            "k",
+            "--ttl",
+            "900ms",
+            "--grace",
+            "2s",
+            "--",
+        ])
+        .args(["sh", "-c", &script])
+        .env_remove("REDIS_LOCK_URL")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let straggler = pid_in(&pid_file);
-    // The command (sh) has exited by now; its sleep runs on.
+    let left = pid_in(&pid_file);
     std::thread::sleep(Duration::from_millis(1200));
-    if running(straggler) {
+    if start.elapsed() < Duration::from_millis(1900) {
+        assert!(running(left));
         assert!(
             common::fence(&mut s.conn(), "k").is_some(),
             "released while a process of the job still ran"
@@ -816,13 +857,8 @@ fn the_lock_is_held_until_every_process_of_the_job_has_exited() {
     }
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert!(!running(straggler));
     assert!(start.elapsed() >= Duration::from_millis(1900));
-    assert!(
-        text(&out.stderr).contains("holding the lock on k until they exit"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(!running(left), "killed before redis-lock exited");
     assert_eq!(
         common::fence(&mut s.conn(), "k"),
         None,

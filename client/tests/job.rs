@@ -427,3 +427,43 @@ fn a_lock_that_cannot_be_kept_is_signalled_within_its_validity() {
         }
     }
 }
+
+/// After the command exited, what it left running (here ignoring SIGTERM
+/// and SIGINT, as a `&` job of a script does SIGINT) is still the job until
+/// its grace ends: Ctrl-Z stops it with redis-lock (the shell gets the
+/// terminal back), `fg` renews the lock and continues it, and the lock is
+/// released once it was killed. Before, redis-lock went on renewing while
+/// it sat stopped, and the shell never got the terminal back.
+#[test]
+fn ctrl_z_after_the_command_exited_stops_what_it_left_with_redis_lock() {
+    let s = Server::start();
+    let dir = scratch();
+    let pid_file = dir.join("left");
+    let mut pty = Pty::bash();
+    pty.send(&format!(
+        "{BIN} run --url {} --key kz --ttl 1s --grace 5s -- sh -c '(trap \"\" TERM INT; exec sleep 300) & echo $! > {}; exit 0'\n",
+        s.url(),
+        pid_file.display(),
+    ));
+    let left = read_pid(&pid_file, Duration::from_secs(10));
+    pty.expect("stopping what it left running", Duration::from_secs(30));
+    let redis_lock = parent_of(left);
+    pty.send("\x1a");
+    pty.expect("Stopped", Duration::from_secs(30));
+    assert_eq!(state(left), Some('T'), "what the command left is stopped");
+    assert_eq!(state(redis_lock), Some('T'), "redis-lock is stopped");
+    pty.send("fg\n");
+    wait_for(Duration::from_secs(10), "it runs again", || {
+        state(left) != Some('T')
+    });
+    assert!(holder(&s, "kz").is_some(), "renewed after fg");
+    wait_for(
+        Duration::from_secs(20),
+        "redis-lock exits after the grace",
+        || !alive(redis_lock),
+    );
+    pty.send("echo \"rc=$?\"\n");
+    pty.expect("rc=0", Duration::from_secs(30));
+    assert!(!alive(left), "killed at the end of the grace");
+    assert_eq!(holder(&s, "kz"), None, "released at the end");
+}

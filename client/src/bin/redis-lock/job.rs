@@ -9,13 +9,14 @@
 //! - It runs in a process group of its own, which is given the terminal
 //!   when `redis-lock` has it: it reads the terminal and gets Ctrl-C, Ctrl-Z
 //!   and Ctrl-\ like any foreground job (as under flock(1)).
-//! - The job is that whole group, not only the command: the lock is held
-//!   until every process in it has exited (as flock(1)'s lock is held by
-//!   every process that inherited it), and a lost lock signals all of them.
+//! - The job is that whole group, not only the command: it ends with the
+//!   command (what is left gets SIGTERM, then SIGKILL), the lock is held
+//!   until no process of it is left, and a lost lock signals all of them.
 //!   `redis-lock` is a child subreaper, so members orphaned by the
-//!   command's exit are reaped here and the group's end can be told. A
-//!   process that leaves the group (setsid, a daemon) leaves the job.
-//! - A job-control stop of the child (Ctrl-Z, SIGTTIN, SIGTTOU) stops
+//!   command's exit are reaped here (and their stops seen) and the group's
+//!   end can be told. A process that leaves the group (setsid, a daemon)
+//!   leaves the job.
+//! - A job-control stop of the job (Ctrl-Z, SIGTTIN, SIGTTOU) stops
 //!   `redis-lock` too, so the shell sees the job stopped; when the shell
 //!   continues `redis-lock`, it first renews the lock and continues the
 //!   child only if it still holds it, else kills the stopped child.
@@ -31,8 +32,12 @@ use tokio::sync::mpsc;
 /// What `waitpid` reported about the child.
 #[derive(Debug, Clone, Copy)]
 pub enum ChildEvent {
-    /// Stopped by this signal.
-    Stopped(libc::c_int),
+    /// A process of the job (the command, or one it left that came to
+    /// `redis-lock` as its subreaper) was stopped by this signal.
+    Stopped {
+        pid: libc::pid_t,
+        signal: libc::c_int,
+    },
     Continued,
     /// The command exited: the raw wait status. Other members of its
     /// group may still run.
@@ -184,77 +189,94 @@ pub fn group_alive(group: libc::pid_t) -> bool {
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
-/// Reports the command's stops, continues and exit, then the end of its
-/// group, from a thread that reaps every child of `redis-lock`
+/// Reports the job's stops and continues, the command's exit, then the
+/// end of its group, from a thread that reaps every child of `redis-lock`
 /// (`waitpid(-1)`, WUNTRACED | WCONTINUED; the orphans of the group come
-/// here as its subreaper). Nothing else may reap.
+/// here as its subreaper, so their stops are seen too once the command has
+/// exited). Nothing else may reap.
 pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
+        let mut leader_done = false;
         loop {
             let mut status: libc::c_int = 0;
+            // While the command runs, wait for it; after, poll the group.
+            let flags =
+                libc::WUNTRACED | libc::WCONTINUED | if leader_done { libc::WNOHANG } else { 0 };
             // SAFETY: a valid pointer to a local.
-            let r = unsafe { libc::waitpid(-1, &mut status, libc::WUNTRACED | libc::WCONTINUED) };
-            if r < 0 {
-                if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                    continue;
+            let r = unsafe { libc::waitpid(-1, &mut status, flags) };
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            if r > 0 {
+                // SAFETY: a plain syscall (fails for a reaped pid).
+                let in_job = r == leader || unsafe { libc::getpgid(r) } == leader;
+                let event = if !in_job {
+                    None // the sentry, or a process that left the job
+                } else if libc::WIFSTOPPED(status) {
+                    Some(ChildEvent::Stopped {
+                        pid: r,
+                        signal: libc::WSTOPSIG(status),
+                    })
+                } else if libc::WIFCONTINUED(status) {
+                    Some(ChildEvent::Continued)
+                } else if r == leader {
+                    leader_done = true;
+                    Some(ChildEvent::Exited(status))
+                } else {
+                    None // a member left behind, now reaped
+                };
+                if let Some(event) = event {
+                    if tx.send(event).is_err() {
+                        return;
+                    }
                 }
+                continue;
+            }
+            if r < 0 && !leader_done {
                 // ECHILD: the command is gone without a status for us.
+                leader_done = true;
                 if tx.send(ChildEvent::Exited(0)).is_err() {
                     return;
                 }
-                break;
             }
-            if r != leader {
-                // An orphan of the job, reaped (or stopped: not the
-                // command's stop, which is what job control follows).
-                continue;
-            }
-            let event = if libc::WIFSTOPPED(status) {
-                ChildEvent::Stopped(libc::WSTOPSIG(status))
-            } else if libc::WIFCONTINUED(status) {
-                ChildEvent::Continued
-            } else {
-                ChildEvent::Exited(status)
-            };
-            let done = matches!(event, ChildEvent::Exited(_));
-            if tx.send(event).is_err() {
-                return;
-            }
-            if done {
-                break;
+            if leader_done {
+                if !group_alive(leader) {
+                    let _ = tx.send(ChildEvent::GroupEmpty);
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         }
-        // The rest of the group: reap whatever exits (orphans come to this
-        // process) until none is left.
-        while group_alive(leader) {
-            let mut status: libc::c_int = 0;
-            // SAFETY: a valid pointer to a local.
-            while unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } > 0 {}
-            if !group_alive(leader) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        let _ = tx.send(ChildEvent::GroupEmpty);
     });
     rx
 }
 
+/// Whether `pid` is stopped now (a stop event may be stale by the time it
+/// is read: the job continued since).
+pub fn is_stopped(pid: libc::pid_t) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+    })
+}
+
 /// A forked process that kills the job's group with SIGKILL when
-/// `redis-lock` dies without standing it down: it waits on a pipe whose
+/// `redis-lock` dies before the job has ended: it waits on a pipe whose
 /// only write end `redis-lock` holds, so the kernel closes it however
-/// `redis-lock` ends. The job cannot hold the write end (close-on-exec,
-/// made after the command was spawned).
+/// `redis-lock` ends. Forked before the command is spawned (so no moment
+/// passes with the job unguarded), it learns the group from the pipe
+/// ([`arm`](Sentry::arm)) and leaves on one more byte
+/// ([`stand_down`](Sentry::stand_down)), written only once the group was
+/// seen empty: it never signals a group id that may have been reused.
 pub struct Sentry {
     write: OwnedFd,
-    group: libc::pid_t,
 }
 
 impl Sentry {
-    /// Forks the sentry for `group`; None if it cannot (then the command
-    /// alone dies with `redis-lock`, through PDEATHSIG).
-    pub fn post(group: libc::pid_t) -> Option<Sentry> {
+    /// Forks the sentry; None if it cannot (then the command alone dies
+    /// with `redis-lock`, through PDEATHSIG).
+    pub fn post() -> Option<Sentry> {
         let mut fds = [0 as libc::c_int; 2];
         // SAFETY: a valid array of two fds.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -290,36 +312,51 @@ impl Sentry {
                         libc::close(fd);
                     }
                 }
-                let mut byte = 0u8;
-                loop {
-                    let n = libc::read(keep, (&mut byte as *mut u8).cast(), 1);
-                    if n == 1 {
-                        libc::_exit(0); // stood down: the job has ended
+                // The group (4 bytes), then the stand-down byte.
+                let mut got = [0u8; 5];
+                let mut have = 0;
+                while have < got.len() {
+                    let n = libc::read(keep, got.as_mut_ptr().add(have).cast(), got.len() - have);
+                    if n > 0 {
+                        have += n as usize;
+                        continue;
                     }
-                    if n == 0 || *libc::__errno_location() != libc::EINTR {
+                    if n < 0 && *libc::__errno_location() == libc::EINTR {
+                        continue;
+                    }
+                    break; // EOF: redis-lock is gone
+                }
+                if (4..5).contains(&have) {
+                    let group = libc::pid_t::from_ne_bytes([got[0], got[1], got[2], got[3]]);
+                    if group > 1 {
                         libc::killpg(group, libc::SIGKILL);
-                        libc::_exit(0);
                     }
                 }
+                libc::_exit(0);
             },
             _ => {
                 drop(read);
-                Some(Sentry { write, group })
+                Some(Sentry { write })
             }
         }
     }
-}
 
-/// Dropped (redis-lock is about to exit): the sentry leaves without
-/// killing anything if the job has ended, and kills what is left of it
-/// otherwise (the write end closes, as when redis-lock dies).
-impl Drop for Sentry {
-    fn drop(&mut self) {
-        if !group_alive(self.group) {
-            // SAFETY: one byte from a local to an owned fd.
-            unsafe {
-                libc::write(self.write.as_raw_fd(), [1u8].as_ptr().cast(), 1);
-            }
+    /// The job's group, once spawned: from now on the sentry kills it if
+    /// `redis-lock` dies.
+    pub fn arm(&self, group: libc::pid_t) {
+        self.send(&group.to_ne_bytes());
+    }
+
+    /// The job's group was seen empty: the sentry leaves without killing.
+    pub fn stand_down(self) {
+        self.send(&[1]);
+    }
+
+    fn send(&self, bytes: &[u8]) {
+        // SAFETY: a local buffer to an owned fd; a pipe write this small is
+        // atomic.
+        unsafe {
+            libc::write(self.write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
         }
     }
 }

@@ -54,8 +54,10 @@ Examples:
 The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
 you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. The job
 is the command's process group (the command and what it starts), and no
-process of it runs without the lock: the lock is held until all of them have
-exited; they are killed if redis-lock dies (even by SIGKILL); the job runs as
+process of it runs without the lock: the job ends with the command (what it
+left running gets SIGTERM, then SIGKILL after --grace, 10s by default) and
+the lock is held until all of them have exited; they are killed if
+redis-lock dies (even by SIGKILL); the job runs as
 the terminal's foreground job (it may read the terminal; Ctrl-C and Ctrl-Z
 reach it, and Ctrl-Z stops redis-lock with it); once continued, redis-lock
 renews the lock before the command may run again. Signals sent to redis-lock
@@ -101,9 +103,11 @@ enum Command {
         /// How long to wait for the lock (0: one attempt).
         #[arg(long, value_parser = duration::parse, default_value = "0")]
         wait: Duration,
-        /// After the lock is lost and CMD got SIGTERM, how long before SIGKILL.
-        /// Default: halfway to the end of the lease's validity (after it another
-        /// holder may be granted); a longer grace lets CMD run without the lock.
+        /// After SIGTERM, how long before SIGKILL. When the lock is lost
+        /// (default: halfway to the end of the lease's validity, after which
+        /// another holder may be granted; a longer grace lets the job run
+        /// without the lock), and for what CMD left running in its process
+        /// group when it exited (default 10s; the lock is held meanwhile).
         #[arg(long, value_parser = duration::parse)]
         grace: Option<Duration>,
         /// The command and its arguments (after --).
@@ -644,6 +648,10 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// How long what the command left running gets between SIGTERM and
+/// SIGKILL by default (the lock is still held then).
+const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
+
 /// Every handled signal, merged into one channel (registered before the
 /// lock is asked for, so none can end redis-lock with a grant in flight).
 fn handle_signals(kinds: &[libc::c_int]) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
@@ -698,6 +706,8 @@ async fn run_under_lock(
         .env("REDIS_LOCK_KEY", key);
     job::prepare(&mut command, terminal.as_ref());
     job::become_subreaper();
+    // Kills the job's group if redis-lock dies before the job has ended.
+    let sentry = job::Sentry::post();
     // Spawned from this thread, the main one, which lives as long as the
     // process: PDEATHSIG follows the thread that forked.
     let group = match command.spawn() {
@@ -712,9 +722,10 @@ async fn run_under_lock(
             return fail(code, &format!("cannot run {}: {e}", cmd[0]));
         }
     };
+    if let Some(sentry) = &sentry {
+        sentry.arm(group);
+    }
     let mut events = job::watch(group);
-    // Kills the job's group if redis-lock dies before the job has ended.
-    let _sentry = job::Sentry::post(group);
     let Some(mut stops) = handle_signals(job::STOPS) else {
         job::signal_group(group, libc::SIGKILL);
         let _ = guard.release().await;
@@ -729,6 +740,8 @@ async fn run_under_lock(
     // The command's wait status, once it exited (the job ends when its
     // whole group has).
     let mut status = None;
+    // Whether the group was seen empty.
+    let mut ended = false;
     loop {
         let kill_timer = async {
             match kill_at {
@@ -738,18 +751,32 @@ async fn run_under_lock(
         };
         tokio::select! {
             event = events.recv() => match event {
-                None | Some(job::ChildEvent::GroupEmpty) => break,
+                None => break,
+                Some(job::ChildEvent::GroupEmpty) => {
+                    ended = true;
+                    break;
+                }
                 Some(job::ChildEvent::Exited(code)) => {
                     status = Some(code);
                     stopped = false;
+                    // The job ends with the command: what it left in its
+                    // group is stopped as a lost lock stops the job, but
+                    // with the lock still held (renewed) until it is gone.
                     if !lock_lost && job::group_alive(group) {
+                        let after = grace.unwrap_or(LEFTOVER_GRACE);
                         eprintln!(
-                            "redis-lock: the command exited; processes it started still run in its process group: holding the lock on {key} until they exit"
+                            "redis-lock: the command exited; stopping what it left running in its process group (SIGTERM now, SIGKILL in {}); the lock on {key} is held until they have exited",
+                            show(after)
                         );
+                        job::signal_group(group, libc::SIGTERM);
+                        job::signal_group(group, libc::SIGCONT);
+                        kill_at = Some(tokio::time::Instant::now() + after);
                     }
                 }
                 Some(job::ChildEvent::Continued) => stopped = false,
-                Some(job::ChildEvent::Stopped(sig)) => {
+                // A stop already undone (the job was continued since) is
+                // not acted on.
+                Some(job::ChildEvent::Stopped { pid, signal: sig }) if job::is_stopped(pid) => {
                     stopped = true;
                     // A job-control stop (Ctrl-Z, a read or write of the
                     // terminal from the background) stops the whole job:
@@ -764,9 +791,10 @@ async fn run_under_lock(
                         && job::STOPS.contains(&sig)
                         && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await
                     {
-                        return lost_while_stopped(key, guard, group, &mut events).await;
+                        return lost_while_stopped(key, guard, group, &mut events, sentry).await;
                     }
                 }
+                Some(job::ChildEvent::Stopped { .. }) => {}
             },
             Some(sig) = signals.recv() => job::signal_group(group, sig),
             Some(_) = stops.recv() => {
@@ -774,7 +802,7 @@ async fn run_under_lock(
                 // the job as above.
                 job::signal_group(group, libc::SIGSTOP);
                 if !lock_lost && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await {
-                    return lost_while_stopped(key, guard, group, &mut events).await;
+                    return lost_while_stopped(key, guard, group, &mut events, sentry).await;
                 }
             }
             _ = lost.cancelled(), if !lock_lost => {
@@ -803,7 +831,7 @@ async fn run_under_lock(
                             (at - validity.max(now)).as_millis()
                         );
                     }
-                    kill_at = Some(at);
+                    kill_at = Some(kill_at.map_or(at, |earlier| earlier.min(at)));
                 }
             }
             _ = kill_timer => {
@@ -814,6 +842,11 @@ async fn run_under_lock(
     }
     if let Some(t) = &terminal {
         t.take_back_from(group);
+    }
+    if ended {
+        if let Some(sentry) = sentry {
+            sentry.stand_down();
+        }
     }
     // Judged when the job has ended, not only by the loss signal: a lease
     // whose validity ran out before (redis-lock stopped or suspended while
@@ -864,11 +897,15 @@ async fn lost_while_stopped(
     guard: redis_lock_client::LockGuard,
     group: libc::pid_t,
     events: &mut mpsc::UnboundedReceiver<job::ChildEvent>,
+    sentry: Option<job::Sentry>,
 ) -> ExitCode {
     eprintln!("redis-lock: the lock on {key} was lost while the command was stopped; killing it");
     job::signal_group(group, libc::SIGKILL);
     while let Some(event) = events.recv().await {
         if matches!(event, job::ChildEvent::GroupEmpty) {
+            if let Some(sentry) = sentry {
+                sentry.stand_down();
+            }
             break;
         }
     }
