@@ -397,6 +397,8 @@ impl Node {
         // its clients at a failover), or a demoted master: the wait goes on
         // over a fresh connection (a same-token ACQUIRE is safe to repeat).
         if demoted || (was_spare && dropped) {
+            // The other kept connections are as stale as this one.
+            self.spare.lock().unwrap_or_else(|p| p.into_inner()).clear();
             let left = wait.saturating_sub(start.elapsed());
             return self
                 .acquire_waiting_once(key, token, ttl, left, limit)

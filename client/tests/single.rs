@@ -240,6 +240,24 @@ async fn a_waiting_acquire_after_a_restart_reconnects() {
     let wait = Duration::from_secs(2);
     let g = locks.acquire("a", Duration::from_secs(5)).wait(wait).await;
     assert!(g.unwrap().expect("free").release().await.unwrap());
+    // Two waits at once: two connections kept, both stale after the restart.
+    let held = locks
+        .try_acquire("b", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let g = locks.acquire("b", Duration::from_secs(5)).wait(wait).await;
+            g.unwrap().expect("handed over").release().await.unwrap()
+        })
+    };
+    let g = locks.acquire("c", Duration::from_secs(5)).wait(wait).await;
+    assert!(g.unwrap().expect("free").release().await.unwrap());
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 1);
+    assert!(held.release().await.unwrap());
+    assert!(waiter.await.unwrap());
     s.kill9();
     s.restart();
     let g = locks.acquire("a", Duration::from_secs(5)).wait(wait).await;
