@@ -27,6 +27,10 @@ struct Shared {
     term: Mutex<Term>,
     /// Wakes the keeper when the term changes (a manual extend).
     term_changed: tokio::sync::Notify,
+    /// Held from sending an EXTEND until its term is set, by a renewal or
+    /// a manual extend: the last one sent is the one the nodes keep, and
+    /// so the one whose term stands here.
+    extending: tokio::sync::Mutex<()>,
     lost: CancellationToken,
 }
 
@@ -114,6 +118,7 @@ impl Lease {
                     since: Instant::now(),
                 }),
                 term_changed: tokio::sync::Notify::new(),
+                extending: tokio::sync::Mutex::new(()),
                 lost: CancellationToken::new(),
             }),
         }
@@ -220,6 +225,7 @@ impl LockGuard {
     /// then asks no node and answers Ok(false) (acquire again instead).
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
         let lease = &self.lease;
+        let _turn = lease.shared.extending.lock().await;
         if lease.lost().is_cancelled() {
             return Ok(false);
         }
@@ -228,6 +234,9 @@ impl LockGuard {
             .extend_everywhere(lease.key(), lease.token(), ttl, lease.valid_until())
             .await?
         {
+            // Lost meanwhile (the keeper gave up during this round trip):
+            // the guard stays lost.
+            Some(_) if lease.lost().is_cancelled() => Ok(false),
             Some(until) => {
                 lease.set_term(ttl, until);
                 Ok(true)
@@ -331,8 +340,12 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
             lost(&lease, "its validity ran out without a renewal");
             return;
         }
-        if !renew || lease.term().since != term.since || Instant::now() < renew_at {
-            continue; // not due (or extended meanwhile by hand)
+        if !renew || Instant::now() < renew_at {
+            continue; // not due
+        }
+        let _turn = lease.shared.extending.lock().await;
+        if lease.term().since != term.since {
+            continue; // extended meanwhile by hand: due later
         }
         let renewal = group.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
         tokio::select! {
