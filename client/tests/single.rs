@@ -317,6 +317,42 @@ async fn renewals_follow_the_ttl_of_a_manual_extend() {
     assert!(guard.release().await.unwrap());
 }
 
+/// Safety under auto-renewal and manual extends racing each other: at
+/// every moment the guard's validity ends no later than the lease the node
+/// actually holds (the node's remaining lease, read just after, plus the
+/// time between the two reads). Random TTLs and pauses; the renewals run
+/// every third of the current TTL meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guards_validity_never_outlasts_the_nodes_lease() {
+    use rand::Rng;
+    let s = Server::start();
+    let mut c = s.conn();
+    let guard = renewing(&s)
+        .try_acquire("k", Duration::from_millis(300))
+        .await
+        .unwrap()
+        .expect("free");
+    let mut rng = rand::thread_rng();
+    for round in 0..300 {
+        if rng.gen_bool(0.5) {
+            let ttl = Duration::from_millis(rng.gen_range(60..1000));
+            assert!(guard.extend(ttl).await.unwrap(), "round {round}");
+        }
+        sleep(Duration::from_millis(rng.gen_range(0..40))).await;
+        let read_at = Instant::now();
+        let local_left = guard.valid_until().saturating_duration_since(read_at);
+        let node_left = common::lease_ms(&mut c, "k");
+        let between = read_at.elapsed();
+        assert!(node_left > 0, "round {round}: the node's lease ended");
+        assert!(
+            local_left <= Duration::from_millis(node_left as u64 + 1) + between,
+            "round {round}: the guard counts on {local_left:?}, the node holds {node_left} ms"
+        );
+        assert!(guard.is_valid(), "round {round}");
+    }
+    assert!(guard.release().await.unwrap());
+}
+
 /// Once `lost` has fired the guard stays lost: an extend asks no node and
 /// answers false, even while a node still has the lease (a renewal timed
 /// out on a paused node); before, it answered true and moved the deadline
