@@ -420,3 +420,47 @@ async fn nodes_that_refuse_info_are_asked_once() {
         assert_eq!(rejected, 1, "INFO refused once per node");
     }
 }
+
+/// Safety of the validity over a group: with auto-renewal and random
+/// manual extends racing, at every check the guard's validity ends no
+/// later than the lease a majority of the nodes still holds (the
+/// quorum-th longest remaining lease, read right after, plus the time the
+/// reads took). Nodes read one after another: each later read is charged
+/// the time since the guard was read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_validity_never_outlasts_the_majoritys_lease() {
+    use rand::Rng;
+    let nodes = group(3);
+    let mut conns: Vec<redis::Connection> = nodes.iter().map(Server::conn).collect();
+    let locks = LockClient::with_options(&urls(&nodes), fast_retries().auto_renew(true)).unwrap();
+    let guard = locks
+        .try_acquire("k", Duration::from_millis(400))
+        .await
+        .unwrap()
+        .expect("free");
+    let mut rng = rand::thread_rng();
+    for round in 0..200 {
+        if rng.gen_bool(0.5) {
+            let ttl = Duration::from_millis(rng.gen_range(80..1000));
+            assert!(guard.extend(ttl).await.unwrap(), "round {round}");
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..40))).await;
+        let read_at = Instant::now();
+        let local_left = guard.valid_until().saturating_duration_since(read_at);
+        let mut node_left: Vec<Duration> = conns
+            .iter_mut()
+            .map(|c| {
+                let ms = common::lease_ms(c, "k").max(0) as u64;
+                Duration::from_millis(ms + 1) + read_at.elapsed()
+            })
+            .collect();
+        node_left.sort_unstable_by(|a, b| b.cmp(a));
+        let majority = node_left[locks.quorum() - 1];
+        assert!(
+            local_left <= majority,
+            "round {round}: the guard counts on {local_left:?}, a majority holds {majority:?} ({node_left:?})"
+        );
+        assert!(guard.is_valid(), "round {round}");
+    }
+    assert!(guard.release().await.unwrap());
+}
