@@ -52,7 +52,8 @@ pub struct Options {
     /// larger one. False: the largest token of the granting nodes, not
     /// confirmed, which a later grant on another majority may not exceed
     /// (see the crate docs). Costs no extra round trip while the nodes'
-    /// clocks agree with this client's (see the crate docs).
+    /// clocks agree with each other (the first phase asks for a token
+    /// just above their median clock; see the crate docs).
     pub quorum_fencing: bool,
 }
 
@@ -205,6 +206,20 @@ const FENCE_LEAD_US: i64 = 2_000;
 /// monotonic clock before it is read again (bounds what the two clocks'
 /// rates can drift apart: 30 s at 500 ppm is 15 ms).
 const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// Whether a node refused the request itself rather than failing to
+/// answer or asking to try again later (`TRYAGAIN`, its restart delay): a
+/// TTL above `lock.max-ttl-ms`, a token too long, an ACL refusal.
+fn refuses_the_request(e: &Error) -> bool {
+    match e {
+        Error::Redis(r) => {
+            r.code() != Some("TRYAGAIN")
+                && (r.kind() == redis::ErrorKind::ResponseError || r.code() == Some("NOPERM"))
+        }
+        Error::Config(_) => true,
+        _ => false,
+    }
+}
 
 /// A fresh random token: 128 bits, as hex.
 pub fn random_token() -> String {
@@ -510,6 +525,9 @@ impl LockClient {
         let deadline = Instant::now() + wait;
         let order =
             (self.inner.group.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
+        // Why the last round failed, if a majority could not be asked: a
+        // wait that ends so is that error, not "held by another".
+        let mut last_error: Option<Error> = None;
         loop {
             let line = match order {
                 // Recently contended here: ask the ordering node alone first,
@@ -548,13 +566,24 @@ impl LockClient {
                         order: Reply::Refused,
                         ..
                     }) => {
+                        last_error = None;
                         let o = order.expect("only the ordering node refuses a round");
                         self.mark_contended(key);
                         self.wait_in_line(key, token, ttl, floor, o, deadline).await
                     }
-                    Ok(_) => Line::Gone,
-                    Err(e) if Instant::now() >= deadline => return Err(e),
-                    Err(_) => Line::Gone,
+                    Ok(_) => {
+                        last_error = None;
+                        Line::Gone
+                    }
+                    // The nodes refuse the request itself (a TTL above
+                    // their limit, an ACL): no retry can change that.
+                    Err(e) if Instant::now() >= deadline || refuses_the_request(&e) => {
+                        return Err(e)
+                    }
+                    Err(e) => {
+                        last_error = Some(e);
+                        Line::Gone
+                    }
                 },
             };
             match line {
@@ -574,7 +603,7 @@ impl LockClient {
                 .max(Duration::from_millis(1));
             let pause = rand::thread_rng().gen_range(Duration::ZERO..max_delay);
             if Instant::now() + pause >= deadline {
-                return Ok(None);
+                return last_error.map_or(Ok(None), Err);
             }
             tokio::time::sleep(pause).await;
         }
@@ -905,9 +934,13 @@ impl LockClient {
     /// held. Fewer than a majority but more than none: the lock was no
     /// longer held (lost, or a failed extend left its lease on a minority),
     /// and those nodes are free now.
+    /// Err when fewer than a majority answered (whether it was held is
+    /// not known).
     pub async fn release_token_count(&self, key: &str, token: &str) -> Result<usize> {
         let ttl = Duration::from_secs(5);
-        Ok(self.inner.group.release_everywhere(key, token, ttl).await)
+        let outcome = self.inner.group.release_counted(key, token, ttl).await;
+        let released = outcome.released;
+        outcome.held(self.quorum()).map(|_| released)
     }
 
     #[doc(hidden)] // for the redis-lock command
@@ -972,9 +1005,12 @@ impl<'a> Acquire<'a> {
     }
 
     /// Acquires with this token rather than a fresh random one. A token
-    /// already holding the lock renews it and keeps its fencing token on
-    /// every node that still holds it. With Redlock the first phase then
-    /// asks for no token floor, so a grant may take the second phase.
+    /// already holding the lock renews it and keeps its fencing token while
+    /// every granting node still holds it. (With Redlock, a node that had
+    /// lost it grants a new, larger token, and the second phase raises the
+    /// others to it: the group's token then changes, upwards, as for any
+    /// new grant.) With Redlock the first phase then asks for no token
+    /// floor, so a grant may take the second phase.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self.fresh_token = false;

@@ -56,12 +56,19 @@ impl Group {
 
     /// LOCK.RELEASE on every node; how many released.
     pub(crate) async fn release_everywhere(&self, key: &str, token: &str, ttl: Duration) -> usize {
+        self.release_counted(key, token, ttl).await.released
+    }
+
+    /// LOCK.RELEASE on every node: how many released, and how many
+    /// answered at all (released or not held), with the first error.
+    pub(crate) async fn release_counted(&self, key: &str, token: &str, ttl: Duration) -> Released {
         let limit = self.node_timeout(ttl);
-        join_all(self.nodes.iter().map(|n| n.release(key, token, limit)))
-            .await
-            .into_iter()
-            .filter(|r| matches!(r, Ok(true)))
-            .count()
+        let replies = join_all(self.nodes.iter().map(|n| n.release(key, token, limit))).await;
+        Released {
+            released: replies.iter().filter(|r| matches!(r, Ok(true))).count(),
+            answered: replies.iter().filter(|r| r.is_ok()).count(),
+            first_error: replies.into_iter().find_map(|r| r.err()),
+        }
     }
 
     /// LOCK.RELEASE on every node without the async runtime (a thread per
@@ -127,5 +134,27 @@ impl Group {
             self.release_everywhere(key, token, ttl).await;
         }
         Ok(None)
+    }
+}
+
+/// What a release on every node found.
+pub(crate) struct Released {
+    pub released: usize,
+    pub answered: usize,
+    pub first_error: Option<Error>,
+}
+
+impl Released {
+    /// Released on a majority: true; a majority answered without that:
+    /// false (it was not held); fewer answered: the outcome is unknown, an
+    /// error (the nodes' own, or a timeout).
+    pub fn held(self, quorum: usize) -> Result<bool> {
+        if self.released >= quorum {
+            Ok(true)
+        } else if self.answered >= quorum {
+            Ok(false)
+        } else {
+            Err(self.first_error.unwrap_or(Error::Timeout))
+        }
     }
 }

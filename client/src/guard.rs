@@ -185,9 +185,11 @@ impl Lease {
 
 /// A held lock. Release it with [`release`](LockGuard::release). Dropping
 /// it releases it too, before `drop` returns, over fresh connections (the
-/// thread blocks for a round trip or two, at most the node timeout): so a
-/// guard dropped as `#[tokio::main]` returns (the `?` in `main`) is
-/// released, not left for its TTL. In async code prefer `release().await`,
+/// thread blocks for a round trip or two: connecting, then the command,
+/// at most twice the node timeout): so a guard dropped as `#[tokio::main]`
+/// returns (the `?` in `main`) is released, not left for its TTL. (A
+/// Sentinel node whose master is being asked for again at that moment is
+/// skipped: its lease ends by itself.) In async code prefer `release().await`,
 /// which does not block the thread.
 pub struct LockGuard {
     group: Arc<Group>,
@@ -249,7 +251,9 @@ impl LockGuard {
     }
 
     /// Stops renewing, then releases on every node. True if the lock was
-    /// still held (on a majority) and is now released.
+    /// still held (on a majority) and is now released; false if a majority
+    /// answered that it was not held; an error if fewer than a majority
+    /// answered (the nodes that did are released either way).
     pub async fn release(mut self) -> Result<bool> {
         // Wait for a renewal in flight to finish first, so that no renewal
         // can reach a node after the release (and resurrect the lease).
@@ -258,19 +262,18 @@ impl LockGuard {
             let _ = keeper.task.await;
         }
         let lease = &self.lease;
-        let released = self
+        let outcome = self
             .group
-            .release_everywhere(lease.key(), lease.token(), lease.ttl())
+            .release_counted(lease.key(), lease.token(), lease.ttl())
             .await;
-        let held = released >= self.group.quorum();
         tracing::debug!(
             key = lease.key(),
             fence = lease.fence(),
-            released,
-            held,
+            released = outcome.released,
+            answered = outcome.answered,
             "lock released"
         );
-        Ok(held)
+        outcome.held(self.group.quorum())
     }
 }
 

@@ -968,3 +968,48 @@ fn sigkill_to_redis_lock_ends_every_process_of_the_job() {
     child.wait().unwrap();
     common::wait_until(Duration::from_secs(10), || !running(straggler));
 }
+
+/// A Redlock wait that ends because the nodes cannot be reached, or that
+/// the nodes refuse (a TTL above their limit), exits with that reason (69,
+/// 64), not "held by another holder" (75) after the whole wait; a release
+/// that no majority answered is 69 too, not "was not held".
+#[test]
+fn redlock_failures_during_a_wait_say_what_went_wrong() {
+    if common::skip_unless(common::Needs::OwnServer, "starts servers with max-ttl-ms") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3)
+        .map(|_| Server::builder().module_arg("max-ttl-ms", "60000").start())
+        .collect();
+    let urls = common::urls(&nodes);
+    let start = Instant::now();
+    let out = redis_lock_on(
+        "acquire",
+        &urls,
+        &["--key", "k", "--ttl", "2m", "--wait", "5s"],
+    );
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("max-ttl-ms"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(4),
+        "refused at once, not retried"
+    );
+    let closed: Vec<String> = (0..3)
+        .map(|_| format!("redis://127.0.0.1:{}/", common::free_port()))
+        .collect();
+    let out = redis_lock_on(
+        "acquire",
+        &closed,
+        &["--key", "k", "--ttl", "5s", "--wait", "1s"],
+    );
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    let out = redis_lock_on("release", &closed, &["--key", "k", "--token", "t"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    // Reachable and not held: 75, as before.
+    let out = redis_lock_on("release", &urls, &["--key", "k", "--token", "t"]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+}

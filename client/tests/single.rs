@@ -807,3 +807,21 @@ fn renewing_url(url: &str) -> LockClient {
     let options = Options::default().auto_renew(true);
     LockClient::with_options(&[url], options).unwrap()
 }
+
+/// A release no majority answered is an error (whether the lock was held
+/// is not known), not `Ok(false)`, which says "it was not held".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_nobody_answered_is_an_error() {
+    if common::skip_unless(common::Needs::OwnServer, "kills the server") {
+        return;
+    }
+    let mut s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let guard = locks
+        .try_acquire("k", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    s.kill9();
+    assert!(guard.release().await.is_err());
+}
