@@ -54,8 +54,9 @@
 //!
 //! With [`Options::auto_renew`] a guard extends its lock at about a third
 //! of the TTL. [`LockGuard::lost`] (a cancellation token) fires when the
-//! lock is lost: a renewal answered 0 on a majority, or no successful
-//! renewal before [`LockGuard::valid_until`]. Releasing stops the renewal
+//! lock is lost: a renewal that a majority answered without extending it
+//! on a majority in time, one that failed with too little validity left
+//! to retry, or no successful renewal before [`LockGuard::valid_until`]. Releasing stops the renewal
 //! first and waits for one in flight, so no renewal follows a release.
 //!
 //! # Redlock, with fencing tokens that never go backwards

@@ -315,6 +315,7 @@ fn signals_to_redis_lock_never_leave_the_child_without_the_lock() {
         libc::SIGPIPE,
         libc::SIGHUP,
         libc::SIGXCPU,
+        libc::SIGRTMIN() + 3,
     ] {
         let key = format!("k{sig}");
         let (mut redis_lock, child) = run_sleeper(&s, &key, &dir, "");

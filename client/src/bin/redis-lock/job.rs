@@ -67,6 +67,17 @@ pub const FORWARDED: &[libc::c_int] = &[
     libc::SIGIO,
 ];
 
+/// Also forwarded when they can be caught here (a signal the runtime cannot
+/// take is left to end `redis-lock`, and the sentry the job): the
+/// real-time signals, SIGSYS and SIGSTKFLT. Not forwarded: the signals that
+/// report a fault of `redis-lock` itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
+/// SIGTRAP); they end it, the sentry kills the job, the lease runs out.
+pub fn also_forwarded() -> Vec<libc::c_int> {
+    let mut signals = vec![libc::SIGSYS, libc::SIGSTKFLT];
+    signals.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
+    signals
+}
+
 /// Job-control stops sent to `redis-lock` itself (not through the
 /// terminal, which sends them to the child's group).
 pub const STOPS: &[libc::c_int] = &[libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];

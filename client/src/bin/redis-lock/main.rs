@@ -655,10 +655,23 @@ const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
 /// Every handled signal, merged into one channel (registered before the
 /// lock is asked for, so none can end redis-lock with a grant in flight).
 fn handle_signals(kinds: &[libc::c_int]) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
+    handle_signals_and(kinds, &[])
+}
+
+/// [`handle_signals`], plus `optional` ones where they can be caught.
+fn handle_signals_and(
+    kinds: &[libc::c_int],
+    optional: &[libc::c_int],
+) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
     use tokio::signal::unix::{signal, SignalKind};
     let (tx, rx) = mpsc::unbounded_channel();
-    for &sig in kinds {
-        let mut stream = signal(SignalKind::from_raw(sig)).ok()?;
+    let required = kinds.iter().map(|&sig| (sig, true));
+    for (sig, needed) in required.chain(optional.iter().map(|&sig| (sig, false))) {
+        let mut stream = match signal(SignalKind::from_raw(sig)) {
+            Ok(stream) => stream,
+            Err(_) if !needed => continue,
+            Err(_) => return None,
+        };
         let tx = tx.clone();
         tokio::spawn(async move {
             while stream.recv().await.is_some() {
@@ -679,7 +692,7 @@ async fn run_under_lock(
     grace: Option<Duration>,
     cmd: &[String],
 ) -> ExitCode {
-    let Some(mut signals) = handle_signals(job::FORWARDED) else {
+    let Some(mut signals) = handle_signals_and(job::FORWARDED, &job::also_forwarded()) else {
         return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
     let token = random_token();
