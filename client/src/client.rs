@@ -970,6 +970,21 @@ impl LockClient {
     /// Each node's identity, persistence settings and fence mark, in the
     /// order the nodes were given (for deployment checks such as
     /// `redis-lock doctor`).
+    #[doc(hidden)] // for the redis-lock command's warning before a run
+    /// Redlock: the nodes' settings as the distinct-server check of the
+    /// first acquire reads them (reading them now if it has not run yet,
+    /// so that acquire does not read them again); None per node not read.
+    /// Err if the group is refused (one server twice).
+    pub async fn group_settings(&self, ttl: Duration) -> Result<Vec<Option<NodeSettings>>> {
+        self.check_distinct_nodes(self.node_timeout(ttl)).await?;
+        let deployment = self
+            .inner
+            .deployment
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        Ok(deployment.settings.clone().unwrap_or_default())
+    }
+
     pub async fn settings(&self) -> Vec<Result<NodeSettings>> {
         let limit = self.node_timeout(Duration::from_secs(5));
         join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await

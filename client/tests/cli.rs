@@ -921,12 +921,19 @@ fn run_on_a_free_redlock_group_asks_each_node_once() {
         return;
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let infos_before: Vec<i64> = nodes.iter().map(|n| calls(n, "info")).collect();
     let out = redis_lock_on(
         "run",
         &common::urls(&nodes),
         &["--key", "k", "--ttl", "10s", "--", "true"],
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // The settings are read once (the unsafe-group warning and the
+    // distinct-server check share the read); the INFO that read the
+    // counts before is counted too.
+    for (n, before) in nodes.iter().zip(infos_before) {
+        assert_eq!(calls(n, "info") - before - 1, 1, "one INFO per node");
+    }
     let acquires: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
     assert_eq!(acquires, 3, "one LOCK.ACQUIRE per node");
 }

@@ -511,7 +511,11 @@ async fn warn_unsafe_group(locks: &LockClient, ttl: Duration) {
     if locks.nodes() < 2 {
         return;
     }
-    for s in locks.settings().await.into_iter().flatten() {
+    // Read once: the acquire that follows reuses this read.
+    let Ok(settings) = locks.group_settings(ttl).await else {
+        return; // the acquire reports why
+    };
+    for s in settings.into_iter().flatten() {
         if let Some(warning) = s.crash_warning(ttl) {
             eprintln!("redis-lock: warning: {warning} (see redis-lock doctor)");
         }
