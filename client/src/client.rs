@@ -191,8 +191,9 @@ enum Line {
     Granted((i64, Instant)),
     /// The wait is over without the lock (None), or with every node failing.
     Over(Option<Error>),
-    /// The ordering node stopped answering, or the grant there was lost.
-    Gone,
+    /// The ordering node stopped answering, or the grant there was lost;
+    /// with the error if a round failed for want of a majority.
+    Gone(Option<Error>),
 }
 
 /// How long a key counts as contended after its ordering node refused.
@@ -216,7 +217,6 @@ fn refuses_the_request(e: &Error) -> bool {
             r.code() != Some("TRYAGAIN")
                 && (r.kind() == redis::ErrorKind::ResponseError || r.code() == Some("NOPERM"))
         }
-        Error::Config(_) => true,
         _ => false,
     }
 }
@@ -332,9 +332,13 @@ impl LockClient {
     /// votes. Servers are told apart by their `run_id` (INFO server), read
     /// once, when a majority first answers; a node that does not answer
     /// then is not checked.
-    async fn check_distinct_nodes(&self, limit: Duration) -> Result<()> {
+    /// Returns the settings read, if it read them now.
+    async fn check_distinct_nodes(
+        &self,
+        limit: Duration,
+    ) -> Result<Option<Vec<Option<NodeSettings>>>> {
         if self.inner.nodes_checked.load(AtomicOrdering::Acquire) {
-            return Ok(());
+            return Ok(None);
         }
         // One read per node serves this check and the deployment check.
         let read = join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await;
@@ -360,7 +364,9 @@ impl LockClient {
             .iter()
             .filter(|r| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
             .count();
-        if answered.len() + refused >= self.quorum() {
+        let majority_checked = answered.len() + refused >= self.quorum();
+        let read: Vec<Option<NodeSettings>> = read.into_iter().map(Result::ok).collect();
+        if majority_checked {
             self.inner
                 .nodes_checked
                 .store(true, AtomicOrdering::Release);
@@ -371,10 +377,10 @@ impl LockClient {
                 .unwrap_or_else(|e| e.into_inner());
             if !deployment.started {
                 deployment.started = true;
-                deployment.record(read.into_iter().map(Result::ok).collect());
+                deployment.record(read.clone());
             }
         }
-        Ok(())
+        Ok(Some(read))
     }
 
     /// How many nodes were given.
@@ -442,7 +448,7 @@ impl LockClient {
             self.acquire_single(key, token, ttl, wait).await
         } else {
             match self.check_distinct_nodes(self.node_timeout(ttl)).await {
-                Ok(()) => self.acquire_redlock(key, token, ttl, floor, wait).await,
+                Ok(_) => self.acquire_redlock(key, token, ttl, floor, wait).await,
                 Err(e) => Err(e),
             }
         };
@@ -573,17 +579,14 @@ impl LockClient {
                     }
                     Ok(_) => {
                         last_error = None;
-                        Line::Gone
+                        Line::Gone(None)
                     }
                     // The nodes refuse the request itself (a TTL above
                     // their limit, an ACL): no retry can change that.
                     Err(e) if Instant::now() >= deadline || refuses_the_request(&e) => {
                         return Err(e)
                     }
-                    Err(e) => {
-                        last_error = Some(e);
-                        Line::Gone
-                    }
+                    Err(e) => Line::Gone(Some(e)),
                 },
             };
             match line {
@@ -593,7 +596,8 @@ impl LockClient {
                 // No grant, and no line to wait in (not queueing, the
                 // ordering node not answering, or the grant there lost):
                 // retry after a random pause.
-                Line::Gone => {}
+                Line::Gone(Some(e)) => last_error = Some(e),
+                Line::Gone(None) => {}
             }
             let max_delay = self
                 .inner
@@ -692,9 +696,9 @@ impl LockClient {
             reply = node.acquire_waiting(key, token, ttl, left, limit) => match reply {
                 Ok(Some(_)) => {}
                 Ok(None) => return Line::Over(None),
-                Err(_) => return Line::Gone,
+                Err(_) => return Line::Gone(None),
             },
-            _ = watch => return Line::Gone,
+            _ = watch => return Line::Gone(None),
         }
         self.take_others(key, token, ttl, floor, o, deadline).await
     }
@@ -737,7 +741,8 @@ impl LockClient {
                     self.inner.group.release_everywhere(key, token, ttl).await;
                     return match result {
                         Err(e) if Instant::now() >= deadline => Line::Over(Some(e)),
-                        _ => Line::Gone,
+                        Err(e) => Line::Gone(Some(e)),
+                        Ok(_) => Line::Gone(None),
                     };
                 }
             }
@@ -913,8 +918,18 @@ impl LockClient {
         self.inner.group.release_except(key, token, ttl, keep).await;
         let failed = replies.iter().filter(|r| r.is_err()).count();
         if failed > nodes.len() - quorum {
-            let first = replies.into_iter().find_map(|r| r.err());
-            return Err(first.unwrap_or(Error::Timeout));
+            // A refusal of the request (see refuses_the_request) is the
+            // round's answer only if the refusing nodes alone leave no
+            // majority; otherwise a node that may come back is the reason.
+            let refusals = replies
+                .iter()
+                .filter(|r| matches!(r, Err(e) if refuses_the_request(e)))
+                .count();
+            let refused = refusals > nodes.len() - quorum;
+            let error = replies
+                .into_iter()
+                .find_map(|r| r.err().filter(|e| refuses_the_request(e) == refused));
+            return Err(error.unwrap_or(Error::Timeout));
         }
         Ok(Round {
             granted: None,
@@ -976,7 +991,9 @@ impl LockClient {
     /// so that acquire does not read them again); None per node not read.
     /// Err if the group is refused (one server twice).
     pub async fn group_settings(&self, ttl: Duration) -> Result<Vec<Option<NodeSettings>>> {
-        self.check_distinct_nodes(self.node_timeout(ttl)).await?;
+        if let Some(read) = self.check_distinct_nodes(self.node_timeout(ttl)).await? {
+            return Ok(read);
+        }
         let deployment = self
             .inner
             .deployment

@@ -1020,3 +1020,22 @@ fn redlock_failures_during_a_wait_say_what_went_wrong() {
     let out = redis_lock_on("release", &urls, &["--key", "k", "--token", "t"]);
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
 }
+
+/// The warning about a node unsafe after a crash is printed for the nodes
+/// that answered even when fewer than a majority did.
+#[test]
+fn run_warns_about_the_nodes_that_answered() {
+    let node = Server::start();
+    let urls = vec![
+        node.url(),
+        format!("redis://127.0.0.1:{}/", common::free_port()),
+        format!("redis://127.0.0.1:{}/", common::free_port()),
+    ];
+    let out = redis_lock_on("run", &urls, &["--key", "k", "--ttl", "5s", "--", "true"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("restart-delay-ms 0 is below the TTL"),
+        "{}",
+        text(&out.stderr)
+    );
+}

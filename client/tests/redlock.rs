@@ -464,3 +464,39 @@ async fn the_validity_never_outlasts_the_majoritys_lease() {
     }
     assert!(guard.release().await.unwrap());
 }
+
+/// One node refusing the request (its own lower `lock.max-ttl-ms`) and one
+/// not answering for a while: a majority is still possible, so a wait goes
+/// on until the silent node is back, and is granted (a regression guard:
+/// it passes on the code before this change too). A refusal ends the
+/// wait only when the refusing nodes alone leave no majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_refusing_node_does_not_end_a_wait_a_majority_can_still_grant() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a node with its own limit") {
+        return;
+    }
+    let nodes = vec![
+        Server::builder().module_arg("max-ttl-ms", "1000").start(),
+        Server::start(),
+        Server::start(),
+    ];
+    let locks = LockClient::with_options(&urls(&nodes), fast_retries()).unwrap();
+    nodes[1].signal("STOP");
+    let start = Instant::now();
+    let (got, ()) = tokio::join!(
+        locks
+            .acquire("k", Duration::from_secs(5))
+            .wait(Duration::from_secs(10)),
+        async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            nodes[1].signal("CONT");
+        }
+    );
+    let guard = got
+        .expect("no error: a majority could still grant")
+        .expect("granted");
+    assert!(start.elapsed() >= Duration::from_millis(1400));
+    assert_eq!(node_fence(&nodes[1], "k"), Some(guard.fence()));
+    assert_eq!(node_fence(&nodes[0], "k"), None, "refused there");
+    assert!(guard.release().await.unwrap());
+}

@@ -69,11 +69,12 @@ pub const FORWARDED: &[libc::c_int] = &[
 
 /// Also forwarded when they can be caught here (a signal the runtime cannot
 /// take is left to end `redis-lock`, and the sentry the job): the
-/// real-time signals, SIGSYS and SIGSTKFLT. Not forwarded: the signals that
-/// report a fault of `redis-lock` itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE,
-/// SIGTRAP); they end it, the sentry kills the job, the lease runs out.
+/// real-time signals and SIGSTKFLT. Not forwarded: the signals that report
+/// a fault of `redis-lock` itself (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP,
+/// SIGSYS: a handler would let the faulting thread go on); they end it, the
+/// sentry kills the job, the lease runs out.
 pub fn also_forwarded() -> Vec<libc::c_int> {
-    let mut signals = vec![libc::SIGSYS, libc::SIGSTKFLT];
+    let mut signals = vec![libc::SIGSTKFLT];
     signals.extend(libc::SIGRTMIN()..=libc::SIGRTMAX());
     signals
 }
