@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::group::{drift, Group};
-use crate::guard::{Lease, LockGuard};
+use crate::guard::{Lease, LockGuard, Sent};
 use crate::node::{LockInfo, Node, NodeSettings};
 
 /// Tuning. The defaults suit TTLs from about a second to minutes. Built
@@ -209,12 +209,12 @@ const FENCE_LEAD_US: i64 = 2_000;
 const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Whether a node refused the request itself rather than failing to
-/// answer or asking to try again later (`TRYAGAIN`, its restart delay): a
-/// TTL above `lock.max-ttl-ms`, a token too long, an ACL refusal.
+/// answer or asking to try again later ([`Error::is_busy`]): a TTL above
+/// `lock.max-ttl-ms`, a token too long, an ACL refusal, no module.
 fn refuses_the_request(e: &Error) -> bool {
     match e {
         Error::Redis(r) => {
-            r.code() != Some("TRYAGAIN")
+            !e.is_busy()
                 && (r.kind() == redis::ErrorKind::ResponseError || r.code() == Some("NOPERM"))
         }
         _ => false,
@@ -491,14 +491,14 @@ impl LockClient {
         let limit = self.node_timeout(ttl);
         // One ACQUIRE; the validity is measured from just before it.
         let acquire_now = || async {
-            let start = Instant::now();
+            let start = Sent::now();
             let fence = node.acquire(key, token, ttl, None, limit).await?;
-            Ok(fence.map(|f| (f, start + ttl.saturating_sub(drift(ttl)))))
+            Ok(fence.map(|f| (f, start.plus(ttl.saturating_sub(drift(ttl))))))
         };
         if wait.is_zero() {
             return acquire_now().await;
         }
-        let start = Instant::now();
+        let start = Sent::now();
         let Some(fence) = node.acquire_waiting(key, token, ttl, wait, limit).await? else {
             return Ok(None);
         };
@@ -508,7 +508,7 @@ impl LockClient {
         // for a validity measured from now; a lock granted without waiting
         // costs one round trip, not two.
         if start.elapsed() < ttl / 2 {
-            return Ok(Some((fence, start + ttl.saturating_sub(drift(ttl)))));
+            return Ok(Some((fence, start.plus(ttl.saturating_sub(drift(ttl))))));
         }
         acquire_now().await
     }
@@ -528,7 +528,10 @@ impl LockClient {
         floor: bool,
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
-        let deadline = Instant::now() + wait;
+        // A wait too long for an instant (--wait 10^15h) is for ever.
+        let deadline = Instant::now()
+            .checked_add(wait)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400));
         let order =
             (self.inner.group.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
         // Why the last round failed, if a majority could not be asked: a
@@ -859,7 +862,7 @@ impl LockClient {
         let limit = self.node_timeout(ttl);
         let quorum = self.quorum();
         let fencing = self.inner.group.options.quorum_fencing;
-        let in_time = |start: Instant| start.elapsed() + drift(ttl) < ttl;
+        let in_time = |start: Sent| start.elapsed() + drift(ttl) < ttl;
         // A token the caller chose may already hold the lock: a floor would
         // give that holder a new fence on some nodes (MINFENCE above a held
         // lock's fence draws a fresh one), where a renewal keeps it.
@@ -867,7 +870,7 @@ impl LockClient {
             true => self.first_phase_fence(limit).await,
             false => None,
         };
-        let start = Instant::now();
+        let start = Sent::now();
         let replies = join_all(nodes.iter().map(|n| n.acquire(key, token, ttl, g, limit))).await;
         let granted: Vec<(usize, i64)> = replies
             .iter()
@@ -910,7 +913,7 @@ impl LockClient {
             }
             if confirmed >= quorum && in_time(start) {
                 return Ok(Round {
-                    granted: Some((t, start + ttl - drift(ttl))),
+                    granted: Some((t, start.plus(ttl - drift(ttl)))),
                     order: order_reply,
                 });
             }
@@ -975,7 +978,11 @@ impl LockClient {
         token: &str,
         ttl: Duration,
     ) -> Result<Option<Instant>> {
-        let far = Instant::now() + ttl;
+        // Past any validity (a TTL too long for an instant is the nodes' to
+        // refuse, not a panic here).
+        let far = Instant::now()
+            .checked_add(ttl)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400));
         self.inner
             .group
             .extend_everywhere(key, token, ttl, far)

@@ -31,6 +31,29 @@ impl fmt::Display for Error {
     }
 }
 
+impl Error {
+    /// Whether a node asks to be tried again later rather than refusing or
+    /// failing: it is in its restart delay (`TRYAGAIN`), or the lock's
+    /// line of waiters is full (`lock.max-waiters-per-key`).
+    pub fn is_busy(&self) -> bool {
+        match self {
+            Error::Redis(r) => {
+                r.code() == Some("TRYAGAIN")
+                    || (r.kind() == redis::ErrorKind::ResponseError
+                        && r.to_string().contains("too many waiters"))
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a node does not know the `LOCK.*` commands (the module is
+    /// not loaded there).
+    pub fn is_module_missing(&self) -> bool {
+        matches!(self, Error::Redis(r) if r.kind() == redis::ErrorKind::ResponseError
+            && r.to_string().contains("unknown command"))
+    }
+}
+
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::client::Options;
 use crate::error::{Error, Result};
+use crate::guard::Sent;
 use crate::node::Node;
 
 pub(crate) struct Group {
@@ -115,12 +116,12 @@ impl Group {
         valid_until: Instant,
     ) -> Result<Option<Instant>> {
         let limit = self.node_timeout(ttl);
-        let start = Instant::now();
+        let start = Sent::now();
         let replies = join_all(self.nodes.iter().map(|n| n.extend(key, token, ttl, limit))).await;
         let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
         let now = Instant::now();
         if extended >= self.quorum() && now < valid_until && start.elapsed() + drift(ttl) < ttl {
-            return Ok(Some(start + ttl - drift(ttl)));
+            return Ok(Some(start.plus(ttl - drift(ttl))));
         }
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered < self.quorum() {

@@ -73,6 +73,53 @@ impl Deadline {
     }
 }
 
+/// When a request was sent, on both clocks. A validity measured from it
+/// must also lose the time the machine was suspended while the request was
+/// in flight: tokio's clock (CLOCK_MONOTONIC) stops then, the nodes' do not.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent {
+    at: Instant,
+    suspended: Duration,
+}
+
+impl Sent {
+    pub(crate) fn now() -> Sent {
+        Sent {
+            at: Instant::now(),
+            suspended: suspended_total(),
+        }
+    }
+
+    /// The time since it was sent, suspended time included.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.at.elapsed() + self.slept()
+    }
+
+    /// `validity` after it was sent, as a tokio instant: earlier by any
+    /// suspend since (at the latest when it was sent, if that is more).
+    pub(crate) fn plus(&self, validity: Duration) -> Instant {
+        (self.at + validity)
+            .checked_sub(self.slept())
+            .map_or(self.at, |at| at.max(self.at))
+    }
+
+    fn slept(&self) -> Duration {
+        suspended_total().saturating_sub(self.suspended)
+    }
+}
+
+/// How long the machine has been suspended since boot: CLOCK_BOOTTIME less
+/// CLOCK_MONOTONIC (both start at boot; only the first counts suspend).
+fn suspended_total() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    boot_now().saturating_sub(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
+}
+
 /// CLOCK_BOOTTIME: monotonic, and counts system suspend.
 fn boot_now() -> Duration {
     let mut ts = libc::timespec {
@@ -167,7 +214,7 @@ impl Lease {
 
     /// Fires when the lock is lost: a renewal was refused, or one failed
     /// with too little validity left for another attempt (retry pause plus
-    /// node timeout), or the validity deadline passed without a renewal. Await
+    /// twice the node timeout), or the validity deadline passed without a renewal. Await
     /// `lost().cancelled()` or poll `lost().is_cancelled()`.
     pub fn lost(&self) -> &CancellationToken {
         &self.shared.lost
@@ -346,7 +393,14 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
         if !renew || Instant::now() < renew_at {
             continue; // not due
         }
-        let _turn = lease.shared.extending.lock().await;
+        // A manual extend in flight holds the turn; the deadline is still
+        // watched meanwhile (that extend may fail, and the holder must hear
+        // of the loss when the validity ends, not when it returns).
+        let _turn = tokio::select! {
+            turn = lease.shared.extending.lock() => turn,
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep_until(valid_until) => continue,
+        };
         if lease.term().since != term.since {
             continue; // extended meanwhile by hand: due later
         }
@@ -367,7 +421,9 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
                 // when the validity runs out.
                 Err(e) => {
                     let retry = (ttl / 10).max(Duration::from_millis(5));
-                    let attempt = retry + group.node_timeout(ttl);
+                    // A node call may take the node timeout twice: to
+                    // connect, then to answer.
+                    let attempt = retry + 2 * group.node_timeout(ttl);
                     tracing::warn!(key = lease.key(), error = %e, "lock renewal failed");
                     if Instant::now() + attempt >= lease.valid_until() {
                         lost(&lease, "renewals failed and no retry can finish within the validity");
@@ -391,11 +447,15 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
 mod tests {
     use super::*;
 
+    /// The pretended suspend is one static: its tests take turns.
+    static PRETEND_SUSPEND: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A suspend longer than the validity ends it, though tokio's clock
     /// (CLOCK_MONOTONIC) did not move: `is_valid` and `valid_until` count
     /// CLOCK_BOOTTIME too.
     #[test]
     fn a_suspend_longer_than_the_validity_ends_it() {
+        let _one_at_a_time = PRETEND_SUSPEND.lock().unwrap_or_else(|p| p.into_inner());
         let lease = Lease::new(
             "k",
             "t",
@@ -411,5 +471,26 @@ mod tests {
         assert!(!after, "valid after a 20 s suspend of a 10 s validity");
         assert!(until <= Instant::now());
         assert!(lease.is_valid(), "without the suspend it is valid again");
+    }
+
+    /// A suspend while a request is in flight (granted meanwhile, answered
+    /// after the resume) is taken off the validity measured from the
+    /// request: before, the grant counted as valid for its whole TTL though
+    /// the node's lease had run on through the suspend.
+    #[test]
+    fn a_suspend_during_a_request_shortens_its_validity() {
+        let _one_at_a_time = PRETEND_SUSPEND.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = Sent::now();
+        SUSPENDED_MS.store(20_000, std::sync::atomic::Ordering::Relaxed);
+        let until = sent.plus(Duration::from_secs(10));
+        let elapsed = sent.elapsed();
+        SUSPENDED_MS.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert!(until <= Instant::now(), "valid after a 20 s suspend");
+        assert!(elapsed >= Duration::from_secs(20), "{elapsed:?}");
+        let lease = Lease::new("k", "t", 1, Duration::from_secs(30), until);
+        assert!(!lease.is_valid());
+        let sent = Sent::now();
+        let until = sent.plus(Duration::from_secs(10));
+        assert!(until > Instant::now() + Duration::from_secs(9));
     }
 }

@@ -426,14 +426,14 @@ impl Node {
             },
         };
         // BLOCK 0 would wait forever: wait at least a millisecond.
-        let block_ms = millis(wait).max(1);
+        let block_ms = millis(wait).clamp(1, MAX_BLOCK_MS);
         let mut cmd = redis::cmd("LOCK.ACQUIRE");
         cmd.arg(key)
             .arg(token)
             .arg(millis(ttl))
             .arg("BLOCK")
             .arg(block_ms);
-        let reply = within(wait + limit, async {
+        let reply = within(wait.saturating_add(limit), async {
             Ok(cmd.query_async(&mut conn).await?)
         })
         .await;
@@ -517,8 +517,22 @@ impl Node {
     pub async fn info(&self, key: &str, limit: Duration) -> Result<Option<LockInfo>> {
         let mut cmd = redis::cmd("LOCK.INFO");
         cmd.arg(key);
-        let reply: Option<Vec<redis::Value>> = self.run(cmd, limit).await?;
-        let Some(fields) = reply else { return Ok(None) };
+        // An array of name, value pairs on RESP2; a map on RESP3.
+        let pairs: Vec<(redis::Value, redis::Value)> = match self.run(cmd, limit).await? {
+            redis::Value::Nil => return Ok(None),
+            redis::Value::Map(pairs) => pairs,
+            redis::Value::Array(items) => items
+                .chunks_exact(2)
+                .map(|pair| (pair[0].clone(), pair[1].clone()))
+                .collect(),
+            other => {
+                return Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::TypeError,
+                    "LOCK.INFO did not answer a map",
+                    format!("{other:?}"),
+                ))))
+            }
+        };
         let mut info = LockInfo {
             token: None,
             fence: 0,
@@ -526,8 +540,7 @@ impl Node {
             waiters: 0,
             granted_ms: None,
         };
-        for pair in fields.chunks(2) {
-            let [name, value] = pair else { break };
+        for (name, value) in &pairs {
             let name: String = redis::from_redis_value(name)?;
             match name.as_str() {
                 "token" => info.token = redis::from_redis_value(value)?,
@@ -591,9 +604,70 @@ impl NodeSettings {
     }
 }
 
+impl NodeSettings {
+    /// One server's settings from its `INFO server lock` text and CONFIG
+    /// values.
+    fn read(
+        url: String,
+        info: &str,
+        restart_delay_ms: Option<String>,
+        appendonly: Option<String>,
+        appendfsync: Option<String>,
+    ) -> NodeSettings {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim().to_string())
+        };
+        NodeSettings {
+            url,
+            run_id: field("run_id").unwrap_or_default(),
+            version: field("redis_version").unwrap_or_default(),
+            module_loaded: field("lock_fence_hwm").is_some(),
+            fence_hwm: field("lock_fence_hwm").and_then(|v| v.parse().ok()),
+            restart_delay_ms: restart_delay_ms.and_then(|v| v.parse().ok()),
+            appendonly: appendonly.map(|v| v == "yes"),
+            appendfsync,
+        }
+    }
+
+    /// A cluster as one node: its masters' settings combined so that the
+    /// weakest stands (the module missing on any, the lowest fence mark and
+    /// restart delay, a master that does not fsync every write); `run_id`
+    /// lists every master's.
+    fn combine(url: String, masters: Vec<NodeSettings>) -> NodeSettings {
+        let fsyncs = |m: &NodeSettings| {
+            m.appendonly == Some(true) && m.appendfsync.as_deref() == Some("always")
+        };
+        let weakest = masters.iter().find(|m| !fsyncs(m)).or(masters.first());
+        let mut ids: Vec<&str> = masters.iter().map(|m| m.run_id.as_str()).collect();
+        ids.sort_unstable();
+        let all = |f: fn(&NodeSettings) -> Option<i64>| -> Option<Vec<i64>> {
+            masters.iter().map(f).collect()
+        };
+        NodeSettings {
+            url,
+            run_id: ids.join(","),
+            version: masters
+                .first()
+                .map(|m| m.version.clone())
+                .unwrap_or_default(),
+            module_loaded: !masters.is_empty() && masters.iter().all(|m| m.module_loaded),
+            fence_hwm: all(|m| m.fence_hwm).and_then(|v| v.into_iter().min()),
+            restart_delay_ms: all(|m| m.restart_delay_ms).and_then(|v| v.into_iter().min()),
+            appendonly: weakest.and_then(|m| m.appendonly),
+            appendfsync: weakest.and_then(|m| m.appendfsync.clone()),
+        }
+    }
+}
+
 impl Node {
-    /// Reads the node's identity, persistence settings and fence mark.
+    /// Reads the node's identity, persistence settings and fence mark (a
+    /// cluster's: every master's, combined).
     pub async fn settings(&self, limit: Duration) -> Result<NodeSettings> {
+        if self.cluster.is_some() {
+            return self.cluster_settings(limit).await;
+        }
         let mut info = redis::cmd("INFO");
         info.arg("server").arg("lock");
         let info = async move {
@@ -603,8 +677,10 @@ impl Node {
         let config = |name: &'static str| async move {
             let mut cmd = redis::cmd("CONFIG");
             cmd.arg("GET").arg(name);
-            let pair: Vec<String> = self.run(cmd, limit).await.ok()?;
-            pair.get(1).cloned()
+            // A name, value pair on RESP2; a map on RESP3.
+            let mut pair: std::collections::HashMap<String, String> =
+                self.run(cmd, limit).await.ok()?;
+            pair.remove(name)
         };
         // Asked together: one round trip on the shared connection.
         let (text, restart_delay_ms, appendonly, appendfsync) = tokio::join!(
@@ -613,24 +689,75 @@ impl Node {
             config("appendonly"),
             config("appendfsync")
         );
-        let text = text?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-                .map(|v| v.trim().to_string())
-        };
-        Ok(NodeSettings {
-            url: self.shown.clone(),
-            run_id: field("run_id").unwrap_or_default(),
-            version: field("redis_version").unwrap_or_default(),
-            module_loaded: field("lock_fence_hwm").is_some(),
-            fence_hwm: field("lock_fence_hwm").and_then(|v| v.parse().ok()),
-            restart_delay_ms: restart_delay_ms.and_then(|v| v.parse().ok()),
-            appendonly: appendonly.map(|v| v == "yes"),
+        Ok(NodeSettings::read(
+            self.shown.clone(),
+            &text?,
+            restart_delay_ms,
+            appendonly,
             appendfsync,
-        })
+        ))
+    }
+
+    /// [`settings`](Self::settings) of a cluster: INFO and each CONFIG GET
+    /// sent to every master (the cluster client would send CONFIG GET to
+    /// one node at random), answered as a map from each master's address.
+    async fn cluster_settings(&self, limit: Duration) -> Result<NodeSettings> {
+        use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+        use std::collections::HashMap;
+        let Conn::Cluster(conn) = self.connection(limit).await? else {
+            return Err(Error::Config("not a cluster connection".into()));
+        };
+        let on_masters = |cmd: redis::Cmd| {
+            let mut conn = conn.clone();
+            async move {
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let reply = within(limit, async { Ok(conn.route_command(&cmd, all).await?) });
+                let per_master: HashMap<String, redis::Value> =
+                    redis::from_redis_value(&reply.await?)?;
+                Ok::<_, Error>(per_master)
+            }
+        };
+        let config = |name: &'static str| {
+            let mut cmd = redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            let reply = on_masters(cmd);
+            async move {
+                let per_master = reply.await.unwrap_or_default();
+                per_master
+                    .into_iter()
+                    .filter_map(|(addr, v)| {
+                        let mut pair: HashMap<String, String> = redis::from_redis_value(&v).ok()?;
+                        Some((addr, pair.remove(name)?))
+                    })
+                    .collect::<HashMap<String, String>>()
+            }
+        };
+        let mut info = redis::cmd("INFO");
+        info.arg("server").arg("lock");
+        let (texts, mut delays, mut appendonly, mut appendfsync) = tokio::join!(
+            on_masters(info),
+            config("lock.restart-delay-ms"),
+            config("appendonly"),
+            config("appendfsync")
+        );
+        let mut masters = Vec::new();
+        for (addr, text) in texts? {
+            let text: String = redis::from_redis_value(&text)?;
+            masters.push(NodeSettings::read(
+                format!("redis://{addr}/"),
+                &text,
+                delays.remove(&addr),
+                appendonly.remove(&addr),
+                appendfsync.remove(&addr),
+            ));
+        }
+        Ok(NodeSettings::combine(self.shown.clone(), masters))
     }
 }
+
+/// The longest BLOCK the module takes (about ten years): a longer wait is
+/// asked as this one.
+const MAX_BLOCK_MS: u64 = 316_224_000_000;
 
 /// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
 pub(crate) fn millis(d: Duration) -> u64 {

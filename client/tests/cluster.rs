@@ -67,6 +67,25 @@ fn a_cluster_url_locks_each_key_on_its_master_and_waits_in_its_line() {
             assert!(next.release().await.unwrap());
         }
     });
+    // The deployment read covers every master (before, INFO came back as
+    // a map per master and the read failed; doctor called the cluster
+    // unreachable, exit 69, and the library's warning never ran).
+    let settings = runtime.block_on(locks.settings()).remove(0).unwrap();
+    assert!(settings.module_loaded, "{settings:?}");
+    assert_eq!(settings.run_id.split(',').count(), 3, "{settings:?}");
+    assert!(settings.restart_delay_ms.is_some(), "{settings:?}");
+    assert!(settings.appendfsync.is_some(), "{settings:?}");
+    let doctor = std::process::Command::new(BIN)
+        .args(["doctor", "--url", &url, "--ttl", "5s"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        matches!(doctor.status.code(), Some(0 | 78)),
+        "{said}{}",
+        String::from_utf8_lossy(&doctor.stderr)
+    );
+    assert!(said.contains("module loaded"), "{said}");
     // The command too.
     let key = key_on(&cluster, 2);
     let fence = common::fence_of_a_run(BIN, &url, &key, &[]);

@@ -825,3 +825,29 @@ async fn a_release_nobody_answered_is_an_error() {
     s.kill9();
     assert!(guard.release().await.is_err());
 }
+
+/// Over RESP3 (`?protocol=resp3`, or an application's own RESP3 client)
+/// LOCK.INFO and CONFIG GET answer maps, not arrays. Before, `info` failed
+/// with a type error and the settings read found no restart delay or
+/// fsync policy (so the deployment warnings were silently skipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_call_works_over_resp3() {
+    let s = Server::builder()
+        .module_arg("restart-delay-ms", "0")
+        .start();
+    let url = format!("redis://127.0.0.1:{}/?protocol=resp3", s.port);
+    let locks = LockClient::new(&[url.as_str()]).unwrap();
+    let ttl = Duration::from_secs(10);
+    let guard = locks.try_acquire("r3", ttl).await.unwrap().expect("free");
+    let info = locks.info("r3").await.remove(0).unwrap().expect("held");
+    assert_eq!(info.token.as_deref(), Some(guard.token().as_bytes()));
+    assert_eq!(info.fence, guard.fence());
+    assert!(info.ttl_ms > 9000 && info.ttl_ms <= 10_000, "{info:?}");
+    let settings = locks.settings().await.remove(0).unwrap();
+    assert!(settings.module_loaded);
+    assert_eq!(settings.restart_delay_ms, Some(0));
+    assert!(settings.appendonly.is_some() && settings.appendfsync.is_some());
+    assert!(guard.extend(ttl).await.unwrap());
+    assert!(guard.release().await.unwrap());
+    assert!(locks.info("r3").await.remove(0).unwrap().is_none());
+}
