@@ -823,9 +823,11 @@ fn what_the_command_left_running_is_stopped_before_the_lock_is_released() {
     // One that ignores SIGTERM: SIGKILL after the grace, the lock held
     // until then.
     let pid_file = scratch("ignores");
+    // The command exits only once the leftover has set its trap (it writes
+    // its pid after): exiting first raced the trap with the SIGTERM.
     let script = format!(
-        "(trap '' TERM; exec sleep 60) >/dev/null 2>&1 & echo $! > {}",
-        pid_file.display()
+        "(trap '' TERM; sh -c 'echo $PPID' > {p}.tmp && mv {p}.tmp {p}; exec sleep 60) >/dev/null 2>&1 & while [ ! -s {p} ]; do sleep 0.01; done",
+        p = pid_file.display()
     );
     let start = Instant::now();
     let child = Command::new(BIN)
@@ -1035,6 +1037,92 @@ fn run_warns_about_the_nodes_that_answered() {
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("restart-delay-ms 0 is below the TTL"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A `--wait` too long for a clock (10^15 hours) is a wait for ever, not a
+/// panic, on one node and on a Redlock group: a free lock is granted at
+/// once. Before, the Redlock path panicked computing its deadline.
+#[test]
+fn a_wait_beyond_any_clock_is_not_a_crash() {
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let all: Vec<String> = nodes.iter().map(Server::url).collect();
+    for urls in [&all[..1], &all[..]] {
+        let out = redis_lock_on(
+            "acquire",
+            urls,
+            &["--key", "kw", "--ttl", "5s", "--wait", "3000000000000000h"],
+        );
+        let stderr = text(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(out.status.code(), Some(0), "{} nodes: {stderr}", urls.len());
+        assert!(text(&out.stdout).contains("REDIS_LOCK_FENCE="));
+        let _: i64 = redis::cmd("DEL")
+            .arg("kw")
+            .query(&mut nodes[0].conn())
+            .unwrap();
+        for n in &nodes[1..] {
+            let _: i64 = redis::cmd("DEL").arg("kw").query(&mut n.conn()).unwrap();
+        }
+    }
+}
+
+/// Each node-side refusal gets the exit code of what went wrong: a node
+/// without the module is unavailable (69, naming the module), a key that
+/// holds another type is a usage error (64), a full line of waiters is
+/// "try again" (75). Before: 64, 69 and 64.
+#[test]
+fn node_errors_get_the_exit_code_of_what_went_wrong() {
+    let plain = Server::builder().without_module().start();
+    let out = redis_lock_on("acquire", &[plain.url()], &["--key", "k", "--ttl", "5s"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("module"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let s = Server::builder()
+        .module_arg("max-waiters-per-key", "1")
+        .start();
+    let _: () = redis::cmd("SET")
+        .arg("str")
+        .arg("v")
+        .query(&mut s.conn())
+        .unwrap();
+    let out = redis_lock_on("acquire", &[s.url()], &["--key", "str", "--ttl", "5s"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a lock"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // The lock held, one waiter queued: the line is full.
+    assert!(common::acquire(&mut s.conn(), "full", "holder", 60_000).is_some());
+    let mut waiter = s.conn();
+    std::thread::spawn(move || {
+        let _: redis::RedisResult<redis::Value> = redis::cmd("LOCK.ACQUIRE")
+            .arg("full")
+            .arg("waiter")
+            .arg(60_000)
+            .arg("BLOCK")
+            .arg(20_000)
+            .query(&mut waiter);
+    });
+    common::wait_until(Duration::from_secs(10), || {
+        common::lock_info(&mut s.conn(), "full").is_some_and(|i| i.waiters == 1)
+    });
+    let out = redis_lock_on(
+        "acquire",
+        &[s.url()],
+        &["--key", "full", "--ttl", "5s", "--wait", "5s"],
+    );
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("try again"),
         "{}",
         text(&out.stderr)
     );

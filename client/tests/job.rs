@@ -442,9 +442,11 @@ fn ctrl_z_after_the_command_exited_stops_what_it_left_with_redis_lock() {
     let pid_file = dir.join("left");
     let mut pty = Pty::bash();
     pty.send(&format!(
-        "{BIN} run --url {} --key kz --ttl 1s --grace 5s -- sh -c '(trap \"\" TERM INT; exec sleep 300) & echo $! > {}; exit 0'\n",
+        // The command exits once the leftover has set its traps (it writes
+        // its pid after them): exiting first raced them with the SIGTERM.
+        "{BIN} run --url {} --key kz --ttl 1s --grace 5s -- sh -c '(trap \"\" TERM INT; sh -c \"echo \\$PPID\" > {p}.tmp && mv {p}.tmp {p}; exec sleep 300) & while [ ! -s {p} ]; do sleep 0.01; done; exit 0'\n",
         s.url(),
-        pid_file.display(),
+        p = pid_file.display(),
     ));
     let left = read_pid(&pid_file, Duration::from_secs(10));
     pty.expect("stopping what it left running", Duration::from_secs(30));
@@ -467,4 +469,124 @@ fn ctrl_z_after_the_command_exited_stops_what_it_left_with_redis_lock() {
     pty.expect("rc=0", Duration::from_secs(30));
     assert!(!alive(left), "killed at the end of the grace");
     assert_eq!(holder(&s, "kz"), None, "released at the end");
+}
+
+/// With `stty tostop`, a process outside the terminal's foreground group
+/// that writes to it gets SIGTTOU. redis-lock is in that position while
+/// the job has the terminal; its messages (a lost lock, leftovers) must
+/// neither hang it nor come before the job is signalled. Before, the
+/// write was restarted after each SIGTTOU for ever: the lost lock's child
+/// ran on, without the lock, and redis-lock never exited.
+#[test]
+fn messages_from_the_background_do_not_hang_redis_lock_under_tostop() {
+    let s = Server::start();
+    let dir = scratch();
+    let pid_file = dir.join("tostop");
+    let mut pty = Pty::bash();
+    pty.send("stty tostop\n");
+    pty.send(&format!(
+        "{BIN} run --url {} --key kt --ttl 1s -- sh -c 'echo $$ > {}; while :; do sleep 0.05; done'\n",
+        s.url(),
+        pid_file.display(),
+    ));
+    let child = read_pid(&pid_file, Duration::from_secs(10));
+    let redis_lock = parent_of(child);
+    // The lock is taken from under it: the next renewal is refused.
+    let _: i64 = redis::cmd("DEL").arg("kt").query(&mut s.conn()).unwrap();
+    wait_for(Duration::from_secs(10), "the child is stopped", || {
+        !alive(child)
+    });
+    wait_for(Duration::from_secs(10), "redis-lock exits", || {
+        !alive(redis_lock)
+    });
+    pty.send("echo \"rc=$?\"\n");
+    pty.expect("lost the lock on kt", Duration::from_secs(30));
+    pty.expect("rc=76", Duration::from_secs(30));
+}
+
+/// A parent that ignores SIGCHLD (some wrappers and supervisors do) passes
+/// that on through exec; the kernel then reaps the children itself. Before,
+/// redis-lock never saw its command exit and renewed the lock for ever.
+#[test]
+fn an_inherited_ignored_sigchld_does_not_hide_the_commands_exit() {
+    let s = Server::start();
+    let mut command = Command::new(BIN);
+    command
+        .args(["run", "--url", &s.url(), "--key", "kc", "--ttl", "2s", "--"])
+        .args(["sh", "-c", "sleep 0.2; exit 3"])
+        .stderr(Stdio::piped());
+    // SAFETY: signal is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut redis_lock = command.spawn().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = redis_lock.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = redis_lock.kill();
+            panic!("redis-lock did not exit after its command did");
+        }
+        sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3), "the command's own exit code");
+    assert_eq!(holder(&s, "kc"), None, "released");
+}
+
+/// A `--grace` too long for a clock (10^15 hours) means "never", not a
+/// panic: the command leaves a process that ends on SIGTERM, and
+/// redis-lock reports the command's code. Before, it panicked (exit 101)
+/// while computing the SIGKILL time.
+#[test]
+fn a_grace_beyond_any_clock_is_not_a_crash() {
+    let s = Server::start();
+    let out = Command::new(BIN)
+        .args(["run", "--url", &s.url(), "--key", "kg", "--ttl", "2s"])
+        .args(["--grace", "3000000000000000h", "--"])
+        .args(["sh", "-c", "sleep 30 & exit 3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(holder(&s, "kg"), None, "released");
+}
+
+/// SIGSTOP to redis-lock alone (a debugger, `kill -STOP`, a hung
+/// redis-lock): renewals stop, but the job must not outlive the lock's
+/// validity. The sentry kills it when the validity passes (on the boot
+/// clock) without redis-lock having moved it; continued, redis-lock
+/// reports the lost lock. Before, the job ran on without the lock for as
+/// long as redis-lock stayed stopped.
+#[test]
+fn a_stopped_redis_lock_does_not_leave_its_job_running_past_the_validity() {
+    let s = Server::start();
+    let dir = scratch();
+    let (mut redis_lock, child) = run_sleeper(&s, "ks", &dir, "");
+    let stopped_at = Instant::now();
+    kill(redis_lock.id() as i32, libc::SIGSTOP);
+    // The TTL is 2 s: the validity ends within 2 s of the stop (generous
+    // margins for a loaded machine).
+    wait_for(
+        Duration::from_secs(8),
+        "the job is killed while redis-lock is stopped",
+        || !alive(child),
+    );
+    assert!(
+        stopped_at.elapsed() >= Duration::from_millis(1000),
+        "killed before its validity could have ended ({:?})",
+        stopped_at.elapsed()
+    );
+    assert!(
+        redis_lock.try_wait().unwrap().is_none(),
+        "redis-lock is still there (stopped)"
+    );
+    kill(redis_lock.id() as i32, libc::SIGCONT);
+    let status = redis_lock.wait().unwrap();
+    assert_eq!(status.code(), Some(76), "the lock was lost");
 }

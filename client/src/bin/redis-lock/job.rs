@@ -5,7 +5,9 @@
 //!   before it execs; the rest of its group through a [`Sentry`], a forked
 //!   process that SIGKILLs the group when `redis-lock` ends without
 //!   standing it down (PDEATHSIG is not inherited by the command's
-//!   children).
+//!   children). The sentry also kills the group when the lock's validity
+//!   passes without `redis-lock` having moved it (a SIGSTOP to
+//!   `redis-lock` alone, a hang, a suspend).
 //! - It runs in a process group of its own, which is given the terminal
 //!   when `redis-lock` has it: it reads the terminal and gets Ctrl-C, Ctrl-Z
 //!   and Ctrl-\ like any foreground job (as under flock(1)).
@@ -39,9 +41,9 @@ pub enum ChildEvent {
         signal: libc::c_int,
     },
     Continued,
-    /// The command exited: the raw wait status. Other members of its
-    /// group may still run.
-    Exited(libc::c_int),
+    /// The command exited: the raw wait status (None if the kernel reaped
+    /// it and no status is known). Other members of its group may still run.
+    Exited(Option<libc::c_int>),
     /// The command has exited and no process is left in its group.
     GroupEmpty,
 }
@@ -142,15 +144,46 @@ impl Terminal {
 /// tcsetpgrp with SIGTTOU blocked; only async-signal-safe calls (it also
 /// runs in the forked child before exec).
 fn give_terminal(fd: libc::c_int, group: libc::pid_t) {
-    // SAFETY: plain syscalls on a stack sigset.
+    with_sigttou_blocked(|| {
+        // SAFETY: a plain syscall.
+        unsafe { libc::tcsetpgrp(fd, group) };
+    });
+}
+
+/// Runs `f` with SIGTTOU blocked on this thread: a process outside the
+/// terminal's foreground group may then change or write to it (with `stty
+/// tostop` a write from the background otherwise raises SIGTTOU, and with
+/// redis-lock's handler installed the write is restarted, raising it again,
+/// for ever). Async-signal-safe if `f` is.
+fn with_sigttou_blocked(f: impl FnOnce()) {
+    // SAFETY: plain syscalls on stack sigsets.
     unsafe {
         let mut block: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut block);
         libc::sigaddset(&mut block, libc::SIGTTOU);
         libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-        libc::tcsetpgrp(fd, group);
+        f();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+    }
+}
+
+/// A line on stderr while the job may have the terminal (redis-lock is then
+/// in the background): see [`with_sigttou_blocked`].
+pub fn say(line: std::fmt::Arguments) {
+    with_sigttou_blocked(|| {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{line}");
+    });
+}
+
+/// Restores SIGCHLD's default disposition: one inherited as ignored (a
+/// parent may exec redis-lock so) makes the kernel reap the children
+/// itself, and the command's exit would never be seen.
+pub fn default_sigchld() {
+    // SAFETY: a plain syscall with a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
     }
 }
 
@@ -234,7 +267,7 @@ pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
                     Some(ChildEvent::Continued)
                 } else if r == leader {
                     leader_done = true;
-                    Some(ChildEvent::Exited(status))
+                    Some(ChildEvent::Exited(Some(status)))
                 } else {
                     None // a member left behind, now reaped
                 };
@@ -246,9 +279,10 @@ pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
                 continue;
             }
             if r < 0 && !leader_done {
-                // ECHILD: the command is gone without a status for us.
+                // ECHILD: the command is gone without a status for us
+                // (not a success: its status is unknown).
                 leader_done = true;
-                if tx.send(ChildEvent::Exited(0)).is_err() {
+                if tx.send(ChildEvent::Exited(None)).is_err() {
                     return;
                 }
             }
@@ -274,15 +308,37 @@ pub fn is_stopped(pid: libc::pid_t) -> bool {
 }
 
 /// A forked process that kills the job's group with SIGKILL when
-/// `redis-lock` dies before the job has ended: it waits on a pipe whose
-/// only write end `redis-lock` holds, so the kernel closes it however
-/// `redis-lock` ends. Forked before the command is spawned (so no moment
-/// passes with the job unguarded), it learns the group from the pipe
-/// ([`arm`](Sentry::arm)) and leaves on one more byte
-/// ([`stand_down`](Sentry::stand_down)), written only once the group was
-/// seen empty: it never signals a group id that may have been reused.
+/// `redis-lock` can no longer stand for the lock: when it dies before the
+/// job has ended (it waits on a pipe whose only write end `redis-lock`
+/// holds, so the kernel closes it however `redis-lock` ends), and when the
+/// lock's validity passes on CLOCK_BOOTTIME without `redis-lock` having
+/// moved it ([`hold_until`](Sentry::hold_until)): `redis-lock` stopped
+/// alone (SIGSTOP), hung, or the machine suspended. Forked before the
+/// command is spawned (so no moment passes with the job unguarded), it
+/// learns the group from the pipe ([`arm`](Sentry::arm)) and leaves on
+/// [`stand_down`](Sentry::stand_down), sent only once the group was seen
+/// empty: it never signals a group id that may have been reused.
 pub struct Sentry {
     write: OwnedFd,
+}
+
+/// The sentry's messages: a kind byte and 8 bytes of payload (one pipe
+/// write each, so each arrives whole).
+const ARM: u8 = b'G';
+const HOLD_UNTIL: u8 = b'D';
+const STAND_DOWN: u8 = b'S';
+
+/// CLOCK_BOOTTIME in nanoseconds: it counts system suspend (async-signal-safe).
+pub fn boot_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid pointer to a local timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
 }
 
 impl Sentry {
@@ -297,7 +353,8 @@ impl Sentry {
         // SAFETY: both fds are fresh and owned here.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         // SAFETY: the child makes only async-signal-safe calls (setpgid,
-        // signal, close, read, killpg, _exit): this process has threads.
+        // signal, close, poll, read, clock_gettime, killpg, _exit): this
+        // process has threads.
         match unsafe { libc::fork() } {
             -1 => None,
             0 => unsafe {
@@ -324,27 +381,8 @@ impl Sentry {
                         libc::close(fd);
                     }
                 }
-                // The group (4 bytes), then the stand-down byte.
-                let mut got = [0u8; 5];
-                let mut have = 0;
-                while have < got.len() {
-                    let n = libc::read(keep, got.as_mut_ptr().add(have).cast(), got.len() - have);
-                    if n > 0 {
-                        have += n as usize;
-                        continue;
-                    }
-                    if n < 0 && *libc::__errno_location() == libc::EINTR {
-                        continue;
-                    }
-                    break; // EOF: redis-lock is gone
-                }
-                if (4..5).contains(&have) {
-                    let group = libc::pid_t::from_ne_bytes([got[0], got[1], got[2], got[3]]);
-                    if group > 1 {
-                        libc::killpg(group, libc::SIGKILL);
-                    }
-                }
-                libc::_exit(0);
+                watch_over(keep);
+                libc::_exit(0)
             },
             _ => {
                 drop(read);
@@ -353,23 +391,98 @@ impl Sentry {
         }
     }
 
-    /// The job's group, once spawned: from now on the sentry kills it if
-    /// `redis-lock` dies.
-    pub fn arm(&self, group: libc::pid_t) {
-        self.send(&group.to_ne_bytes());
+    /// The job's group, once spawned, and how long the lock is held: from
+    /// now on the sentry kills the group if `redis-lock` dies, or if
+    /// `deadline` (CLOCK_BOOTTIME ns) passes before it is moved.
+    pub fn arm(&self, group: libc::pid_t, deadline: u64) {
+        self.send(ARM, group as u64);
+        self.hold_until(deadline);
+    }
+
+    /// The lock is held until `deadline` (CLOCK_BOOTTIME ns), or the job
+    /// may run until then (an explicit `--grace`).
+    pub fn hold_until(&self, deadline: u64) {
+        self.send(HOLD_UNTIL, deadline);
     }
 
     /// The job's group was seen empty: the sentry leaves without killing.
     pub fn stand_down(self) {
-        self.send(&[1]);
+        self.send(STAND_DOWN, 0);
     }
 
-    fn send(&self, bytes: &[u8]) {
+    fn send(&self, kind: u8, payload: u64) {
+        let mut message = [kind; 9];
+        message[1..].copy_from_slice(&payload.to_ne_bytes());
         // SAFETY: a local buffer to an owned fd; a pipe write this small is
         // atomic.
         unsafe {
-            libc::write(self.write.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+            libc::write(
+                self.write.as_raw_fd(),
+                message.as_ptr().cast(),
+                message.len(),
+            );
         }
+    }
+}
+
+/// The sentry's loop (in the forked child: async-signal-safe calls only).
+/// Kills the group when the pipe closes without a stand-down, or when the
+/// deadline passes; wakes at least once a second, since poll's timeout
+/// does not count a suspend.
+fn watch_over(fd: libc::c_int) {
+    let mut group: libc::pid_t = 0;
+    let mut deadline = u64::MAX;
+    loop {
+        let now = boot_ns();
+        if group > 1 && now >= deadline {
+            break;
+        }
+        let wait_ms = ((deadline - now) / 1_000_000 + 1).min(1000) as libc::c_int;
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+        if r <= 0 {
+            continue; // a timeout (the deadline is checked above), or EINTR
+        }
+        let mut message = [0u8; 9];
+        let mut have = 0;
+        while have < message.len() {
+            // SAFETY: reads into the rest of a local buffer.
+            let n = unsafe {
+                libc::read(
+                    fd,
+                    message.as_mut_ptr().add(have).cast(),
+                    message.len() - have,
+                )
+            };
+            if n > 0 {
+                have += n as usize;
+            } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+                continue;
+            } else {
+                break;
+            }
+        }
+        if have < message.len() {
+            break; // EOF: redis-lock is gone
+        }
+        let mut payload = [0u8; 8];
+        payload.copy_from_slice(&message[1..]);
+        let payload = u64::from_ne_bytes(payload);
+        match message[0] {
+            ARM => group = payload as libc::pid_t,
+            HOLD_UNTIL => deadline = payload,
+            STAND_DOWN => return,
+            _ => {}
+        }
+    }
+    if group > 1 {
+        // SAFETY: a plain syscall.
+        unsafe { libc::killpg(group, libc::SIGKILL) };
     }
 }
 

@@ -65,8 +65,9 @@ renews the lock before the command may run again. Signals sent to redis-lock
 the lock is released once the group has exited.
 
 Exit status: the command's own status (128+N if killed by signal N); 64 usage
-error (also a TTL a node refuses); 69 lock nodes unreachable; 75 not acquired
-within --wait, or a node asked to try again later (its restart delay), or, for
+error (also a TTL a node refuses, or a key holding another type); 69 lock
+nodes unreachable (or without the module); 75 not acquired within --wait, or
+a node asked to try again later (its restart delay, a full line), or, for
 release/extend, the lock was not held; 76 the lock was lost, or its validity
 ran out, before the job ended (the group got SIGTERM as soon as the lock could not be kept, then SIGKILL halfway
 to the end of the lease's validity, or after --grace); 77 permission denied (ACL);
@@ -206,7 +207,7 @@ fn main() -> ExitCode {
 }
 
 fn fail(code: u8, message: &str) -> ExitCode {
-    eprintln!("redis-lock: {message}");
+    job::say(format_args!("redis-lock: {message}"));
     ExitCode::from(code)
 }
 
@@ -241,20 +242,29 @@ fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode
 }
 
 /// A call that failed: a usage error if a node refused the arguments (a
-/// TTL above its `lock.max-ttl-ms`), "try again" if a node is in its restart
-/// delay, "permission denied" for ACL refusals, else the nodes are
-/// unavailable.
+/// TTL above its `lock.max-ttl-ms`, a key holding another type), "try
+/// again" if a node is in its restart delay or the lock's line is full,
+/// "permission denied" for ACL refusals, else the nodes are unavailable
+/// (the module not loaded among them).
 fn failed_call(e: redis_lock_client::Error) -> ExitCode {
     use redis_lock_client::Error;
     match &e {
         Error::Config(why) => fail(exit::USAGE, why),
-        Error::Redis(r) if r.code() == Some("TRYAGAIN") => fail(
+        e if e.is_busy() => fail(
             exit::NOT_ACQUIRED,
-            &format!("a lock node asks to try again later: {r}"),
+            &format!("a lock node asks to try again later: {e}"),
+        ),
+        e if e.is_module_missing() => fail(
+            exit::UNAVAILABLE,
+            &format!("a node does not know the LOCK commands: is the redis-lock module loaded there? ({e})"),
         ),
         Error::Redis(r) if r.code() == Some("NOPERM") => {
             fail(exit::NO_PERMISSION, &format!("permission denied: {r}"))
         }
+        Error::Redis(r) if r.code() == Some("WRONGTYPE") => fail(
+            exit::USAGE,
+            &format!("the key holds a value that is not a lock: {r}"),
+        ),
         Error::Redis(r) if r.kind() == redis::ErrorKind::ResponseError => fail(
             exit::USAGE,
             &format!("a lock node refused the request: {r}"),
@@ -271,7 +281,7 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
 /// A TTL that leaves no validity after Redlock's drift allowance is a usage
 /// error, not a lock that is lost as soon as it is granted.
 fn check_ttl(ttl: Duration) -> Result<(), ExitCode> {
-    if ttl <= drift(ttl) {
+    if ttl < Duration::from_millis(10) || ttl <= drift(ttl) {
         return Err(fail(
             exit::USAGE,
             &format!(
@@ -656,6 +666,13 @@ fn show(d: Duration) -> String {
 /// SIGKILL by default (the lock is still held then).
 const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
 
+/// `at + by`, or about 30 years later if that is past what an instant can
+/// hold (a `--grace` of 10^15 hours is "never", not a panic).
+fn later_by(at: tokio::time::Instant, by: Duration) -> tokio::time::Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(30 * 365 * 86_400))
+}
+
 /// Every handled signal, merged into one channel (registered before the
 /// lock is asked for, so none can end redis-lock with a grant in flight).
 fn handle_signals(kinds: &[libc::c_int]) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
@@ -722,6 +739,7 @@ async fn run_under_lock(
         .env("REDIS_LOCK_TOKEN", guard.token())
         .env("REDIS_LOCK_KEY", key);
     job::prepare(&mut command, terminal.as_ref());
+    job::default_sigchld();
     job::become_subreaper();
     // Kills the job's group if redis-lock dies before the job has ended.
     let sentry = job::Sentry::post();
@@ -739,9 +757,28 @@ async fn run_under_lock(
             return fail(code, &format!("cannot run {}: {e}", cmd[0]));
         }
     };
+    // How long the sentry lets the job run if redis-lock stops standing for
+    // the lock: to the validity, or to an explicit grace past it once lost.
+    let sentry_deadline = |kill_at: Option<tokio::time::Instant>, lock_lost: bool| {
+        let now = tokio::time::Instant::now();
+        let mut until = guard.valid_until();
+        if let (true, Some(at)) = (lock_lost, kill_at) {
+            // Past redis-lock's own SIGKILL, which comes first.
+            until = until.max(later_by(at, Duration::from_secs(1)));
+        }
+        let left = until.saturating_duration_since(now).as_nanos();
+        job::boot_ns().saturating_add(u64::try_from(left).unwrap_or(u64::MAX))
+    };
+    let mut told_sentry = sentry_deadline(None, false);
     if let Some(sentry) = &sentry {
-        sentry.arm(group);
+        sentry.arm(group, told_sentry);
     }
+    // Often enough that the sentry's deadline trails the renewals by a
+    // small part of the TTL.
+    let mut sentry_tick = tokio::time::interval(
+        (ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(100)),
+    );
+    sentry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut events = job::watch(group);
     let Some(mut stops) = handle_signals(job::STOPS) else {
         job::signal_group(group, libc::SIGKILL);
@@ -781,13 +818,13 @@ async fn run_under_lock(
                     // with the lock still held (renewed) until it is gone.
                     if !lock_lost && job::group_alive(group) {
                         let after = grace.unwrap_or(LEFTOVER_GRACE);
-                        eprintln!(
-                            "redis-lock: the command exited; stopping what it left running in its process group (SIGTERM now, SIGKILL in {}); the lock on {key} is held until they have exited",
-                            show(after)
-                        );
                         job::signal_group(group, libc::SIGTERM);
                         job::signal_group(group, libc::SIGCONT);
-                        kill_at = Some(tokio::time::Instant::now() + after);
+                        kill_at = Some(later_by(tokio::time::Instant::now(), after));
+                        job::say(format_args!(
+                            "redis-lock: the command exited; stopping what it left running in its process group (SIGTERM now, SIGKILL in {}); the lock on {key} is held until they have exited",
+                            show(after)
+                        ));
                     }
                 }
                 Some(job::ChildEvent::Continued) => stopped = false,
@@ -825,9 +862,8 @@ async fn run_under_lock(
             _ = lost.cancelled(), if !lock_lost => {
                 lock_lost = true;
                 let validity = guard.valid_until();
-                eprintln!(
-                    "redis-lock: lost the lock on {key} (a renewal was refused or cannot finish within its validity); stopping the command"
-                );
+                // Signalled before anything is printed: a message must
+                // never stand between a lost lock and the job hearing it.
                 if stopped {
                     // It must not run again without the lock.
                     job::signal_group(group, libc::SIGKILL);
@@ -839,21 +875,42 @@ async fn run_under_lock(
                     // granted), leaving room for the kill itself.
                     let now = tokio::time::Instant::now();
                     let at = match grace {
-                        Some(g) => now + g,
+                        Some(g) => later_by(now, g),
                         None => now + validity.saturating_duration_since(now) / 2,
                     };
+                    kill_at = Some(kill_at.map_or(at, |earlier| earlier.min(at)));
+                    // The sentry hears of an explicit grace now.
+                    sentry_tick.reset_immediately();
+                    job::say(format_args!(
+                        "redis-lock: lost the lock on {key} (a renewal was refused or cannot finish within its validity); stopping the command"
+                    ));
                     if at > validity {
-                        eprintln!(
+                        job::say(format_args!(
                             "redis-lock: --grace ends {} ms after the lease's validity: the command may run without the lock until then",
                             (at - validity.max(now)).as_millis()
-                        );
+                        ));
                     }
-                    kill_at = Some(kill_at.map_or(at, |earlier| earlier.min(at)));
+                }
+                if stopped {
+                    job::say(format_args!(
+                        "redis-lock: lost the lock on {key} while the command was stopped; killing it"
+                    ));
                 }
             }
             _ = kill_timer => {
                 job::signal_group(group, libc::SIGKILL);
                 kill_at = None;
+            }
+            _ = sentry_tick.tick(), if sentry.is_some() => {
+                let deadline = sentry_deadline(kill_at, lock_lost);
+                // Sent when it moves by a millisecond or more (the boot
+                // clock advances with every reading).
+                if deadline.abs_diff(told_sentry) >= 1_000_000 {
+                    if let Some(sentry) = &sentry {
+                        sentry.hold_until(deadline);
+                    }
+                    told_sentry = deadline;
+                }
             }
         }
     }
@@ -870,17 +927,17 @@ async fn run_under_lock(
     // the job went on) may have been granted to another holder meanwhile.
     if lock_lost || !guard.is_valid() {
         if !lock_lost {
-            eprintln!(
+            job::say(format_args!(
                 "redis-lock: the lock on {key} ran out before the command ended (redis-lock was stopped or suspended?): it may have run without the lock"
-            );
+            ));
         }
         let _ = guard.release().await;
         return ExitCode::from(exit::LOST);
     }
     let _ = guard.release().await;
     match status {
-        Some(status) => ExitCode::from(job::exit_code(status)),
-        None => fail(exit::CANNOT_RUN, "lost track of the command"),
+        Some(Some(status)) => ExitCode::from(job::exit_code(status)),
+        _ => fail(exit::CANNOT_RUN, "lost track of the command"),
     }
 }
 
@@ -916,8 +973,10 @@ async fn lost_while_stopped(
     events: &mut mpsc::UnboundedReceiver<job::ChildEvent>,
     sentry: Option<job::Sentry>,
 ) -> ExitCode {
-    eprintln!("redis-lock: the lock on {key} was lost while the command was stopped; killing it");
     job::signal_group(group, libc::SIGKILL);
+    job::say(format_args!(
+        "redis-lock: the lock on {key} was lost while the command was stopped; killing it"
+    ));
     while let Some(event) = events.recv().await {
         if matches!(event, job::ChildEvent::GroupEmpty) {
             if let Some(sentry) = sentry {
