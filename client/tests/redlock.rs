@@ -441,7 +441,10 @@ async fn the_validity_never_outlasts_the_majoritys_lease() {
     let mut rng = rand::thread_rng();
     for round in 0..200 {
         if rng.gen_bool(0.5) {
-            let ttl = Duration::from_millis(rng.gen_range(80..1000));
+            // From 200 ms: a shorter TTL's node timeout (a tenth) is within
+            // the stalls of a loaded test machine, and the guard is then
+            // rightly lost; what is checked here is safety, not liveness.
+            let ttl = Duration::from_millis(rng.gen_range(200..1000));
             assert!(guard.extend(ttl).await.unwrap(), "round {round}");
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..40))).await;
