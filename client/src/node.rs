@@ -632,19 +632,24 @@ impl NodeSettings {
     }
 
     /// A cluster as one node: its masters' settings combined so that the
-    /// weakest stands (the module missing on any, the lowest fence mark and
-    /// restart delay, a master that does not fsync every write); `run_id`
-    /// lists every master's.
-    fn combine(url: String, masters: Vec<NodeSettings>) -> NodeSettings {
+    /// weakest stands. The persistence fields come as a unit from the master
+    /// a crash would hurt most: of those that do not fsync every write, the
+    /// one with the lowest (or an unreadable) restart delay; the module
+    /// counts as loaded only if every master has it, the fence mark is the
+    /// lowest, and `run_id` lists every master's.
+    fn combine(url: String, mut masters: Vec<NodeSettings>) -> NodeSettings {
+        masters.sort_by(|a, b| a.url.cmp(&b.url));
         let fsyncs = |m: &NodeSettings| {
             m.appendonly == Some(true) && m.appendfsync.as_deref() == Some("always")
         };
-        let weakest = masters.iter().find(|m| !fsyncs(m)).or(masters.first());
+        let weakest = masters
+            .iter()
+            .filter(|m| !fsyncs(m))
+            .min_by_key(|m| m.restart_delay_ms.unwrap_or(i64::MIN))
+            .or(masters.first());
         let mut ids: Vec<&str> = masters.iter().map(|m| m.run_id.as_str()).collect();
         ids.sort_unstable();
-        let all = |f: fn(&NodeSettings) -> Option<i64>| -> Option<Vec<i64>> {
-            masters.iter().map(f).collect()
-        };
+        let fence_marks: Option<Vec<i64>> = masters.iter().map(|m| m.fence_hwm).collect();
         NodeSettings {
             url,
             run_id: ids.join(","),
@@ -653,8 +658,8 @@ impl NodeSettings {
                 .map(|m| m.version.clone())
                 .unwrap_or_default(),
             module_loaded: !masters.is_empty() && masters.iter().all(|m| m.module_loaded),
-            fence_hwm: all(|m| m.fence_hwm).and_then(|v| v.into_iter().min()),
-            restart_delay_ms: all(|m| m.restart_delay_ms).and_then(|v| v.into_iter().min()),
+            fence_hwm: fence_marks.and_then(|v| v.into_iter().min()),
+            restart_delay_ms: weakest.and_then(|m| m.restart_delay_ms),
             appendonly: weakest.and_then(|m| m.appendonly),
             appendfsync: weakest.and_then(|m| m.appendfsync.clone()),
         }
@@ -768,4 +773,56 @@ async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<
     tokio::time::timeout(limit, f)
         .await
         .unwrap_or(Err(Error::Timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn master(url: &str, fsync: &str, delay: Option<i64>) -> NodeSettings {
+        NodeSettings {
+            url: url.into(),
+            run_id: format!("id-{url}"),
+            version: "7.0.15".into(),
+            module_loaded: true,
+            fence_hwm: Some(1),
+            restart_delay_ms: delay,
+            appendonly: Some(true),
+            appendfsync: Some(fsync.into()),
+        }
+    }
+
+    /// A cluster is as safe as its weakest master, judged master by master:
+    /// one that fsyncs every write (delay 0) beside one with a delay above
+    /// the TTL is safe; a master with a short delay and no fsync makes the
+    /// cluster unsafe, whatever the order; an unreadable delay is unknown.
+    #[test]
+    fn a_cluster_is_judged_by_its_weakest_master() {
+        let ttl = Duration::from_secs(30);
+        let judge = |masters: Vec<NodeSettings>| {
+            NodeSettings::combine("c".into(), masters).unsafe_after_crash(ttl)
+        };
+        let safe = vec![
+            master("a", "always", Some(0)),
+            master("b", "everysec", Some(60_000)),
+        ];
+        assert_eq!(judge(safe.clone()), Some(false));
+        let mut weak = safe.clone();
+        weak.push(master("c", "everysec", Some(1000)));
+        assert_eq!(judge(weak.clone()), Some(true));
+        weak.reverse();
+        assert_eq!(judge(weak), Some(true));
+        let mut unknown = safe;
+        unknown.push(master("d", "everysec", None));
+        assert_eq!(judge(unknown), None);
+        let c = NodeSettings::combine(
+            "c".into(),
+            vec![
+                master("b", "always", Some(0)),
+                master("a", "always", Some(5)),
+            ],
+        );
+        assert_eq!(c.run_id, "id-a,id-b");
+        assert_eq!(c.unsafe_after_crash(ttl), Some(false));
+    }
 }

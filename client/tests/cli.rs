@@ -916,28 +916,47 @@ fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
 
 /// `run` over a Redlock group asks each node once when the lock is free:
 /// its own fresh token gets the first phase's floor, as the library's
-/// random tokens do (before, it took the second phase on most nodes).
+/// random tokens do (before, it took the second phase on most nodes, every
+/// time). The floor is 2 ms above the nodes' clock: a run delayed more than
+/// that between reading the clock and its ACQUIREs arriving (a loaded
+/// machine, a container) rightly takes the second phase, so up to three
+/// runs are made and one must ask each node once.
 #[test]
 fn run_on_a_free_redlock_group_asks_each_node_once() {
     if common::skip_unless(common::Needs::OwnServer, "counts commands from zero") {
         return;
     }
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-    let infos_before: Vec<i64> = nodes.iter().map(|n| calls(n, "info")).collect();
-    let out = redis_lock_on(
-        "run",
-        &common::urls(&nodes),
-        &["--key", "k", "--ttl", "10s", "--", "true"],
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    // The settings are read once (the unsafe-group warning and the
-    // distinct-server check share the read); the INFO that read the
-    // counts before is counted too.
-    for (n, before) in nodes.iter().zip(infos_before) {
-        assert_eq!(calls(n, "info") - before - 1, 1, "one INFO per node");
+    let mut acquires_per_run = Vec::new();
+    for attempt in 0..3 {
+        let infos_before: Vec<i64> = nodes.iter().map(|n| calls(n, "info")).collect();
+        let acquires_before: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
+        let out = redis_lock_on(
+            "run",
+            &common::urls(&nodes),
+            &[
+                "--key",
+                &format!("k{attempt}"),
+                "--ttl",
+                "10s",
+                "--",
+                "true",
+            ],
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        // The settings are read once (the unsafe-group warning and the
+        // distinct-server check share the read); the two INFOs that read
+        // the counts before are counted too.
+        for (n, before) in nodes.iter().zip(infos_before) {
+            assert_eq!(calls(n, "info") - before - 2, 1, "one INFO per node");
+        }
+        let acquires: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
+        acquires_per_run.push(acquires - acquires_before);
+        if acquires_per_run.last() == Some(&3) {
+            return;
+        }
     }
-    let acquires: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
-    assert_eq!(acquires, 3, "one LOCK.ACQUIRE per node");
+    panic!("no run asked each node once: LOCK.ACQUIREs per run {acquires_per_run:?}");
 }
 
 /// How many times `command` ran on `s` (INFO commandstats).
@@ -1069,12 +1088,16 @@ fn a_wait_beyond_any_clock_is_not_a_crash() {
     }
 }
 
-/// Each node-side refusal gets the exit code of what went wrong: a node
-/// without the module is unavailable (69, naming the module), a key that
-/// holds another type is a usage error (64), a full line of waiters is
-/// "try again" (75). Before: 64, 69 and 64.
+/// A node without the module is unavailable (69, naming the module), not
+/// a usage error (64, before).
 #[test]
-fn node_errors_get_the_exit_code_of_what_went_wrong() {
+fn a_node_without_the_module_is_unavailable() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "a server without the module runs locally only",
+    ) {
+        return;
+    }
     let plain = Server::builder().without_module().start();
     let out = redis_lock_on("acquire", &[plain.url()], &["--key", "k", "--ttl", "5s"]);
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
@@ -1083,7 +1106,13 @@ fn node_errors_get_the_exit_code_of_what_went_wrong() {
         "{}",
         text(&out.stderr)
     );
+}
 
+/// Each other node-side refusal gets the exit code of what went wrong: a
+/// key that holds another type is a usage error (64), a full line of
+/// waiters is "try again" (75). Before: 69 and 64.
+#[test]
+fn node_errors_get_the_exit_code_of_what_went_wrong() {
     let s = Server::builder()
         .module_arg("max-waiters-per-key", "1")
         .start();

@@ -427,59 +427,71 @@ impl Sentry {
 
 /// The sentry's loop (in the forked child: async-signal-safe calls only).
 /// Kills the group when the pipe closes without a stand-down, or when the
-/// deadline passes; wakes at least once a second, since poll's timeout
-/// does not count a suspend.
+/// deadline passes; every message already sent is read before the deadline
+/// is judged (a newer one may be queued), and it wakes at least once a
+/// second, since poll's timeout does not count a suspend.
 fn watch_over(fd: libc::c_int) {
     let mut group: libc::pid_t = 0;
     let mut deadline = u64::MAX;
     loop {
-        let now = boot_ns();
-        if group > 1 && now >= deadline {
-            break;
-        }
-        let wait_ms = ((deadline - now) / 1_000_000 + 1).min(1000) as libc::c_int;
+        // Drain what is there (poll with no wait), then judge.
         let mut pfd = libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, wait_ms) };
-        if r <= 0 {
-            continue; // a timeout (the deadline is checked above), or EINTR
-        }
-        let mut message = [0u8; 9];
-        let mut have = 0;
-        while have < message.len() {
-            // SAFETY: reads into the rest of a local buffer.
-            let n = unsafe {
-                libc::read(
-                    fd,
-                    message.as_mut_ptr().add(have).cast(),
-                    message.len() - have,
-                )
+        while unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+            let Some(message) = read_message(fd) else {
+                kill_group(group); // EOF: redis-lock is gone
+                return;
             };
-            if n > 0 {
-                have += n as usize;
-            } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
-                continue;
-            } else {
-                break;
+            let mut payload = [0u8; 8];
+            payload.copy_from_slice(&message[1..]);
+            let payload = u64::from_ne_bytes(payload);
+            match message[0] {
+                ARM => group = payload as libc::pid_t,
+                HOLD_UNTIL => deadline = payload,
+                STAND_DOWN => return,
+                _ => {}
             }
         }
-        if have < message.len() {
-            break; // EOF: redis-lock is gone
+        let now = boot_ns();
+        if group > 1 && now >= deadline {
+            kill_group(group);
+            return;
         }
-        let mut payload = [0u8; 8];
-        payload.copy_from_slice(&message[1..]);
-        let payload = u64::from_ne_bytes(payload);
-        match message[0] {
-            ARM => group = payload as libc::pid_t,
-            HOLD_UNTIL => deadline = payload,
-            STAND_DOWN => return,
-            _ => {}
+        let wait_ms = (deadline.saturating_sub(now) / 1_000_000 + 1).min(1000) as libc::c_int;
+        // SAFETY: one valid pollfd; woken by a message, EOF or the timeout.
+        unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+    }
+}
+
+/// One whole message from the sentry's pipe; None at EOF.
+fn read_message(fd: libc::c_int) -> Option<[u8; 9]> {
+    let mut message = [0u8; 9];
+    let mut have = 0;
+    while have < message.len() {
+        // SAFETY: reads into the rest of a local buffer.
+        let n = unsafe {
+            libc::read(
+                fd,
+                message.as_mut_ptr().add(have).cast(),
+                message.len() - have,
+            )
+        };
+        if n > 0 {
+            have += n as usize;
+        } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+            continue;
+        } else {
+            return None;
         }
     }
+    Some(message)
+}
+
+fn kill_group(group: libc::pid_t) {
     if group > 1 {
         // SAFETY: a plain syscall.
         unsafe { libc::killpg(group, libc::SIGKILL) };

@@ -757,19 +757,7 @@ async fn run_under_lock(
             return fail(code, &format!("cannot run {}: {e}", cmd[0]));
         }
     };
-    // How long the sentry lets the job run if redis-lock stops standing for
-    // the lock: to the validity, or to an explicit grace past it once lost.
-    let sentry_deadline = |kill_at: Option<tokio::time::Instant>, lock_lost: bool| {
-        let now = tokio::time::Instant::now();
-        let mut until = guard.valid_until();
-        if let (true, Some(at)) = (lock_lost, kill_at) {
-            // Past redis-lock's own SIGKILL, which comes first.
-            until = until.max(later_by(at, Duration::from_secs(1)));
-        }
-        let left = until.saturating_duration_since(now).as_nanos();
-        job::boot_ns().saturating_add(u64::try_from(left).unwrap_or(u64::MAX))
-    };
-    let mut told_sentry = sentry_deadline(None, false);
+    let mut told_sentry = sentry_deadline(&guard, grace);
     if let Some(sentry) = &sentry {
         sentry.arm(group, told_sentry);
     }
@@ -843,7 +831,7 @@ async fn run_under_lock(
                     if !lock_lost
                         && terminal.is_some()
                         && job::STOPS.contains(&sig)
-                        && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await
+                        && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
                     {
                         return lost_while_stopped(key, guard, group, &mut events, sentry).await;
                     }
@@ -855,7 +843,9 @@ async fn run_under_lock(
                 // Sent to redis-lock itself: stop the child first, then
                 // the job as above.
                 job::signal_group(group, libc::SIGSTOP);
-                if !lock_lost && !resume_after_stop(&guard, ttl, group, terminal.as_ref()).await {
+                if !lock_lost
+                    && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
+                {
                     return lost_while_stopped(key, guard, group, &mut events, sentry).await;
                 }
             }
@@ -879,8 +869,6 @@ async fn run_under_lock(
                         None => now + validity.saturating_duration_since(now) / 2,
                     };
                     kill_at = Some(kill_at.map_or(at, |earlier| earlier.min(at)));
-                    // The sentry hears of an explicit grace now.
-                    sentry_tick.reset_immediately();
                     job::say(format_args!(
                         "redis-lock: lost the lock on {key} (a renewal was refused or cannot finish within its validity); stopping the command"
                     ));
@@ -902,7 +890,7 @@ async fn run_under_lock(
                 kill_at = None;
             }
             _ = sentry_tick.tick(), if sentry.is_some() => {
-                let deadline = sentry_deadline(kill_at, lock_lost);
+                let deadline = sentry_deadline(&guard, grace);
                 // Sent when it moves by a millisecond or more (the boot
                 // clock advances with every reading).
                 if deadline.abs_diff(told_sentry) >= 1_000_000 {
@@ -917,6 +905,7 @@ async fn run_under_lock(
     if let Some(t) = &terminal {
         t.take_back_from(group);
     }
+    let sentry_armed = sentry.is_some();
     if ended {
         if let Some(sentry) = sentry {
             sentry.stand_down();
@@ -924,8 +913,15 @@ async fn run_under_lock(
     }
     // Judged when the job has ended, not only by the loss signal: a lease
     // whose validity ran out before (redis-lock stopped or suspended while
-    // the job went on) may have been granted to another holder meanwhile.
-    if lock_lost || !guard.is_valid() {
+    // the job went on) may have been granted to another holder meanwhile;
+    // and a command SIGKILLed once the sentry's deadline had passed was
+    // killed by it.
+    let killed_by_sentry = sentry_armed
+        && job::boot_ns() >= told_sentry
+        && status
+            .flatten()
+            .is_some_and(|s| libc::WIFSIGNALED(s) && libc::WTERMSIG(s) == libc::SIGKILL);
+    if lock_lost || !guard.is_valid() || killed_by_sentry {
         if !lock_lost {
             job::say(format_args!(
                 "redis-lock: the lock on {key} ran out before the command ended (redis-lock was stopped or suspended?): it may have run without the lock"
@@ -941,21 +937,51 @@ async fn run_under_lock(
     }
 }
 
+/// The moment (CLOCK_BOOTTIME ns) after which the sentry kills the job if
+/// redis-lock has not moved it: the end of the lease's validity, or, with
+/// an explicit `--grace`, that much (and a second) later: the user's choice
+/// to let the job run past it, whoever kills it.
+fn sentry_deadline(guard: &redis_lock_client::LockGuard, grace: Option<Duration>) -> u64 {
+    let now = tokio::time::Instant::now();
+    let mut until = guard.valid_until();
+    if let Some(g) = grace {
+        until = later_by(until, g.saturating_add(Duration::from_secs(1)));
+    }
+    let left = until.saturating_duration_since(now).as_nanos();
+    job::boot_ns().saturating_add(u64::try_from(left).unwrap_or(u64::MAX))
+}
+
 /// The job was stopped: stop redis-lock too (the shell sees the job
 /// stopped), and once continued, renew the lock before the child may run
 /// again. True if the lock is still held and the child was continued (and
-/// given the terminal if redis-lock has it now).
+/// given the terminal if redis-lock has it now). The sentry is told the
+/// current deadline before the stop and after the renewal: its periodic
+/// update may lag a renewal just made, and a stopped job past a stale
+/// deadline would be killed while the lock is still held.
 async fn resume_after_stop(
     guard: &redis_lock_client::LockGuard,
     ttl: Duration,
+    grace: Option<Duration>,
     group: libc::pid_t,
     terminal: Option<&job::Terminal>,
+    sentry: Option<&job::Sentry>,
 ) -> bool {
+    let deadline = sentry_deadline(guard, grace);
+    if let Some(sentry) = sentry {
+        sentry.hold_until(deadline);
+    }
     job::stop_self(terminal);
-    // Continued (fg or bg). The lease may have run out meanwhile.
-    let held = !guard.lost().is_cancelled() && matches!(guard.extend(ttl).await, Ok(true));
+    // Continued (fg or bg). The lease may have run out meanwhile; past the
+    // sentry's deadline the job is killed (or being killed) by it.
+    let killed_by_sentry = sentry.is_some() && job::boot_ns() >= deadline;
+    let held = !killed_by_sentry
+        && !guard.lost().is_cancelled()
+        && matches!(guard.extend(ttl).await, Ok(true));
     if !held {
         return false;
+    }
+    if let Some(sentry) = sentry {
+        sentry.hold_until(sentry_deadline(guard, grace));
     }
     if let Some(t) = terminal.filter(|t| t.ours()) {
         t.give_to(group);
