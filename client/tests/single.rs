@@ -649,6 +649,11 @@ fn traced<F: std::future::Future<Output = ()>>(work: impl FnOnce(Log) -> F) -> S
         .with_writer(move || sink.clone())
         .finish();
     tracing::subscriber::with_default(subscriber, || {
+        // Callsite interest is cached process-wide: one first hit by a test
+        // on another thread (no subscriber there) while this one was being
+        // set up could stay "never" (a "lock acquired" went missing once,
+        // on Valkey). Recomputed now that this subscriber is in force.
+        tracing::callsite::rebuild_interest_cache();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
