@@ -221,6 +221,13 @@ fn refuses_the_request(e: &Error) -> bool {
     }
 }
 
+/// `at + by`, or about 30 years later if that is past what an instant can
+/// hold (a wait or TTL of 10^15 hours is "never", not a panic).
+fn later_by(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| at + Duration::from_secs(30 * 365 * 86_400))
+}
+
 /// A fresh random token: 128 bits, as hex.
 pub fn random_token() -> String {
     format!("{:032x}", rand::thread_rng().gen::<u128>())
@@ -529,9 +536,7 @@ impl LockClient {
         wait: Duration,
     ) -> Result<Option<(i64, Instant)>> {
         // A wait too long for an instant (--wait 10^15h) is for ever.
-        let deadline = Instant::now()
-            .checked_add(wait)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400));
+        let deadline = later_by(Instant::now(), wait);
         let order =
             (self.inner.group.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
         // Why the last round failed, if a majority could not be asked: a
@@ -980,9 +985,7 @@ impl LockClient {
     ) -> Result<Option<Instant>> {
         // Past any validity (a TTL too long for an instant is the nodes' to
         // refuse, not a panic here).
-        let far = Instant::now()
-            .checked_add(ttl)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400));
+        let far = later_by(Instant::now(), ttl);
         self.inner
             .group
             .extend_everywhere(key, token, ttl, far)
