@@ -155,3 +155,69 @@ fn a_backward_step_strands_no_waiter() {
         );
     }
 }
+
+/// A lock granted while the wall clock was ahead, written out after it was
+/// set back: the grant time and the deadline must be written in one frame.
+/// Found by the history checker on Redis 8.2 (a clock-step fault, then a
+/// restart): the grant time was kept as the wall clock read at the grant
+/// and the deadline converted at the write, so the value said "granted
+/// 90 s after its deadline". A replica's full sync refused it and the
+/// replica exited; a renewal's `LOCK._SET` was refused by the replica (its
+/// copy kept the old, shorter lease); an RDB reload refused it.
+#[test]
+fn a_step_between_grant_and_write_out_keeps_every_copy_whole() {
+    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+        return;
+    };
+    for binary in servers {
+        let s = SteppedServer::start(&binary);
+        let early = Server::builder().binary(&binary).start();
+        early.replicate_from(&s.server);
+        let mut c = s.server.conn();
+        s.step("+1h");
+        acquire(&mut c, "k", "holder", 10_000).unwrap();
+        s.step("+0");
+        let real_ms = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64
+        };
+        let granted = lock_info(&mut c, "k").unwrap().granted.unwrap();
+        assert!(
+            (granted - real_ms()).abs() < 30_000,
+            "{binary}: the grant time is shown on today's wall clock: {granted} vs {}",
+            real_ms()
+        );
+        // A renewal reaches the replica that was there.
+        let extended: i64 = redis::cmd("LOCK.EXTEND")
+            .arg("k")
+            .arg("holder")
+            .arg(60_000)
+            .query(&mut c)
+            .unwrap();
+        assert_eq!(extended, 1, "{binary}");
+        let _: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut c).unwrap();
+        let ttl = lock_info(&mut early.conn(), "k").map(|i| i.ttl);
+        assert!(
+            ttl.is_some_and(|t| t > 30_000),
+            "{binary}: the replica applied the renewal: ttl {ttl:?}"
+        );
+        // A replica's full sync loads it (it exited before).
+        let late = Server::builder().binary(&binary).start();
+        late.replicate_from(&s.server);
+        let ttl = lock_info(&mut late.conn(), "k").map(|i| i.ttl);
+        assert!(
+            ttl.is_some_and(|t| t > 30_000),
+            "{binary}: the full sync carried the lease: ttl {ttl:?}"
+        );
+        // The node's own RDB loads it.
+        let reloaded: redis::RedisResult<()> = redis::cmd("DEBUG").arg("RELOAD").query(&mut c);
+        assert!(reloaded.is_ok(), "{binary}: DEBUG RELOAD: {reloaded:?}");
+        let ttl = lock_info(&mut c, "k").map(|i| i.ttl);
+        assert!(
+            ttl.is_some_and(|t| t > 30_000),
+            "{binary}: the reload kept the lease: ttl {ttl:?}"
+        );
+    }
+}

@@ -294,9 +294,12 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
         Ok(d) if (0..=MAX_DEADLINE_MS).contains(&d) => d,
         _ => return Err(LockError::BadInternalArgument("deadline-ms")),
     };
+    // A grant time after the deadline is taken as unknown (0), as when
+    // loading a value (see `codec::decode_value`).
     let granted_ms = match argv.get(5).map(|g| parse_i64(g)) {
         None => 0,
-        Some(Ok(g)) if (0..=deadline_ms).contains(&g) => g,
+        Some(Ok(g)) if g > deadline_ms => 0,
+        Some(Ok(g)) if g >= 0 => g,
         Some(_) => return Err(LockError::BadInternalArgument("granted-ms")),
     };
     Ok(SetArgs {
@@ -537,7 +540,10 @@ mod tests {
         let with =
             parse_set(&[b"s", b"k", b"t", b"42", b"1700000000000", b"1699999999000"]).unwrap();
         assert_eq!(with.granted_ms, 1_699_999_999_000);
-        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1001"]).is_err());
+        // After the deadline (an earlier build's write after a wall-clock
+        // step): applied, the grant time unknown.
+        let late = parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1001"]).unwrap();
+        assert_eq!((late.deadline_ms, late.granted_ms), (1000, 0));
         assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"-1"]).is_err());
         assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", b"x"]).is_err());
     }

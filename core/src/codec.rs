@@ -51,7 +51,7 @@ pub enum DecodeError {
     Truncated,
     TokenLength(usize),
     Deadline(i64),
-    /// A grant time after the deadline, or out of range.
+    /// A negative grant time.
     Granted(i64),
     Fence(i64, LockError),
 }
@@ -69,7 +69,7 @@ impl fmt::Display for DecodeError {
             }
             DecodeError::Deadline(d) => write!(f, "deadline {d} is out of range"),
             DecodeError::Granted(g) => {
-                write!(f, "grant time {g} is out of range or after the deadline")
+                write!(f, "grant time {g} is out of range")
             }
             DecodeError::Fence(fence, why) => write!(f, "fence {fence}: {why}"),
         }
@@ -105,9 +105,19 @@ pub fn decode_value<R: ValueReader>(
     if !(0..=MAX_DEADLINE_MS).contains(&deadline_ms) {
         return Err(DecodeError::Deadline(deadline_ms));
     }
-    if !(0..=deadline_ms).contains(&granted_ms) {
+    if granted_ms < 0 {
         return Err(DecodeError::Granted(granted_ms));
     }
+    // After the deadline: an earlier build kept the grant time as the wall
+    // clock read at the grant and converted the deadline at the write, so a
+    // step in between could do this. Taken as unknown (the lease is capped
+    // at max-ttl when loaded): refusing it would refuse the whole RDB, and
+    // a replica's full sync with it.
+    let granted_ms = if granted_ms > deadline_ms {
+        0
+    } else {
+        granted_ms
+    };
     check_fence(fence).map_err(|e| DecodeError::Fence(fence, e))?;
     Ok(StoredLock {
         token,
@@ -233,10 +243,15 @@ mod tests {
             decode_value(2, &mut RdbBytes::new(dump_value(DUMP_PLAIN)), accept),
             Err(DecodeError::Truncated)
         );
+        // A grant time after the deadline (an earlier build's write after a
+        // wall-clock step) loads as unknown; a negative one is refused.
         let late = encode_value_v2(&v1.token, v1.fence, 5, 6);
+        let loaded = decode_value(2, &mut RdbBytes::new(&late), accept).unwrap();
+        assert_eq!((loaded.deadline_ms, loaded.granted_ms), (5, 0));
+        let negative = encode_value_v2(&v1.token, v1.fence, 5, -1);
         assert_eq!(
-            decode_value(2, &mut RdbBytes::new(&late), accept),
-            Err(DecodeError::Granted(6))
+            decode_value(2, &mut RdbBytes::new(&negative), accept),
+            Err(DecodeError::Granted(-1))
         );
         assert_eq!(
             decode_value(3, &mut RdbBytes::new(&bytes), accept),

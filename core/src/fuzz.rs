@@ -206,7 +206,8 @@ fn spec_set<'a>(argv: &[&'a [u8]]) -> Option<SetArgs<'a>> {
         deadline_ms,
         granted_ms: match granted {
             None => 0,
-            Some(g) => in_range(g, 0..=deadline_ms)?,
+            // After the deadline: unknown (an earlier build's write).
+            Some(g) => in_range(g, 0..=i64::MAX).map(|g| if g > deadline_ms { 0 } else { g })?,
         },
     })
 }

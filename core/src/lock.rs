@@ -29,10 +29,13 @@ pub struct Lock<'a> {
     /// and replicated as a wall-clock deadline (`time::wall_deadline`).
     pub deadline_ms: i64,
     pub token: &'a [u8],
-    /// When this holder was granted the lock (Unix ms; kept by renewals).
-    /// 0 when unknown: a lock loaded from encoding version 1 or from an old
-    /// AOF's `LOCK._SET` without it.
-    pub granted_ms: i64,
+    /// When this holder was granted the lock, on the node's monotonic clock
+    /// like the deadline (ms; kept by renewals). Both are written out in
+    /// Unix ms converted at one instant (`time::wall_times`), so a step of
+    /// the wall clock between the grant and the write cannot put the grant
+    /// after the deadline. None when unknown: a lock loaded from encoding
+    /// version 1 or from an old AOF's `LOCK._SET` without it.
+    pub granted_ms: Option<i64>,
     /// Changes with every grant and renewal, and is never reused while the
     /// process lives (the store assigns it; it is not persisted). A take-back
     /// of an undelivered grant matches on it, so it never removes a lease
@@ -74,7 +77,7 @@ pub trait LockStore {
         token: &[u8],
         fence: i64,
         deadline_ms: i64,
-        granted_ms: i64,
+        granted_ms: Option<i64>,
         replaces_ended: bool,
     );
     /// Same holder, new deadline and new lease id.
@@ -151,7 +154,7 @@ pub fn acquire(
         None => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;
             let replaces_ended = store.stored().is_some();
-            store.put(token, fence, deadline_ms, now.wall_ms(), replaces_ended);
+            store.put(token, fence, deadline_ms, Some(now_ms), replaces_ended);
             Ok(Acquired::Granted(fence))
         }
     }
@@ -235,7 +238,7 @@ pub mod tests {
         pub deadline_ms: i64,
         pub token: Vec<u8>,
         pub lease: u64,
-        pub granted_ms: i64,
+        pub granted_ms: Option<i64>,
     }
 
     /// The engine's view of a key, over a plain Option; lease ids from a
@@ -263,7 +266,7 @@ pub mod tests {
             token: &[u8],
             fence: i64,
             deadline_ms: i64,
-            granted_ms: i64,
+            granted_ms: Option<i64>,
             replaces_ended: bool,
         ) {
             assert!(
@@ -318,7 +321,7 @@ pub mod tests {
     fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
         let (mut store, mut fences) = fixture();
         acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
-        assert_eq!(store.lock.as_ref().unwrap().granted_ms, T0);
+        assert_eq!(store.lock.as_ref().unwrap().granted_ms, Some(T0));
         acquire(
             &mut store,
             &mut fences,
@@ -344,7 +347,7 @@ pub mod tests {
         );
         assert_eq!(
             store.lock.as_ref().unwrap().granted_ms,
-            T0,
+            Some(T0),
             "renewals keep it"
         );
         assert!(release(&mut store, b"a", T0 + 80));
@@ -357,7 +360,7 @@ pub mod tests {
             Now::same(us(T0 + 90)),
         )
         .unwrap();
-        assert_eq!(store.lock.as_ref().unwrap().granted_ms, T0 + 90);
+        assert_eq!(store.lock.as_ref().unwrap().granted_ms, Some(T0 + 90));
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //!   the wall clock, forwards or back (NTP, `date -s`), ends or extends any
 //!   of them.
 //! * Fencing tokens follow the **wall** clock in µs (`wall`), the one clock
-//!   different nodes share (`fence`), and grant times are shown as Unix ms.
-//! * What is persisted and replicated is a wall-clock deadline, so time a
-//!   server was down counts against a lease and replicas agree: it is
-//!   converted to the monotonic clock once, when a value is loaded, applied
-//!   or promoted ([`local_deadline`]), and back when it is written out
-//!   ([`wall_deadline`]).
+//!   different nodes share (`fence`).
+//! * What is persisted and replicated is a wall-clock deadline and grant
+//!   time, so time a server was down counts against a lease and replicas
+//!   agree: they are converted to the monotonic clock once, when a value is
+//!   loaded or applied ([`local_times`]), and back, both at one instant,
+//!   when it is written out or shown ([`wall_times`]). A grant time read
+//!   off the wall clock at the grant would be in another frame than a
+//!   deadline converted later, after a step: the write could then say
+//!   "granted after its deadline" (a replica's full sync refused that and
+//!   the replica exited).
 
 /// The instant of a call, on both clocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +48,39 @@ impl Now {
 pub fn wall_deadline(deadline_ms: i64, now: Now) -> i64 {
     now.wall_ms()
         .saturating_add(deadline_ms.saturating_sub(now.mono_ms()))
+}
+
+/// A lease's deadline and grant time (monotonic ms; None: unknown) as
+/// written out and shown: Unix ms, both converted at `now`, so the time
+/// between them is exactly what the monotonic clock measured whatever the
+/// wall clock did since the grant. A grant time of 0 means unknown.
+pub fn wall_times(deadline_ms: i64, granted_ms: Option<i64>, now: Now) -> (i64, i64) {
+    let deadline = wall_deadline(deadline_ms, now);
+    let granted = granted_ms.map_or(0, |g| {
+        wall_deadline(g.min(deadline_ms), now).min(deadline).max(0)
+    });
+    (deadline, granted)
+}
+
+/// A written-out deadline and grant time (Unix ms; a grant time of 0:
+/// unknown) on this node's monotonic clock. The lease is capped at the time
+/// from its grant to its deadline (at `max_ttl_ms` when the grant time is
+/// unknown), and the grant lies that far before the local deadline. A grant
+/// time after the deadline (an earlier build wrote one after a wall-clock
+/// step) counts as unknown: refusing it would refuse the whole RDB.
+pub fn local_times(
+    wall_deadline_ms: i64,
+    wall_granted_ms: i64,
+    max_ttl_ms: i64,
+    now: Now,
+) -> (i64, Option<i64>) {
+    let known = (1..=wall_deadline_ms).contains(&wall_granted_ms);
+    let longest = match known {
+        true => wall_deadline_ms - wall_granted_ms,
+        false => max_ttl_ms.max(0),
+    };
+    let deadline = local_deadline(wall_deadline_ms, longest, now);
+    (deadline, known.then(|| deadline.saturating_sub(longest)))
 }
 
 /// A persisted or replicated wall-clock deadline on this node's monotonic
@@ -89,5 +126,40 @@ mod tests {
             wall_us: WALL + 3_600_000_000,
         };
         assert!(local_deadline(written, 1_500, later) < 0);
+    }
+
+    /// Granted while the wall clock was 90 s ahead, written out after it
+    /// was set right: the grant still comes before the deadline, by the
+    /// time the monotonic clock measured, and a node loading it keeps the
+    /// lease whole.
+    #[test]
+    fn a_step_between_grant_and_write_keeps_grant_before_deadline() {
+        let granted = 5_000;
+        let deadline = granted + 60_000;
+        let later = Now {
+            mono_us: 6_000_000,
+            wall_us: WALL,
+        };
+        let (wall_deadline, wall_granted) = wall_times(deadline, Some(granted), later);
+        assert_eq!(wall_deadline - wall_granted, 60_000);
+        assert_eq!(wall_granted, WALL / 1000 - 1_000);
+        let elsewhere = Now {
+            mono_us: 100_000_000,
+            wall_us: WALL + 500_000,
+        };
+        let (local, local_granted) = local_times(wall_deadline, wall_granted, 1_000, elsewhere);
+        assert_eq!(local, 100_000 + 60_000 - 1_000 - 500);
+        assert_eq!(local_granted, Some(local - 60_000));
+        assert_eq!(
+            wall_times(local, local_granted, elsewhere),
+            (wall_deadline, wall_granted)
+        );
+        // Unknown, or after the deadline (an earlier build's write): the
+        // lease is capped at max-ttl.
+        assert_eq!(wall_times(deadline, None, later).1, 0);
+        for odd in [0, wall_deadline + 90_000] {
+            let (capped, none) = local_times(wall_deadline, odd, 1_000, elsewhere);
+            assert_eq!((capped, none), (100_000 + 1_000, None));
+        }
     }
 }

@@ -316,9 +316,9 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 // Last, so replies read by position stay as they were.
                 (
                     "granted",
-                    match held.granted_ms {
-                        0 => Value::Null,
-                        at => Value::Integer(at),
+                    match datatype::wall_times(&held) {
+                        (_, 0) => Value::Null,
+                        (_, at) => Value::Integer(at),
                     },
                 ),
             ])
@@ -343,10 +343,11 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(err);
     }
     let mut store = LockKey::open(ctx, argv.key(), true)?;
-    // The master's deadline is on the wall clock: this node keeps it on its
-    // monotonic clock from now on.
-    let deadline_ms = datatype::local_deadline(a.deadline_ms, a.granted_ms, node::conversion_now());
-    store.apply(a.token, a.fence, deadline_ms, a.granted_ms);
+    // The master's deadline and grant time are on the wall clock: this node
+    // keeps them on its monotonic clock from now on.
+    let (deadline_ms, granted_ms) =
+        datatype::local_times(a.deadline_ms, a.granted_ms, node::conversion_now());
+    store.apply(a.token, a.fence, deadline_ms, granted_ms);
     engine::observe_fence(a.fence)?;
     ffi::replicate_verbatim(ctx);
     Ok(Reply::Ok)

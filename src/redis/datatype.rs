@@ -8,6 +8,10 @@
 //! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms (wall clock) |
 //! | granted_ms  | SaveSigned          | when this holder was granted, Unix ms (0 ≤ it ≤ deadline_ms; 0: unknown) |
 //!
+//! Both times are converted from the monotonic clock at one instant when
+//! written (`core::time::wall_times`). A grant time after the deadline (an
+//! earlier build could write one after a wall-clock step) loads as unknown.
+//!
 //! Version 1 (earlier builds) is the same without `granted_ms`; it still
 //! loads, with the grant time unknown. An RDB written by this build does not
 //! load into an earlier one (Redis refuses the newer encoding version).
@@ -27,9 +31,9 @@
 //!
 //! ## In memory
 //! One allocation per lock, the token inline (see [`LockBlock`]), its
-//! deadline on the node's monotonic clock (converted from and to the wall
-//! clock when loaded and saved: see `core::time`), plus a lease id that is
-//! not persisted (see `core::lock::Lock::lease`). The key has no Redis
+//! deadline and grant time on the node's monotonic clock (converted from
+//! and to the wall clock, both at one instant, when loaded and saved: see
+//! `core::time`), plus a lease id that is not persisted (see `core::lock::Lock::lease`). The key has no Redis
 //! expiry.
 //!
 //! ## AOF rewrite
@@ -121,12 +125,16 @@ pub struct LockBlock {
     /// The deadline (monotonic ms, 40 bits: 34 years of uptime) and the
     /// low 24 bits of the lease id (see [`pack`]).
     deadline_and_lease: u64,
+    /// Monotonic ms, or [`GRANT_UNKNOWN`].
     granted_ms: i64,
     len: u32,
     token: [u8; 0],
 }
 
 const TOKEN_OFFSET: usize = std::mem::offset_of!(LockBlock, token);
+
+/// A block's grant time when it is unknown (`Lock::granted_ms` is None).
+const GRANT_UNKNOWN: i64 = i64::MIN;
 
 /// How many low bits of a lease id a block keeps. A take-back (the one use
 /// of lease ids) matches the fence too and runs at the next timer tick
@@ -168,7 +176,7 @@ impl LockBlock {
         unsafe {
             (*ptr).fence = lock.fence;
             (*ptr).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
-            (*ptr).granted_ms = lock.granted_ms;
+            (*ptr).granted_ms = lock.granted_ms.unwrap_or(GRANT_UNKNOWN);
             (*ptr).len = lock.token.len() as u32;
             let token = ptr.cast::<u8>().add(TOKEN_OFFSET);
             std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
@@ -190,7 +198,7 @@ impl LockBlock {
                 fence: (*block).fence,
                 deadline_ms,
                 token: std::slice::from_raw_parts(token, (*block).len as usize),
-                granted_ms: (*block).granted_ms,
+                granted_ms: Some((*block).granted_ms).filter(|&g| g != GRANT_UNKNOWN),
                 lease,
             }
         }
@@ -203,7 +211,7 @@ impl LockBlock {
         block: *mut LockBlock,
         fence: i64,
         deadline_ms: i64,
-        granted_ms: i64,
+        granted_ms: Option<i64>,
         lease: u64,
     ) {
         // SAFETY: a live block, not borrowed (the caller's contract); the
@@ -211,7 +219,7 @@ impl LockBlock {
         unsafe {
             (*block).fence = fence;
             (*block).deadline_and_lease = pack(deadline_ms, lease);
-            (*block).granted_ms = granted_ms;
+            (*block).granted_ms = granted_ms.unwrap_or(GRANT_UNKNOWN);
         }
     }
 
@@ -248,7 +256,7 @@ impl LockValue {
     }
 
     /// Updates the lock in place (same token, no allocation).
-    pub fn set(&mut self, fence: i64, deadline_ms: i64, granted_ms: i64, lease: u64) {
+    pub fn set(&mut self, fence: i64, deadline_ms: i64, granted_ms: Option<i64>, lease: u64) {
         // SAFETY: the block is live (see the type's doc), and `&mut self`
         // means no view of it is in use.
         unsafe { LockBlock::set(self.0.as_ptr(), fence, deadline_ms, granted_ms, lease) }
@@ -299,14 +307,14 @@ extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
         // SAFETY: Redis passes a value of this type (a block from
         // `LockBlock::new`), alive and unchanged during the callback.
         let lock = unsafe { LockBlock::view(value.cast()) };
-        let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
+        let (deadline_ms, granted_ms) = wall_times(&lock);
         // SAFETY: `rdb` is the IO context Redis gave this callback; Redis
         // copies the token bytes.
         unsafe {
             api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
             api!(RedisModule_SaveSigned)(rdb, lock.fence);
             api!(RedisModule_SaveSigned)(rdb, deadline_ms);
-            api!(RedisModule_SaveSigned)(rdb, lock.granted_ms);
+            api!(RedisModule_SaveSigned)(rdb, granted_ms);
         }
     })
 }
@@ -337,12 +345,13 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
                         log_warning(&format!("lock: a RESTOREd lock's fence is refused: {err}"));
                     }
                 }
-                let deadline_ms = local_deadline(value.deadline_ms, value.granted_ms, now);
+                let (deadline_ms, granted_ms) =
+                    local_times(value.deadline_ms, value.granted_ms, now);
                 LockBlock::new(Lock {
                     fence: value.fence,
                     deadline_ms,
                     token: value.token.as_ref(),
-                    granted_ms: value.granted_ms,
+                    granted_ms,
                     lease: node::new_lease(),
                 })
                 .as_ptr()
@@ -356,16 +365,20 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
     })
 }
 
-/// A persisted or replicated wall-clock deadline on this node's monotonic
-/// clock, capped at the longest the lease can be (a wall clock stepped back
-/// across a restart cannot stretch it): the time since its grant, or, for
-/// a lock written without its grant time, `lock.max-ttl-ms`.
-pub fn local_deadline(wall_deadline_ms: i64, granted_ms: i64, now: Now) -> i64 {
-    let longest = match granted_ms {
-        0 => engine::limits().max_ttl_ms,
-        granted => wall_deadline_ms.saturating_sub(granted),
-    };
-    time::local_deadline(wall_deadline_ms, longest, now)
+/// A persisted or replicated deadline and grant time (Unix ms) on this
+/// node's monotonic clock, the lease capped at the longest it can be (a
+/// wall clock stepped back across a restart cannot stretch it): the time
+/// since its grant, or, for a lock written without its grant time,
+/// `lock.max-ttl-ms` (see `core::time::local_times`).
+pub fn local_times(wall_deadline_ms: i64, wall_granted_ms: i64, now: Now) -> (i64, Option<i64>) {
+    let max_ttl_ms = engine::limits().max_ttl_ms;
+    time::local_times(wall_deadline_ms, wall_granted_ms, max_ttl_ms, now)
+}
+
+/// A lock's deadline and grant time as written out (Unix ms, converted at
+/// one instant; a grant time of 0: unknown).
+pub fn wall_times(lock: &Lock<'_>) -> (i64, i64) {
+    time::wall_times(lock.deadline_ms, lock.granted_ms, node::conversion_now())
 }
 
 /// The loader's reads, each checked for a short read (the raw loaders do).
@@ -424,7 +437,7 @@ extern "C" fn aof_rewrite(
         // SAFETY: Redis passes a value of this type (a block from
         // `LockBlock::new`), alive and unchanged during the callback.
         let lock = unsafe { LockBlock::view(value.cast()) };
-        let deadline_ms = time::wall_deadline(lock.deadline_ms, node::conversion_now());
+        let (deadline_ms, granted_ms) = wall_times(&lock);
         // SAFETY: `aof` and `key` are what Redis gave this callback; the
         // format "sblll" names what follows: a RedisModuleString, a buffer
         // and its length (copied by Redis), and three long longs.
@@ -438,7 +451,7 @@ extern "C" fn aof_rewrite(
                 lock.token.len(),
                 lock.fence,
                 deadline_ms,
-                lock.granted_ms,
+                granted_ms,
             )
         };
     })
@@ -465,10 +478,10 @@ extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
                 lock.token.as_ptr().cast(),
                 lock.token.len(),
             );
-            // Not the deadline: each node keeps it on its own monotonic
-            // clock, so master and replica may differ by a millisecond.
+            // Not the deadline or the grant time: each node keeps them on
+            // its own monotonic clock, so master and replica may differ by
+            // a millisecond.
             api!(RedisModule_DigestAddLongLong)(md, lock.fence);
-            api!(RedisModule_DigestAddLongLong)(md, lock.granted_ms);
             api!(RedisModule_DigestEndSequence)(md);
         }
     })

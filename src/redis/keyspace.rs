@@ -76,7 +76,7 @@ impl LockKey {
     /// Stores a lock under the key, without replicating or reporting: used
     /// directly when applying a replicated or AOF effect. `deadline_ms` is on
     /// this node's monotonic clock.
-    pub fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i64) {
+    pub fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
         let lease = new_lease();
         match &mut self.value {
             // Same token: update in place, no allocation.
@@ -134,7 +134,7 @@ impl LockKey {
     }
 
     /// Replicates the lock as `LOCK._SET key token fence deadline-ms
-    /// granted-ms`, its deadline on the wall clock.
+    /// granted-ms`, both on the wall clock, converted at `now`.
     fn replicate_set(&self, now: Now) {
         let Some(lock) = self.stored() else {
             return;
@@ -142,13 +142,14 @@ impl LockKey {
         if !propagation::effects_needed() {
             return self.count_write();
         }
+        let (deadline_ms, granted_ms) = time::wall_times(lock.deadline_ms, lock.granted_ms, now);
         ffi::replicate_lock_set(
             self.ctx,
             self.name,
             lock.token,
             lock.fence,
-            time::wall_deadline(lock.deadline_ms, now),
-            lock.granted_ms,
+            deadline_ms,
+            granted_ms,
         );
     }
 }
@@ -165,13 +166,13 @@ impl LockStore for LockKey {
         token: &[u8],
         fence: i64,
         deadline_ms: i64,
-        granted_ms: i64,
+        granted_ms: Option<i64>,
         replaces_ended: bool,
     ) {
         let now = node::conversion_now();
         if replaces_ended {
             if let Some(ended) = self.stored() {
-                node::lease_ended(&ended, now);
+                node::lease_ended(&ended);
             }
             notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
         } else {
@@ -197,10 +198,9 @@ impl LockStore for LockKey {
         let Some(lock) = self.stored() else {
             return;
         };
-        let now = node::conversion_now();
         match why {
-            Removal::Released | Removal::TakenBack => node::lease_released(&lock, now),
-            Removal::Ended => node::lease_ended(&lock, now),
+            Removal::Released | Removal::TakenBack => node::lease_released(&lock, node::mono_ms()),
+            Removal::Ended => node::lease_ended(&lock),
         }
         ffi::delete_key(self.key.as_ptr());
         self.value = None;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 use super::ffi::clock_us;
 use crate::core::histogram;
 use crate::core::lock::Lock;
-use crate::core::time::{self, Now};
+use crate::core::time::Now;
 
 /// Both clocks (see `core::time`): the monotonic one for leases, BLOCK
 /// timeouts, the restart delay and timers; the wall clock for fencing
@@ -121,17 +121,17 @@ pub fn record_hold(held_ms: i64) {
 
 /// A lease ran out (the lock is reclaimed, or replaced by a grant): an
 /// expiration, held from its grant to its deadline.
-pub fn lease_ended(lock: &Lock<'_>, now: Now) {
+pub fn lease_ended(lock: &Lock<'_>) {
     count(&STATS.expirations);
-    if lock.granted_ms > 0 {
-        record_hold(time::wall_deadline(lock.deadline_ms, now) - lock.granted_ms);
+    if let Some(granted) = lock.granted_ms {
+        record_hold(lock.deadline_ms - granted);
     }
 }
 
 /// A holder let go (released, or its undelivered grant was taken back).
-pub fn lease_released(lock: &Lock<'_>, now: Now) {
-    if lock.granted_ms > 0 {
-        record_hold(now.wall_ms() - lock.granted_ms);
+pub fn lease_released(lock: &Lock<'_>, now_ms: i64) {
+    if let Some(granted) = lock.granted_ms {
+        record_hold(now_ms - granted);
     }
 }
 

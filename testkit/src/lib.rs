@@ -634,7 +634,8 @@ impl Server {
         self.child.as_ref().expect("server is running").id()
     }
 
-    fn try_conn(&self) -> redis::RedisResult<Connection> {
+    /// A RESP2 connection, or why there is none.
+    pub fn try_conn(&self) -> redis::RedisResult<Connection> {
         let client = redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))?;
         client.get_connection_with_timeout(Duration::from_secs(5))
     }

@@ -121,7 +121,16 @@ impl Nemesis {
     }
 
     fn wait_replica_up(&self) {
-        let mut r = self.replica().conn();
+        // A replica that exited (a full sync it refused) says why in its log.
+        let mut r = self.replica().try_conn().unwrap_or_else(|e| {
+            let log = self.replica().log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "the replica is down ({e}); its log ends:\n{}",
+                tail.join("\n")
+            )
+        });
         wait_until(Duration::from_secs(30), || {
             info_value(&mut r, "replication", "master_link_status").as_deref() == Some("up")
         });
