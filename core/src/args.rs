@@ -4,6 +4,7 @@
 
 use super::error::{show_arg, LockError};
 use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::time::known_grant;
 
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`
 #[derive(Debug, PartialEq, Eq)]
@@ -294,12 +295,11 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
         Ok(d) if (0..=MAX_DEADLINE_MS).contains(&d) => d,
         _ => return Err(LockError::BadInternalArgument("deadline-ms")),
     };
-    // A grant time after the deadline is taken as unknown (0), as when
-    // loading a value (see `codec::decode_value`).
+    // One after the deadline is taken as unknown (0), as when loading a
+    // value (see `time::known_grant`).
     let granted_ms = match argv.get(5).map(|g| parse_i64(g)) {
         None => 0,
-        Some(Ok(g)) if g > deadline_ms => 0,
-        Some(Ok(g)) if g >= 0 => g,
+        Some(Ok(g)) if g >= 0 => known_grant(g, deadline_ms).unwrap_or(0),
         Some(_) => return Err(LockError::BadInternalArgument("granted-ms")),
     };
     Ok(SetArgs {

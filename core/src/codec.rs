@@ -15,6 +15,7 @@ use std::fmt;
 
 use super::error::LockError;
 use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
+use super::time::known_grant;
 
 /// The newest value encoding this build reads and the one it writes.
 pub const ENCODING_VERSION: i32 = 2;
@@ -108,16 +109,8 @@ pub fn decode_value<R: ValueReader>(
     if granted_ms < 0 {
         return Err(DecodeError::Granted(granted_ms));
     }
-    // After the deadline: an earlier build kept the grant time as the wall
-    // clock read at the grant and converted the deadline at the write, so a
-    // step in between could do this. Taken as unknown (the lease is capped
-    // at max-ttl when loaded): refusing it would refuse the whole RDB, and
-    // a replica's full sync with it.
-    let granted_ms = if granted_ms > deadline_ms {
-        0
-    } else {
-        granted_ms
-    };
+    // One after the deadline is taken as unknown (see time::known_grant).
+    let granted_ms = known_grant(granted_ms, deadline_ms).unwrap_or(0);
     check_fence(fence).map_err(|e| DecodeError::Fence(fence, e))?;
     Ok(StoredLock {
         token,

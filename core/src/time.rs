@@ -56,31 +56,34 @@ pub fn wall_deadline(deadline_ms: i64, now: Now) -> i64 {
 /// wall clock did since the grant. A grant time of 0 means unknown.
 pub fn wall_times(deadline_ms: i64, granted_ms: Option<i64>, now: Now) -> (i64, i64) {
     let deadline = wall_deadline(deadline_ms, now);
-    let granted = granted_ms.map_or(0, |g| {
-        wall_deadline(g.min(deadline_ms), now).min(deadline).max(0)
-    });
+    let granted = granted_ms.map_or(0, |g| wall_deadline(g.min(deadline_ms), now).max(0));
     (deadline, granted)
+}
+
+/// A written-out grant time (Unix ms) if it is known: 0 is unknown, and so
+/// is one after the deadline (an earlier build kept the grant's wall-clock
+/// reading and converted the deadline at the write, so a step in between
+/// could do this; refusing it would refuse the whole RDB, and a replica's
+/// full sync with it).
+pub fn known_grant(wall_granted_ms: i64, wall_deadline_ms: i64) -> Option<i64> {
+    Some(wall_granted_ms).filter(|g| (1..=wall_deadline_ms).contains(g))
 }
 
 /// A written-out deadline and grant time (Unix ms; a grant time of 0:
 /// unknown) on this node's monotonic clock. The lease is capped at the time
 /// from its grant to its deadline (at `max_ttl_ms` when the grant time is
-/// unknown), and the grant lies that far before the local deadline. A grant
-/// time after the deadline (an earlier build wrote one after a wall-clock
-/// step) counts as unknown: refusing it would refuse the whole RDB.
+/// unknown: [`known_grant`]), and the grant lies that far before the local
+/// deadline.
 pub fn local_times(
     wall_deadline_ms: i64,
     wall_granted_ms: i64,
     max_ttl_ms: i64,
     now: Now,
 ) -> (i64, Option<i64>) {
-    let known = (1..=wall_deadline_ms).contains(&wall_granted_ms);
-    let longest = match known {
-        true => wall_deadline_ms - wall_granted_ms,
-        false => max_ttl_ms.max(0),
-    };
+    let granted = known_grant(wall_granted_ms, wall_deadline_ms);
+    let longest = granted.map_or(max_ttl_ms.max(0), |g| wall_deadline_ms - g);
     let deadline = local_deadline(wall_deadline_ms, longest, now);
-    (deadline, known.then(|| deadline.saturating_sub(longest)))
+    (deadline, granted.map(|_| deadline.saturating_sub(longest)))
 }
 
 /// A persisted or replicated wall-clock deadline on this node's monotonic

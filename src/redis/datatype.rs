@@ -33,8 +33,8 @@
 //! One allocation per lock, the token inline (see [`LockBlock`]), its
 //! deadline and grant time on the node's monotonic clock (converted from
 //! and to the wall clock, both at one instant, when loaded and saved: see
-//! `core::time`), plus a lease id that is not persisted (see `core::lock::Lock::lease`). The key has no Redis
-//! expiry.
+//! `core::time`), plus a lease id that is not persisted (see
+//! `core::lock::Lock::lease`). The key has no Redis expiry.
 //!
 //! ## AOF rewrite
 //! Each lock is written as `LOCK._SET key token fence deadline-ms
