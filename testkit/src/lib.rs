@@ -27,7 +27,8 @@
 //!   start-up options, more than one server) skip themselves with a reason.
 //!
 //! Tests that cannot run in a mode call [`skip_unless`] first, which prints
-//! why and returns true.
+//! why, records the skip ([`skip`]) and returns true; a test that finds
+//! something else missing calls [`skip`] itself.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -97,26 +98,92 @@ pub enum Needs {
 }
 
 /// True (and says why on stderr) when this test cannot run in the current
-/// mode: call it first and return if it says so.
+/// mode: call it first and return if it says so. The skip is recorded
+/// ([`skip`]).
 pub fn skip_unless(needs: Needs, reason: &str) -> bool {
-    let skip = match (mode(), needs) {
-        (Mode::Local, _) => false,
-        (Mode::Docker(_), Needs::OwnServer) => false,
+    let why = match (mode(), needs) {
+        (Mode::Local, _) => return false,
+        (Mode::Docker(_), Needs::OwnServer) => return false,
         (Mode::Docker(image), Needs::LocalProcess) => {
-            eprintln!(
-                "skipped: {reason}: cannot run in a container of {image} (REDIS_LOCK_DOCKER_IMAGE)"
-            );
-            true
+            format!("{reason}: cannot run in a container of {image} (REDIS_LOCK_DOCKER_IMAGE)")
         }
         (Mode::External(port), _) => {
-            eprintln!("skipped: {reason}: needs a server of its own, not 127.0.0.1:{port} (REDIS_LOCK_TEST_URL)");
-            true
+            format!(
+                "{reason}: needs a server of its own, not 127.0.0.1:{port} (REDIS_LOCK_TEST_URL)"
+            )
         }
     };
-    if skip {
-        println!("skipped: {reason}");
+    // A mode the caller chose, not something missing here.
+    skip(Skip::NotInThisMode, &why);
+    true
+}
+
+/// Why a test did not run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// The test mode rules it out (a container, an external server): the
+    /// same test runs in `make test`.
+    NotInThisMode,
+    /// This server binary lacks what the test needs (built without TLS):
+    /// nothing an install step could change.
+    ServerLacks,
+    /// Something `.ci/run` installs is missing or unreachable (a package
+    /// registry, a tool): CI fails on such a skip.
+    Missing,
+}
+
+impl Skip {
+    fn word(self) -> &'static str {
+        match self {
+            Skip::NotInThisMode => "mode",
+            Skip::ServerLacks => "server",
+            Skip::Missing => "missing",
+        }
     }
-    skip
+}
+
+/// Records that the calling test did not run, and why: printed, and
+/// appended to `REDIS_LOCK_SKIP_LOG` when set (one tab-separated line:
+/// kind, server binary, test binary, test, reason), which `make test`
+/// counts and lists in its summary (`scripts/test-summary.sh`), so a
+/// skipped test is never reported as a pass. The caller returns at once.
+pub fn skip(kind: Skip, reason: &str) {
+    eprintln!("skipped: {reason}");
+    println!("skipped: {reason}");
+    let Some(log) = std::env::var_os("REDIS_LOCK_SKIP_LOG").filter(|v| !v.is_empty()) else {
+        return;
+    };
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| match stem.rsplit_once('-') {
+            // cargo's test binaries: NAME-HASH
+            Some((name, hash)) if hash.chars().all(|c| c.is_ascii_hexdigit()) => name.to_string(),
+            _ => stem,
+        })
+        .unwrap_or_default();
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    let clean = |s: &str| s.replace(['\t', '\n'], " ");
+    let line = format!(
+        "{}\t{}\t{}\t{}\t{}\n",
+        kind.word(),
+        clean(&server_binary()),
+        clean(&binary),
+        clean(test),
+        clean(reason)
+    );
+    use std::io::Write;
+    // One write of one line with O_APPEND: lines from parallel tests and
+    // test binaries do not interleave.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| f.write_all(line.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record the skip in {}: {e}", log.to_string_lossy());
+    }
 }
 
 /// The module's path inside the image (`Dockerfile`).
@@ -676,6 +743,9 @@ impl Server {
     pub fn shutdown(&mut self) {
         assert!(!self.is_external(), "cannot shut down the external server");
         if let Ok(mut c) = self.try_conn() {
+            // A stopped (SIGSTOP) server accepts the connection but never
+            // answers: bounded, then killed below.
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
             let _: redis::RedisResult<()> = redis::cmd("SHUTDOWN").query(&mut c);
         }
         if self.container.as_ref().is_some_and(|c| c.running) {
@@ -699,9 +769,25 @@ impl Server {
         }
     }
 
-    /// Starts again on the same port and data directory.
+    /// Starts again on the same port and data directory. A server still
+    /// running is shut down first (SHUTDOWN, as a service manager's restart
+    /// does; [`kill9`](Self::kill9) first for a crash): two servers never
+    /// run on one data directory, and none is left behind.
     pub fn restart(&mut self) {
+        if self.child.is_some() || self.container.as_ref().is_some_and(|c| c.running) {
+            self.shutdown();
+        }
         self.boot();
+    }
+
+    /// Whether the server's process (or container) is still running.
+    pub fn is_running(&mut self) -> bool {
+        if self.container.is_some() {
+            return self.container_running();
+        }
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Changes a config option for the next start.
