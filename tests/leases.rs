@@ -160,7 +160,14 @@ fn a_lock_with_a_legacy_redis_expiry_is_converted() {
     if common::skip_unless(common::Needs::OwnServer, "starts from an RDB file") {
         return;
     }
-    let mut s = Server::start();
+    // The node that wrote it allowed a lease until 2031; a node loading it
+    // with the default lock.max-ttl-ms (a week) caps what is left at that.
+    let mut s = Server::builder()
+        .module_arg(
+            "max-ttl-ms",
+            &redis_lock_core::limits::MAX_DURATION_MS.to_string(),
+        )
+        .start();
     s.shutdown();
     let fixture =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/legacy-expiry.rdb");
@@ -240,6 +247,105 @@ fn a_waiter_is_not_handed_a_lock_that_could_be_evicted() {
         "{reply:?}"
     );
     assert!(!exists(&mut c, "k"));
+}
+
+/// Above maxmemory a queued waiter is answered OOM at its turn, as a new
+/// ACQUIRE is (issue 22: it was handed the lock), while a waiter whose own
+/// token holds the lock is renewed, as a holder's ACQUIRE is.
+#[test]
+fn above_maxmemory_a_waiter_gets_oom_like_a_new_acquire() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "H", 60_000).unwrap();
+    let mut w = RawConn::connect(&s);
+    w.send(&["LOCK.ACQUIRE", "k", "W", "60000", "BLOCK", "5000"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 1);
+    let mut own = RawConn::connect(&s);
+    let set_maxmemory = |c: &mut Connection, v: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(v)
+            .query(c)
+            .unwrap();
+    };
+    set_maxmemory(&mut c, "1");
+    let err = run_err(&mut c, &["LOCK.ACQUIRE", "j", "new", "1000"]);
+    assert!(err.starts_with("OOM"), "{err}");
+    // A hand-off and a direct grant are refused alike.
+    assert_eq!(release(&mut c, "k", "H"), 1);
+    let reply = w.read_within(Duration::from_secs(3));
+    assert!(
+        matches!(&reply, Some(Resp::Error(e)) if e.starts_with("OOM")),
+        "{reply:?}"
+    );
+    assert!(!exists(&mut c, "k"));
+    // A holder's own ACQUIRE, BLOCK or not, renews above maxmemory.
+    set_maxmemory(&mut c, "0");
+    let f = acquire(&mut c, "r", "R", 300).unwrap();
+    set_maxmemory(&mut c, "1");
+    own.send(&["LOCK.ACQUIRE", "r", "R", "60000", "BLOCK", "5000"]);
+    assert_eq!(own.read_within(Duration::from_secs(3)), Some(Resp::Int(f)));
+    assert_eq!(extend(&mut c, "r", "R", 60_000), 1);
+    set_maxmemory(&mut c, "0");
+}
+
+/// No lease enters a node longer than its lock.max-ttl-ms (issue 22: a
+/// RESTOREd lock kept its 1-hour lease on a node whose max-ttl was 1 s),
+/// whether it comes from a RESTORE or from a restart that loads it.
+#[test]
+fn a_restored_or_loaded_lease_is_capped_at_max_ttl() {
+    if common::skip_unless(common::Needs::OwnServer, "starts two servers") {
+        return;
+    }
+    let source = Server::start();
+    let mut src = source.conn();
+    acquire(&mut src, "k", "t", 3_600_000).unwrap();
+    let payload: Vec<u8> = redis::cmd("DUMP").arg("k").query(&mut src).unwrap();
+    let mut target = Server::builder().module_arg("max-ttl-ms", "1000").start();
+    let mut c = target.conn();
+    restore(&mut c, "k", &payload).unwrap();
+    let ttl = lock_info(&mut c, "k").expect("restored").ttl;
+    assert!((1..=1000).contains(&ttl), "restored with {ttl} ms left");
+    // A restart that loads a longer lease than the node now allows.
+    restore(&mut c, "k2", &payload).unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.max-ttl-ms")
+        .arg("604800000")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("LOCK.EXTEND")
+        .arg("k2")
+        .arg("t")
+        .arg(3_600_000)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    target.set_module_arg("max-ttl-ms", "2000");
+    target.restart();
+    let ttl = lock_info(&mut target.conn(), "k2").expect("loaded").ttl;
+    assert!((1..=2000).contains(&ttl), "loaded with {ttl} ms left");
+}
+
+/// A restart of a running server stops it first (issue 22: the old one
+/// stayed up, with no parent, after the suite).
+#[test]
+fn restarting_a_running_server_leaves_no_second_one() {
+    if common::skip_unless(common::Needs::LocalProcess, "reads the server's process") {
+        return;
+    }
+    let mut s = Server::start();
+    let (port, old) = (s.port, s.pid());
+    s.restart();
+    assert_eq!(s.port, port, "the same port: the old server let it go");
+    assert_ne!(s.pid(), old);
+    let state = std::fs::read_to_string(format!("/proc/{old}/stat")).unwrap_or_default();
+    assert!(
+        state.is_empty() || state.split_whitespace().nth(2) == Some("Z"),
+        "the first server still runs: {state}"
+    );
+    assert!(s.is_running());
 }
 
 // Regression tests of defects found by attacking the module (issue 8 and

@@ -176,7 +176,7 @@ fn bad_options_at_start_stop_the_server_with_a_message() {
     if common::skip_unless(common::Needs::LocalProcess, "starts servers by hand") {
         return;
     }
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
         (&["max-token-len", "9999"], "invalid max-token-len 9999"),
         (&["max-token-len", "0"], "invalid max-token-len 0"),
         (&["max-ttl-ms", "999999999999999"], "invalid max-ttl-ms"),
@@ -201,6 +201,10 @@ fn bad_options_at_start_stop_the_server_with_a_message() {
         (
             &["max-ttl-ms", "5000", "max-token-len"],
             "'max-token-len' has no value",
+        ),
+        (
+            &["max-ttl-ms", "1000", "max-ttl-ms", "2000"],
+            "option 'max-ttl-ms' is given more than once",
         ),
     ];
     for (args, message) in cases {
@@ -235,6 +239,13 @@ fn runtime_changes_take_effect_at_once() {
     assert!(try_acquire(&mut c, "c", "12345", 1000).is_err());
     assert!(try_acquire(&mut c, "c", "1234", 1000).unwrap().is_some());
     assert!(fence(&mut c, "b").is_some());
+    // Its same-token ACQUIRE (the safe retry after a lost reply) renews and
+    // keeps the fence, as EXTEND does.
+    let held = fence(&mut c, "b");
+    assert_eq!(
+        try_acquire(&mut c, "b", "a-rather-long-token", 60_000).unwrap(),
+        held
+    );
     assert_eq!(extend(&mut c, "b", "a-rather-long-token", 60_000), 1);
     assert_eq!(release(&mut c, "b", "a-rather-long-token"), 1);
 

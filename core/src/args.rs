@@ -172,6 +172,7 @@ pub fn module_option_values(
             OptionSpec::Bool { default, .. } => OptionValue::Bool(default),
         })
         .collect();
+    let mut given = vec![false; specs.len()];
     for pair in args.chunks(2) {
         let name = String::from_utf8_lossy(pair[0]);
         let Some(at) = specs.iter().position(|s| s.name().as_bytes() == pair[0]) else {
@@ -181,6 +182,13 @@ pub fn module_option_values(
                 known.join(", ")
             ));
         };
+        // Which one was meant is anybody's guess (a config line and a
+        // command line merged by hand): refuse rather than pick one.
+        if std::mem::replace(&mut given[at], true) {
+            return Err(format!(
+                "option '{name}' is given more than once after the module path"
+            ));
+        }
         let Some(value) = pair.get(1) else {
             return Err(format!("option '{name}' has no value"));
         };
@@ -440,6 +448,21 @@ mod tests {
             (
                 &[b"allow-eviction", b"maybe"],
                 "invalid allow-eviction maybe: must be yes or no",
+            ),
+            (
+                &[b"max-ttl-ms", b"5", b"max-ttl-ms", b"6"],
+                "option 'max-ttl-ms' is given more than once",
+            ),
+            (
+                &[
+                    b"max-ttl-ms",
+                    b"5",
+                    b"allow-eviction",
+                    b"no",
+                    b"max-ttl-ms",
+                    b"5",
+                ],
+                "option 'max-ttl-ms' is given more than once",
             ),
         ] {
             let err = values(args).unwrap_err();

@@ -287,7 +287,7 @@ impl Reference {
                 _ => {}
             }
             if front.ttl > self.max_ttl {
-                let err = LockError::TtlTooLarge(front.ttl.to_string(), self.max_ttl);
+                let err = LockError::TtlTooLarge(format!("'{}'", front.ttl), self.max_ttl);
                 answer(self, told, error(err));
                 continue;
             }

@@ -68,6 +68,37 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The longest lease a grant, renewal or extension may carry now: one
+    /// rule for ACQUIRE, EXTEND and every hand-off.
+    pub fn check_ttl(&self, ttl_ms: i64) -> Result<(), LockError> {
+        if ttl_ms > self.max_ttl_ms {
+            return Err(LockError::TtlTooLarge(
+                format!("'{ttl_ms}'"),
+                self.max_ttl_ms,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a *new* holder (a grant, or a place in line) may be taken
+    /// on: its token within `lock.max-token-len`, and a server that can keep
+    /// the lock (no eviction of locks, memory below maxmemory). A holder
+    /// renewing its own lock is never refused for these: its same-token
+    /// ACQUIRE is the safe retry after a lost reply, whatever the options
+    /// became since it was granted. One rule for ACQUIRE and every hand-off.
+    pub fn check_new_holder(&self, token: &[u8], cond: Conditions) -> Result<(), LockError> {
+        args::check_token_limit(token, self.max_token_len)?;
+        if cond.contains(Conditions::EVICTABLE) && !self.allow_eviction {
+            return Err(LockError::EvictionUnsafe);
+        }
+        if cond.contains(Conditions::OOM) {
+            return Err(LockError::OutOfMemory);
+        }
+        Ok(())
+    }
+}
+
 bitflags! {
     /// What only the server knows at the moment of a call.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -244,7 +275,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.wakes.pop_front()
     }
 
-    /// When [`timer`](Self::timer) must run next (Unix ms).
+    /// When [`timer`](Self::timer) must run next (monotonic ms, as every
+    /// time the node schedules).
     pub fn next_wakeup(&self) -> Option<i64> {
         match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -265,7 +297,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         admission: &mut impl Admission<C>,
         now: Now,
     ) -> Result<Acquire<K>, LockError> {
-        args::check_token_limit(req.token, self.limits.max_token_len)?;
+        self.limits.check_ttl(req.ttl_ms)?;
         if req.min_fence > 0 && fence::check_min_fence(req.min_fence, now.wall_us).is_err() {
             return Err(LockError::MinFenceTooLarge(format!("'{}'", req.min_fence)));
         }
@@ -278,7 +310,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             Some(held) if held.token == req.token => None,
             Some(held) => Some(held.deadline_ms),
             None => {
-                self.admit_new_lock(cond)?;
+                self.limits.check_new_holder(req.token, cond)?;
                 match self.grants_paused_ms(now_ms) {
                     0 => None,
                     paused if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) => {
@@ -291,7 +323,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         if let Some(check_at_ms) = check_at_ms {
             return match req.block_ms {
                 Some(timeout_ms) if cond.contains(Conditions::MAY_BLOCK) => {
-                    self.admit_new_lock(cond)?;
+                    self.limits.check_new_holder(req.token, cond)?;
                     let max = self.limits.max_waiters_per_key;
                     if self.waiters.waiting_on(key) >= max {
                         return Err(LockError::TooManyWaiters(max as i64));
@@ -383,6 +415,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         admission: &mut impl Admission<C>,
         now: Now,
     ) -> Result<bool, LockError> {
+        self.limits.check_ttl(ttl_ms)?;
         let store = self.open_in_command(key, store, cond, now)?;
         self.settle_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
@@ -532,19 +565,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         }
         let paused = self.grants_paused_ms(now.mono_ms());
         let limits = self.limits;
-        let eviction_unsafe = cond.contains(Conditions::EVICTABLE) && !limits.allow_eviction;
-        // A hand-off applies the limits in force when it grants, and the
-        // waiter's ACL as it is now.
+        // A hand-off applies the limits in force when it grants (the same
+        // checks as a new ACQUIRE's), and the waiter's ACL as it is now.
         let admit = |turn: Turn<'_, C>| -> Result<(), LockError> {
-            if turn.ttl_ms > limits.max_ttl_ms {
-                return Err(LockError::TtlTooLarge(
-                    turn.ttl_ms.to_string(),
-                    limits.max_ttl_ms,
-                ));
-            }
-            args::check_token_limit(turn.token, limits.max_token_len)?;
-            if eviction_unsafe {
-                return Err(LockError::EvictionUnsafe);
+            limits.check_ttl(turn.ttl_ms)?;
+            if !turn.renews {
+                limits.check_new_holder(turn.token, cond)?;
             }
             if !admission.may_take(turn.client) {
                 return Err(LockError::NoPermission);
@@ -636,19 +662,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// changing nothing).
     pub fn observe_fence(&mut self, fence: i64, wall_us: i64) -> Result<(), LockError> {
         self.fences.observe(fence, wall_us)
-    }
-
-    /// Checks a new grant or place in line against what the server can
-    /// keep: locks that could be evicted, or memory above maxmemory.
-    /// Renewing a lock one holds is never refused: it is the safe retry.
-    fn admit_new_lock(&self, cond: Conditions) -> Result<(), LockError> {
-        if cond.contains(Conditions::EVICTABLE) && !self.limits.allow_eviction {
-            return Err(LockError::EvictionUnsafe);
-        }
-        if cond.contains(Conditions::OOM) {
-            return Err(LockError::OutOfMemory);
-        }
-        Ok(())
     }
 }
 
@@ -837,7 +850,7 @@ mod tests {
         assert_eq!(woken[0].client, 1);
         assert_eq!(
             woken[0].outcome,
-            Outcome::Failed(LockError::TtlTooLarge("600000".into(), 1000))
+            Outcome::Failed(LockError::TtlTooLarge("'600000'".into(), 1000))
         );
         assert!(is_grant(&woken[1]));
         assert_eq!(store.lock.as_ref().unwrap().deadline_ms, T0 + 800);
@@ -1065,5 +1078,72 @@ mod tests {
             now(T0 + 3),
         );
         assert_eq!(fresh, Err(LockError::EvictionUnsafe));
+    }
+
+    /// Issue 22: a holder's same-token ACQUIRE (the safe retry) renews
+    /// whatever lock.max-token-len became since its grant; new holders, in
+    /// line or not, are held to it.
+    #[test]
+    fn a_holder_retries_after_the_token_limit_was_lowered() {
+        let mut node = N::default();
+        let mut store = MemStore::default();
+        let long = b"a-rather-long-token";
+        let got = node.acquire(
+            &"k",
+            Ok(&mut store),
+            req(long, 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            now(T0),
+        );
+        assert_eq!(got, Ok(Acquire::Granted(T0 * 1000)));
+        node.set_limits(
+            Limits {
+                max_token_len: 4,
+                ..Limits::default()
+            },
+            T0,
+        );
+        let retry = node.acquire(
+            &"k",
+            Ok(&mut store),
+            req(long, 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            now(T0 + 1),
+        );
+        assert_eq!(retry, Ok(Acquire::Renewed(T0 * 1000)));
+        let line = node.acquire(
+            &"k",
+            Ok(&mut store),
+            req(b"12345", 100, Some(0)),
+            BLOCKING,
+            &mut AdmitAll,
+            now(T0 + 2),
+        );
+        assert_eq!(line, Err(LockError::TokenOverLimit(5, 4)));
+    }
+
+    /// Issue 22: above maxmemory a hand-off is refused as a new grant is.
+    #[test]
+    fn a_hand_off_above_maxmemory_fails_the_waiter_with_oom() {
+        let mut node = N::default();
+        let mut store = MemStore::default();
+        node.acquire(
+            &"k",
+            Ok(&mut store),
+            req(b"h", 100, None),
+            BLOCKING,
+            &mut AdmitAll,
+            now(T0),
+        )
+        .unwrap();
+        wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
+        let oom = Conditions::OOM;
+        let released = node.release(&"k", Ok(&mut store), b"h", oom, &mut AdmitAll, now(T0 + 1));
+        assert_eq!(released, Ok(true));
+        let woken = wakes(&mut node);
+        assert_eq!(woken[0].outcome, Outcome::Failed(LockError::OutOfMemory));
+        assert!(store.lock.is_none());
     }
 }

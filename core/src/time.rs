@@ -70,9 +70,12 @@ pub fn known_grant(wall_granted_ms: i64, wall_deadline_ms: i64) -> Option<i64> {
 }
 
 /// A written-out deadline and grant time (Unix ms; a grant time of 0:
-/// unknown) on this node's monotonic clock. The lease is capped at the time
-/// from its grant to its deadline (at `max_ttl_ms` when the grant time is
-/// unknown: [`known_grant`]), and the grant lies that far before the local
+/// unknown) on this node's monotonic clock. The lease left is capped at
+/// `max_ttl_ms` (`lock.max-ttl-ms` on this node: no lease enters a node
+/// longer than a grant there could be, whether it comes from an RDB, an
+/// AOF, a RESTORE or the master) and at the time from its grant to its
+/// deadline when that is known ([`known_grant`]: the wall clock was stepped
+/// back since the write). The grant lies that span before the local
 /// deadline.
 pub fn local_times(
     wall_deadline_ms: i64,
@@ -81,9 +84,11 @@ pub fn local_times(
     now: Now,
 ) -> (i64, Option<i64>) {
     let granted = known_grant(wall_granted_ms, wall_deadline_ms);
-    let longest = granted.map_or(max_ttl_ms.max(0), |g| wall_deadline_ms - g);
+    let max_ttl_ms = max_ttl_ms.max(0);
+    let span = granted.map(|g| wall_deadline_ms - g);
+    let longest = span.map_or(max_ttl_ms, |span| span.min(max_ttl_ms));
     let deadline = local_deadline(wall_deadline_ms, longest, now);
-    (deadline, granted.map(|_| deadline.saturating_sub(longest)))
+    (deadline, span.map(|span| deadline.saturating_sub(span)))
 }
 
 /// A persisted or replicated wall-clock deadline on this node's monotonic
@@ -150,7 +155,7 @@ mod tests {
             mono_us: 100_000_000,
             wall_us: WALL + 500_000,
         };
-        let (local, local_granted) = local_times(wall_deadline, wall_granted, 1_000, elsewhere);
+        let (local, local_granted) = local_times(wall_deadline, wall_granted, 60_000, elsewhere);
         assert_eq!(local, 100_000 + 60_000 - 1_000 - 500);
         assert_eq!(local_granted, Some(local - 60_000));
         assert_eq!(
@@ -160,9 +165,35 @@ mod tests {
         // Unknown, or after the deadline (an earlier build's write): the
         // lease is capped at max-ttl.
         assert_eq!(wall_times(deadline, None, later).1, 0);
+        // A lower lock.max-ttl-ms on the loading node caps what is left,
+        // and the grant keeps its place before the deadline it had.
+        let (capped, granted) = local_times(wall_deadline, wall_granted, 1_000, elsewhere);
+        assert_eq!(capped, 100_000 + 1_000);
+        assert_eq!(granted, Some(capped - 60_000));
         for odd in [0, wall_deadline + 90_000] {
             let (capped, none) = local_times(wall_deadline, odd, 1_000, elsewhere);
             assert_eq!((capped, none), (100_000 + 1_000, None));
         }
+    }
+
+    /// A lease renewed for a long time (grant long ago) and read after the
+    /// wall clock stepped back an hour: capped at max-ttl, not at the time
+    /// since the grant (issue 22: 21,968 ms kept where the holder had 1,934).
+    #[test]
+    fn a_long_held_lease_read_after_a_step_back_is_capped_at_max_ttl() {
+        let written_at = WALL / 1000;
+        let wall_granted = written_at - 20_000;
+        let wall_deadline = written_at + 1_934;
+        let stepped_back = Now {
+            mono_us: 0,
+            wall_us: WALL - 3_600_000_000,
+        };
+        let (deadline, _) = local_times(wall_deadline, wall_granted, 5_000, stepped_back);
+        assert_eq!(deadline, 5_000);
+        // A RESTOREd lease of an hour (a 1970 grant time) on a node whose
+        // max-ttl is a second.
+        let now = Now::same(WALL);
+        let (deadline, _) = local_times(written_at + 3_600_000, 1, 1_000, now);
+        assert_eq!(deadline, written_at + 1_000);
     }
 }

@@ -60,6 +60,8 @@ pub struct Turn<'a, C> {
     pub client: C,
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// The waiter's token holds the lock already: this turn renews it.
+    pub renews: bool,
 }
 
 /// A client asking to wait.
@@ -307,22 +309,24 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
                 continue;
             }
-            match store.live(now_ms) {
+            let renews = match store.live(now_ms) {
                 Some(held) if held.token != &*w.token => {
                     let until = held.deadline_ms;
                     self.reschedule(key, until);
                     break;
                 }
+                Some(_) => true,
                 None if grants_paused_ms > 0 => {
                     self.reschedule(key, now_ms.saturating_add(grants_paused_ms));
                     break;
                 }
-                _ => {}
-            }
+                None => false,
+            };
             let turn = Turn {
                 client: w.client,
                 token: &w.token,
                 ttl_ms: w.ttl_ms,
+                renews,
             };
             if let Err(err) = admit(turn) {
                 wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
