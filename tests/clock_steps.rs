@@ -156,6 +156,65 @@ fn a_backward_step_strands_no_waiter() {
     }
 }
 
+/// The same, on time: a timer armed before a step back fired late by up to
+/// the server cron's period (issue 22: 50 to 156 ms at hz 10, re-armed
+/// only by the cron once 50 ms overdue). With `hz 1` that made a BLOCK
+/// timeout up to a second late; now the event loop's next before-sleep
+/// re-arms it when the clocks moved apart. Three rounds, each must end
+/// within 300 ms of the timeout (the re-arm by the cron alone, and by the
+/// before-sleep for overdue timers alone, gave [1, 792, 400] ms), on the
+/// servers whose module sees the faked clock (Redis 8.2).
+#[test]
+fn a_backward_step_delays_no_timer() {
+    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+        return;
+    };
+    for binary in servers {
+        let clock_file = std::env::temp_dir().join(format!(
+            "redis-lock-step-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
+        set_clock_offset(&clock_file, "+0");
+        let server = Server::builder()
+            .binary(&binary)
+            .config("hz", "1")
+            .faked_wall_clock(&clock_file)
+            .start();
+        let s = SteppedServer { server, clock_file };
+        let mut c = s.server.conn();
+        // Valkey loads modules with RTLD_DEEPBIND: there the module reads
+        // the real clock and cannot see this step (a real step it sees).
+        s.step("-1h");
+        acquire(&mut c, "probe", "t", 60_000).unwrap();
+        let granted = lock_info(&mut c, "probe").and_then(|i| i.granted).unwrap();
+        let (secs, _): (i64, i64) = redis::cmd("TIME").query(&mut c).unwrap();
+        if (granted / 1000 - secs).abs() > 60 {
+            println!("{binary}: the module does not see the faked clock; not timed here");
+            continue;
+        }
+        acquire(&mut c, "j", "holder", 600_000).unwrap();
+        let mut late_ms = Vec::new();
+        for _ in 0..3 {
+            s.step("+0");
+            let mut waiter = RawConn::connect(&s.server);
+            let sent = std::time::Instant::now();
+            waiter.send(&["LOCK.ACQUIRE", "j", "waiter", "1000", "BLOCK", "600"]);
+            wait_until(Duration::from_secs(5), || {
+                s.server.info_field("waiters") == 1
+            });
+            s.step("-1h");
+            let nil = waiter.read_within(Duration::from_secs(5));
+            assert!(matches!(nil, Some(Resp::Nil)), "{binary}: {nil:?}");
+            late_ms.push(sent.elapsed().as_millis() as i64 - 600);
+        }
+        assert!(
+            late_ms.iter().all(|&late| late < 300),
+            "{binary}: BLOCK 600 answered late by {late_ms:?} ms after a step back"
+        );
+    }
+}
+
 /// A lock granted while the wall clock was ahead, written out after it was
 /// set back: the grant time and the deadline must be written in one frame.
 /// Found by the history checker on Redis 8.2 (a clock-step fault, then a

@@ -172,7 +172,9 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
     })
 }
 
-/// Redis 7.0 only (see `blocked`): right before 7.0 sends module replies.
+/// Before the event loop sleeps: the hand-off timer is re-armed at once if
+/// a wall-clock step left it overdue (`timer::heal`); on Redis 7.0 (see
+/// `blocked`), right before 7.0 sends module replies.
 pub extern "C" fn on_event_loop(
     _ctx: Ctx,
     _event: raw::RedisModuleEvent,
@@ -181,7 +183,10 @@ pub extern "C" fn on_event_loop(
 ) {
     guard("the before-sleep event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {
-            blocked::before_sleep();
+            timer::heal();
+            if blocked::defers_unblocks() {
+                blocked::before_sleep();
+            }
         }
     })
 }
@@ -200,10 +205,9 @@ pub fn subscribe(ctx: Ctx) -> Result<(), &'static str> {
         (raw::REDISMODULE_EVENT_FORK_CHILD, on_fork),
         (raw::REDISMODULE_EVENT_REPLICA_CHANGE, on_replica_change),
         (raw::REDISMODULE_EVENT_CRON_LOOP, on_cron),
+        (raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop),
     ];
-    let before_sleep = blocked::defers_unblocks()
-        .then_some((raw::REDISMODULE_EVENT_EVENTLOOP, on_event_loop as EventFn));
-    for (id, callback) in events.into_iter().chain(before_sleep) {
+    for (id, callback) in events {
         match ffi::subscribe_to_server_event(ctx, id, callback) {
             Some(true) => {}
             None => return Err("RedisModule_SubscribeToServerEvent is not available"),

@@ -1,6 +1,7 @@
-//! The one module timer, armed for the node's next wake-up, and the inbox
-//! of inputs from callbacks that cannot enter the engine or write (unlink2,
-//! flush, SWAPDB, keyspace events, undelivered grants). A timer run feeds
+//! The hand-off timer (the sweep has its own), armed for the node's next
+//! wake-up, and the inbox of inputs from callbacks that cannot enter the
+//! engine or write (unlink2, undelivered grants); flush and SWAPDB reach
+//! the node directly ([`flushed`], [`swapped`]). A timer run feeds
 //! the inbox to the node, asks it what is due ([`Node::timer`]) and
 //! executes that: take-backs, then hand-offs key by key, each with the
 //! server's conditions and whether the key is still served here.
@@ -9,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use redis_module::raw;
@@ -62,23 +63,60 @@ pub fn queue(f: impl FnOnce(&mut Inbox)) {
     arm_at(node::mono_ms());
 }
 
-/// How late the timer may be before `heal` re-arms it.
-const LATE_MS: i64 = 50;
+/// How late (monotonic ms) the timer may be before `heal` re-arms it: the
+/// armed time is rounded to the ms, and Redis's own time event may run a
+/// little after it.
+const LATE_MS: i64 = 1;
 
-/// Server cron (every 1/hz s, on Redis's monotonic event loop): module
-/// timers fire by the server's *wall* clock (RM_CreateTimer adds its period
-/// to it), so a timer armed before the wall clock stepped back would fire
-/// that much late, and waiters would be stranded. If the timer is overdue
-/// on the monotonic clock, it is replaced by one that fires now.
+/// When the armed timer is due (monotonic ms; i64::MAX: none armed), for
+/// the check before every sleep of the event loop, which must not take a
+/// lock: [`TIMER`] is its owner, and this is written only with it held.
+static DUE_MS: AtomicI64 = AtomicI64::new(i64::MAX);
+
+/// The wall clock minus the monotonic one (ms) when the timer was armed:
+/// Redis keeps the timer at a wall-clock instant, so a step since makes it
+/// fire that much early or late.
+static ARMED_OFFSET_MS: AtomicI64 = AtomicI64::new(0);
+
+/// How far the clocks may move apart (slewing, rounding) before the armed
+/// timer is taken to be in another frame.
+const STEP_MS: i64 = 2;
+
+/// Before the event loop sleeps (every iteration) and at every server
+/// cron: module timers fire by the server's *wall* clock (RM_CreateTimer
+/// adds its period to it), while Redis's time event that runs them is on
+/// the monotonic clock. After the wall clock stepped back, that event runs
+/// on time but finds our timer not yet due, and sleeps again for the length
+/// of the step: BLOCK timeouts and hand-offs would be that late (issue 22:
+/// 50 to 156 ms with the re-arm in cron only). The loop's next
+/// before-sleep sees the timer overdue on the monotonic clock and replaces
+/// it with one that fires now.
+///
+/// That event may not come in time, though: Redis schedules it for the
+/// earliest of the module timers (the sweep's among them) as the wall clock
+/// read when it was last scheduled. So the armed timer is also re-armed, at
+/// the same monotonic instant, as soon as the wall clock is seen to have
+/// stepped since it was armed: the new one is then the earliest in the new
+/// frame, and Redis's event is scheduled for it. Seen at the first
+/// iteration of the event loop after the step (a command, a reply, the
+/// cron), not when the step happens.
 pub fn heal() {
-    let overdue = locked(&TIMER).is_some_and(|(at, _)| at + LATE_MS < node::mono_ms());
-    if overdue {
-        let ctx = TIMER_CTX.load(Relaxed);
-        if let Some((_, id)) = locked(&TIMER).take() {
-            ffi::stop_timer(ctx, id);
-        }
-        arm_at(node::mono_ms());
+    let due = DUE_MS.load(Relaxed);
+    if due == i64::MAX {
+        return;
     }
+    let now = node::now();
+    let (mono_ms, offset_ms) = (now.mono_ms(), now.wall_ms() - now.mono_ms());
+    let overdue = due.saturating_add(LATE_MS) < mono_ms;
+    let stepped = (offset_ms - ARMED_OFFSET_MS.load(Relaxed)).abs() > STEP_MS;
+    if !overdue && !stepped {
+        return;
+    }
+    let Some((at, id)) = disarm(&mut locked(&TIMER)) else {
+        return;
+    };
+    ffi::stop_timer(TIMER_CTX.load(Relaxed), id);
+    arm_at(at);
 }
 
 /// Arms the timer for the node's next wake-up.
@@ -103,15 +141,23 @@ fn arm_at(at_ms: i64) {
     }
     // Round up so the timer never runs before `at_ms` has passed. at_ms is
     // bounded (limits::MAX_DEADLINE_MS), so this cannot overflow.
-    let now_us = node::now().mono_us;
-    let period_ms = ((at_ms.saturating_mul(1000) - now_us).max(0) + 999) / 1000;
+    let now = node::now();
+    let period_ms = ((at_ms.saturating_mul(1000) - now.mono_us).max(0) + 999) / 1000;
     let id = ffi::create_timer(ctx, period_ms, on_timer);
     *timer = Some((at_ms, id));
+    DUE_MS.store(at_ms, Relaxed);
+    ARMED_OFFSET_MS.store(now.wall_ms() - now.mono_ms(), Relaxed);
+}
+
+/// Forgets the armed timer (it fired, or is being replaced).
+fn disarm(timer: &mut Option<(i64, u64)>) -> Option<(i64, u64)> {
+    DUE_MS.store(i64::MAX, Relaxed);
+    timer.take()
 }
 
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     guard("the hand-off timer", (), || {
-        *locked(&TIMER) = None;
+        disarm(&mut locked(&TIMER));
         let now = node::now();
         let now_ms = now.mono_ms();
         let inbox = std::mem::take(&mut *locked(&INBOX));
