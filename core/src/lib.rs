@@ -1,5 +1,6 @@
 //! The pure lock engine of the redis-lock module. Nothing here knows about
-//! Redis or reads a clock: time comes in as a parameter (Unix µs or ms),
+//! Redis or reads a clock: time comes in as a parameter (a [`time::Now`]:
+//! the monotonic clock for leases and timeouts, the wall clock for fences),
 //! keys through the [`lock::LockStore`] trait, and blocked clients are
 //! opaque handles. [`node::Node`] makes every lock decision of a server
 //! and returns what to do (replies, waiters to answer, when to call again);

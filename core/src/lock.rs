@@ -36,10 +36,11 @@ pub struct Lock<'a> {
     /// after the deadline. None when unknown: a lock loaded from encoding
     /// version 1 or from an old AOF's `LOCK._SET` without it.
     pub granted_ms: Option<i64>,
-    /// Changes with every grant and renewal, and is never reused while the
-    /// process lives (the store assigns it; it is not persisted). A take-back
-    /// of an undelivered grant matches on it, so it never removes a lease
-    /// that someone renewed since.
+    /// Changes with every grant and renewal (the store assigns it; it is not
+    /// persisted; the keyspace keeps its low 24 bits, so an id comes back
+    /// after 2^24 grants and renewals on the node). A take-back of an
+    /// undelivered grant matches on it and on the fence, at the next timer
+    /// run, so it never removes a lease that someone renewed since.
     pub lease: u64,
 }
 

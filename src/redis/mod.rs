@@ -1,12 +1,15 @@
-//! The thin layer that binds the pure engine in `crate::core` to Redis.
-//! Dependencies run one way, top to bottom; `crate::module` wires them.
+//! The thin layer that binds the pure engine in `crate::core` to Redis;
+//! `crate::module` wires it. The core never uses it; its own modules still
+//! import each other in a loop (engine, blocked, timer, keyspace,
+//! datatype: see ARCHITECTURE.md).
 //!
 //! * `commands`  — the command table and one handler per command
 //! * `events`    — server events and the type's unlink callback
 //! * `engine`    — the server's one `core::node::Node` (every lock
 //!   decision), its options, the server's conditions, delivering outcomes
 //! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
-//! * `timer`     — the one module timer and its inbox of inputs
+//! * `timer`     — the hand-off timer (the sweep has its own) and its inbox
+//!   of inputs from callbacks that cannot enter the node
 //! * `sweep`     — the background reclamation of ended locks
 //! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockStore`;
 //!   every change it makes is replicated as an absolute effect

@@ -12,7 +12,8 @@
 //! about 0.1% of a core for the sweep, whatever the size of its keyspace
 //! (`make bench`, section 5, measures what other commands pay). An ended
 //! lock nobody waits for is reclaimed within one pass over the keyspace
-//! (about a second per 5,000 keys when nothing else has ended); keys with
+//! (measured: about 1,200 keys a second on Redis 7.0, 1,600 on Redis 8.2,
+//! 4,300 on Valkey 8.1 when nothing else has ended); keys with
 //! waiters do not depend on the sweep: their hand-off is timed by the node.
 
 use std::os::raw::c_void;

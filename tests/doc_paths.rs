@@ -1,0 +1,162 @@
+//! Every source path that README.md, ARCHITECTURE.md and the Markdown pages
+//! under docs/ name must exist in this repository, so a renamed or deleted
+//! file cannot leave a document pointing at nothing. Needs no server.
+//!
+//! A reference is a word of path characters that starts with one of the
+//! repository's top-level directories (`src/redis/timer.rs`,
+//! `tests/history/`, `.ci/run`) or names a root file (`Makefile`,
+//! `Dockerfile.build`, `docker-compose.redlock.yml`, `README.md`). A word
+//! glued to other path characters (`/usr/src`, `../docs`, `$PWD/docs`) is
+//! not this repository's, and globs never match. A bare file name
+//! (`limits.rs`) is checked where its directory is plain: right after a path
+//! or another such name in the same table cell (`core/src/args.rs`,
+//! `limits.rs`), or in a code block below a line that starts with a
+//! directory (the tree in ARCHITECTURE.md).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The repository's top-level directories.
+const TOP_DIRS: &str =
+    "src/ core/ client/ testkit/ tests/ scripts/ docs/ examples/ fuzz/ bench/ docker/ .ci/";
+
+/// The extensions a bare file name is recognised by.
+const BARE_EXTENSIONS: [&str; 5] = [".rs", ".sh", ".py", ".js", ".toml"];
+
+/// What a word of a document is.
+enum Word<'a> {
+    /// A path from the repository root.
+    Path(&'a str),
+    /// A file name without its directory.
+    Bare(&'a str),
+    Other,
+}
+
+fn classify(word: &str) -> Word<'_> {
+    let root_doc = word
+        .strip_suffix(".md")
+        .is_some_and(|stem| !stem.is_empty() && stem.bytes().all(|b| b.is_ascii_uppercase()));
+    let root_file = root_doc
+        || word == "Makefile"
+        || word == "redis.conf.example"
+        || word.starts_with("Dockerfile")
+        || (word.starts_with("docker-compose") && word.ends_with(".yml"));
+    if root_file || TOP_DIRS.split(' ').any(|dir| word.starts_with(dir)) {
+        Word::Path(word)
+    } else if !word.contains('/')
+        && word.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && BARE_EXTENSIONS.iter().any(|ext| word.ends_with(ext))
+    {
+        Word::Bare(word)
+    } else {
+        Word::Other
+    }
+}
+
+/// The words of `text` made of path characters, a sentence's full stop cut.
+fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+        .map(|word| word.trim_end_matches('.'))
+        .filter(|word| !word.is_empty())
+}
+
+/// The paths `doc` names: (line, path, whether its directory was inferred).
+fn references(doc: &str) -> Vec<(usize, String, bool)> {
+    let mut found = Vec::new();
+    let mut push = |line, path: String, inferred| found.push((line, path, inferred));
+    let mut in_code = false;
+    // In a code block: the directory that starts the latest line starting with a path.
+    let mut code_dir: Option<String> = None;
+    for (index, text) in doc.lines().enumerate() {
+        let line = index + 1;
+        if text.trim_start().starts_with("```") {
+            in_code = !in_code;
+            code_dir = None;
+            continue;
+        }
+        if in_code {
+            let first = words(text)
+                .next()
+                .filter(|w| text.trim_start().starts_with(w));
+            if let Some(Word::Path(path)) = first.map(classify) {
+                code_dir = path.ends_with('/').then(|| path.to_string());
+            }
+            for word in words(text) {
+                match (classify(word), &code_dir) {
+                    (Word::Path(path), _) => push(line, path.to_string(), false),
+                    (Word::Bare(name), Some(dir)) => push(line, format!("{dir}{name}"), true),
+                    _ => {}
+                }
+            }
+            continue;
+        }
+        for cell in text.split('|') {
+            // The directory of the word before, if it was a path in one.
+            let mut dir: Option<&str> = None;
+            for word in words(cell) {
+                dir = match classify(word) {
+                    Word::Path(path) => {
+                        push(line, path.to_string(), false);
+                        path.rfind('/').map(|end| &path[..=end])
+                    }
+                    Word::Bare(name) => {
+                        if let Some(dir) = dir {
+                            push(line, format!("{dir}{name}"), true);
+                        }
+                        dir
+                    }
+                    Word::Other => None,
+                };
+            }
+        }
+    }
+    found
+}
+
+/// Every Markdown file under `dir`, at any depth.
+fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("listing {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry of docs/").path();
+        if path.is_dir() {
+            markdown_under(&path, out);
+        } else if path.extension().is_some_and(|ext| ext == "md") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn every_source_path_the_docs_name_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut pages = Vec::new();
+    markdown_under(&root.join("docs"), &mut pages);
+    pages.sort();
+    docs.extend(pages);
+    let mut missing = Vec::new();
+    let (mut checked, mut inferred) = (0, 0);
+    for doc in &docs {
+        let text =
+            fs::read_to_string(doc).unwrap_or_else(|e| panic!("reading {}: {e}", doc.display()));
+        let name = doc.strip_prefix(root).unwrap_or(doc).display().to_string();
+        for (line, path, bare) in references(&text) {
+            checked += 1;
+            inferred += usize::from(bare);
+            if !root.join(&path).exists() {
+                missing.push(format!("{name}:{line}: {path}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} path(s) named in the docs do not exist under {}:\n{}",
+        missing.len(),
+        root.display(),
+        missing.join("\n")
+    );
+    assert!(
+        checked >= 20 && inferred > 0,
+        "only {checked} paths found ({inferred} bare file names): is the scanner broken?"
+    );
+}
