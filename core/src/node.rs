@@ -638,6 +638,16 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         }
     }
 
+    /// A decision was cut short by a panic (caught at the glue's boundary,
+    /// so the server lives on): whatever it left half done, every line is
+    /// looked at again at the next timer run, so no waiter is stranded on a
+    /// lock that came free, and the node's own state (lines, fence mark) is
+    /// the only record of who waits: nothing outside it can be left stale.
+    /// Call it, then run the timer.
+    pub fn recover_from_panic(&mut self, now_ms: i64) {
+        self.keys_changed(|_| true, now_ms);
+    }
+
     /// SWAPDB moved whole databases: lines move with their keys (`rename`
     /// must be a bijection), and every moved key is looked at now.
     pub fn rename_keys(
@@ -1145,5 +1155,131 @@ mod tests {
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::OutOfMemory));
         assert!(store.lock.is_none());
+    }
+
+    /// A store that panics on the n-th write: a decision cut short.
+    struct PanickingStore {
+        inner: MemStore,
+        writes_left: u32,
+    }
+
+    impl PanickingStore {
+        fn write(&mut self) {
+            if self.writes_left == 0 {
+                panic!("injected: the store failed mid-decision");
+            }
+            self.writes_left -= 1;
+        }
+    }
+
+    impl LockStore for PanickingStore {
+        fn stored(&self) -> Option<crate::lock::Lock<'_>> {
+            self.inner.stored()
+        }
+        fn put(
+            &mut self,
+            token: &[u8],
+            fence: i64,
+            deadline_ms: i64,
+            granted_ms: Option<i64>,
+            replaces_ended: bool,
+        ) {
+            self.write();
+            self.inner
+                .put(token, fence, deadline_ms, granted_ms, replaces_ended)
+        }
+        fn renew(&mut self, deadline_ms: i64) {
+            self.write();
+            self.inner.renew(deadline_ms)
+        }
+        fn remove(&mut self, why: crate::lock::Removal) {
+            self.write();
+            self.inner.remove(why)
+        }
+    }
+
+    /// Issue 22: a panic inside a decision (here: the hand-off's write,
+    /// after the release's) leaves no barging and no stranded waiter once
+    /// the glue recovered as it does (`recover_from_panic`, then the timer).
+    #[test]
+    fn a_panic_inside_a_hand_off_strands_no_waiter_and_lets_nobody_barge() {
+        for writes_before_panic in 0..3 {
+            let mut node = N::default();
+            let mut store = PanickingStore {
+                inner: MemStore::default(),
+                writes_left: u32::MAX,
+            };
+            node.acquire(
+                &"k",
+                Ok(&mut store),
+                req(b"h", 100, None),
+                BLOCKING,
+                &mut AdmitAll,
+                now(T0),
+            )
+            .unwrap();
+            match node.acquire(
+                &"k",
+                Ok(&mut store),
+                req(b"w", 100, Some(0)),
+                BLOCKING,
+                &mut AdmitAll,
+                now(T0),
+            ) {
+                Ok(Acquire::Wait(ticket)) => node.enqueue(ticket, 1).unwrap(),
+                other => panic!("expected to wait, got {other:?}"),
+            }
+            store.writes_left = writes_before_panic;
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                node.release(
+                    &"k",
+                    Ok(&mut store),
+                    b"h",
+                    Conditions::empty(),
+                    &mut AdmitAll,
+                    now(T0 + 1),
+                )
+            }));
+            store.writes_left = u32::MAX;
+            let handed = wakes(&mut node);
+            if caught.is_ok() {
+                // The hand-off went through before the injected failure.
+                assert!(
+                    handed.iter().any(is_grant),
+                    "{writes_before_panic}: {handed:?}"
+                );
+                continue;
+            }
+            node.recover_from_panic(T0 + 1);
+            // Before the timer runs: a plain ACQUIRE does not barge past
+            // the line, whatever the lock's state was left in.
+            let barge = node.acquire(
+                &"k",
+                Ok(&mut store),
+                req(b"x", 100, None),
+                Conditions::empty(),
+                &mut AdmitAll,
+                now(T0 + 1),
+            );
+            assert_eq!(barge, Ok(Acquire::Contended), "{writes_before_panic}");
+            // The timer runs when the node asks, and the waiter is served
+            // once the lock is free (at once, or at the holder's lease end
+            // when the release never happened): never left waiting.
+            let mut all = handed;
+            all.extend(wakes(&mut node));
+            while !all.iter().any(|w| w.client == 1) {
+                let due = node
+                    .next_wakeup()
+                    .expect("the waiter has a timer run coming");
+                assert!(
+                    due <= T0 + 100,
+                    "{writes_before_panic}: stranded until {due}"
+                );
+                tick(&mut node, &mut store.inner, due);
+                all.extend(wakes(&mut node));
+            }
+            assert!(all.iter().any(|w| w.client == 1 && is_grant(w)), "{all:?}");
+            assert_eq!(store.inner.lock.as_ref().unwrap().token, b"w");
+        }
     }
 }

@@ -184,9 +184,9 @@ fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let has_options = argv.bytes().len() > 4;
-    let key = engine::command_key(ctx, argv.key_bytes(), has_options);
     let now = node::now();
     let decided = engine::with_engine(|n| {
+        let key = engine::command_key(n, ctx, argv.key_bytes(), has_options);
         let a = args::parse_acquire(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let mut store = open_for_write(ctx, argv);
@@ -239,9 +239,9 @@ fn may_block(ctx: Ctx) -> bool {
 
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
-    let key = engine::command_key(ctx, argv.key_bytes(), false);
     let now = node::now();
     let released = engine::with_engine(|n| {
+        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
         let cond = engine::conditions(ctx, false);
         let mut store = open_for_write(ctx, argv);
         let mut acl = WaiterAcl {
@@ -261,9 +261,9 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let key = engine::command_key(ctx, argv.key_bytes(), false);
     let now = node::now();
     let extended = engine::with_engine(|n| {
+        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
         let a = args::parse_extend(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, false);
         let mut store = open_for_write(ctx, argv);
@@ -354,11 +354,10 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 }
 
 fn waiting_on(ctx: Ctx, name: &[u8]) -> usize {
-    if engine::waiters_total() == 0 {
-        return 0;
-    }
-    let key = engine::key_of(ctx, name);
-    engine::with_engine(|n| n.waiting_on(&key))
+    engine::with_engine(|n| match n.total_waiters() {
+        0 => 0,
+        _ => n.waiting_on(&engine::key_of(ctx, name)),
+    })
 }
 
 /// Creates every command of the table, with arity, key spec and summary where

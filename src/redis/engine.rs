@@ -1,13 +1,13 @@
 //! The server's one [`Node`] (`core::node`), which makes every lock
 //! decision, and what the glue hands it and does with its answers:
-//! * access ([`with_engine`]), with a lock-free count of waiters for the
-//!   callbacks that must not take the engine (unlink2 can run inside it);
+//! * access ([`with_engine`]); the node is the one record of who waits and
+//!   what is to be answered: nothing here keeps a copy of either;
 //! * the `lock.*` options, whose values live in the node's [`Limits`];
 //! * the server's [`Conditions`] at the moment of a call;
 //! * [`deliver_wakes`]: the waiters the node answered, counted, announced
 //!   (keyspace events) and handed to `blocked` for their one reply.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{LazyLock, Mutex, TryLockError};
 
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
@@ -33,43 +33,62 @@ pub type Client = usize;
 
 static ENGINE: LazyLock<Mutex<Node<Key, Client>>> = LazyLock::new(Default::default);
 
-/// The number of waiters, readable without the engine: the fast path of
-/// every command is "nobody waits anywhere".
-static WAITING: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether the node has waiters to answer: most commands have none, and
-/// skip delivering.
-static HAS_WAKES: AtomicBool = AtomicBool::new(false);
-
 /// Runs `f` on the node. Everything runs on Redis's main thread, so the
 /// lock is never contended; a re-entrant call (a Redis callback reaching
 /// the engine while it is in use) is a bug, and panics (caught at the entry
-/// point) instead of deadlocking the server.
+/// point) instead of deadlocking the server. A panic inside `f` (caught at
+/// the command's or callback's boundary, so the server lives on) may cut a
+/// decision short: the node then looks at every line again at once
+/// (`Node::recover_from_panic`), so no waiter is left on a lock that came
+/// free.
 pub fn with_engine<R>(f: impl FnOnce(&mut Node<Key, Client>) -> R) -> R {
     let mut node = match ENGINE.try_lock() {
         Ok(node) => node,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
         Err(TryLockError::WouldBlock) => panic!("the lock engine was entered twice"),
     };
-    let result = f(&mut node);
-    WAITING.store(node.total_waiters(), Relaxed);
-    HAS_WAKES.store(node.has_wakes(), Relaxed);
+    let recovery = Recovery(&mut node);
+    let result = f(&mut *recovery.0);
+    std::mem::forget(recovery);
     result
 }
 
+/// Runs the node's recovery if a decision unwinds.
+struct Recovery<'a>(&'a mut Node<Key, Client>);
+
+impl Drop for Recovery<'_> {
+    fn drop(&mut self) {
+        // Only reached while unwinding (forgotten otherwise).
+        self.0.recover_from_panic(node::mono_ms());
+        timer::arm_soon();
+    }
+}
+
+/// The number of waiters on the node (not from inside it).
 pub fn waiters_total() -> usize {
-    WAITING.load(Relaxed)
+    with_engine(|n| n.total_waiters())
+}
+
+/// Whether anyone may be waiting, from a callback that can run inside the
+/// engine (unlink2 runs when a grant replaces a value): the node's count
+/// when it is free, and "maybe" while it is busy.
+pub fn may_have_waiters() -> bool {
+    match ENGINE.try_lock() {
+        Ok(node) => node.total_waiters() > 0,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().total_waiters() > 0,
+        Err(TryLockError::WouldBlock) => true,
+    }
 }
 
 pub fn key_of(ctx: Ctx, name: &[u8]) -> Key {
     (selected_db(ctx), name.into())
 }
 
-/// `key_of` for a command, without allocating while nobody waits anywhere
-/// and the command cannot start a wait (no option words): the node then
-/// only ever looks the key up in empty lines.
-pub fn command_key(ctx: Ctx, name: &[u8], has_options: bool) -> Key {
-    if waiters_total() > 0 || has_options {
+/// `key_of` for a command, asked inside the engine, without allocating
+/// while nobody waits anywhere and the command cannot start a wait (no
+/// option words): the node then only ever looks the key up in empty lines.
+pub fn command_key(node: &Node<Key, Client>, ctx: Ctx, name: &[u8], has_options: bool) -> Key {
+    if node.total_waiters() > 0 || has_options {
         key_of(ctx, name)
     } else {
         (0, Box::default())
@@ -116,15 +135,10 @@ impl Admission<Client> for WaiterAcl {
 /// (through `blocked`), with its counters and, for grants, the keyspace
 /// event on `name` (the key the node just settled).
 pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
-    if !HAS_WAKES.load(Relaxed) {
-        // Nothing decided for a waiter; with none waiting, nothing to arm
-        // either (a renewal's earlier check only matters to waiters).
-        if waiters_total() > 0 {
-            timer::rearm();
-        }
-        return;
-    }
-    let wakes: Vec<_> = with_engine(|n| std::iter::from_fn(|| n.poll_wake()).collect());
+    let (wakes, next_wakeup) = with_engine(|n| {
+        let wakes: Vec<_> = std::iter::from_fn(|| n.poll_wake()).collect();
+        (wakes, n.next_wakeup())
+    });
     for wake in wakes {
         let grant = match wake.outcome {
             Outcome::Granted { renewed, .. } => {
@@ -157,7 +171,9 @@ pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
         let key = grant.then_some(wake.key);
         blocked::answer(wake.client, wake.outcome, key);
     }
-    timer::rearm();
+    // Answering queues nothing for the node (an undelivered grant goes
+    // through the timer's inbox, which arms the timer itself).
+    timer::arm_for(next_wakeup);
 }
 
 /// The node (re)started with its data loaded, or was promoted: the fence

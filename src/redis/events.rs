@@ -164,7 +164,7 @@ pub extern "C" fn on_replica_change(
 /// that replaces a value frees the old one), so it only queues.
 pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const c_void) {
     guard("unlink", (), || {
-        if engine::waiters_total() == 0 {
+        if !engine::may_have_waiters() {
             return;
         }
         let key: Key = ffi::unlinked_key(opt);

@@ -121,9 +121,19 @@ pub fn heal() {
 
 /// Arms the timer for the node's next wake-up.
 pub fn rearm() {
-    if let Some(at) = engine::with_engine(|n| n.next_wakeup()) {
+    arm_for(engine::with_engine(|n| n.next_wakeup()));
+}
+
+/// Arms the timer for `next_wakeup` (the node's, just read), if any.
+pub fn arm_for(next_wakeup: Option<i64>) {
+    if let Some(at) = next_wakeup {
         arm_at(at);
     }
+}
+
+/// Has the timer run at once (after a decision was cut short).
+pub fn arm_soon() {
+    arm_at(node::mono_ms());
 }
 
 /// Makes sure the timer runs at `at_ms` (monotonic) or earlier.
