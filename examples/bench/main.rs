@@ -810,9 +810,10 @@ these counts shift with layout). Measured as server CPU time per command (main t
 LOCK.ACQUIRE alternating, 15 rounds, twice per build: LOCK.ACQUIRE/SET NX PX was a median of \
 1.071× and 1.080× before, 1.053× and 1.045× after (quartiles of single rounds 0.89–1.14×): a \
 gain of about 3%, smaller than the spread between whole runs of `make bench` (1.12× and 1.16× in \
-the two runs around this change). The rest of the gap to SET NX PX is Redis's module \
-path (RM_OpenKey, RM_ModuleTypeSetValue's second lookup and moduleValue, RM_SetAbsExpire, the \
-module dispatcher and context), which Redis 7.0 offers no way around.";
+the two runs around this change). The rest of the gap to SET NX PX was Redis's module \
+path (RM_OpenKey, RM_ModuleTypeSetValue's second lookup and moduleValue, RM_SetAbsExpire, which \
+grants called until lock keys stopped carrying a Redis expiry, the module dispatcher and \
+context), which Redis 7.0 offers no way around.";
 
 fn memory_section(doc: &mut String, server: &Server, o: &Options) {
     use scale::Shape;
