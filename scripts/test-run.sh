@@ -29,8 +29,13 @@ export REDIS_LOCK_SKIP_LOG="$top/target/test-runs/$marker.skips"
 output="$top/target/test-runs/$marker.out"
 : >"$REDIS_LOCK_SKIP_LOG"
 
-"$@" 2>&1 | tee "$output"
-status=${PIPESTATUS[0]}
+# Into a file, shown as it grows: a leftover that kept the command's
+# output open cannot hold this script up (a pipe to tee would wait for it).
+"$@" >"$output" 2>&1 &
+command_pid=$!
+tail -n +1 --pid="$command_pid" -f "$output"
+wait "$command_pid"
+status=$?
 
 # ---- leftovers: processes that carry the marker, other than this script
 # and its ancestors (make, a shell, CI).
@@ -46,7 +51,7 @@ leftovers() {
     p=${p%/environ}
     case "$ancestors" in *" $p "*) continue ;; esac
     [ "$p" = "$BASHPID" ] && continue
-    if tr '\0' '\n' <"$environ" 2>/dev/null | grep -qx "REDIS_LOCK_TEST_RUN=$marker"; then
+    if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qx "REDIS_LOCK_TEST_RUN=$marker"; then
       state=$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)
       # A zombie is already dead: its parent (gone with the run, or about to
       # reap it) holds nothing.
@@ -72,7 +77,7 @@ if [ -n "$left" ] || [ -n "$containers" ]; then
   echo
   echo "$name: processes the tests started are still running after them (stopped now):"
   for p in $left; do
-    echo "  pid $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)"
+    echo "  pid $p: $(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline")"
   done
   for c in $containers; do
     echo "  container $c: $(docker inspect -f '{{.Name}} {{.Args}}' "$c" 2>/dev/null)"
