@@ -50,6 +50,7 @@ pub struct FenceCounter {
 }
 
 impl FenceCounter {
+    #[cfg(any(test, feature = "fuzzing"))]
     pub const fn new(hwm: i64) -> Self {
         FenceCounter { hwm }
     }

@@ -26,16 +26,23 @@ pub mod args;
 pub mod cluster;
 pub mod codec;
 pub mod error;
-pub mod fence;
+mod fence;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod histogram;
 pub mod limits;
-pub mod lock;
+mod lock;
 #[cfg(test)]
 mod model;
 pub mod node;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod rdb_bytes;
 pub mod time;
-pub mod waiters;
+mod waiters;
+
+// Lock state is read and changed only through `node::Node`: the state
+// machine, the lines and the fence mark are private; these are the types
+// a caller passes in (a store) or gets back (a lock's view, a waiter's
+// outcome).
+pub use lock::{Lock, LockStore, Removal};
+pub use waiters::{Outcome, Wake};

@@ -85,6 +85,10 @@ pub trait LockStore {
     fn renew(&mut self, deadline_ms: i64);
     /// Frees the lock, for the reason given.
     fn remove(&mut self, why: Removal);
+    /// Stores a lock exactly as given, from outside (the master, the AOF):
+    /// its effect is already recorded where it came from, so nothing is
+    /// replicated, reported or counted.
+    fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>);
 
     /// The lock if it is held right now.
     fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
@@ -292,6 +296,16 @@ pub mod tests {
         fn remove(&mut self, why: Removal) {
             self.lock = None;
             self.removed.push(why);
+        }
+        fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
+            self.next_lease += 1;
+            self.lock = Some(Stored {
+                fence,
+                deadline_ms,
+                token: token.to_vec(),
+                lease: self.next_lease,
+                granted_ms,
+            });
         }
     }
 

@@ -28,11 +28,12 @@ use std::hash::Hash;
 use bitflags::bitflags;
 
 use crate::args;
+use crate::codec;
 use crate::error::LockError;
 use crate::fence::{self, FenceCounter};
 use crate::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
-use crate::lock::{self, Acquired, LockStore};
-use crate::time::Now;
+use crate::lock::{self, Acquired, Lock, LockStore};
+use crate::time::{self, Now};
 use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
 
 /// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
@@ -457,7 +458,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.wakes.extend(timed_out);
         let due = self.waiters.due_keys(now_ms);
         let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
-        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+        if !acts_alone(cond) {
             let retry_at = now_ms.saturating_add(RETRY_MS);
             for key in &due {
                 self.waiters.schedule(key, retry_at);
@@ -513,7 +514,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         if self.waiters.waiting_on(key) == 0 {
             return;
         }
-        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+        if !acts_alone(cond) {
             let retry_at = now.mono_ms().saturating_add(RETRY_MS);
             self.waiters.schedule(key, retry_at);
             return;
@@ -594,7 +595,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         admission: &mut impl Admission<C>,
         now: Now,
     ) -> bool {
-        if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+        if !acts_alone(cond) {
             return false; // the master reclaims; or later
         }
         let reclaimed = lock::reclaim(store, now.mono_ms());
@@ -660,6 +661,112 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.keys_changed(moved, now_ms);
     }
 
+    // ---- reads ----
+
+    /// `LOCK.FENCE key [token]`: the holder's fencing token (only if it is
+    /// `token`, when given), or None when the lock is free or ended.
+    pub fn fence_of(
+        &self,
+        store: &impl LockStore,
+        token: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Option<i64> {
+        lock::fence(store, token, now_ms)
+    }
+
+    /// `LOCK.INFO key`: the lock if it is held now, with how many wait for it.
+    pub fn holder<'s>(
+        &self,
+        key: &K,
+        store: &'s impl LockStore,
+        now_ms: i64,
+    ) -> Option<(Lock<'s>, usize)> {
+        let held = store.live(now_ms)?;
+        Some((held, self.waiters.waiting_on(key)))
+    }
+
+    // ---- locks from outside: the master, the AOF, an RDB, RESTORE ----
+
+    /// `LOCK._SET key token fence deadline-ms granted-ms` from the master or
+    /// the AOF: the fence is checked and raises the mark in one step (a
+    /// refused one changes nothing), then the lock is stored as given, its
+    /// wall-clock times on this node's monotonic clock, the lease capped as
+    /// every lease entering the node is ([`time::local_times`]).
+    pub fn apply_set(
+        &mut self,
+        store: &mut impl LockStore,
+        token: &[u8],
+        fence: i64,
+        wall_deadline_ms: i64,
+        wall_granted_ms: i64,
+        now: Now,
+    ) -> Result<(), LockError> {
+        self.fences.observe(fence, now.wall_us)?;
+        let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
+        store.apply(token, fence, deadline_ms, granted_ms);
+        Ok(())
+    }
+
+    /// Whether a decoded value's fence may be loaded now: within the bounds
+    /// of the mark and the clock, and for a `RESTORE` (`restoring`), of the
+    /// clock alone too (nothing changes).
+    pub fn check_loaded_fence(
+        &self,
+        fence: i64,
+        restoring: bool,
+        wall_us: i64,
+    ) -> Result<(), LockError> {
+        self.fences.check(fence, wall_us)?;
+        if restoring {
+            codec::check_restored_fence(fence, wall_us)?;
+        }
+        Ok(())
+    }
+
+    /// A value decoded whole from an RDB or a `RESTORE` payload is taken:
+    /// a RESTOREd one raises the mark with its fence (an RDB's mark comes
+    /// in its aux field), checked and raised in one step, and the value's
+    /// times come back on this node's monotonic clock, capped as every
+    /// lease entering the node is. An Err changes nothing: refuse the value.
+    pub fn accept_loaded(
+        &mut self,
+        fence: i64,
+        restoring: bool,
+        wall_deadline_ms: i64,
+        wall_granted_ms: i64,
+        now: Now,
+    ) -> Result<(i64, Option<i64>), LockError> {
+        if restoring {
+            self.fences.observe(fence, now.wall_us)?;
+        } else {
+            self.fences.check(fence, now.wall_us)?;
+        }
+        Ok(self.local_times(wall_deadline_ms, wall_granted_ms, now))
+    }
+
+    /// Written-out times on this node's clock under its `lock.max-ttl-ms`.
+    fn local_times(
+        &self,
+        wall_deadline_ms: i64,
+        wall_granted_ms: i64,
+        now: Now,
+    ) -> (i64, Option<i64>) {
+        time::local_times(
+            wall_deadline_ms,
+            wall_granted_ms,
+            self.limits.max_ttl_ms,
+            now,
+        )
+    }
+
+    /// Whether the node changes locks on its own now (hand-offs,
+    /// take-backs, reclaiming ended locks): not on a replica (its master
+    /// does, and replicates the effect) nor while writes are held back.
+    /// The one rule for the timer, the sweep and every hand-off.
+    pub fn acts_alone(&self, cond: Conditions) -> bool {
+        acts_alone(cond)
+    }
+
     // ---- the fence mark ----
 
     /// Whether a token from outside (master, AOF, RDB, RESTORE) is
@@ -673,6 +780,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     pub fn observe_fence(&mut self, fence: i64, wall_us: i64) -> Result<(), LockError> {
         self.fences.observe(fence, wall_us)
     }
+}
+
+fn acts_alone(cond: Conditions) -> bool {
+    !cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED)
 }
 
 /// A replica never changes a lock on its own (also with `replica-read-only
@@ -1196,6 +1307,10 @@ mod tests {
             self.write();
             self.inner.remove(why)
         }
+        fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
+            self.write();
+            self.inner.apply(token, fence, deadline_ms, granted_ms)
+        }
     }
 
     /// Issue 22: a panic inside a decision (here: the hand-off's write,
@@ -1281,5 +1396,52 @@ mod tests {
             assert!(all.iter().any(|w| w.client == 1 && is_grant(w)), "{all:?}");
             assert_eq!(store.inner.lock.as_ref().unwrap().token, b"w");
         }
+    }
+
+    /// Issue 22: a lock from outside is checked and observed in one step;
+    /// a refused one changes nothing (the store and the mark), an accepted
+    /// one raises the mark and is capped at this node's max-ttl.
+    #[test]
+    fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
+        let mut node = N::default();
+        node.set_limits(
+            Limits {
+                max_ttl_ms: 1_000,
+                ..Limits::default()
+            },
+            T0,
+        );
+        let mut store = MemStore::default();
+        let at = now(T0);
+        let too_far = T0 * 1000 + crate::limits::MAX_FENCE_LEAD + 10;
+        let refused = node.apply_set(&mut store, b"t", too_far, T0 + 60_000, T0, at);
+        assert!(refused.is_err());
+        assert!(store.lock.is_none(), "nothing stored");
+        assert_eq!(node.fence_hwm(), 0, "the mark did not move");
+        assert!(node
+            .accept_loaded(too_far, true, T0 + 60_000, T0, at)
+            .is_err());
+        assert_eq!(node.fence_hwm(), 0);
+
+        let fence = T0 * 1000 + 5;
+        node.apply_set(&mut store, b"t", fence, T0 + 60_000, T0, at)
+            .unwrap();
+        assert_eq!(node.fence_hwm(), fence);
+        let held = store.lock.as_ref().unwrap();
+        assert_eq!(held.deadline_ms, T0 + 1_000, "capped at max-ttl");
+        assert_eq!(node.fence_of(&store, Some(b"t"), T0 + 1), Some(fence));
+        assert_eq!(node.fence_of(&store, Some(b"x"), T0 + 1), None);
+        assert_eq!(
+            node.holder(&"k", &store, T0 + 1).map(|(l, w)| (l.fence, w)),
+            Some((fence, 0))
+        );
+        // A RESTORE raises the mark; an RDB value leaves it to the aux field.
+        let (deadline, _) = node
+            .accept_loaded(fence + 10, false, T0 + 500, 0, at)
+            .unwrap();
+        assert_eq!((deadline, node.fence_hwm()), (T0 + 500, fence));
+        node.accept_loaded(fence + 10, true, T0 + 500, 0, at)
+            .unwrap();
+        assert_eq!(node.fence_hwm(), fence + 10);
     }
 }

@@ -193,10 +193,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         self.queues.get(key).map_or(0, |q| q.live)
     }
 
-    pub fn is_waiting(&self, client: C) -> bool {
-        self.by_client.contains_key(&client)
-    }
-
     pub fn total(&self) -> usize {
         self.waiters.len()
     }
@@ -276,6 +272,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     /// skipping (and timing out) waiters whose timeout has passed, as far as
     /// it goes now, and schedule the next check. `grants_paused_ms` > 0 is
     /// restart-delay-ms: no new grants (renewals of the holder still go).
+    /// (The node always hands on through [`settle_checked`](Self::settle_checked).)
+    #[cfg(test)]
     pub fn settle(
         &mut self,
         key: &K,

@@ -32,7 +32,7 @@ use super::node::{self, count, STATS};
 use super::timer;
 use crate::core::error::LockError;
 use crate::core::node::WaitTicket;
-use crate::core::waiters::Outcome;
+use crate::core::Outcome;
 
 /// A blocked client's handle, owned until it is unblocked. Handles are
 /// created, kept and unblocked on Redis's main thread only; the Mutex

@@ -19,7 +19,6 @@ use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
 use crate::core::args;
 use crate::core::error::LockError;
-use crate::core::lock::{self, LockStore};
 use crate::core::node::{Acquire, AcquireRequest};
 
 /// One row of the command table.
@@ -285,10 +284,13 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
     let store = LockKey::open(ctx, argv.key(), false)?;
-    Ok(match lock::fence(&store, token, node::mono_ms()) {
-        Some(fence) => Reply::Integer(fence),
-        None => Reply::Null,
-    })
+    let now_ms = node::mono_ms();
+    Ok(
+        match engine::with_engine(|n| n.fence_of(&store, token, now_ms)) {
+            Some(fence) => Reply::Integer(fence),
+            None => Reply::Null,
+        },
+    )
 }
 
 /// The holder's token is a credential (it can release and extend the lock):
@@ -297,9 +299,13 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
     let store = LockKey::open(ctx, argv.key(), false)?;
     let now = node::mono_ms();
-    Ok(match store.live(now) {
+    let holder = engine::with_engine(|n| {
+        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
+        n.holder(&key, &store, now)
+    });
+    Ok(match holder {
         None => Reply::Null,
-        Some(held) => {
+        Some((held, waiters)) => {
             let token = if may_write_key(ctx, argv.key()) {
                 Value::Bytes(held.token.to_vec())
             } else {
@@ -309,10 +315,7 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 ("token", token),
                 ("fence", Value::Integer(held.fence)),
                 ("ttl", Value::Integer(held.remaining_ms(now))),
-                (
-                    "waiters",
-                    Value::Integer(waiting_on(ctx, argv.key_bytes()) as i64),
-                ),
+                ("waiters", Value::Integer(waiters as i64)),
                 // Last, so replies read by position stay as they were.
                 (
                     "granted",
@@ -335,29 +338,29 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand("LOCK._SET"));
     }
     let a = args::parse_set(argv.bytes())?;
-    if let Err(err) = engine::check_fence(a.fence) {
+    let mut store = LockKey::open(ctx, argv.key(), true)?;
+    // The master's deadline and grant time are on the wall clock: this node
+    // keeps them on its monotonic clock from now on.
+    let now = node::conversion_now();
+    let applied = engine::with_engine(|n| {
+        n.apply_set(
+            &mut store,
+            a.token,
+            a.fence,
+            a.deadline_ms,
+            a.granted_ms,
+            now,
+        )
+    });
+    if let Err(err) = applied {
         log_warning(&format!(
             "lock: refusing LOCK._SET with fence {}: {err}",
             a.fence
         ));
         return Err(err);
     }
-    let mut store = LockKey::open(ctx, argv.key(), true)?;
-    // The master's deadline and grant time are on the wall clock: this node
-    // keeps them on its monotonic clock from now on.
-    let (deadline_ms, granted_ms) =
-        datatype::local_times(a.deadline_ms, a.granted_ms, node::conversion_now());
-    store.apply(a.token, a.fence, deadline_ms, granted_ms);
-    engine::observe_fence(a.fence)?;
     ffi::replicate_verbatim(ctx);
     Ok(Reply::Ok)
-}
-
-fn waiting_on(ctx: Ctx, name: &[u8]) -> usize {
-    engine::with_engine(|n| match n.total_waiters() {
-        0 => 0,
-        _ => n.waiting_on(&engine::key_of(ctx, name)),
-    })
 }
 
 /// Creates every command of the table, with arity, key spec and summary where

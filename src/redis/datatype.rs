@@ -54,8 +54,8 @@ use super::ffi::{self, api, context_flags, guard, log_warning, KeyPtr};
 use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
-use crate::core::lock::Lock;
-use crate::core::time::{self, Now};
+use crate::core::time;
+use crate::core::Lock;
 
 /// The type's unlink2 callback: a lock key left the keyspace.
 pub type UnlinkFn = extern "C" fn(*mut raw::RedisModuleKeyOptCtx, *const c_void);
@@ -329,50 +329,41 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         let restoring = context_flags(io_ctx) & loading == 0;
         let now = node::conversion_now();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
-            engine::check_fence(fence)?;
-            if restoring {
-                codec::check_restored_fence(fence, now.wall_us)?;
-            }
-            Ok(())
+            engine::with_engine(|n| n.check_loaded_fence(fence, restoring, now.wall_us))
         });
-        // Nothing is allocated for the keyspace until the value is valid.
-        match decoded {
-            Ok(value) => {
-                // A RESTOREd value raises the mark now (once decoded whole it
-                // is restored); a loaded RDB's mark comes in its aux field.
-                if restoring {
-                    if let Err(err) = engine::observe_fence(value.fence) {
-                        log_warning(&format!("lock: a RESTOREd lock's fence is refused: {err}"));
-                    }
-                }
-                let (deadline_ms, granted_ms) =
-                    local_times(value.deadline_ms, value.granted_ms, now);
-                LockBlock::new(Lock {
-                    fence: value.fence,
-                    deadline_ms,
-                    token: value.token.as_ref(),
-                    granted_ms,
-                    lease: node::new_lease(),
-                })
-                .as_ptr()
-                .cast()
-            }
+        // Taken by the node (a RESTOREd value raises the mark now, once
+        // decoded whole; a loaded RDB's mark comes in its aux field), its
+        // times on this node's clock. Nothing is allocated for the keyspace
+        // until the value is valid and taken.
+        let accepted = decoded.and_then(|value| {
+            engine::with_engine(|n| {
+                n.accept_loaded(
+                    value.fence,
+                    restoring,
+                    value.deadline_ms,
+                    value.granted_ms,
+                    now,
+                )
+            })
+            .map(|times| (value.fence, value, times))
+            .map_err(|e| codec::DecodeError::Fence(0, e))
+        });
+        match accepted {
+            Ok((_, value, (deadline_ms, granted_ms))) => LockBlock::new(Lock {
+                fence: value.fence,
+                deadline_ms,
+                token: value.token.as_ref(),
+                granted_ms,
+                lease: node::new_lease(),
+            })
+            .as_ptr()
+            .cast(),
             Err(why) => {
                 log_warning(&format!("lock: refusing to load a lock value: {why}"));
                 std::ptr::null_mut()
             }
         }
     })
-}
-
-/// A persisted or replicated deadline and grant time (Unix ms) on this
-/// node's monotonic clock, the lease capped at the longest it can be (a
-/// wall clock stepped back across a restart cannot stretch it): the time
-/// since its grant, or, for a lock written without its grant time,
-/// `lock.max-ttl-ms` (see `core::time::local_times`).
-pub fn local_times(wall_deadline_ms: i64, wall_granted_ms: i64, now: Now) -> (i64, Option<i64>) {
-    let max_ttl_ms = engine::limits().max_ttl_ms;
-    time::local_times(wall_deadline_ms, wall_granted_ms, max_ttl_ms, now)
 }
 
 /// A lock's deadline and grant time as written out (Unix ms, converted at

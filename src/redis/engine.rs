@@ -15,13 +15,13 @@ use redis_module::{raw, RedisError};
 
 use super::blocked;
 use super::ffi::{
-    context_flags, is_replica, lock_events, notify_lock_event, selected_db, Ctx, RString,
+    self, context_flags, is_replica, lock_events, notify_lock_event, selected_db, Ctx, RString,
 };
 use super::node::{self, count, SERVER, STATS};
 use super::timer;
 use crate::core::error::LockError;
 use crate::core::node::{Admission, Conditions, Limits, Node};
-use crate::core::waiters::Outcome;
+use crate::core::Outcome;
 
 /// A lock's identity across commands: (db, key name).
 pub type Key = (i32, Box<[u8]>);
@@ -118,6 +118,17 @@ pub fn conditions(ctx: Ctx, may_block: bool) -> Conditions {
     cond
 }
 
+/// The server's state for what the node does on its own (the timer, the
+/// sweep): whether this node is a replica, asked now rather than cached
+/// (a timer can run between a role change and its event), and whether
+/// writes are held back (CLIENT PAUSE WRITE, FAILOVER).
+pub fn background_conditions(ctx: Ctx) -> Conditions {
+    let mut cond = conditions(ctx, false);
+    cond.set(Conditions::REPLICA, is_replica(ctx));
+    cond.set(Conditions::WRITES_PAUSED, ffi::writes_paused());
+    cond
+}
+
 /// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
 /// (asked of ACL when its turn comes).
 pub struct WaiterAcl {
@@ -191,11 +202,6 @@ pub fn fence_hwm() -> i64 {
 pub fn observe_fence(fence: i64) -> Result<(), LockError> {
     let wall_us = node::wall_us();
     with_engine(|n| n.observe_fence(fence, wall_us))
-}
-
-pub fn check_fence(fence: i64) -> Result<(), LockError> {
-    let wall_us = node::wall_us();
-    with_engine(|n| n.check_fence(fence, wall_us))
 }
 
 // ---- the options: stored in the node's limits, nowhere else ----

@@ -21,12 +21,20 @@ use super::ffi::{self, lock_events, notify_lock_event, Ctx, RString};
 use super::node::{self, new_lease};
 use super::propagation;
 use crate::core::error::LockError;
-use crate::core::lock::{Lock, LockStore, Removal};
 use crate::core::time::{self, Now};
+use crate::core::{Lock, LockStore, Removal};
 
 /// How close a Redis expiry must be to the lease's end to be an earlier
 /// build's (see `drop_legacy_expiry`).
 pub const LEGACY_SLACK_MS: i64 = 10;
+
+/// Whether a key's Redis expiry (Unix ms; negative: none) is an earlier
+/// build's: equal to the lease's end, within [`LEGACY_SLACK_MS`]. One rule
+/// for a renewal and the sweep.
+pub fn is_legacy_expiry(expiry_ms: i64, lock: &Lock<'_>, now: Now) -> bool {
+    expiry_ms >= 0
+        && (expiry_ms - time::wall_deadline(lock.deadline_ms, now)).abs() <= LEGACY_SLACK_MS
+}
 
 pub struct LockKey {
     ctx: Ctx,
@@ -73,10 +81,10 @@ impl LockKey {
         self.key != NonNull::dangling()
     }
 
-    /// Stores a lock under the key, without replicating or reporting: used
-    /// directly when applying a replicated or AOF effect. `deadline_ms` is on
-    /// this node's monotonic clock.
-    pub fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
+    /// Stores a lock under the key, without replicating or reporting (a
+    /// replicated or AOF effect, through `LockStore::apply`, and every
+    /// write of `put`). `deadline_ms` is on this node's monotonic clock.
+    fn store_value(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
         let lease = new_lease();
         match &mut self.value {
             // Same token: update in place, no allocation.
@@ -108,10 +116,7 @@ impl LockKey {
         let Some(lock) = self.stored() else {
             return;
         };
-        let expiry = ffi::abs_expire(self.key.as_ptr());
-        if expiry < 0
-            || (expiry - time::wall_deadline(lock.deadline_ms, now)).abs() > LEGACY_SLACK_MS
-        {
+        if !is_legacy_expiry(ffi::abs_expire(self.key.as_ptr()), &lock, now) {
             return;
         }
         ffi::set_expire(self.key.as_ptr(), raw::REDISMODULE_NO_EXPIRE as i64);
@@ -178,8 +183,12 @@ impl LockStore for LockKey {
         } else {
             self.drop_legacy_expiry(now);
         }
-        self.apply(token, fence, deadline_ms, granted_ms);
+        self.store_value(token, fence, deadline_ms, granted_ms);
         self.replicate_set(now);
+    }
+
+    fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
+        self.store_value(token, fence, deadline_ms, granted_ms);
     }
 
     fn renew(&mut self, deadline_ms: i64) {

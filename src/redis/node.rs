@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
 use super::ffi::clock_us;
 use crate::core::histogram;
-use crate::core::lock::Lock;
 use crate::core::time::Now;
+use crate::core::Lock;
 
 /// Both clocks (see `core::time`): the monotonic one for leases, BLOCK
 /// timeouts, the restart delay and timers; the wall clock for fencing

@@ -25,10 +25,9 @@ use redis_module::raw;
 use super::datatype;
 use super::engine::{self, Key, WaiterAcl};
 use super::ffi::{self, guard, Ctx, KeyPtr, RString, ScanCursor};
-use super::keyspace::LockKey;
+use super::keyspace::{self, LockKey};
 use super::node::{self, STATS};
-use crate::core::node::Conditions;
-use crate::core::time::{self, Now};
+use crate::core::time::Now;
 
 /// The longest slice of sweeping, µs: a command waits at most this long.
 pub const SLICE_US: i64 = 1_000;
@@ -98,10 +97,8 @@ fn sweep(ctx: Ctx) -> bool {
     if STATS.locks.load(Relaxed) <= 0 {
         return false;
     }
-    let mut cond = engine::conditions(ctx, false);
-    cond.set(Conditions::REPLICA, super::ffi::is_replica(ctx));
-    cond.set(Conditions::WRITES_PAUSED, super::ffi::writes_paused());
-    if cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED) {
+    let cond = engine::background_conditions(ctx);
+    if !engine::with_engine(|n| n.acts_alone(cond)) {
         return false; // the master reclaims; or later
     }
     let started = node::conversion_now();
@@ -166,9 +163,7 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
         found.ended.push(name());
         return;
     }
-    let expiry = ffi::abs_expire(key);
-    let slack = super::keyspace::LEGACY_SLACK_MS;
-    if expiry >= 0 && (expiry - time::wall_deadline(lock.deadline_ms, found.now)).abs() <= slack {
+    if keyspace::is_legacy_expiry(ffi::abs_expire(key), &lock, found.now) {
         found.legacy.push(name());
     }
 }
@@ -190,7 +185,7 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
     let rname = ffi::create_string(ctx, name);
     if let Ok(mut store) = LockKey::open(ctx, rname, true) {
         let now = node::conversion_now();
-        let cond = engine::conditions(ctx, false);
+        let cond = engine::background_conditions(ctx);
         let mut acl = WaiterAcl { ctx, name: rname };
         engine::with_engine(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
         drop(store);

@@ -17,13 +17,13 @@ use redis_module::raw;
 
 use super::engine::{self, Key, WaiterAcl};
 use super::ffi::{
-    self, cluster_nodes, guard, in_cluster, is_replica, key_exists, lock_events, notify_lock_event,
-    writes_paused, Ctx, RString,
+    self, cluster_nodes, guard, in_cluster, key_exists, lock_events, notify_lock_event, Ctx,
+    RString,
 };
 use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
 use crate::core::cluster;
-use crate::core::node::{Conditions, Served};
+use crate::core::node::Served;
 
 /// Inputs for the next timer run.
 #[derive(Default)]
@@ -171,23 +171,20 @@ extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
         let now = node::now();
         let now_ms = now.mono_ms();
         let inbox = std::mem::take(&mut *locked(&INBOX));
-        let mut cond = engine::conditions(ctx, false);
-        cond.set(Conditions::REPLICA, is_replica(ctx));
-        cond.set(Conditions::WRITES_PAUSED, writes_paused());
+        let cond = engine::background_conditions(ctx);
         let changed: HashSet<&Key> = inbox.changed.iter().collect();
-        let work = engine::with_engine(|n| {
+        let (work, acts_alone) = engine::with_engine(|n| {
             if !changed.is_empty() {
                 n.keys_changed(|k| changed.contains(k), now_ms);
             }
             for (key, fence, lease) in inbox.undelivered {
                 n.undelivered(key, fence, lease, now_ms);
             }
-            n.timer(cond, now)
+            (n.timer(cond, now), n.acts_alone(cond))
         });
         // Timeouts write nothing: they go out even while writes must wait.
         engine::deliver_wakes(ctx, None);
-        let blocked = cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED);
-        if blocked {
+        if !acts_alone {
             return rearm();
         }
         for (key, fence, lease) in &work.take_backs {
