@@ -11,59 +11,19 @@ use redis_module::raw::{self, RedisModuleCtx};
 use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::core::args::{OptionSpec, OptionValue};
-use crate::core::limits::{
-    DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
-};
+use crate::core::protocol::OPTIONS;
 use crate::redis::{
     blocked, commands, datatype, engine, events, ffi, info, propagation, sweep, timer,
 };
 
-/// Every option: a module config (`CONFIG GET/SET lock.<name>`, a
-/// `lock.<name>` line in redis.conf) that can also follow the module path.
-const OPTIONS: [(OptionSpec, Target); 5] = [
-    (
-        OptionSpec::Numeric {
-            name: "restart-delay-ms",
-            default: 0,
-            min: 0,
-            max: MAX_DURATION_MS,
-        },
-        Target::Numeric(&engine::RESTART_DELAY_MS),
-    ),
-    (
-        OptionSpec::Numeric {
-            name: "max-ttl-ms",
-            default: DEFAULT_MAX_TTL_MS,
-            min: 1,
-            max: MAX_DURATION_MS,
-        },
-        Target::Numeric(&engine::MAX_TTL_MS),
-    ),
-    (
-        OptionSpec::Numeric {
-            name: "max-waiters-per-key",
-            default: DEFAULT_MAX_WAITERS_PER_KEY,
-            min: 1,
-            max: MAX_WAITERS_BOUND,
-        },
-        Target::Numeric(&engine::MAX_WAITERS_PER_KEY),
-    ),
-    (
-        OptionSpec::Numeric {
-            name: "max-token-len",
-            default: MAX_TOKEN_LEN as i64,
-            min: 1,
-            max: MAX_TOKEN_LEN as i64,
-        },
-        Target::Numeric(&engine::MAX_TOKEN_LEN),
-    ),
-    (
-        OptionSpec::Bool {
-            name: "allow-eviction",
-            default: false,
-        },
-        Target::Bool(&engine::ALLOW_EVICTION),
-    ),
+/// Where each option's value lives (the node's limits), in the order of
+/// `protocol::OPTIONS`, which owns their names, bounds and defaults.
+const TARGETS: [Target; 5] = [
+    Target::Numeric(&engine::RESTART_DELAY_MS),
+    Target::Numeric(&engine::MAX_TTL_MS),
+    Target::Numeric(&engine::MAX_WAITERS_PER_KEY),
+    Target::Numeric(&engine::MAX_TOKEN_LEN),
+    Target::Bool(&engine::ALLOW_EVICTION),
 ];
 
 /// Where an option's value lives.
@@ -71,8 +31,6 @@ enum Target {
     Numeric(&'static engine::NumericOption),
     Bool(&'static engine::BoolOption),
 }
-
-const MAX_WAITERS_BOUND: i64 = 100_000_000;
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     match start(ctx, args) {
@@ -94,9 +52,8 @@ fn check_server_version() -> Result<(), String> {
 /// lines of the config file (Redis checks those).
 fn register_options(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
     let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    let specs: Vec<OptionSpec> = OPTIONS.iter().map(|(spec, _)| *spec).collect();
-    let values = crate::core::args::module_option_values(&args, &specs)?;
-    for ((spec, target), value) in OPTIONS.iter().zip(values) {
+    let values = crate::core::args::module_option_values(&args, &OPTIONS)?;
+    for ((spec, target), value) in OPTIONS.iter().zip(&TARGETS).zip(values) {
         match (spec, target, value) {
             (
                 OptionSpec::Numeric { name, min, max, .. },

@@ -1,5 +1,7 @@
 use std::fmt;
 
+use redis_lock_core::protocol::code;
+
 /// What can go wrong talking to the lock nodes. More variants may come:
 /// match with a wildcard arm.
 #[derive(Debug)]
@@ -38,7 +40,8 @@ impl Error {
     pub fn is_busy(&self) -> bool {
         match self {
             Error::Redis(r) => {
-                r.code() == Some("TRYAGAIN")
+                matches!(r.code(), Some(code::TRY_AGAIN | code::LINE_FULL))
+                    // Modules before LINEFULL said it with ERR.
                     || (r.kind() == redis::ErrorKind::ResponseError
                         && r.to_string().contains("too many waiters"))
             }

@@ -1,6 +1,7 @@
 //! One lock node: the module's commands over a lazily (re)connected
 //! multiplexed connection, every call bounded by a timeout.
 
+use redis_lock_core::protocol::{self, command, info_field};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -359,10 +360,10 @@ impl Node {
         min_fence: Option<i64>,
         limit: Duration,
     ) -> Result<Option<i64>> {
-        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        let mut cmd = redis::cmd(command::ACQUIRE);
         cmd.arg(key).arg(token).arg(millis(ttl));
         if let Some(n) = min_fence {
-            cmd.arg("MINFENCE").arg(n);
+            cmd.arg(command::MINFENCE).arg(n);
         }
         self.run(cmd, limit).await
     }
@@ -427,11 +428,11 @@ impl Node {
         };
         // BLOCK 0 would wait forever: wait at least a millisecond.
         let block_ms = millis(wait).clamp(1, MAX_BLOCK_MS);
-        let mut cmd = redis::cmd("LOCK.ACQUIRE");
+        let mut cmd = redis::cmd(command::ACQUIRE);
         cmd.arg(key)
             .arg(token)
             .arg(millis(ttl))
-            .arg("BLOCK")
+            .arg(command::BLOCK)
             .arg(block_ms);
         let reply = within(wait.saturating_add(limit), async {
             Ok(cmd.query_async(&mut conn).await?)
@@ -463,7 +464,7 @@ impl Node {
     }
 
     pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
-        let mut cmd = redis::cmd("LOCK.RELEASE");
+        let mut cmd = redis::cmd(command::RELEASE);
         cmd.arg(key).arg(token);
         Ok(self.run::<i64>(cmd, limit).await? == 1)
     }
@@ -481,7 +482,7 @@ impl Node {
         }
         if let Some(cluster) = &self.cluster {
             let mut conn = cluster.get_connection()?;
-            let released: i64 = redis::cmd("LOCK.RELEASE")
+            let released: i64 = redis::cmd(command::RELEASE)
                 .arg(key)
                 .arg(token)
                 .query(&mut conn)?;
@@ -495,7 +496,7 @@ impl Node {
         let mut conn = client.get_connection_with_timeout(limit)?;
         conn.set_read_timeout(Some(limit))?;
         conn.set_write_timeout(Some(limit))?;
-        let released: i64 = redis::cmd("LOCK.RELEASE")
+        let released: i64 = redis::cmd(command::RELEASE)
             .arg(key)
             .arg(token)
             .query(&mut conn)?;
@@ -509,13 +510,13 @@ impl Node {
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool> {
-        let mut cmd = redis::cmd("LOCK.EXTEND");
+        let mut cmd = redis::cmd(command::EXTEND);
         cmd.arg(key).arg(token).arg(millis(ttl));
         Ok(self.run::<i64>(cmd, limit).await? == 1)
     }
 
     pub async fn info(&self, key: &str, limit: Duration) -> Result<Option<LockInfo>> {
-        let mut cmd = redis::cmd("LOCK.INFO");
+        let mut cmd = redis::cmd(command::INFO);
         cmd.arg(key);
         // An array of name, value pairs on RESP2; a map on RESP3.
         let pairs: Vec<(redis::Value, redis::Value)> = match self.run(cmd, limit).await? {
@@ -543,11 +544,11 @@ impl Node {
         for (name, value) in &pairs {
             let name: String = redis::from_redis_value(name)?;
             match name.as_str() {
-                "token" => info.token = redis::from_redis_value(value)?,
-                "fence" => info.fence = redis::from_redis_value(value)?,
-                "ttl" => info.ttl_ms = redis::from_redis_value(value)?,
-                "waiters" => info.waiters = redis::from_redis_value(value)?,
-                "granted" => info.granted_ms = redis::from_redis_value(value)?,
+                info_field::TOKEN => info.token = redis::from_redis_value(value)?,
+                info_field::FENCE => info.fence = redis::from_redis_value(value)?,
+                info_field::TTL => info.ttl_ms = redis::from_redis_value(value)?,
+                info_field::WAITERS => info.waiters = redis::from_redis_value(value)?,
+                info_field::GRANTED => info.granted_ms = redis::from_redis_value(value)?,
                 _ => {}
             }
         }
@@ -690,7 +691,7 @@ impl Node {
         // Asked together: one round trip on the shared connection.
         let (text, restart_delay_ms, appendonly, appendfsync) = tokio::join!(
             info,
-            config("lock.restart-delay-ms"),
+            config(RESTART_DELAY_OPTION.as_str()),
             config("appendonly"),
             config("appendfsync")
         );
@@ -741,7 +742,7 @@ impl Node {
         info.arg("server").arg("lock");
         let (texts, mut delays, mut appendonly, mut appendfsync) = tokio::join!(
             on_masters(info),
-            config("lock.restart-delay-ms"),
+            config(RESTART_DELAY_OPTION.as_str()),
             config("appendonly"),
             config("appendfsync")
         );
@@ -762,7 +763,16 @@ impl Node {
 
 /// The longest BLOCK the module takes (about ten years): a longer wait is
 /// asked as this one.
-const MAX_BLOCK_MS: u64 = 316_224_000_000;
+const MAX_BLOCK_MS: u64 = protocol::MAX_BLOCK_MS as u64;
+
+/// `lock.restart-delay-ms`, as CONFIG GET names it.
+static RESTART_DELAY_OPTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{}.{}",
+        protocol::MODULE_NAME,
+        protocol::RESTART_DELAY_MS.name()
+    )
+});
 
 /// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
 pub(crate) fn millis(d: Duration) -> u64 {

@@ -124,28 +124,7 @@ pub fn check_token_limit(token: &[u8], max_token_len: usize) -> Result<(), LockE
     }
 }
 
-/// One module option as it may follow the module path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptionSpec {
-    Numeric {
-        name: &'static str,
-        default: i64,
-        min: i64,
-        max: i64,
-    },
-    Bool {
-        name: &'static str,
-        default: bool,
-    },
-}
-
-impl OptionSpec {
-    pub fn name(&self) -> &'static str {
-        match self {
-            OptionSpec::Numeric { name, .. } | OptionSpec::Bool { name, .. } => name,
-        }
-    }
-}
+pub use crate::protocol::OptionSpec;
 
 /// An option's value at start: the one given after the module path, or its
 /// default.

@@ -1,5 +1,6 @@
 //! Every error the module can reply with. The first word of each message is
-//! its error code, as Redis clients expect (`ERR`, `WRONGTYPE`, `TRYAGAIN`).
+//! its error code, as Redis clients expect (`ERR`, `WRONGTYPE`, `TRYAGAIN`);
+//! the codes a client acts on are named in `protocol::code`.
 
 use std::fmt;
 
@@ -110,7 +111,7 @@ impl fmt::Display for LockError {
             BadFence(why) => write!(f, "ERR invalid fencing token: {why}"),
             TooManyWaiters(max) => write!(
                 f,
-                "ERR too many waiters: {max} clients already wait for this lock (lock.max-waiters-per-key)"
+                "LINEFULL too many waiters: {max} clients already wait for this lock (lock.max-waiters-per-key)"
             ),
             ReadOnlyReplica => write!(f, "READONLY You can't write against a read only replica."),
             EvictionUnsafe => write!(
@@ -174,7 +175,6 @@ mod tests {
             LockError::BadMinFence("'x'".into()),
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
-            LockError::TooManyWaiters(3),
             LockError::EvictionUnsafe,
             LockError::TtlOverflowsClock,
             LockError::TokenEmpty,

@@ -18,6 +18,8 @@
 //! * `codec`   — the persisted form of a lock value, decoded and checked
 //! * `limits`  — every bound on input
 //! * `error`   — every error reply
+//! * `protocol` — what the module and its clients share: command names,
+//!   `LOCK.INFO` fields, error codes, options with their bounds and defaults
 //! * `fuzz`, `rdb_bytes` — the fuzz targets' entry points and Redis's RDB
 //!   encoding of a value (tests and the `fuzzing` feature only)
 #![forbid(unsafe_code)]
@@ -35,6 +37,7 @@ mod lock;
 #[cfg(test)]
 mod model;
 pub mod node;
+pub mod protocol;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod rdb_bytes;
 pub mod time;

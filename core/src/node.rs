@@ -31,7 +31,6 @@ use crate::args;
 use crate::codec;
 use crate::error::LockError;
 use crate::fence::{self, FenceCounter};
-use crate::limits::{DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_TOKEN_LEN};
 use crate::lock::{self, Acquired, Lock, LockStore};
 use crate::time::{self, Now};
 use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
@@ -58,13 +57,17 @@ pub struct Limits {
 }
 
 impl Default for Limits {
+    /// Every option at its default (`protocol::OPTIONS`).
     fn default() -> Self {
+        use crate::protocol::{
+            ALLOW_EVICTION, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS, MAX_WAITERS_PER_KEY, RESTART_DELAY_MS,
+        };
         Limits {
-            max_ttl_ms: DEFAULT_MAX_TTL_MS,
-            max_token_len: MAX_TOKEN_LEN,
-            max_waiters_per_key: DEFAULT_MAX_WAITERS_PER_KEY as usize,
-            restart_delay_ms: 0,
-            allow_eviction: false,
+            max_ttl_ms: MAX_TTL_MS.default_value(),
+            max_token_len: MAX_TOKEN_LEN_OPTION.default_value() as usize,
+            max_waiters_per_key: MAX_WAITERS_PER_KEY.default_value() as usize,
+            restart_delay_ms: RESTART_DELAY_MS.default_value(),
+            allow_eviction: ALLOW_EVICTION.default_value() != 0,
         }
     }
 }

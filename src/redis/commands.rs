@@ -20,6 +20,7 @@ use super::node::{self, count, STATS};
 use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
+use crate::core::protocol::{self, info_field};
 
 /// One row of the command table.
 pub struct Command {
@@ -312,13 +313,13 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 Value::Null
             };
             Reply::Map(vec![
-                ("token", token),
-                ("fence", Value::Integer(held.fence)),
-                ("ttl", Value::Integer(held.remaining_ms(now))),
-                ("waiters", Value::Integer(waiters as i64)),
+                (info_field::TOKEN, token),
+                (info_field::FENCE, Value::Integer(held.fence)),
+                (info_field::TTL, Value::Integer(held.remaining_ms(now))),
+                (info_field::WAITERS, Value::Integer(waiters as i64)),
                 // Last, so replies read by position stay as they were.
                 (
-                    "granted",
+                    info_field::GRANTED,
                     match datatype::wall_times(&held) {
                         (_, 0) => Value::Null,
                         (_, at) => Value::Integer(at),
@@ -335,7 +336,7 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if context_flags(ctx) & trusted == 0 {
-        return Err(LockError::InternalCommand("LOCK._SET"));
+        return Err(LockError::InternalCommand(protocol::command::SET));
     }
     let a = args::parse_set(argv.bytes())?;
     let mut store = LockKey::open(ctx, argv.key(), true)?;
@@ -363,12 +364,27 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     Ok(Reply::Ok)
 }
 
+/// The table's names are the protocol's (`core::protocol::command`), which
+/// the client and the test kit send: checked at registration, so a rename
+/// on one side fails the module's load in every test instead of drifting.
+fn check_names() -> Result<(), String> {
+    use protocol::command::{ACQUIRE, EXTEND, FENCE, INFO, RELEASE, SET};
+    let names = [ACQUIRE, RELEASE, EXTEND, FENCE, INFO, SET];
+    for (c, name) in COMMANDS.iter().zip(names) {
+        if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {
+            return Err(format!("command {:?} is not the protocol's {name}", c.name));
+        }
+    }
+    Ok(())
+}
+
 /// Creates every command of the table, with arity, key spec and summary where
 /// the server supports command info (7.0+).
 pub fn register(ctx: Ctx) -> Result<(), String> {
     if !ffi::can_create_commands() {
         return Err("RedisModule_CreateCommand is not available".into());
     }
+    check_names()?;
     // The `@lock` ACL category, where the server allows it (7.4+).
     let lock_category = ffi::add_acl_category(ctx, c"lock");
     for c in &COMMANDS {

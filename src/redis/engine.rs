@@ -259,13 +259,16 @@ pub static MAX_TTL_MS: NumericOption = NumericOption {
     get: |l| l.max_ttl_ms,
     set: |l, v| l.max_ttl_ms = v,
 };
+// Redis holds every value within the bounds registered from
+// `protocol::OPTIONS` (at start and on CONFIG SET): no second copy of them
+// here.
 pub static MAX_WAITERS_PER_KEY: NumericOption = NumericOption {
     get: |l| l.max_waiters_per_key as i64,
-    set: |l, v| l.max_waiters_per_key = v.max(1) as usize,
+    set: |l, v| l.max_waiters_per_key = v as usize,
 };
 pub static MAX_TOKEN_LEN: NumericOption = NumericOption {
     get: |l| l.max_token_len as i64,
-    set: |l, v| l.max_token_len = v.clamp(1, crate::core::limits::MAX_TOKEN_LEN as i64) as usize,
+    set: |l, v| l.max_token_len = v as usize,
 };
 pub static ALLOW_EVICTION: BoolOption = BoolOption {
     get: |l| l.allow_eviction,

@@ -38,6 +38,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 pub use redis::{Connection, Value};
+use redis_lock_core::protocol::{command, info_field};
 
 pub mod cluster;
 pub mod proxy;
@@ -1067,7 +1068,7 @@ pub fn error_text(e: &redis::RedisError) -> String {
 }
 
 pub fn acquire(c: &mut Connection, key: &str, token: &str, ttl: i64) -> Option<i64> {
-    redis::cmd("LOCK.ACQUIRE")
+    redis::cmd(command::ACQUIRE)
         .arg(key)
         .arg(token)
         .arg(ttl)
@@ -1076,7 +1077,7 @@ pub fn acquire(c: &mut Connection, key: &str, token: &str, ttl: i64) -> Option<i
 }
 
 pub fn release(c: &mut Connection, key: &str, token: &str) -> i64 {
-    redis::cmd("LOCK.RELEASE")
+    redis::cmd(command::RELEASE)
         .arg(key)
         .arg(token)
         .query(c)
@@ -1084,7 +1085,7 @@ pub fn release(c: &mut Connection, key: &str, token: &str) -> i64 {
 }
 
 pub fn extend(c: &mut Connection, key: &str, token: &str, ttl: i64) -> i64 {
-    redis::cmd("LOCK.EXTEND")
+    redis::cmd(command::EXTEND)
         .arg(key)
         .arg(token)
         .arg(ttl)
@@ -1093,7 +1094,7 @@ pub fn extend(c: &mut Connection, key: &str, token: &str, ttl: i64) -> i64 {
 }
 
 pub fn fence(c: &mut Connection, key: &str) -> Option<i64> {
-    redis::cmd("LOCK.FENCE").arg(key).query(c).unwrap()
+    redis::cmd(command::FENCE).arg(key).query(c).unwrap()
 }
 
 /// A held lock, as LOCK.INFO describes it.
@@ -1138,11 +1139,11 @@ impl LockInfo {
                 .unwrap_or_else(|e| panic!("LOCK.INFO's {name} is {value:?}: {e}"))
         }
         Some(LockInfo {
-            token: field(&pairs, "token"),
-            fence: field(&pairs, "fence"),
-            ttl: field(&pairs, "ttl"),
-            waiters: field(&pairs, "waiters"),
-            granted: field(&pairs, "granted"),
+            token: field(&pairs, info_field::TOKEN),
+            fence: field(&pairs, info_field::FENCE),
+            ttl: field(&pairs, info_field::TTL),
+            waiters: field(&pairs, info_field::WAITERS),
+            granted: field(&pairs, info_field::GRANTED),
         })
     }
 
@@ -1161,7 +1162,7 @@ impl LockInfo {
 /// (RESP2) or a map (RESP3). For tests of the reply itself; the others
 /// read it typed, with [`lock_info`].
 pub fn lock_info_reply(c: &mut Connection, key: &str) -> Value {
-    redis::cmd("LOCK.INFO").arg(key).query(c).unwrap()
+    redis::cmd(command::INFO).arg(key).query(c).unwrap()
 }
 
 /// `LOCK.INFO key`, typed: None when the lock is free.
@@ -1266,11 +1267,11 @@ impl RawConn {
             .map(|i| {
                 let mut w = RawConn::connect(server);
                 w.send(&[
-                    "LOCK.ACQUIRE",
+                    command::ACQUIRE,
                     key,
                     &format!("w{i}"),
                     "600000",
-                    "BLOCK",
+                    command::BLOCK,
                     "0",
                 ]);
                 w
@@ -1289,7 +1290,7 @@ impl RawConn {
     ) -> RawConn {
         let mut w = RawConn::connect(server);
         w.send(&[
-            "LOCK.ACQUIRE",
+            command::ACQUIRE,
             key,
             token,
             &ttl.to_string(),

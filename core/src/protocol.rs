@@ -1,0 +1,177 @@
+//! What the module and its clients share on the wire, written down once:
+//! the command names, `LOCK.INFO`'s field names, the error codes a client
+//! must tell apart, and every option with its bounds and default. The
+//! module (`src/`), the client crate and the test kit all read them from
+//! here; nothing here depends on anything.
+
+use crate::limits::{
+    DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
+};
+
+/// The commands, as clients send them.
+pub mod command {
+    pub const ACQUIRE: &str = "LOCK.ACQUIRE";
+    pub const RELEASE: &str = "LOCK.RELEASE";
+    pub const EXTEND: &str = "LOCK.EXTEND";
+    pub const FENCE: &str = "LOCK.FENCE";
+    pub const INFO: &str = "LOCK.INFO";
+    /// Internal: the replicated and AOF form of a grant or renewal.
+    pub const SET: &str = "LOCK._SET";
+    /// `ACQUIRE`'s option words.
+    pub const BLOCK: &str = "BLOCK";
+    pub const MINFENCE: &str = "MINFENCE";
+}
+
+/// `LOCK.INFO`'s fields, in the order of its reply (a map on RESP3, a flat
+/// array of name and value on RESP2).
+pub mod info_field {
+    /// The holder's token (nil for a user who may not write the key).
+    pub const TOKEN: &str = "token";
+    /// The holder's fencing token.
+    pub const FENCE: &str = "fence";
+    /// What is left of the lease, ms.
+    pub const TTL: &str = "ttl";
+    /// Clients queued with BLOCK.
+    pub const WAITERS: &str = "waiters";
+    /// When the holder was granted, Unix ms (nil when unknown).
+    pub const GRANTED: &str = "granted";
+    /// Every field, in reply order.
+    pub const ALL: [&str; 5] = [TOKEN, FENCE, TTL, WAITERS, GRANTED];
+}
+
+/// Error codes (the first word of an error reply) a client acts on.
+pub mod code {
+    /// The key's line of BLOCK waiters is full (`lock.max-waiters-per-key`):
+    /// try again later.
+    pub const LINE_FULL: &str = "LINEFULL";
+    /// New grants are paused (`lock.restart-delay-ms`): try again later.
+    pub const TRY_AGAIN: &str = "TRYAGAIN";
+    /// A write on a replica.
+    pub const READ_ONLY: &str = "READONLY";
+    /// Memory above `maxmemory`: no new grant or place in line.
+    pub const OUT_OF_MEMORY: &str = "OOM";
+    /// The key holds another type.
+    pub const WRONG_TYPE: &str = "WRONGTYPE";
+    /// The waiter's user lost the command or the key while it waited.
+    pub const NO_PERMISSION: &str = "NOPERM";
+}
+
+/// The module's name (`MODULE LIST`), and the prefix of its options:
+/// `CONFIG GET lock.*`, a `lock.<name>` line in redis.conf.
+pub const MODULE_NAME: &str = "lock";
+
+/// The longest BLOCK timeout (and lease) the module accepts at all.
+pub const MAX_BLOCK_MS: i64 = MAX_DURATION_MS;
+
+/// One option, as it may follow the module path or be set at runtime
+/// (`CONFIG SET lock.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionSpec {
+    Numeric {
+        name: &'static str,
+        default: i64,
+        min: i64,
+        max: i64,
+    },
+    Bool {
+        name: &'static str,
+        default: bool,
+    },
+}
+
+impl OptionSpec {
+    pub fn name(&self) -> &'static str {
+        match self {
+            OptionSpec::Numeric { name, .. } | OptionSpec::Bool { name, .. } => name,
+        }
+    }
+
+    /// The numeric default (0 or 1 for a boolean).
+    pub fn default_value(&self) -> i64 {
+        match *self {
+            OptionSpec::Numeric { default, .. } => default,
+            OptionSpec::Bool { default, .. } => default.into(),
+        }
+    }
+}
+
+/// `lock.restart-delay-ms`: no new grants this long after the node loaded
+/// its data or was promoted.
+pub const RESTART_DELAY_MS: OptionSpec = OptionSpec::Numeric {
+    name: "restart-delay-ms",
+    default: 0,
+    min: 0,
+    max: MAX_DURATION_MS,
+};
+
+/// `lock.max-ttl-ms`: the longest lease.
+pub const MAX_TTL_MS: OptionSpec = OptionSpec::Numeric {
+    name: "max-ttl-ms",
+    default: DEFAULT_MAX_TTL_MS,
+    min: 1,
+    max: MAX_DURATION_MS,
+};
+
+/// `lock.max-waiters-per-key`: the longest BLOCK line on one key.
+pub const MAX_WAITERS_PER_KEY: OptionSpec = OptionSpec::Numeric {
+    name: "max-waiters-per-key",
+    default: DEFAULT_MAX_WAITERS_PER_KEY,
+    min: 1,
+    max: 100_000_000,
+};
+
+/// `lock.max-token-len`: the longest token a new grant may use.
+pub const MAX_TOKEN_LEN_OPTION: OptionSpec = OptionSpec::Numeric {
+    name: "max-token-len",
+    default: MAX_TOKEN_LEN as i64,
+    min: 1,
+    max: MAX_TOKEN_LEN as i64,
+};
+
+/// `lock.allow-eviction`: grant while `maxmemory-policy` can evict locks.
+pub const ALLOW_EVICTION: OptionSpec = OptionSpec::Bool {
+    name: "allow-eviction",
+    default: false,
+};
+
+/// Every option, in the order `CONFIG GET lock.*` documents them.
+pub const OPTIONS: [OptionSpec; 5] = [
+    RESTART_DELAY_MS,
+    MAX_TTL_MS,
+    MAX_WAITERS_PER_KEY,
+    MAX_TOKEN_LEN_OPTION,
+    ALLOW_EVICTION,
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::LockError;
+
+    #[test]
+    fn codes_are_what_the_errors_start_with() {
+        let starts = |e: LockError, code: &str| {
+            let text = e.to_string();
+            assert_eq!(text.split(' ').next(), Some(code), "{text}");
+        };
+        starts(LockError::TooManyWaiters(3), code::LINE_FULL);
+        starts(LockError::GrantsPaused(5), code::TRY_AGAIN);
+        starts(LockError::ReadOnlyReplica, code::READ_ONLY);
+        starts(LockError::OutOfMemory, code::OUT_OF_MEMORY);
+        starts(LockError::WrongType, code::WRONG_TYPE);
+        starts(LockError::NoPermission, code::NO_PERMISSION);
+    }
+
+    #[test]
+    fn option_names_are_unique_and_defaults_in_bounds() {
+        for (i, spec) in OPTIONS.iter().enumerate() {
+            assert!(OPTIONS[..i].iter().all(|o| o.name() != spec.name()));
+            if let OptionSpec::Numeric {
+                default, min, max, ..
+            } = *spec
+            {
+                assert!((min..=max).contains(&default), "{spec:?}");
+            }
+        }
+    }
+}
