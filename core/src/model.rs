@@ -11,7 +11,9 @@
 //! is free and grants are allowed.
 //!
 //! The history covers MINFENCE, restart-delay and its runtime changes, a
-//! lower max-ttl-ms while clients wait, take-back of an undelivered grant,
+//! lower max-ttl-ms or max-token-len while clients wait, memory above
+//! maxmemory and an evicting policy (new holders refused, hand-offs
+//! included, renewals not), take-back of an undelivered grant,
 //! ACL denial at hand-off, WRONGTYPE, SWAPDB, replica demotion and
 //! promotion, and a key that leaves the node (cluster redirect).
 //!
@@ -37,6 +39,8 @@ const T0_MS: i64 = 1_700_000_000_000;
 const MAX_TTL: [i64; 2] = [1000, 15];
 /// The two values `lock.restart-delay-ms` takes.
 const DELAY: [i64; 2] = [0, 30];
+/// The two values `lock.max-token-len` takes (tokens are 1 or 2 bytes).
+const MAX_TOKEN: [usize; 2] = [512, 1];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -87,10 +91,18 @@ enum Op {
     Deny {
         client: u8,
     },
-    /// CONFIG SET lock.max-ttl-ms / lock.restart-delay-ms.
+    /// CONFIG SET lock.max-ttl-ms / lock.restart-delay-ms /
+    /// lock.max-token-len.
     Config {
         max_ttl: usize,
         delay: usize,
+        max_token: usize,
+    },
+    /// Used memory crosses maxmemory (OOM), or an `allkeys-*` policy is
+    /// set or cleared (locks evictable), for every call from now on.
+    Memory {
+        oom: bool,
+        evictable: bool,
     },
     /// REPLICAOF host port: waiters are disconnected, writes refused.
     Demote,
@@ -125,7 +137,10 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
-        1 => (0..2usize, 0..2usize).prop_map(|(max_ttl, delay)| Op::Config { max_ttl, delay }),
+        1 => (0..2usize, 0..2usize, 0..2usize)
+            .prop_map(|(max_ttl, delay, max_token)| Op::Config { max_ttl, delay, max_token }),
+        1 => prop_oneof![3 => Just((false, false)), 1 => Just((true, false)), 1 => Just((false, true))]
+            .prop_map(|(oom, evictable)| Op::Memory { oom, evictable }),
         1 => Just(Op::Demote),
         1 => Just(Op::Promote),
         2 => (0..KEYS).prop_map(|key| Op::Sweep { key }),
@@ -135,8 +150,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Tokens 0 and 1 are one byte, 2 and 3 two (for `lock.max-token-len`).
 fn token(t: u8) -> Vec<u8> {
-    vec![b'a' + t]
+    vec![b'a' + t; 1 + usize::from(t >= 2)]
 }
 
 /// What a command or a wake-up told a client, comparable across both sides.
@@ -189,9 +205,24 @@ struct Reference {
     take_backs: Vec<(u8, i64, u64)>,
     /// The wall clock minus the monotonic one (ms): clock steps move it.
     wall_offset: i64,
+    max_token_len: usize,
+    oom: bool,
+    evictable: bool,
 }
 
 impl Reference {
+    /// Why a new holder (a grant or a place in line, not a renewal) is
+    /// refused now, if it is.
+    fn refuse_new_holder(&self, token: &[u8]) -> Option<LockError> {
+        if token.len() > self.max_token_len {
+            return Some(LockError::TokenOverLimit(token.len(), self.max_token_len));
+        }
+        if self.evictable {
+            return Some(LockError::EvictionUnsafe);
+        }
+        self.oom.then_some(LockError::OutOfMemory)
+    }
+
     fn live(&self, key: u8, now: i64) -> Option<&Held> {
         self.locks.get(&key).filter(|h| now < h.deadline_ms)
     }
@@ -281,13 +312,21 @@ impl Reference {
                 answer(self, told, Told::Nil);
                 continue;
             }
-            match self.live(key, now) {
+            let renews = match self.live(key, now) {
                 Some(h) if h.token != front.token => return,
+                Some(_) => true,
                 None if self.paused(now) > 0 => return,
-                _ => {}
-            }
+                None => false,
+            };
             if front.ttl > self.max_ttl {
                 let err = LockError::TtlTooLarge(format!("'{}'", front.ttl), self.max_ttl);
+                answer(self, told, error(err));
+                continue;
+            }
+            if let Some(err) = (!renews)
+                .then(|| self.refuse_new_holder(&front.token))
+                .flatten()
+            {
                 answer(self, told, error(err));
                 continue;
             }
@@ -347,9 +386,15 @@ impl Reference {
                 Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now))
             }
             Some(_) => match r.block {
-                Some(timeout) => self.enqueue(client, key, r, timeout, now),
+                Some(timeout) => match self.refuse_new_holder(&r.token) {
+                    Some(err) => error(err),
+                    None => self.enqueue(client, key, r, timeout, now),
+                },
                 None => Told::Nil,
             },
+            None if self.refuse_new_holder(&r.token).is_some() => {
+                error(self.refuse_new_holder(&r.token).unwrap())
+            }
             None => match (self.paused(now), r.block) {
                 (0, _) => Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now)),
                 (_, Some(timeout)) => self.enqueue(client, key, r, timeout, now),
@@ -393,6 +438,8 @@ struct Harness {
     replica: bool,
     /// The wall clock minus the monotonic one (ms): clock steps move it.
     wall_offset: i64,
+    oom: bool,
+    evictable: bool,
 }
 
 impl Harness {
@@ -408,6 +455,8 @@ impl Harness {
         let mut cond = Conditions::empty();
         cond.set(Conditions::REPLICA, self.replica);
         cond.set(Conditions::MAY_BLOCK, may_block);
+        cond.set(Conditions::OOM, self.oom);
+        cond.set(Conditions::EVICTABLE, self.evictable);
         cond
     }
 
@@ -537,6 +586,7 @@ fn run(ops: &[Op]) {
     let mut now = T0_MS;
     let mut model = Reference {
         max_ttl: MAX_TTL[0],
+        max_token_len: MAX_TOKEN[0],
         ..Reference::default()
     };
     let mut h = Harness {
@@ -548,6 +598,8 @@ fn run(ops: &[Op]) {
         denied: BTreeSet::new(),
         replica: false,
         wall_offset: 0,
+        oom: false,
+        evictable: false,
     };
     let mut asked: Asked = HashMap::new();
     // client -> its last grant by hand-off, while it may still vanish.
@@ -763,15 +815,25 @@ fn run(ops: &[Op]) {
                 model.denied.insert(client);
                 h.denied.insert(client);
             }
-            Op::Config { max_ttl, delay } => {
+            Op::Config {
+                max_ttl,
+                delay,
+                max_token,
+            } => {
                 model.max_ttl = MAX_TTL[max_ttl];
                 model.delay = DELAY[delay];
+                model.max_token_len = MAX_TOKEN[max_token];
                 let limits = Limits {
                     max_ttl_ms: MAX_TTL[max_ttl],
                     restart_delay_ms: DELAY[delay],
+                    max_token_len: MAX_TOKEN[max_token],
                     ..Limits::default()
                 };
                 h.node.set_limits(limits, now);
+            }
+            Op::Memory { oom, evictable } => {
+                (model.oom, model.evictable) = (oom, evictable);
+                (h.oom, h.evictable) = (oom, evictable);
             }
             Op::Demote => {
                 if model.replica {
