@@ -10,96 +10,12 @@ use futures_util::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::clock::{later_by, Sent};
 use crate::error::{Error, Result};
-use crate::group::{drift, Group};
-use crate::guard::{Lease, LockGuard, Sent};
+use crate::group::Group;
+use crate::guard::{Lease, LockGuard};
 use crate::node::{LockInfo, Node, NodeSettings};
-
-/// Tuning. The defaults suit TTLs from about a second to minutes. Built
-/// from the defaults with one method per setting, so settings added later
-/// do not break callers:
-/// `Options::default().auto_renew(true).node_timeout(Duration::from_millis(50))`.
-///
-/// ```
-/// # use std::time::Duration;
-/// use redis_lock_client::Options;
-/// let options = Options::default().auto_renew(true).queue(false);
-/// assert!(options.auto_renew && !options.queue);
-/// ```
-///
-/// A struct literal does not compile (settings may be added):
-///
-/// ```compile_fail
-/// let options = redis_lock_client::Options { auto_renew: true, ..Default::default() };
-/// ```
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Options {
-    /// How long to wait for one node's answer. Default: a tenth of the TTL,
-    /// between 5 ms and 500 ms, far below the TTL as Redlock requires.
-    pub node_timeout: Option<Duration>,
-    /// Redlock: the longest random pause between two attempts (default 200 ms).
-    pub retry_delay: Duration,
-    /// Renew held locks in the background at about a third of the TTL.
-    pub auto_renew: bool,
-    /// Redlock: wait for a held lock in the FIFO line (`BLOCK`) of one node
-    /// per key, the ordering node, then take the others; waiters take turns
-    /// in arrival order. Falls back to random-pause retries while that node
-    /// does not answer. Default true; false: random-pause retries only.
-    pub queue: bool,
-    /// Redlock: quorum fencing (default true): the token handed out is
-    /// confirmed on a majority, so a later grant on any majority gets a
-    /// larger one. False: the largest token of the granting nodes, not
-    /// confirmed, which a later grant on another majority may not exceed
-    /// (see the crate docs). Costs no extra round trip while the nodes'
-    /// clocks agree with each other (the first phase asks for a token
-    /// just above their median clock; see the crate docs).
-    pub quorum_fencing: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            node_timeout: None,
-            retry_delay: Duration::from_millis(200),
-            auto_renew: false,
-            queue: true,
-            quorum_fencing: true,
-        }
-    }
-}
-
-impl Options {
-    /// See [`Options::node_timeout`](#structfield.node_timeout).
-    pub fn node_timeout(mut self, limit: Duration) -> Self {
-        self.node_timeout = Some(limit);
-        self
-    }
-
-    /// See [`Options::retry_delay`](#structfield.retry_delay).
-    pub fn retry_delay(mut self, delay: Duration) -> Self {
-        self.retry_delay = delay;
-        self
-    }
-
-    /// See [`Options::auto_renew`](#structfield.auto_renew).
-    pub fn auto_renew(mut self, on: bool) -> Self {
-        self.auto_renew = on;
-        self
-    }
-
-    /// See [`Options::queue`](#structfield.queue).
-    pub fn queue(mut self, on: bool) -> Self {
-        self.queue = on;
-        self
-    }
-
-    /// See [`Options::quorum_fencing`](#structfield.quorum_fencing).
-    pub fn quorum_fencing(mut self, on: bool) -> Self {
-        self.quorum_fencing = on;
-        self
-    }
-}
+pub use crate::options::Options;
 
 /// A handle on one lock node or a Redlock group; cheap to clone.
 #[derive(Clone)]
@@ -219,13 +135,6 @@ fn refuses_the_request(e: &Error) -> bool {
         }
         _ => false,
     }
-}
-
-/// `at + by`, or about 30 years later if that is past what an instant can
-/// hold (a wait or TTL of 10^15 hours is "never", not a panic).
-fn later_by(at: Instant, by: Duration) -> Instant {
-    at.checked_add(by)
-        .unwrap_or_else(|| at + Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// A fresh random token: 128 bits, as hex.
@@ -500,7 +409,7 @@ impl LockClient {
         let acquire_now = || async {
             let start = Sent::now();
             let fence = node.acquire(key, token, ttl, None, limit).await?;
-            Ok(fence.map(|f| (f, start.plus(ttl.saturating_sub(drift(ttl))))))
+            Ok(fence.map(|f| (f, start.valid_until(ttl))))
         };
         if wait.is_zero() {
             return acquire_now().await;
@@ -515,7 +424,7 @@ impl LockClient {
         // for a validity measured from now; a lock granted without waiting
         // costs one round trip, not two.
         if start.elapsed() < ttl / 2 {
-            return Ok(Some((fence, start.plus(ttl.saturating_sub(drift(ttl))))));
+            return Ok(Some((fence, start.valid_until(ttl))));
         }
         acquire_now().await
     }
@@ -867,7 +776,7 @@ impl LockClient {
         let limit = self.node_timeout(ttl);
         let quorum = self.quorum();
         let fencing = self.inner.group.options.quorum_fencing;
-        let in_time = |start: Sent| start.elapsed() + drift(ttl) < ttl;
+        let in_time = |start: Sent| start.in_time(ttl);
         // A token the caller chose may already hold the lock: a floor would
         // give that holder a new fence on some nodes (MINFENCE above a held
         // lock's fence draws a fresh one), where a renewal keeps it.
@@ -918,7 +827,7 @@ impl LockClient {
             }
             if confirmed >= quorum && in_time(start) {
                 return Ok(Round {
-                    granted: Some((t, start.plus(ttl - drift(ttl)))),
+                    granted: Some((t, start.valid_until(ttl))),
                     order: order_reply,
                 });
             }

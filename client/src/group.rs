@@ -9,19 +9,14 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::client::Options;
+use crate::clock::Sent;
 use crate::error::{Error, Result};
-use crate::guard::Sent;
 use crate::node::Node;
+use crate::options::Options;
 
 pub(crate) struct Group {
     pub(crate) nodes: Vec<Node>,
     pub(crate) options: Options,
-}
-
-/// The clock drift Redlock allows for: 1% of the TTL plus 2 ms.
-pub fn drift(ttl: Duration) -> Duration {
-    ttl / 100 + Duration::from_millis(2)
 }
 
 impl Group {
@@ -120,8 +115,8 @@ impl Group {
         let replies = join_all(self.nodes.iter().map(|n| n.extend(key, token, ttl, limit))).await;
         let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
         let now = Instant::now();
-        if extended >= self.quorum() && now < valid_until && start.elapsed() + drift(ttl) < ttl {
-            return Ok(Some(start.plus(ttl - drift(ttl))));
+        if extended >= self.quorum() && now < valid_until && start.in_time(ttl) {
+            return Ok(Some(start.valid_until(ttl)));
         }
         let answered = replies.iter().filter(|r| r.is_ok()).count();
         if answered < self.quorum() {

@@ -1,12 +1,14 @@
 //! A held lock: its fencing token and validity, renewal, and release.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::boot_now;
 use crate::error::Result;
 use crate::group::Group;
 
@@ -23,10 +25,10 @@ struct Shared {
     token: String,
     fence: i64,
     /// The TTL of the last grant or extend and the validity it gave: set
-    /// together, so the renewals follow a manual extend's TTL.
-    term: Mutex<Term>,
-    /// Wakes the keeper when the term changes (a manual extend).
-    term_changed: tokio::sync::Notify,
+    /// together, so the renewals follow a manual extend's TTL. Kept here
+    /// alone; the keeper and any [`ValidityWatch`] hear of each change
+    /// from it (no copy is kept in step by polling).
+    term: watch::Sender<Term>,
     /// Held from sending an EXTEND until its term is set, by a renewal or
     /// a manual extend: the last one sent is the one the nodes keep, and
     /// so the one whose term stands here.
@@ -73,79 +75,6 @@ impl Deadline {
     }
 }
 
-/// When a request was sent, on both clocks. A validity measured from it
-/// must also lose the time the machine was suspended while the request was
-/// in flight: tokio's clock (CLOCK_MONOTONIC) stops then, the nodes' do not.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Sent {
-    at: Instant,
-    suspended: Duration,
-}
-
-impl Sent {
-    pub(crate) fn now() -> Sent {
-        Sent {
-            at: Instant::now(),
-            suspended: suspended_total(),
-        }
-    }
-
-    /// The time since it was sent, suspended time included.
-    pub(crate) fn elapsed(&self) -> Duration {
-        self.at.elapsed() + self.slept()
-    }
-
-    /// `validity` after it was sent, as a tokio instant: earlier by any
-    /// suspend since (at the latest when it was sent, if that is more).
-    pub(crate) fn plus(&self, validity: Duration) -> Instant {
-        (self.at + validity)
-            .checked_sub(self.slept())
-            .map_or(self.at, |at| at.max(self.at))
-    }
-
-    fn slept(&self) -> Duration {
-        suspended_total().saturating_sub(self.suspended)
-    }
-}
-
-/// How long the machine has been suspended since boot: CLOCK_BOOTTIME less
-/// CLOCK_MONOTONIC (both start at boot; only the first counts suspend).
-fn suspended_total() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    boot_now().saturating_sub(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
-}
-
-/// CLOCK_BOOTTIME: monotonic, and counts system suspend.
-fn boot_now() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32) + suspended_for_tests()
-}
-
-#[cfg(test)]
-static SUSPENDED_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// A suspend the unit tests pretend happened (zero outside them).
-fn suspended_for_tests() -> Duration {
-    #[cfg(test)]
-    {
-        Duration::from_millis(SUSPENDED_MS.load(std::sync::atomic::Ordering::Relaxed))
-    }
-    #[cfg(not(test))]
-    {
-        Duration::ZERO
-    }
-}
-
 impl Lease {
     pub(crate) fn new(
         key: &str,
@@ -159,12 +88,11 @@ impl Lease {
                 key: key.into(),
                 token: token.into(),
                 fence,
-                term: Mutex::new(Term {
+                term: watch::Sender::new(Term {
                     ttl,
                     valid_until: Deadline::new(valid_until),
                     since: Instant::now(),
                 }),
-                term_changed: tokio::sync::Notify::new(),
                 extending: tokio::sync::Mutex::new(()),
                 lost: CancellationToken::new(),
             }),
@@ -198,18 +126,33 @@ impl Lease {
         self.term().valid_until.effective()
     }
 
+    /// The same deadline on CLOCK_BOOTTIME ([`boot_clock`](crate::boot_clock)),
+    /// which counts system suspend: it moves only when the lock is renewed
+    /// or extended. For a watchdog in another process (`redis-lock run`'s
+    /// sentry) that must act on the lease's end even if this one stops.
+    pub fn valid_until_boot(&self) -> Duration {
+        self.term().valid_until.boot
+    }
+
+    /// Hears of every renewal and extend of this lease as it is made (the
+    /// validity moved), for a holder that forwards the deadline elsewhere.
+    pub fn validity_watch(&self) -> ValidityWatch {
+        let mut changes = self.shared.term.subscribe();
+        changes.mark_unchanged();
+        ValidityWatch { changes }
+    }
+
     /// A grant or extend for `ttl` made the lock valid until `at`.
     pub(crate) fn set_term(&self, ttl: Duration, at: Instant) {
-        *self.shared.term.lock().unwrap_or_else(|p| p.into_inner()) = Term {
+        self.shared.term.send_replace(Term {
             ttl,
             valid_until: Deadline::new(at),
             since: Instant::now(),
-        };
-        self.shared.term_changed.notify_one();
+        });
     }
 
     fn term(&self) -> Term {
-        *self.shared.term.lock().unwrap_or_else(|p| p.into_inner())
+        *self.shared.term.borrow()
     }
 
     /// Fires when the lock is lost: a renewal was refused, or one failed
@@ -227,6 +170,23 @@ impl Lease {
 
     fn deadline(&self) -> Deadline {
         self.term().valid_until
+    }
+}
+
+/// Hears of each change of a lease's validity: [`Lease::validity_watch`].
+#[derive(Debug)]
+pub struct ValidityWatch {
+    changes: watch::Receiver<Term>,
+}
+
+impl ValidityWatch {
+    /// Resolves once the lease was renewed or extended since the watch was
+    /// made or this last resolved; never, once the lease is gone.
+    /// Cancel-safe (a `select!` branch loses no change).
+    pub async fn changed(&mut self) {
+        if self.changes.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -364,9 +324,10 @@ fn lost(lease: &Lease, why: &str) {
 /// Renews at about a third of the TTL (if `renew`), and fires `lost` when a
 /// renewal is refused or the validity deadline passes without one.
 async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: bool) {
+    let mut changes = lease.shared.term.subscribe();
     loop {
         // Read afresh each time: a manual extend may have changed the term.
-        let term = lease.term();
+        let term = *changes.borrow_and_update();
         let ttl = term.ttl;
         let valid_until = lease.valid_until();
         // Due a third of the TTL after the last grant or extend, whoever
@@ -384,7 +345,7 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep_until(wake) => {}
-            _ = lease.shared.term_changed.notified() => continue,
+            _ = changes.changed() => continue,
         }
         if lease.deadline().passed() {
             lost(&lease, "its validity ran out without a renewal");
@@ -446,6 +407,7 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::{Sent, SUSPENDED_MS};
 
     /// The pretended suspend is one static: its tests take turns.
     static PRETEND_SUSPEND: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -492,5 +454,35 @@ mod tests {
         let sent = Sent::now();
         let until = sent.plus(Duration::from_secs(10));
         assert!(until > Instant::now() + Duration::from_secs(9));
+    }
+
+    /// Issue 22: the lease publishes each change of its validity (the
+    /// `redis-lock run` sentry was sent a copy on a polling tick).
+    #[tokio::test]
+    async fn every_change_of_the_validity_is_heard_at_once() {
+        let lease = Lease::new(
+            "k",
+            "t",
+            1,
+            Duration::from_secs(30),
+            Instant::now() + Duration::from_secs(10),
+        );
+        let mut watch = lease.validity_watch();
+        let before = lease.valid_until_boot();
+        let not_yet = tokio::time::timeout(Duration::from_millis(20), watch.changed()).await;
+        assert!(not_yet.is_err(), "nothing changed yet");
+        lease.set_term(
+            Duration::from_secs(30),
+            Instant::now() + Duration::from_secs(20),
+        );
+        tokio::time::timeout(Duration::from_secs(5), watch.changed())
+            .await
+            .expect("the renewal is heard");
+        let after = lease.valid_until_boot();
+        assert!(
+            after >= before + Duration::from_secs(9),
+            "{before:?} -> {after:?}"
+        );
+        assert!(after <= crate::boot_clock() + Duration::from_secs(21));
     }
 }

@@ -141,17 +141,19 @@
 
 pub mod blocking;
 mod client;
+mod clock;
 mod error;
 mod group;
 mod guard;
 mod node;
+mod options;
 
 /// Support for the `redis-lock` command; not part of the library's API.
 #[doc(hidden)]
 pub use client::random_token;
 pub use client::{Acquire, LockClient, Options};
-pub use error::{Error, Result};
 #[doc(hidden)]
-pub use group::drift;
-pub use guard::{Lease, LockGuard};
+pub use clock::{boot_clock, drift, later_by};
+pub use error::{Error, Result};
+pub use guard::{Lease, LockGuard, ValidityWatch};
 pub use node::{LockInfo, NodeSettings};

@@ -28,6 +28,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -330,15 +331,12 @@ const STAND_DOWN: u8 = b'S';
 
 /// CLOCK_BOOTTIME in nanoseconds: it counts system suspend (async-signal-safe).
 pub fn boot_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid pointer to a local timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    nanos(redis_lock_client::boot_clock())
+}
+
+/// A duration in nanoseconds, saturating.
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Sentry {

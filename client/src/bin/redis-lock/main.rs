@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_client::{drift, random_token, LockClient, Options};
+use redis_lock_client::{drift, later_by, random_token, LockClient, Options};
 use tokio::sync::mpsc;
 
 mod duration;
@@ -666,13 +666,6 @@ fn show(d: Duration) -> String {
 /// SIGKILL by default (the lock is still held then).
 const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
 
-/// `at + by`, or about 30 years later if that is past what an instant can
-/// hold (a `--grace` of 10^15 hours is "never", not a panic).
-fn later_by(at: tokio::time::Instant, by: Duration) -> tokio::time::Instant {
-    at.checked_add(by)
-        .unwrap_or_else(|| at + Duration::from_secs(30 * 365 * 86_400))
-}
-
 /// Every handled signal, merged into one channel (registered before the
 /// lock is asked for, so none can end redis-lock with a grant in flight).
 fn handle_signals(kinds: &[libc::c_int]) -> Option<mpsc::UnboundedReceiver<libc::c_int>> {
@@ -761,12 +754,9 @@ async fn run_under_lock(
     if let Some(sentry) = &sentry {
         sentry.arm(group, told_sentry);
     }
-    // Often enough that the sentry's deadline trails the renewals by a
-    // small part of the TTL.
-    let mut sentry_tick = tokio::time::interval(
-        (ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(100)),
-    );
-    sentry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Every renewal or extend reaches the sentry as it is made: the guard
+    // owns the deadline, the sentry is told each change (no polled copy).
+    let mut validity = guard.validity_watch();
     let mut events = job::watch(group);
     let Some(mut stops) = handle_signals(job::STOPS) else {
         job::signal_group(group, libc::SIGKILL);
@@ -889,11 +879,9 @@ async fn run_under_lock(
                 job::signal_group(group, libc::SIGKILL);
                 kill_at = None;
             }
-            _ = sentry_tick.tick(), if sentry.is_some() => {
+            _ = validity.changed(), if sentry.is_some() => {
                 let deadline = sentry_deadline(&guard, grace);
-                // Sent when it moves by a millisecond or more (the boot
-                // clock advances with every reading).
-                if deadline.abs_diff(told_sentry) >= 1_000_000 {
+                if deadline != told_sentry {
                     if let Some(sentry) = &sentry {
                         sentry.hold_until(deadline);
                     }
@@ -942,22 +930,21 @@ async fn run_under_lock(
 /// an explicit `--grace`, that much (and a second) later: the user's choice
 /// to let the job run past it, whoever kills it.
 fn sentry_deadline(guard: &redis_lock_client::LockGuard, grace: Option<Duration>) -> u64 {
-    let now = tokio::time::Instant::now();
-    let mut until = guard.valid_until();
+    let mut until = guard.valid_until_boot();
     if let Some(g) = grace {
-        until = later_by(until, g.saturating_add(Duration::from_secs(1)));
+        until = until.saturating_add(g.saturating_add(Duration::from_secs(1)));
     }
-    let left = until.saturating_duration_since(now).as_nanos();
-    job::boot_ns().saturating_add(u64::try_from(left).unwrap_or(u64::MAX))
+    job::nanos(until)
 }
 
 /// The job was stopped: stop redis-lock too (the shell sees the job
 /// stopped), and once continued, renew the lock before the child may run
 /// again. True if the lock is still held and the child was continued (and
 /// given the terminal if redis-lock has it now). The sentry is told the
-/// current deadline before the stop and after the renewal: its periodic
-/// update may lag a renewal just made, and a stopped job past a stale
-/// deadline would be killed while the lock is still held.
+/// current deadline before the stop and after the renewal: the main
+/// loop, which forwards every renewal, does not run while redis-lock is
+/// stopped or waits here, and a stopped job past a stale deadline would be
+/// killed while the lock is still held.
 async fn resume_after_stop(
     guard: &redis_lock_client::LockGuard,
     ttl: Duration,
