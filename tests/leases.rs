@@ -328,6 +328,31 @@ fn a_restored_or_loaded_lease_is_capped_at_max_ttl() {
     assert!((1..=2000).contains(&ttl), "loaded with {ttl} ms left");
 }
 
+/// An administrator's `PEXPIRE` equal to what is left of a lease is a
+/// delete at that time, not an earlier build's expiry (issue 22: the
+/// holder's next renewal took it for one and dropped it, replicated as
+/// PERSIST, so the key was never deleted). Only a value loaded or
+/// replicated in can carry an earlier build's expiry.
+#[test]
+fn an_administrators_expiry_at_the_lease_end_survives_a_renewal() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "t", 60_000).unwrap();
+    let left = lock_info(&mut c, "k").unwrap().ttl;
+    let _: i64 = redis::cmd("PEXPIRE")
+        .arg("k")
+        .arg(left)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(extend(&mut c, "k", "t", 60_000), 1);
+    assert!(
+        acquire(&mut c, "k", "t", 60_000).is_some(),
+        "a same-token renewal"
+    );
+    let pttl = pttl(&mut c, "k");
+    assert!(pttl > 0, "the administrator's expiry was dropped: {pttl}");
+}
+
 /// A restart of a running server stops it first (issue 22: the old one
 /// stayed up, with no parent, after the suite).
 #[test]

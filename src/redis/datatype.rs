@@ -127,9 +127,18 @@ pub struct LockBlock {
     deadline_and_lease: u64,
     /// Monotonic ms, or [`GRANT_UNKNOWN`].
     granted_ms: i64,
+    /// The token's length, and [`FROM_OUTSIDE`].
     len: u32,
     token: [u8; 0],
 }
+
+/// A `len` bit: the value came from outside (an RDB, a `RESTORE`, the
+/// master's or the AOF's `LOCK._SET`) and this build has not yet looked at
+/// its key's Redis expiry. Only such a value can carry an earlier build's
+/// expiry (one equal to its lease's end, dropped when this build first
+/// renews or sweeps it): an expiry on a lock this node granted is always a
+/// user's administrative delete. Not persisted.
+const FROM_OUTSIDE: u32 = 1 << 31;
 
 const TOKEN_OFFSET: usize = std::mem::offset_of!(LockBlock, token);
 
@@ -159,7 +168,7 @@ impl LockBlock {
     /// Straight from RM_Alloc (Redis's allocator, 16-byte aligned, counted
     /// in used_memory): Rust's global allocator would reach the same place
     /// through two more calls on every grant.
-    fn new(lock: Lock<'_>) -> NonNull<LockBlock> {
+    fn new(lock: Lock<'_>, from_outside: bool) -> NonNull<LockBlock> {
         let size = TOKEN_OFFSET + lock.token.len();
         // SAFETY: a plain allocation of `size` bytes.
         let block = unsafe { api!(RedisModule_Alloc)(size) }.cast::<LockBlock>();
@@ -177,7 +186,7 @@ impl LockBlock {
             (*ptr).fence = lock.fence;
             (*ptr).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
             (*ptr).granted_ms = lock.granted_ms.unwrap_or(GRANT_UNKNOWN);
-            (*ptr).len = lock.token.len() as u32;
+            (*ptr).len = lock.token.len() as u32 | if from_outside { FROM_OUTSIDE } else { 0 };
             let token = ptr.cast::<u8>().add(TOKEN_OFFSET);
             std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
         }
@@ -197,7 +206,7 @@ impl LockBlock {
             Lock {
                 fence: (*block).fence,
                 deadline_ms,
-                token: std::slice::from_raw_parts(token, (*block).len as usize),
+                token: std::slice::from_raw_parts(token, ((*block).len & !FROM_OUTSIDE) as usize),
                 granted_ms: Some((*block).granted_ms).filter(|&g| g != GRANT_UNKNOWN),
                 lease,
             }
@@ -220,6 +229,26 @@ impl LockBlock {
             (*block).fence = fence;
             (*block).deadline_and_lease = pack(deadline_ms, lease);
             (*block).granted_ms = granted_ms.unwrap_or(GRANT_UNKNOWN);
+        }
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`] and is not freed.
+    unsafe fn from_outside(block: *const LockBlock) -> bool {
+        // SAFETY: a live block (the caller's contract).
+        unsafe { (*block).len & FROM_OUTSIDE != 0 }
+    }
+
+    /// # Safety
+    /// `block` comes from [`LockBlock::new`], is not freed, and no view of
+    /// it is in use.
+    unsafe fn set_from_outside(block: *mut LockBlock, on: bool) {
+        // SAFETY: a live block, not borrowed (the caller's contract).
+        unsafe {
+            match on {
+                true => (*block).len |= FROM_OUTSIDE,
+                false => (*block).len &= !FROM_OUTSIDE,
+            }
         }
     }
 
@@ -261,6 +290,20 @@ impl LockValue {
         // means no view of it is in use.
         unsafe { LockBlock::set(self.0.as_ptr(), fence, deadline_ms, granted_ms, lease) }
     }
+
+    /// Whether the value came from outside and its key's expiry was not
+    /// yet looked at (see [`FROM_OUTSIDE`]).
+    pub fn from_outside(&self) -> bool {
+        // SAFETY: the block is live (see the type's doc).
+        unsafe { LockBlock::from_outside(self.0.as_ptr()) }
+    }
+
+    /// Marks the value as from outside (true) or its expiry as looked at.
+    pub fn set_from_outside(&mut self, on: bool) {
+        // SAFETY: the block is live (see the type's doc), and `&mut self`
+        // means no view of it is in use.
+        unsafe { LockBlock::set_from_outside(self.0.as_ptr(), on) }
+    }
 }
 
 /// The lock stored at an open key: None for an empty key, WRONGTYPE for a
@@ -281,8 +324,8 @@ pub fn value_of(key: KeyPtr) -> Result<Option<LockValue>, LockError> {
 
 /// Stores `lock` as the value of `key` (open for writing), in a new block;
 /// the value it replaces, if any, is freed by Redis (through `free`).
-pub fn store(key: KeyPtr, lock: Lock<'_>) -> LockValue {
-    let block = LockBlock::new(lock);
+pub fn store(key: KeyPtr, lock: Lock<'_>, from_outside: bool) -> LockValue {
+    let block = LockBlock::new(lock, from_outside);
     // SAFETY: `key` is an open key the caller holds (see `ffi`); the new
     // block goes to the keyspace, which frees it through this type's `free`.
     unsafe { api!(RedisModule_ModuleTypeSetValue)(key, LOCK_TYPE.get(), block.as_ptr().cast()) };
@@ -336,6 +379,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // times on this node's clock. Nothing is allocated for the keyspace
         // until the value is valid and taken.
         let accepted = decoded.and_then(|value| {
+            let fence = value.fence;
             engine::with_engine(|n| {
                 n.accept_loaded(
                     value.fence,
@@ -345,17 +389,20 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
                     now,
                 )
             })
-            .map(|times| (value.fence, value, times))
-            .map_err(|e| codec::DecodeError::Fence(0, e))
+            .map(|times| (value, times))
+            .map_err(|e| codec::DecodeError::Fence(fence, e))
         });
         match accepted {
-            Ok((_, value, (deadline_ms, granted_ms))) => LockBlock::new(Lock {
-                fence: value.fence,
-                deadline_ms,
-                token: value.token.as_ref(),
-                granted_ms,
-                lease: node::new_lease(),
-            })
+            Ok((value, (deadline_ms, granted_ms))) => LockBlock::new(
+                Lock {
+                    fence: value.fence,
+                    deadline_ms,
+                    token: value.token.as_ref(),
+                    granted_ms,
+                    lease: node::new_lease(),
+                },
+                true,
+            )
             .as_ptr()
             .cast(),
             Err(why) => {

@@ -84,12 +84,24 @@ impl LockKey {
     /// Stores a lock under the key, without replicating or reporting (a
     /// replicated or AOF effect, through `LockStore::apply`, and every
     /// write of `put`). `deadline_ms` is on this node's monotonic clock.
-    fn store_value(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
+    /// `from_outside`: the lock came from the master or the AOF (it may
+    /// carry an earlier build's expiry: see `datatype::FROM_OUTSIDE`).
+    fn store_value(
+        &mut self,
+        token: &[u8],
+        fence: i64,
+        deadline_ms: i64,
+        granted_ms: Option<i64>,
+        from_outside: bool,
+    ) {
         let lease = new_lease();
         match &mut self.value {
             // Same token: update in place, no allocation.
             Some(current) if current.view().token == token => {
-                current.set(fence, deadline_ms, granted_ms, lease)
+                current.set(fence, deadline_ms, granted_ms, lease);
+                if from_outside {
+                    current.set_from_outside(true);
+                }
             }
             _ => {
                 let lock = Lock {
@@ -101,7 +113,7 @@ impl LockKey {
                 };
                 // Redis frees the block this replaces (if any): its handle
                 // goes with it.
-                self.value = Some(datatype::store(self.key.as_ptr(), lock));
+                self.value = Some(datatype::store(self.key.as_ptr(), lock, from_outside));
             }
         }
         self.signal_modified();
@@ -112,7 +124,13 @@ impl LockKey {
     /// then (replicated as PERSIST), so Redis never cuts a renewed lease
     /// short. An expiry at another time is a user's administrative delete
     /// and stays.
+    /// Only a value that came from outside can carry one; this build looks
+    /// once (an expiry set later, on a lock renewed here, is a user's).
     pub fn drop_legacy_expiry(&mut self, now: Now) {
+        let Some(value) = self.value.as_mut().filter(|v| v.from_outside()) else {
+            return;
+        };
+        value.set_from_outside(false);
         let Some(lock) = self.stored() else {
             return;
         };
@@ -183,12 +201,12 @@ impl LockStore for LockKey {
         } else {
             self.drop_legacy_expiry(now);
         }
-        self.store_value(token, fence, deadline_ms, granted_ms);
+        self.store_value(token, fence, deadline_ms, granted_ms, false);
         self.replicate_set(now);
     }
 
     fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
-        self.store_value(token, fence, deadline_ms, granted_ms);
+        self.store_value(token, fence, deadline_ms, granted_ms, true);
     }
 
     fn renew(&mut self, deadline_ms: i64) {

@@ -153,7 +153,7 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
         return;
     }
     // Only a lock key of ours (an empty key or another type is skipped).
-    let Ok(Some(value)) = datatype::value_of(key) else {
+    let Ok(Some(mut value)) = datatype::value_of(key) else {
         return;
     };
     let lock = value.view();
@@ -163,8 +163,14 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
         found.ended.push(name());
         return;
     }
-    if keyspace::is_legacy_expiry(ffi::abs_expire(key), &lock, found.now) {
-        found.legacy.push(name());
+    // Only a value from outside can carry an earlier build's expiry: looked
+    // at once, here or at its first renewal (see `datatype::FROM_OUTSIDE`).
+    if value.from_outside() {
+        if keyspace::is_legacy_expiry(ffi::abs_expire(key), &lock, found.now) {
+            found.legacy.push(name());
+        } else {
+            value.set_from_outside(false);
+        }
     }
 }
 
