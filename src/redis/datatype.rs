@@ -234,7 +234,7 @@ impl LockBlock {
 
     /// # Safety
     /// `block` comes from [`LockBlock::new`] and is not freed.
-    unsafe fn from_outside(block: *const LockBlock) -> bool {
+    unsafe fn is_from_outside(block: *const LockBlock) -> bool {
         // SAFETY: a live block (the caller's contract).
         unsafe { (*block).len & FROM_OUTSIDE != 0 }
     }
@@ -293,9 +293,9 @@ impl LockValue {
 
     /// Whether the value came from outside and its key's expiry was not
     /// yet looked at (see [`FROM_OUTSIDE`]).
-    pub fn from_outside(&self) -> bool {
+    pub fn is_from_outside(&self) -> bool {
         // SAFETY: the block is live (see the type's doc).
-        unsafe { LockBlock::from_outside(self.0.as_ptr()) }
+        unsafe { LockBlock::is_from_outside(self.0.as_ptr()) }
     }
 
     /// Marks the value as from outside (true) or its expiry as looked at.

@@ -127,7 +127,7 @@ impl LockKey {
     /// Only a value that came from outside can carry one; this build looks
     /// once (an expiry set later, on a lock renewed here, is a user's).
     pub fn drop_legacy_expiry(&mut self, now: Now) {
-        let Some(value) = self.value.as_mut().filter(|v| v.from_outside()) else {
+        let Some(value) = self.value.as_mut().filter(|v| v.is_from_outside()) else {
             return;
         };
         value.set_from_outside(false);

@@ -165,7 +165,7 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
     }
     // Only a value from outside can carry an earlier build's expiry: looked
     // at once, here or at its first renewal (see `datatype::FROM_OUTSIDE`).
-    if value.from_outside() {
+    if value.is_from_outside() {
         if keyspace::is_legacy_expiry(ffi::abs_expire(key), &lock, found.now) {
             found.legacy.push(name());
         } else {
