@@ -139,6 +139,11 @@
 //! # Ok(()) }
 //! ```
 
+// The same unsafe discipline as the module: every unsafe block says why
+// it is sound, and an unsafe fn's body is not one unsafe block.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod blocking;
 mod client;
 mod clock;

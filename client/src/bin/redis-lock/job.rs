@@ -106,9 +106,8 @@ impl Terminal {
             return None;
         }
         // SAFETY: a fresh fd nothing else owns.
-        Some(Terminal {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Some(Terminal { fd })
     }
 
     fn foreground(&self) -> libc::pid_t {
@@ -350,11 +349,17 @@ impl Sentry {
         }
         // SAFETY: both fds are fresh and owned here.
         let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: the child makes only async-signal-safe calls (setpgid,
-        // signal, close, poll, read, clock_gettime, killpg, _exit): this
-        // process has threads.
+        // SAFETY: fork() in a process with threads (tokio's) is sound for a
+        // child that only makes async-signal-safe calls until it exits,
+        // as POSIX requires: the child here never returns into Rust code
+        // that could take a lock another thread held at the fork (no
+        // allocation, no stdio, no tokio), and ends with _exit. Its calls:
+        // setpgid, signal, close, poll, read, clock_gettime, killpg, _exit.
         match unsafe { libc::fork() } {
             -1 => None,
+            // SAFETY: the child (see above): each call takes plain integers
+            // or a pointer to a local, and `keep` is the pipe's read end,
+            // open in the child.
             0 => unsafe {
                 let keep = read.as_raw_fd();
                 // Out of the terminal's reach (Ctrl-C goes to a foreground
@@ -480,7 +485,7 @@ fn read_message(fd: libc::c_int) -> Option<[u8; 9]> {
         };
         if n > 0 {
             have += n as usize;
-        } else if n < 0 && unsafe { *libc::__errno_location() } == libc::EINTR {
+        } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
             continue;
         } else {
             return None;

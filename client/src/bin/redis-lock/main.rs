@@ -1,6 +1,11 @@
 //! `redis-lock`: run any program under a lock, or hold one across the
 //! steps of a script. See `redis-lock --help`.
 
+// The same unsafe discipline as the module: every unsafe block says why
+// it is sound, and an unsafe fn's body is not one unsafe block.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::process::ExitCode;
 use std::time::Duration;
 
