@@ -13,7 +13,7 @@ use redis_module::{redis_module, Context, RedisString, Status};
 use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::protocol::OPTIONS;
 use crate::redis::{
-    blocked, commands, datatype, engine, events, ffi, info, propagation, sweep, timer,
+    blocked, commands, datatype, engine, events, ffi, handoff, info, propagation, sweep, timer,
 };
 
 /// Where each option's value lives (the node's limits), in the order of
@@ -108,7 +108,7 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
         .ok_or("RedisModule_SetModuleOptions is not available")?;
     datatype::register(ctx, events::on_unlink)?;
     commands::register(ctx)?;
-    timer::init(ctx)?;
+    timer::init(ctx, handoff::run)?;
     blocked::init();
     propagation::init(ctx);
     events::subscribe(ctx)?;

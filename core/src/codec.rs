@@ -5,7 +5,7 @@
 //! (`RM_SaveSigned`); the format table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
 //! and checks them; it is the only decoder: the module's `rdb_load` runs it
 //! over the `RedisModuleIO` Redis hands it, and the fuzzer (`fuzz/`) and the
-//! unit tests run it over [`RdbBytes`], which reads the very bytes Redis
+//! unit tests run it over `rdb_bytes::RdbBytes`, which reads the very bytes Redis
 //! writes for a module value: module opcodes, RDB length encodings, and
 //! strings stored plain, as integers or LZF-compressed. So a damaged RDB,
 //! AOF preamble or `RESTORE` payload reaches the same checks under the
@@ -134,15 +134,14 @@ pub fn check_restored_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
     Ok(())
 }
 
-#[cfg(any(test, feature = "fuzzing"))]
-pub use crate::rdb_bytes::{encode_value, encode_value_v2, lzf_decompress, RdbBytes};
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::fence::FenceCounter;
     use crate::limits::MAX_FENCE_LEAD;
-    use crate::rdb_bytes::{OPCODE_STRING, OPCODE_UINT};
+    use crate::rdb_bytes::{
+        encode_value, encode_value_v2, lzf_decompress, RdbBytes, OPCODE_STRING, OPCODE_UINT,
+    };
 
     const NOW_US: i64 = 1_700_000_000_000_000;
 

@@ -7,10 +7,11 @@
 //! from rotting.
 
 use super::args::{self, parse_i64, AcquireArgs, ExtendArgs, IntError, SetArgs};
-use super::codec::{self, RdbBytes, StoredLock};
+use super::codec::{self, StoredLock};
 use super::error::LockError;
 use super::fence::FenceCounter;
 use super::limits::{DEFAULT_MAX_TTL_MS, MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::rdb_bytes::{self, RdbBytes};
 
 /// `parse_args`: the input is one argv, its arguments separated by '\n'
 /// (argv[0] is the command name, argv[1] the key). A known command name
@@ -81,8 +82,8 @@ pub fn decode_value(data: &[u8]) {
             assert!(encver == 1 || encver == 2);
             check_stored(&value, fences.max_acceptable(NOW_US));
             let again = match encver {
-                1 => codec::encode_value(&value.token, value.fence, value.deadline_ms),
-                _ => codec::encode_value_v2(
+                1 => rdb_bytes::encode_value(&value.token, value.fence, value.deadline_ms),
+                _ => rdb_bytes::encode_value_v2(
                     &value.token,
                     value.fence,
                     value.deadline_ms,

@@ -113,7 +113,7 @@ pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     if let Err(err) = engine::with_engine(|n| n.enqueue(ticket, client)) {
         answer(client, Outcome::Failed(err), None);
     }
-    timer::rearm();
+    engine::rearm_timer();
     Ok(Reply::Blocked)
 }
 
@@ -260,7 +260,7 @@ fn leave(client: Client) -> bool {
         if let Some(handle) = take_handle(client) {
             handle.unblock(None);
         }
-        timer::rearm();
+        engine::rearm_timer();
     }
     was_waiting
 }

@@ -10,13 +10,14 @@ use redis_module::raw;
 
 use super::blocked;
 use super::datatype;
-use super::engine::{self, WaiterAcl};
+use super::engine;
 use super::ffi::{
     self, command_callback, context_flags, lock_events, log_warning, may_write_key,
     notify_lock_event, ArgDoc, Argv, CommandFn, Ctx, Reply, Value,
 };
 use super::keyspace::LockKey;
 use super::node::{self, count, STATS};
+use super::outcomes::{self, WaiterAcl};
 use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
@@ -203,7 +204,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.acquire(&key, store, request, cond, &mut acl, now)
     });
-    engine::deliver_wakes(ctx, Some(argv.key()));
+    outcomes::deliver_wakes(ctx, Some(argv.key()));
     Ok(match decided {
         Ok(Acquire::Granted(fence)) => {
             count(&STATS.grants);
@@ -256,7 +257,7 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         notify_lock_event(ctx, lock_events::RELEASE, argv.key());
     }
     // The next waiter got the lock in this same command.
-    engine::deliver_wakes(ctx, Some(argv.key()));
+    outcomes::deliver_wakes(ctx, Some(argv.key()));
     Ok(Reply::Integer(released?.into()))
 }
 
@@ -274,7 +275,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.extend(&key, store, a.token, a.ttl_ms, cond, &mut acl, now)
     });
-    engine::deliver_wakes(ctx, Some(argv.key()));
+    outcomes::deliver_wakes(ctx, Some(argv.key()));
     if extended == Ok(true) {
         count(&STATS.extends);
         notify_lock_event(ctx, lock_events::EXTEND, argv.key());

@@ -4,8 +4,9 @@
 //!   what is to be answered: nothing here keeps a copy of either;
 //! * the `lock.*` options, whose values live in the node's [`Limits`];
 //! * the server's [`Conditions`] at the moment of a call;
-//! * [`deliver_wakes`]: the waiters the node answered, counted, announced
-//!   (keyspace events) and handed to `blocked` for their one reply.
+//! * arming the hand-off timer for the node's next wake-up ([`rearm_timer`]).
+//!
+//! Delivering what the node decided for waiters is `outcomes`'.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{LazyLock, Mutex, TryLockError};
@@ -13,23 +14,13 @@ use std::sync::{LazyLock, Mutex, TryLockError};
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{raw, RedisError};
 
-use super::blocked;
-use super::ffi::{
-    self, context_flags, is_replica, lock_events, notify_lock_event, selected_db, Ctx, RString,
-};
-use super::node::{self, count, SERVER, STATS};
+use super::ffi::{self, context_flags, is_replica, selected_db, Ctx};
+use super::node::{self, SERVER};
 use super::timer;
 use crate::core::error::LockError;
-use crate::core::node::{Admission, Conditions, Limits, Node};
-use crate::core::Outcome;
+use crate::core::node::{Conditions, Limits, Node};
 
-/// A lock's identity across commands: (db, key name).
-pub type Key = (i32, Box<[u8]>);
-
-/// A blocked-client handle's address: only a lookup key (`blocked` owns
-/// the handle); Redis reuses addresses, the node never takes it for a
-/// waiter's identity.
-pub type Client = usize;
+pub use super::node::{Client, Key};
 
 static ENGINE: LazyLock<Mutex<Node<Key, Client>>> = LazyLock::new(Default::default);
 
@@ -62,6 +53,12 @@ impl Drop for Recovery<'_> {
         self.0.recover_from_panic(node::mono_ms());
         timer::arm_soon();
     }
+}
+
+/// Arms the hand-off timer for the node's next wake-up (not from inside
+/// the node).
+pub fn rearm_timer() {
+    timer::arm_for(with_engine(|n| n.next_wakeup()));
 }
 
 /// The number of waiters on the node (not from inside it).
@@ -129,64 +126,6 @@ pub fn background_conditions(ctx: Ctx) -> Conditions {
     cond
 }
 
-/// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
-/// (asked of ACL when its turn comes).
-pub struct WaiterAcl {
-    pub ctx: Ctx,
-    pub name: RString,
-}
-
-impl Admission<Client> for WaiterAcl {
-    fn may_take(&mut self, client: Client) -> bool {
-        blocked::may_take(self.ctx, client, self.name)
-    }
-}
-
-/// Carries out what the node decided for waiters: each gets its one reply
-/// (through `blocked`), with its counters and, for grants, the keyspace
-/// event on `name` (the key the node just settled).
-pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
-    let (wakes, next_wakeup) = with_engine(|n| {
-        let wakes: Vec<_> = std::iter::from_fn(|| n.poll_wake()).collect();
-        (wakes, n.next_wakeup())
-    });
-    for wake in wakes {
-        let grant = match wake.outcome {
-            Outcome::Granted { renewed, .. } => {
-                if renewed {
-                    count(&STATS.extends);
-                } else {
-                    count(&STATS.grants);
-                    count(&STATS.handoffs);
-                    node::record_wait(wake.waited_us);
-                }
-                if let Some(name) = name {
-                    let event = match renewed {
-                        true => lock_events::EXTEND,
-                        false => lock_events::HANDOFF,
-                    };
-                    notify_lock_event(ctx, event, name);
-                }
-                true
-            }
-            Outcome::TimedOut => {
-                count(&STATS.block_timeouts);
-                false
-            }
-            Outcome::Failed(LockError::Redirect(_)) => {
-                count(&STATS.redirects);
-                false
-            }
-            Outcome::Failed(_) => false,
-        };
-        let key = grant.then_some(wake.key);
-        blocked::answer(wake.client, wake.outcome, key);
-    }
-    // Answering queues nothing for the node (an undelivered grant goes
-    // through the timer's inbox, which arms the timer itself).
-    timer::arm_for(next_wakeup);
-}
-
 /// The node (re)started with its data loaded, or was promoted: the fence
 /// mark rises to the clock and the restart delay starts.
 pub fn start_serving() {
@@ -226,7 +165,7 @@ fn update_limits(change: impl FnOnce(&mut Limits)) {
         n.set_limits(limits, now_ms);
     });
     // Every line is looked at again under the new limits.
-    timer::rearm();
+    rearm_timer();
 }
 
 impl ConfigurationValue<i64> for NumericOption {

@@ -12,7 +12,7 @@ use redis_module::raw;
 use super::engine::Key;
 use super::ffi::{self, config_get, context_flags, guard, log_warning, Ctx, EventFn};
 use super::node::SERVER;
-use super::{blocked, engine, propagation, sweep, timer};
+use super::{blocked, engine, handoff, propagation, sweep, timer};
 
 /// Reads the replication role and the memory policy into `node::SERVER`,
 /// warning when the policy starts to allow evicting locks.
@@ -86,7 +86,7 @@ pub extern "C" fn on_flush(
             return;
         }
         if let Some(db) = ffi::flush_event_db(event, data) {
-            timer::flushed(db);
+            handoff::flushed(db);
         }
     })
 }
@@ -99,7 +99,7 @@ pub extern "C" fn on_swapdb(
 ) {
     guard("the swapdb event", (), || {
         if let Some((a, b)) = ffi::swapdb_event_dbs(event, data) {
-            timer::swapped(a, b);
+            handoff::swapped(a, b);
         }
     })
 }

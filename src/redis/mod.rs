@@ -1,23 +1,25 @@
 //! The thin layer that binds the pure engine in `crate::core` to Redis;
-//! `crate::module` wires it. The core never uses it; its own modules still
-//! import each other in a loop (engine, blocked, timer, keyspace,
-//! datatype: see ARCHITECTURE.md).
+//! `crate::module` wires it. Its modules import only downwards (see
+//! ARCHITECTURE.md, Dependencies; `tests/layering.rs` checks it):
 //!
 //! * `commands`  — the command table and one handler per command
 //! * `events`    — server events and the type's unlink callback
-//! * `engine`    — the server's one `core::node::Node` (every lock
-//!   decision), its options, the server's conditions, delivering outcomes
-//! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
-//! * `timer`     — the hand-off timer (the sweep has its own) and its inbox
-//!   of inputs from callbacks that cannot enter the node
+//! * `handoff`   — what a run of the hand-off timer does; flush, SWAPDB
 //! * `sweep`     — the background reclamation of ended locks
-//! * `keyspace`  — a key of the keyspace seen as a `core::lock::LockStore`;
+//! * `outcomes`  — delivering what the node decided for waiters
+//! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
+//! * `keyspace`  — a key of the keyspace seen as a `core::LockStore`;
 //!   every change it makes is replicated as an absolute effect
 //! * `datatype`  — the `redislock` data type: RDB/AOF persistence, digest,
 //!   memory usage (the persistence format is documented there)
+//! * `engine`    — the server's one `core::node::Node` (every lock
+//!   decision), its options, the server's conditions
+//! * `timer`     — the hand-off timer itself (the sweep has its own) and
+//!   its inbox of inputs from callbacks that cannot enter the node
 //! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
-//! * `node`      — the clock, lease ids, cached server state, counters
+//! * `node`      — the clock, lease ids, key and waiter identities, cached
+//!   server state, counters
 //! * `ffi`       — the FFI facade: every raw module API (and libc) call
 //!   outside `datatype`, behind small safe functions; with `datatype` (the
 //!   value's memory layout, the type callbacks) the only `unsafe` code
@@ -28,9 +30,11 @@ pub mod datatype;
 pub mod engine;
 pub mod events;
 pub mod ffi;
+pub mod handoff;
 pub mod info;
 pub mod keyspace;
 pub mod node;
+pub mod outcomes;
 pub mod propagation;
 pub mod sweep;
 pub mod timer;

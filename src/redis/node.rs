@@ -59,6 +59,14 @@ pub fn wall_us() -> i64 {
     clock_us(libc::CLOCK_REALTIME)
 }
 
+/// A lock's identity across commands: (db, key name).
+pub type Key = (i32, Box<[u8]>);
+
+/// A blocked-client handle's address: only a lookup key (`blocked` owns
+/// the handle); Redis reuses addresses, the node never takes it for a
+/// waiter's identity.
+pub type Client = usize;
+
 /// Lease ids: unique for the life of the process (see `core::lock::Lock::lease`).
 static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
 

@@ -23,10 +23,11 @@ use std::sync::Mutex;
 use redis_module::raw;
 
 use super::datatype;
-use super::engine::{self, Key, WaiterAcl};
+use super::engine::{self, Key};
 use super::ffi::{self, guard, Ctx, KeyPtr, RString, ScanCursor};
 use super::keyspace::{self, LockKey};
 use super::node::{self, STATS};
+use super::outcomes::{self, WaiterAcl};
 use crate::core::time::Now;
 
 /// The longest slice of sweeping, µs: a command waits at most this long.
@@ -195,7 +196,7 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
         let mut acl = WaiterAcl { ctx, name: rname };
         engine::with_engine(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
         drop(store);
-        engine::deliver_wakes(ctx, Some(rname));
+        outcomes::deliver_wakes(ctx, Some(rname));
     }
     ffi::free_string(ctx, rname);
 }

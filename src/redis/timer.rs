@@ -1,29 +1,18 @@
-//! The hand-off timer (the sweep has its own), armed for the node's next
-//! wake-up, and the inbox of inputs from callbacks that cannot enter the
-//! engine or write (unlink2, undelivered grants); flush and SWAPDB reach
-//! the node directly ([`flushed`], [`swapped`]). A timer run feeds
-//! the inbox to the node, asks it what is due ([`Node::timer`]) and
-//! executes that: take-backs, then hand-offs key by key, each with the
-//! server's conditions and whether the key is still served here.
-//!
-//! [`Node::timer`]: crate::core::node::Node::timer
+//! The hand-off timer (the sweep has its own): one module timer, armed for
+//! the node's next wake-up and kept on time across wall-clock steps, and
+//! the inbox of inputs from callbacks that cannot enter the engine or write
+//! (unlink2, undelivered grants). What a run does is `handoff::run`, given
+//! at load ([`init`]); this module knows nothing of the node, so the engine
+//! and every caller above it can arm it.
 
-use std::collections::HashSet;
 use std::os::raw::c_void;
 use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use redis_module::raw;
 
-use super::engine::{self, Key, WaiterAcl};
-use super::ffi::{
-    self, cluster_nodes, guard, in_cluster, key_exists, lock_events, notify_lock_event, Ctx,
-    RString,
-};
-use super::keyspace::LockKey;
-use super::node::{self, count, STATS};
-use crate::core::cluster;
-use crate::core::node::Served;
+use super::ffi::{self, guard, Ctx};
+use super::node::{self, Key};
 
 /// Inputs for the next timer run.
 #[derive(Default)]
@@ -49,11 +38,16 @@ fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Called once at load: a detached context to create timers with.
-pub fn init(ctx: Ctx) -> Result<(), &'static str> {
+/// What a timer run does (`handoff::run`), set once at load.
+static RUN: OnceLock<fn(Ctx, Inbox)> = OnceLock::new();
+
+/// Called once at load: a detached context to create timers with, and
+/// what a run does.
+pub fn init(ctx: Ctx, run: fn(Ctx, Inbox)) -> Result<(), &'static str> {
     let detached = ffi::detached_context(ctx)
         .ok_or("RedisModule_GetDetachedThreadSafeContext is not available")?;
     TIMER_CTX.store(detached, Relaxed);
+    let _ = RUN.set(run);
     Ok(())
 }
 
@@ -119,11 +113,6 @@ pub fn heal() {
     arm_at(at);
 }
 
-/// Arms the timer for the node's next wake-up.
-pub fn rearm() {
-    arm_for(engine::with_engine(|n| n.next_wakeup()));
-}
-
 /// Arms the timer for `next_wakeup` (the node's, just read), if any.
 pub fn arm_for(next_wakeup: Option<i64>) {
     if let Some(at) = next_wakeup {
@@ -137,7 +126,7 @@ pub fn arm_soon() {
 }
 
 /// Makes sure the timer runs at `at_ms` (monotonic) or earlier.
-fn arm_at(at_ms: i64) {
+pub fn arm_at(at_ms: i64) {
     let ctx = TIMER_CTX.load(Relaxed);
     if ctx.is_null() {
         return;
@@ -168,124 +157,9 @@ fn disarm(timer: &mut Option<(i64, u64)>) -> Option<(i64, u64)> {
 extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
     guard("the hand-off timer", (), || {
         disarm(&mut locked(&TIMER));
-        let now = node::now();
-        let now_ms = now.mono_ms();
         let inbox = std::mem::take(&mut *locked(&INBOX));
-        let cond = engine::background_conditions(ctx);
-        let changed: HashSet<&Key> = inbox.changed.iter().collect();
-        let (work, acts_alone) = engine::with_engine(|n| {
-            if !changed.is_empty() {
-                n.keys_changed(|k| changed.contains(k), now_ms);
-            }
-            for (key, fence, lease) in inbox.undelivered {
-                n.undelivered(key, fence, lease, now_ms);
-            }
-            (n.timer(cond, now), n.acts_alone(cond))
-        });
-        // Timeouts write nothing: they go out even while writes must wait.
-        engine::deliver_wakes(ctx, None);
-        if !acts_alone {
-            return rearm();
+        if let Some(run) = RUN.get() {
+            run(ctx, inbox);
         }
-        for (key, fence, lease) in &work.take_backs {
-            run_in_db(ctx, key, |name| {
-                let Ok(mut store) = LockKey::open(ctx, name, true) else {
-                    return;
-                };
-                if engine::with_engine(|n| n.take_back(&mut store, *fence, *lease, now_ms)) {
-                    count(&STATS.take_backs);
-                    drop(store);
-                    notify_lock_event(ctx, lock_events::RELEASE, name);
-                }
-            });
-        }
-        let mut cluster = ClusterView::new(ctx);
-        for key in &work.settle {
-            run_in_db(ctx, key, |name| {
-                let served = cluster.served(ctx, name, key);
-                let mut store = LockKey::open(ctx, name, true);
-                let store = store.as_mut().map_err(|e| e.clone());
-                let mut acl = WaiterAcl { ctx, name };
-                engine::with_engine(|n| n.settle(key, store, served, cond, &mut acl, now));
-                engine::deliver_wakes(ctx, Some(name));
-            });
-        }
-        rearm();
     })
-}
-
-/// This node's view of the cluster, read at most once per timer run and
-/// only when a waited-on key is missing (in cluster mode).
-struct ClusterView {
-    enabled: bool,
-    nodes: Option<Option<String>>,
-}
-
-impl ClusterView {
-    fn new(ctx: Ctx) -> Self {
-        ClusterView {
-            enabled: in_cluster(ctx),
-            nodes: None,
-        }
-    }
-
-    /// Whether `name` is still served here. A missing key whose slot is
-    /// migrating away or served elsewhere (resharding's MIGRATE deleted it)
-    /// left this node; a missing key in a slot served here is a free lock.
-    fn served(&mut self, ctx: Ctx, name: RString, key: &Key) -> Served {
-        if !self.enabled || key_exists(ctx, name) {
-            return Served::Here;
-        }
-        let Some(nodes) = self
-            .nodes
-            .get_or_insert_with(|| cluster_nodes(ctx))
-            .as_deref()
-        else {
-            return Served::Here;
-        };
-        match cluster::route(nodes, cluster::key_slot(&key.1)).redirect() {
-            Some(redirect) => Served::Elsewhere(redirect),
-            None => Served::Here,
-        }
-    }
-}
-
-/// Runs `f` with `key`'s name as a Redis string, in `key`'s db.
-fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
-    if !ffi::select_db(ctx, key.0) {
-        return; // the db no longer exists (CONFIG SET databases)
-    }
-    let name = ffi::create_string(ctx, &key.1);
-    f(name);
-    ffi::free_string(ctx, name);
-}
-
-/// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,
-/// FLUSHALL).
-pub fn flushed(db: i32) {
-    if engine::waiters_total() == 0 {
-        return;
-    }
-    let now_ms = node::mono_ms();
-    engine::with_engine(|n| n.keys_changed(|k| db < 0 || k.0 == db, now_ms));
-    rearm();
-}
-
-/// SWAPDB a b: lines move with their databases, and every key in both is
-/// looked at again (its lock may differ now).
-pub fn swapped(a: i32, b: i32) {
-    if engine::waiters_total() == 0 {
-        return;
-    }
-    let now_ms = node::mono_ms();
-    let swap = |(db, name): &Key| {
-        let db = match *db {
-            d if d == a => b,
-            d if d == b => a,
-            d => d,
-        };
-        (db, name.clone())
-    };
-    engine::with_engine(|n| n.rename_keys(swap, |k| k.0 == a || k.0 == b, now_ms));
-    rearm();
 }
