@@ -13,6 +13,7 @@ mod load;
 mod scale;
 mod stats;
 mod svg;
+mod sweep;
 
 use redis_lock_testkit as common;
 use std::fmt::Write as _;
@@ -26,7 +27,7 @@ struct Options {
     smoke: bool,
     seconds: f64,
     out: String,
-    /// Run one section only: cost, memory, scaling or contention.
+    /// Run one section only: cost, memory, scaling, host, contention or sweep.
     only: Option<String>,
 }
 
@@ -146,6 +147,10 @@ fn main() {
     }
     if o.runs("contention") {
         contention_section(&mut doc, &server, &o);
+        save(&doc);
+    }
+    if o.runs("sweep") {
+        sweep::section(&mut doc, o.smoke);
         save(&doc);
     }
     println!("{doc}");

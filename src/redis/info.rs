@@ -25,6 +25,8 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             ("take_backs", &STATS.take_backs),
             ("refused_evictable", &STATS.refused_evictable),
             ("redirects", &STATS.redirects),
+            ("sweep_keys", &STATS.sweep_keys),
+            ("sweep_passes", &STATS.sweep_passes),
         ];
         for (name, counter) in counters {
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));

@@ -89,6 +89,11 @@ pub struct Stats {
     pub refused_evictable: AtomicU64,
     /// Waiters sent elsewhere (ASK/MOVED) because their key left this node.
     pub redirects: AtomicU64,
+    /// Keys the background sweep looked at, and the passes it finished over
+    /// the whole keyspace: its rate, and so how long an ended lock nobody
+    /// touches can stay (`make bench`, the sweep at scale).
+    pub sweep_keys: AtomicU64,
+    pub sweep_passes: AtomicU64,
     /// Lock values in the keyspace; a lease that ended still counts until
     /// its key is reclaimed.
     pub locks: AtomicI64,
@@ -106,6 +111,8 @@ pub static STATS: Stats = Stats {
     wait_total_us: AtomicU64::new(0),
     wait_max_us: AtomicU64::new(0),
     refused_evictable: AtomicU64::new(0),
+    sweep_keys: AtomicU64::new(0),
+    sweep_passes: AtomicU64::new(0),
     redirects: AtomicU64::new(0),
     locks: AtomicI64::new(0),
 };

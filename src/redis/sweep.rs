@@ -117,6 +117,7 @@ fn sweep(ctx: Ctx) -> bool {
             pos.db = 0;
             pos.cursor.restart();
             dbs_passed += 1;
+            STATS.sweep_passes.fetch_add(1, Relaxed);
             if dbs_passed > 1 {
                 return reclaimed; // every db scanned within this slice
             }
@@ -150,6 +151,7 @@ fn sweep(ctx: Ctx) -> bool {
 /// RM_Scan's callback: notes a lock whose lease has ended. `name` and `key`
 /// are valid during the call only.
 fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
+    STATS.sweep_keys.fetch_add(1, Relaxed);
     if key.is_null() {
         return;
     }
