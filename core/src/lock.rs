@@ -65,11 +65,22 @@ pub enum Removal {
     TakenBack,
 }
 
-/// The store of one key's lock. The Redis glue implements it over an open
-/// key (and replicates every change); tests implement it over an `Option`.
-pub trait LockStore {
+/// A key's lock, read: a key opened for reading only implements this
+/// alone, so nothing can be written through it.
+pub trait LockRead {
     /// The lock stored under the key, live or ended.
     fn stored(&self) -> Option<Lock<'_>>;
+
+    /// The lock if it is held right now.
+    fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
+        self.stored().filter(|l| l.is_live(now_ms))
+    }
+}
+
+/// The store of one key's lock. The Redis glue implements it over a key
+/// open for writing (and replicates every change); tests implement it over
+/// an `Option`.
+pub trait LockStore: LockRead {
     /// Installs a new holder, replacing whatever was stored, with a new
     /// lease id. `replaces_ended`: a lock whose lease had ended was there
     /// (its expiration is this grant's to report).
@@ -89,11 +100,6 @@ pub trait LockStore {
     /// its effect is already recorded where it came from, so nothing is
     /// replicated, reported or counted.
     fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>);
-
-    /// The lock if it is held right now.
-    fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
-        self.stored().filter(|l| l.is_live(now_ms))
-    }
 }
 
 /// Milliseconds from µs (on the same clock).
@@ -212,7 +218,7 @@ pub fn extend(
 }
 
 /// The holder's fencing token; with `token`, only if `token` is the holder.
-pub fn fence(store: &impl LockStore, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
+pub fn fence(store: &impl LockRead, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
     store
         .live(now_ms)
         .filter(|l| token.is_none_or(|t| l.token == t))
@@ -256,7 +262,7 @@ pub mod tests {
         pub removed: Vec<Removal>,
     }
 
-    impl LockStore for MemStore {
+    impl LockRead for MemStore {
         fn stored(&self) -> Option<Lock<'_>> {
             self.lock.as_ref().map(|s| Lock {
                 fence: s.fence,
@@ -266,6 +272,9 @@ pub mod tests {
                 lease: s.lease,
             })
         }
+    }
+
+    impl LockStore for MemStore {
         fn put(
             &mut self,
             token: &[u8],

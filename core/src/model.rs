@@ -27,7 +27,7 @@ use proptest::prelude::*;
 
 use super::error::LockError;
 use super::lock::tests::MemStore;
-use super::lock::{LockStore, Removal};
+use super::lock::{LockRead, Removal};
 use super::node::{Acquire, AcquireRequest, Conditions, Limits, Node, Served};
 use super::time::Now;
 use super::waiters::{Outcome, Wake};

@@ -31,7 +31,7 @@ use crate::args;
 use crate::codec;
 use crate::error::LockError;
 use crate::fence::{self, FenceCounter};
-use crate::lock::{self, Acquired, Lock, LockStore};
+use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::time::{self, Now};
 use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
 
@@ -670,7 +670,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// `token`, when given), or None when the lock is free or ended.
     pub fn fence_of(
         &self,
-        store: &impl LockStore,
+        store: &impl LockRead,
         token: Option<&[u8]>,
         now_ms: i64,
     ) -> Option<i64> {
@@ -681,7 +681,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     pub fn holder<'s>(
         &self,
         key: &K,
-        store: &'s impl LockStore,
+        store: &'s impl LockRead,
         now_ms: i64,
     ) -> Option<(Lock<'s>, usize)> {
         let held = store.live(now_ms)?;
@@ -1286,10 +1286,13 @@ mod tests {
         }
     }
 
-    impl LockStore for PanickingStore {
+    impl LockRead for PanickingStore {
         fn stored(&self) -> Option<crate::lock::Lock<'_>> {
             self.inner.stored()
         }
+    }
+
+    impl LockStore for PanickingStore {
         fn put(
             &mut self,
             token: &[u8],

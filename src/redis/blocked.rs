@@ -175,9 +175,7 @@ pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
     let Some(user) = ffi::client_user_name(ctx, id) else {
         return true;
     };
-    let allowed = ffi::user_may_acquire(ctx, user, name);
-    ffi::free_string(ctx, user);
-    allowed
+    ffi::user_may_acquire(ctx, user.get(), name)
 }
 
 /// The Redis side of the waiters: the callbacks of their blocked clients

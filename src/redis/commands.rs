@@ -15,7 +15,7 @@ use super::ffi::{
     self, command_callback, context_flags, lock_events, log_warning, may_write_key,
     notify_lock_event, ArgDoc, Argv, CommandFn, Ctx, Reply, Value,
 };
-use super::keyspace::LockKey;
+use super::keyspace::{LockKey, ReadKey};
 use super::node::{self, count, STATS};
 use super::outcomes::{self, WaiterAcl};
 use crate::core::args;
@@ -180,7 +180,7 @@ pub static COMMANDS: [Command; 6] = [
 
 /// The key a command names, opened for writing, as the node takes it.
 fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
-    LockKey::open(ctx, argv.key(), true)
+    LockKey::open(ctx, argv.key())
 }
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
@@ -285,7 +285,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
-    let store = LockKey::open(ctx, argv.key(), false)?;
+    let store = ReadKey::open(ctx, argv.key())?;
     let now_ms = node::mono_ms();
     Ok(
         match engine::with_engine(|n| n.fence_of(&store, token, now_ms)) {
@@ -299,7 +299,7 @@ fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 /// it is shown only to users who may write the key. Others see nil.
 fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
-    let store = LockKey::open(ctx, argv.key(), false)?;
+    let store = ReadKey::open(ctx, argv.key())?;
     let now = node::mono_ms();
     let holder = engine::with_engine(|n| {
         let key = engine::command_key(n, ctx, argv.key_bytes(), false);
@@ -340,7 +340,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand(protocol::command::SET));
     }
     let a = args::parse_set(argv.bytes())?;
-    let mut store = LockKey::open(ctx, argv.key(), true)?;
+    let mut store = LockKey::open(ctx, argv.key())?;
     // The master's deadline and grant time are on the wall clock: this node
     // keeps them on its monotonic clock from now on.
     let now = node::conversion_now();

@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use redis_module::raw;
 
 use super::engine;
-use super::ffi::{self, api, context_flags, guard, log_warning, KeyPtr};
+use super::ffi::{api, context_flags, guard, log_warning, KeyRef, OpenKey, Write};
 use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
@@ -308,27 +308,33 @@ impl LockValue {
 
 /// The lock stored at an open key: None for an empty key, WRONGTYPE for a
 /// key of another type.
-pub fn value_of(key: KeyPtr) -> Result<Option<LockValue>, LockError> {
-    let key_type = ffi::key_type(key) as isize;
+pub fn value_of(key: KeyRef<'_>) -> Result<Option<LockValue>, LockError> {
+    let key_type = key.key_type() as isize;
     if key_type == raw::REDISMODULE_KEYTYPE_EMPTY {
         return Ok(None);
     }
-    let ours =
-        key_type == raw::REDISMODULE_KEYTYPE_MODULE && ffi::module_type_of(key) == LOCK_TYPE.get();
+    let ours = key_type == raw::REDISMODULE_KEYTYPE_MODULE && key.module_type() == LOCK_TYPE.get();
     if !ours {
         return Err(LockError::WrongType);
     }
     // Our type: the value is a block of this file (`store`, `rdb_load`).
-    Ok(NonNull::new(ffi::module_value(key).cast()).map(LockValue))
+    Ok(NonNull::new(key.module_value().cast()).map(LockValue))
 }
 
-/// Stores `lock` as the value of `key` (open for writing), in a new block;
-/// the value it replaces, if any, is freed by Redis (through `free`).
-pub fn store(key: KeyPtr, lock: Lock<'_>, from_outside: bool) -> LockValue {
+/// Stores `lock` as the value of `key`, in a new block; the value it
+/// replaces, if any, is freed by Redis (through `free`).
+pub fn store(key: &OpenKey<Write>, lock: Lock<'_>, from_outside: bool) -> LockValue {
     let block = LockBlock::new(lock, from_outside);
-    // SAFETY: `key` is an open key the caller holds (see `ffi`); the new
-    // block goes to the keyspace, which frees it through this type's `free`.
-    unsafe { api!(RedisModule_ModuleTypeSetValue)(key, LOCK_TYPE.get(), block.as_ptr().cast()) };
+    // SAFETY: `key` is open for writing (its type) while borrowed here; the
+    // new block goes to the keyspace, which frees it through this type's
+    // `free`.
+    unsafe {
+        api!(RedisModule_ModuleTypeSetValue)(
+            key.writable_ptr(),
+            LOCK_TYPE.get(),
+            block.as_ptr().cast(),
+        )
+    };
     LockValue(block)
 }
 

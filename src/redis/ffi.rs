@@ -160,18 +160,45 @@ pub fn string_copy(s: RString) -> Box<[u8]> {
     unsafe { string_bytes(s) }.into()
 }
 
-/// A new Redis string holding `bytes`, to be freed with [`free_string`].
-pub fn create_string(ctx: Ctx, bytes: &[u8]) -> RString {
-    // SAFETY: ctx is a handle Redis gave the caller; Redis copies the bytes.
-    unsafe { api!(RedisModule_CreateString)(ctx, bytes.as_ptr().cast(), bytes.len()) }
+/// A Redis string the module owns, freed on drop.
+pub struct OwnedString {
+    ctx: Ctx,
+    ptr: NonNull<raw::RedisModuleString>,
 }
 
-/// Frees a string made by [`create_string`] (or another that the module
-/// owns), which must not be used afterwards.
-pub fn free_string(ctx: Ctx, s: RString) {
-    // SAFETY: ctx is a handle Redis gave the caller; `s` is a string the
-    // caller owns and gives up here.
-    unsafe { api!(RedisModule_FreeString)(ctx, s) };
+impl OwnedString {
+    /// A new Redis string holding `bytes`.
+    pub fn new(ctx: Ctx, bytes: &[u8]) -> Self {
+        // SAFETY: ctx is a handle Redis gave the caller; Redis copies the
+        // bytes and always returns a string.
+        let ptr =
+            unsafe { api!(RedisModule_CreateString)(ctx, bytes.as_ptr().cast(), bytes.len()) };
+        OwnedString {
+            ctx,
+            ptr: NonNull::new(ptr).expect("RM_CreateString returns a string"),
+        }
+    }
+
+    /// Takes a string Redis handed the module to free (a user name), if any.
+    fn take(ctx: Ctx, ptr: RString) -> Option<Self> {
+        Some(OwnedString {
+            ctx,
+            ptr: NonNull::new(ptr)?,
+        })
+    }
+
+    /// The string, for a call (valid while this lives).
+    pub fn get(&self) -> RString {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for OwnedString {
+    fn drop(&mut self) {
+        // SAFETY: a string this owns (created or handed over to be freed),
+        // freed here once, with the context it was made with.
+        unsafe { api!(RedisModule_FreeString)(self.ctx, self.ptr.as_ptr()) };
+    }
 }
 
 /// What a command answers. Built inside the guard, sent outside it, so that a
@@ -326,13 +353,10 @@ pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
         return true;
     };
     // SAFETY: ctx is a handle Redis gave the caller.
-    let name = unsafe { user_name(ctx) };
-    if name.is_null() {
+    let Some(name) = OwnedString::take(ctx, unsafe { user_name(ctx) }) else {
         return true;
-    }
-    let allowed = user_may_write_key(name, key);
-    free_string(ctx, name);
-    allowed
+    };
+    user_may_write_key(name.get(), key)
 }
 
 /// Whether the user named `user_name` may write `key`. No when that user
@@ -381,17 +405,12 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
     if user.is_null() {
         return false;
     }
-    let create = |w: &[u8]| create_string(ctx, w);
-    let mut argv = [create(b"LOCK.ACQUIRE"), key, create(b"t"), create(b"1")];
+    let words = [b"LOCK.ACQUIRE".as_slice(), b"t", b"1"].map(|w| OwnedString::new(ctx, w));
+    let mut argv = [words[0].get(), key, words[1].get(), words[2].get()];
     // SAFETY: `user` was just returned (not NULL) and is freed below; argv
-    // holds four valid strings, alive for the call.
+    // holds four valid strings, alive for the call (`words` and `key`).
     let allowed = unsafe { check(user, argv.as_mut_ptr(), argv.len() as c_int) }
         == raw::REDISMODULE_OK as c_int;
-    for (i, s) in argv.into_iter().enumerate() {
-        if i != 1 {
-            free_string(ctx, s);
-        }
-    }
     // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
     unsafe { free_user(user) };
     allowed
@@ -560,67 +579,121 @@ fn call_reply_text(reply: *mut raw::RedisModuleCallReply) -> Option<String> {
 
 // ---- keys ----
 
-/// Opens the key `name` in the selected db (`mode`: REDISMODULE_READ, and
-/// WRITE). NULL for a read-only open of a missing key. Close it with
-/// [`close_key`].
-pub fn open_key(ctx: Ctx, name: RString, mode: c_int) -> KeyPtr {
-    // SAFETY: ctx and name are handles Redis gave the caller.
-    unsafe { api!(RedisModule_OpenKey)(ctx, name, mode) }
+/// How a key is open: [`Read`] or [`Write`].
+pub trait Mode {
+    /// RM_OpenKey's mode.
+    const FLAGS: c_int;
 }
 
-/// Closes a key from [`open_key`], which must not be used afterwards.
-pub fn close_key(key: KeyPtr) {
-    // SAFETY: an open key the caller gives up here.
-    unsafe { api!(RedisModule_CloseKey)(key) };
+/// Opened for reading only.
+pub struct Read;
+/// Opened for reading and writing.
+pub struct Write;
+
+impl Mode for Read {
+    const FLAGS: c_int = raw::REDISMODULE_READ as c_int;
+}
+
+impl Mode for Write {
+    const FLAGS: c_int = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+}
+
+/// A key opened with RM_OpenKey in the selected db, closed on drop. Only
+/// one opened for [`Write`] can be changed: the type says which, so no
+/// safe code can hand Redis a key it may not write, or one that is closed.
+pub struct OpenKey<M: Mode> {
+    ptr: NonNull<raw::RedisModuleKey>,
+    mode: PhantomData<M>,
+}
+
+impl<M: Mode> OpenKey<M> {
+    /// Opens `name`. None when Redis gives no handle: for [`Read`], a key
+    /// that does not exist (a [`Write`] open of a missing key gets one).
+    pub fn open(ctx: Ctx, name: RString) -> Option<Self> {
+        // SAFETY: ctx and name are handles Redis gave the caller.
+        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx, name, M::FLAGS) };
+        Some(OpenKey {
+            ptr: NonNull::new(ptr)?,
+            mode: PhantomData,
+        })
+    }
+
+    /// The open key, to read.
+    pub fn key(&self) -> KeyRef<'_> {
+        KeyRef {
+            ptr: self.ptr,
+            open: PhantomData,
+        }
+    }
+}
+
+impl<M: Mode> Drop for OpenKey<M> {
+    fn drop(&mut self) {
+        // SAFETY: opened by `open` and closed only here, once.
+        unsafe { api!(RedisModule_CloseKey)(self.ptr.as_ptr()) };
+    }
+}
+
+impl OpenKey<Write> {
+    /// The raw handle of a key open for writing, for the data type's
+    /// RM_ModuleTypeSetValue (`datatype::store`).
+    pub fn writable_ptr(&self) -> KeyPtr {
+        self.ptr.as_ptr()
+    }
+
+    /// Deletes the key's value.
+    pub fn delete(&self) {
+        // SAFETY: a key open for writing (the type), alive (self).
+        unsafe { api!(RedisModule_DeleteKey)(self.ptr.as_ptr()) };
+    }
+
+    /// Sets (or with REDISMODULE_NO_EXPIRE, drops) the key's Redis expiry,
+    /// `ms` from now.
+    pub fn set_expire(&self, ms: i64) {
+        // SAFETY: a key open for writing (the type), alive (self).
+        unsafe { api!(RedisModule_SetExpire)(self.ptr.as_ptr(), ms) };
+    }
+}
+
+/// A key open for as long as `'a`: borrowed from an [`OpenKey`], or lent to
+/// a scan callback by Redis. Made only here, so it always is open.
+#[derive(Clone, Copy)]
+pub struct KeyRef<'a> {
+    ptr: NonNull<raw::RedisModuleKey>,
+    open: PhantomData<&'a ()>,
+}
+
+impl KeyRef<'_> {
+    /// The key's type (REDISMODULE_KEYTYPE_*).
+    pub fn key_type(self) -> c_int {
+        // SAFETY: an open key (the type's guarantee).
+        unsafe { api!(RedisModule_KeyType)(self.ptr.as_ptr()) }
+    }
+
+    /// The module type of a key holding a module value.
+    pub fn module_type(self) -> *mut raw::RedisModuleType {
+        // SAFETY: an open key (the type's guarantee).
+        unsafe { api!(RedisModule_ModuleTypeGetType)(self.ptr.as_ptr()) }
+    }
+
+    /// The value of a key holding a module value (only a pointer: what it
+    /// points at is the data type's business).
+    pub fn module_value(self) -> *mut c_void {
+        // SAFETY: an open key (the type's guarantee).
+        unsafe { api!(RedisModule_ModuleTypeGetValue)(self.ptr.as_ptr()) }
+    }
+
+    /// The key's Redis expiry (Unix ms), negative when it has none.
+    pub fn abs_expire(self) -> i64 {
+        // SAFETY: an open key (the type's guarantee).
+        unsafe { api!(RedisModule_GetAbsExpire)(self.ptr.as_ptr()) }
+    }
 }
 
 /// Whether `name` exists in the selected db.
 pub fn key_exists(ctx: Ctx, name: RString) -> bool {
-    let key = open_key(ctx, name, raw::REDISMODULE_READ as c_int);
-    if key.is_null() {
-        return false;
-    }
-    let exists = key_type(key) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int;
-    close_key(key);
-    exists
-}
-
-/// The type of an open key (REDISMODULE_KEYTYPE_*).
-pub fn key_type(key: KeyPtr) -> c_int {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_KeyType)(key) }
-}
-
-/// The module type of an open key holding a module value.
-pub fn module_type_of(key: KeyPtr) -> *mut raw::RedisModuleType {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_ModuleTypeGetType)(key) }
-}
-
-/// The value of an open key holding a module value (only a pointer: what
-/// it points at is the data type's business).
-pub fn module_value(key: KeyPtr) -> *mut c_void {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_ModuleTypeGetValue)(key) }
-}
-
-/// Deletes the value of a key open for writing.
-pub fn delete_key(key: KeyPtr) {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_DeleteKey)(key) };
-}
-
-/// An open key's Redis expiry (Unix ms), negative when it has none.
-pub fn abs_expire(key: KeyPtr) -> i64 {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_GetAbsExpire)(key) }
-}
-
-/// Sets (or with REDISMODULE_NO_EXPIRE, drops) the Redis expiry of a key
-/// open for writing, `ms` from now.
-pub fn set_expire(key: KeyPtr, ms: i64) {
-    // SAFETY: an open key the caller holds.
-    unsafe { api!(RedisModule_SetExpire)(key, ms) };
+    OpenKey::<Read>::open(ctx, name)
+        .is_some_and(|k| k.key().key_type() != raw::REDISMODULE_KEYTYPE_EMPTY as c_int)
 }
 
 /// Signals `name` as modified (WATCH, client-side caching).
@@ -800,10 +873,10 @@ impl ScanCursor {
     }
 
     /// One RM_Scan step in the selected db of `ctx`: `f` sees each key's
-    /// name and its open key (NULL if it cannot be opened), both valid only
+    /// name and its open key (None if it cannot be opened), both valid only
     /// during that call. True when there is more to scan.
-    pub fn scan<F: FnMut(RString, KeyPtr)>(&self, ctx: Ctx, mut f: F) -> bool {
-        unsafe extern "C" fn each<F: FnMut(RString, KeyPtr)>(
+    pub fn scan<F: FnMut(RString, Option<KeyRef<'_>>)>(&self, ctx: Ctx, mut f: F) -> bool {
+        unsafe extern "C" fn each<F: FnMut(RString, Option<KeyRef<'_>>)>(
             _ctx: Ctx,
             name: RString,
             key: KeyPtr,
@@ -812,6 +885,11 @@ impl ScanCursor {
             // SAFETY: `data` is the `&mut F` that `scan` passed RM_Scan,
             // alive and not otherwise used while RM_Scan runs.
             let f = unsafe { &mut *data.cast::<F>() };
+            // Open for this call (RM_Scan opened it and closes it after).
+            let key = NonNull::new(key).map(|ptr| KeyRef {
+                ptr,
+                open: PhantomData,
+            });
             f(name, key);
         }
         // SAFETY: ctx is a handle Redis gave the caller, the cursor is ours,
@@ -896,9 +974,23 @@ impl<B: Blocking> BlockedClient<B> {
     pub fn unblock(self, data: Option<Box<B::Data>>) {
         let data = data.map_or(std::ptr::null_mut(), Box::into_raw);
         // SAFETY: the handle came from RM_BlockClient and, being consumed
-        // here, is unblocked exactly once; `data` is NULL or a Box<B::Data>
-        // that Redis hands back to `blocked_free::<B>`.
+        // here (not dropped: see below), is unblocked exactly once; `data`
+        // is NULL or a Box<B::Data> that Redis hands back to
+        // `blocked_free::<B>`.
         unsafe { api!(RedisModule_UnblockClient)(self.ptr.as_ptr(), data.cast()) };
+        std::mem::forget(self);
+    }
+}
+
+/// A handle dropped without [`unblock`](BlockedClient::unblock) (a panic
+/// on the way, a map cleared) is unblocked with no data, as Redis requires
+/// of every blocked client: the client is answered by its reply callback
+/// with nothing to deliver, and the handle is not leaked.
+impl<B: Blocking> Drop for BlockedClient<B> {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from RM_BlockClient and was not unblocked
+        // (`unblock` forgets it), so this is its one RM_UnblockClient.
+        unsafe { api!(RedisModule_UnblockClient)(self.ptr.as_ptr(), std::ptr::null_mut()) };
     }
 }
 
@@ -988,13 +1080,12 @@ pub fn client_is_blocked(ctx: Ctx) -> bool {
         || info.flags & raw::REDISMODULE_CLIENTINFO_FLAG_BLOCKED as u64 != 0
 }
 
-/// The name of the user of client `id`, to be freed with [`free_string`];
-/// None where the server cannot tell or the client is gone.
-pub fn client_user_name(ctx: Ctx, id: u64) -> Option<RString> {
+/// The name of the user of client `id`; None where the server cannot tell
+/// or the client is gone.
+pub fn client_user_name(ctx: Ctx, id: u64) -> Option<OwnedString> {
     let user_name = optional_api!(RedisModule_GetClientUserNameById)?;
     // SAFETY: ctx is a handle Redis gave the caller.
-    let user = unsafe { user_name(ctx, id) };
-    (!user.is_null()).then_some(user)
+    OwnedString::take(ctx, unsafe { user_name(ctx, id) })
 }
 
 // ---- commands ----

@@ -42,7 +42,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
     }
     for (key, fence, lease) in &work.take_backs {
         run_in_db(ctx, key, |name| {
-            let Ok(mut store) = LockKey::open(ctx, name, true) else {
+            let Ok(mut store) = LockKey::open(ctx, name) else {
                 return;
             };
             if engine::with_engine(|n| n.take_back(&mut store, *fence, *lease, now_ms)) {
@@ -56,7 +56,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
     for key in &work.settle {
         run_in_db(ctx, key, |name| {
             let served = cluster.served(ctx, name, key);
-            let mut store = LockKey::open(ctx, name, true);
+            let mut store = LockKey::open(ctx, name);
             let store = store.as_mut().map_err(|e| e.clone());
             let mut acl = WaiterAcl { ctx, name };
             engine::with_engine(|n| n.settle(key, store, served, cond, &mut acl, now));
@@ -107,9 +107,8 @@ fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
     if !ffi::select_db(ctx, key.0) {
         return; // the db no longer exists (CONFIG SET databases)
     }
-    let name = ffi::create_string(ctx, &key.1);
-    f(name);
-    ffi::free_string(ctx, name);
+    let name = ffi::OwnedString::new(ctx, &key.1);
+    f(name.get());
 }
 
 /// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,

@@ -12,17 +12,15 @@
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
-use std::ptr::NonNull;
-
 use redis_module::raw;
 
 use super::datatype::{self, LockValue};
-use super::ffi::{self, lock_events, notify_lock_event, Ctx, RString};
+use super::ffi::{self, lock_events, notify_lock_event, Ctx, OpenKey, RString, Read, Write};
 use super::node::{self, new_lease};
 use super::propagation;
 use crate::core::error::LockError;
 use crate::core::time::{self, Now};
-use crate::core::{Lock, LockStore, Removal};
+use crate::core::{Lock, LockRead, LockStore, Removal};
 
 /// How close a Redis expiry must be to the lease's end to be an earlier
 /// build's (see `drop_legacy_expiry`).
@@ -36,49 +34,57 @@ pub fn is_legacy_expiry(expiry_ms: i64, lock: &Lock<'_>, now: Now) -> bool {
         && (expiry_ms - time::wall_deadline(lock.deadline_ms, now)).abs() <= LEGACY_SLACK_MS
 }
 
+/// A key open for writing, seen as a [`LockStore`].
 pub struct LockKey {
     ctx: Ctx,
     name: RString,
-    key: NonNull<raw::RedisModuleKey>,
+    key: OpenKey<Write>,
     /// The key's lock, while the key is open and holds it.
     value: Option<LockValue>,
 }
 
-impl LockKey {
-    /// Opens `name` for writing, or for reading only. A key of another type
-    /// is a WRONGTYPE error and is left untouched.
-    pub fn open(ctx: Ctx, name: RString, write: bool) -> Result<Self, LockError> {
-        let mode = if write {
-            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
-        } else {
-            raw::REDISMODULE_READ
-        };
-        Self::open_mode(ctx, name, mode)
-    }
+/// A key open for reading only (`LOCK.FENCE`, `LOCK.INFO`), seen as a
+/// [`LockRead`]: it cannot be written through.
+pub struct ReadKey {
+    /// None: the key does not exist.
+    key: Option<OpenKey<Read>>,
+    value: Option<LockValue>,
+}
 
-    fn open_mode(ctx: Ctx, name: RString, mode: u32) -> Result<Self, LockError> {
-        let key = ffi::open_key(ctx, name, mode as i32);
-        // A read-only open of a missing key returns NULL.
-        let Some(key) = NonNull::new(key) else {
-            return Ok(LockKey {
-                ctx,
-                name,
-                key: NonNull::dangling(),
-                value: None,
-            });
+impl ReadKey {
+    /// Opens `name` for reading. A key of another type is a WRONGTYPE error.
+    pub fn open(ctx: Ctx, name: RString) -> Result<Self, LockError> {
+        let key = OpenKey::<Read>::open(ctx, name);
+        let value = match &key {
+            Some(k) => datatype::value_of(k.key())?,
+            None => None,
         };
-        let mut slot = LockKey {
+        Ok(ReadKey { key, value })
+    }
+}
+
+impl LockRead for ReadKey {
+    fn stored(&self) -> Option<Lock<'_>> {
+        // The block lives while the key is open (`key`) and unchanged: no
+        // write can happen through a read-only open.
+        debug_assert!(self.value.is_none() || self.key.is_some());
+        self.value.as_ref().map(LockValue::view)
+    }
+}
+
+impl LockKey {
+    /// Opens `name` for writing. A key of another type is a WRONGTYPE error
+    /// and is left untouched.
+    pub fn open(ctx: Ctx, name: RString) -> Result<Self, LockError> {
+        // A write open gets a handle for a missing key too.
+        let key = OpenKey::<Write>::open(ctx, name).ok_or(LockError::Internal)?;
+        let value = datatype::value_of(key.key())?;
+        Ok(LockKey {
             ctx,
             name,
             key,
-            value: None,
-        };
-        slot.value = datatype::value_of(key.as_ptr())?;
-        Ok(slot)
-    }
-
-    fn is_open(&self) -> bool {
-        self.key != NonNull::dangling()
+            value,
+        })
     }
 
     /// Stores a lock under the key, without replicating or reporting (a
@@ -113,7 +119,7 @@ impl LockKey {
                 };
                 // Redis frees the block this replaces (if any): its handle
                 // goes with it.
-                self.value = Some(datatype::store(self.key.as_ptr(), lock, from_outside));
+                self.value = Some(datatype::store(&self.key, lock, from_outside));
             }
         }
         self.signal_modified();
@@ -134,10 +140,10 @@ impl LockKey {
         let Some(lock) = self.stored() else {
             return;
         };
-        if !is_legacy_expiry(ffi::abs_expire(self.key.as_ptr()), &lock, now) {
+        if !is_legacy_expiry(self.key.key().abs_expire(), &lock, now) {
             return;
         }
-        ffi::set_expire(self.key.as_ptr(), raw::REDISMODULE_NO_EXPIRE as i64);
+        self.key.set_expire(raw::REDISMODULE_NO_EXPIRE as i64);
         if propagation::effects_needed() {
             ffi::replicate_key_command(self.ctx, c"PERSIST", self.name);
         } else {
@@ -177,13 +183,15 @@ impl LockKey {
     }
 }
 
-impl LockStore for LockKey {
+impl LockRead for LockKey {
     fn stored(&self) -> Option<Lock<'_>> {
         // The block lives as long as the key holds it: at least while this
         // store has the key open and has not replaced or deleted it.
         self.value.as_ref().map(LockValue::view)
     }
+}
 
+impl LockStore for LockKey {
     fn put(
         &mut self,
         token: &[u8],
@@ -229,7 +237,7 @@ impl LockStore for LockKey {
             Removal::Released | Removal::TakenBack => node::lease_released(&lock, node::mono_ms()),
             Removal::Ended => node::lease_ended(&lock),
         }
-        ffi::delete_key(self.key.as_ptr());
+        self.key.delete();
         self.value = None;
         self.signal_modified();
         if why == Removal::Ended {
@@ -239,14 +247,6 @@ impl LockStore for LockKey {
             ffi::replicate_key_command(self.ctx, c"DEL", self.name);
         } else {
             self.count_write();
-        }
-    }
-}
-
-impl Drop for LockKey {
-    fn drop(&mut self) {
-        if self.is_open() {
-            ffi::close_key(self.key.as_ptr());
         }
     }
 }

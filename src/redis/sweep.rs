@@ -24,7 +24,7 @@ use redis_module::raw;
 
 use super::datatype;
 use super::engine::{self, Key};
-use super::ffi::{self, guard, Ctx, KeyPtr, RString, ScanCursor};
+use super::ffi::{self, guard, Ctx, KeyRef, RString, ScanCursor};
 use super::keyspace::{self, LockKey};
 use super::node::{self, STATS};
 use super::outcomes::{self, WaiterAcl};
@@ -150,11 +150,11 @@ fn sweep(ctx: Ctx) -> bool {
 
 /// RM_Scan's callback: notes a lock whose lease has ended. `name` and `key`
 /// are valid during the call only.
-fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
+fn on_key(found: &mut Found, name: RString, key: Option<KeyRef<'_>>) {
     STATS.sweep_keys.fetch_add(1, Relaxed);
-    if key.is_null() {
+    let Some(key) = key else {
         return;
-    }
+    };
     // Only a lock key of ours (an empty key or another type is skipped).
     let Ok(Some(mut value)) = datatype::value_of(key) else {
         return;
@@ -169,7 +169,7 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
     // Only a value from outside can carry an earlier build's expiry: looked
     // at once, here or at its first renewal (see `datatype::FROM_OUTSIDE`).
     if value.is_from_outside() {
-        if keyspace::is_legacy_expiry(ffi::abs_expire(key), &lock, found.now) {
+        if keyspace::is_legacy_expiry(key.abs_expire(), &lock, found.now) {
             found.legacy.push(name());
         } else {
             value.set_from_outside(false);
@@ -180,19 +180,20 @@ fn on_key(found: &mut Found, name: RString, key: KeyPtr) {
 /// Opens `name` (in the selected db) for writing and drops a legacy expiry.
 fn drop_legacy_expiry(ctx: Ctx, name: &[u8], now: Now) {
     // ctx: the timer's context; the string is freed below.
-    let rname = ffi::create_string(ctx, name);
-    if let Ok(mut store) = LockKey::open(ctx, rname, true) {
+    let owned = ffi::OwnedString::new(ctx, name);
+    let rname = owned.get();
+    if let Ok(mut store) = LockKey::open(ctx, rname) {
         store.drop_legacy_expiry(now);
     }
-    ffi::free_string(ctx, rname);
 }
 
 /// Opens `name` in `db` for writing and lets the node reclaim it.
 fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
     let key: Key = (db, name.into());
     // ctx: the timer's context; the string is freed below.
-    let rname = ffi::create_string(ctx, name);
-    if let Ok(mut store) = LockKey::open(ctx, rname, true) {
+    let owned = ffi::OwnedString::new(ctx, name);
+    let rname = owned.get();
+    if let Ok(mut store) = LockKey::open(ctx, rname) {
         let now = node::conversion_now();
         let cond = engine::background_conditions(ctx);
         let mut acl = WaiterAcl { ctx, name: rname };
@@ -200,5 +201,4 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
         drop(store);
         outcomes::deliver_wakes(ctx, Some(rname));
     }
-    ffi::free_string(ctx, rname);
 }
