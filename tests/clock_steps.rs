@@ -25,14 +25,18 @@ struct SteppedServer {
 
 impl SteppedServer {
     fn start(binary: &str) -> SteppedServer {
+        Self::start_with(binary, |b| b)
+    }
+
+    /// The same, with more of the server's configuration.
+    fn start_with(binary: &str, configure: impl FnOnce(Builder) -> Builder) -> SteppedServer {
         let clock_file = std::env::temp_dir().join(format!(
             "redis-lock-step-{}-{}",
             std::process::id(),
             free_port()
         ));
         set_clock_offset(&clock_file, "+0");
-        let server = Server::builder()
-            .binary(binary)
+        let server = configure(Server::builder().binary(binary))
             .faked_wall_clock(&clock_file)
             .start();
         SteppedServer { server, clock_file }
@@ -170,18 +174,7 @@ fn a_backward_step_delays_no_timer() {
         return;
     };
     for binary in servers {
-        let clock_file = std::env::temp_dir().join(format!(
-            "redis-lock-step-{}-{}",
-            std::process::id(),
-            free_port()
-        ));
-        set_clock_offset(&clock_file, "+0");
-        let server = Server::builder()
-            .binary(&binary)
-            .config("hz", "1")
-            .faked_wall_clock(&clock_file)
-            .start();
-        let s = SteppedServer { server, clock_file };
+        let s = SteppedServer::start_with(&binary, |b| b.config("hz", "1"));
         let mut c = s.server.conn();
         // Valkey loads modules with RTLD_DEEPBIND: there the module reads
         // the real clock and cannot see this step (a real step it sees).

@@ -287,14 +287,7 @@ pub mod tests {
                 !replaces_ended || self.lock.is_some(),
                 "told what it replaces"
             );
-            self.next_lease += 1;
-            self.lock = Some(Stored {
-                fence,
-                deadline_ms,
-                token: token.to_vec(),
-                lease: self.next_lease,
-                granted_ms,
-            });
+            self.apply(token, fence, deadline_ms, granted_ms);
         }
         fn renew(&mut self, deadline_ms: i64) {
             self.next_lease += 1;
