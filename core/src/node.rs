@@ -269,11 +269,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     // ---- outputs ----
 
-    /// Whether [`poll_wake`](Self::poll_wake) has anything.
-    pub fn has_wakes(&self) -> bool {
-        !self.wakes.is_empty()
-    }
-
     /// The next waiter to answer, with its one outcome.
     pub fn poll_wake(&mut self) -> Option<Wake<K, C>> {
         self.wakes.pop_front()
@@ -772,14 +767,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     // ---- the fence mark ----
 
-    /// Whether a token from outside (master, AOF, RDB, RESTORE) is
-    /// acceptable now.
-    pub fn check_fence(&self, fence: i64, wall_us: i64) -> Result<(), LockError> {
-        self.fences.check(fence, wall_us)
-    }
-
-    /// A token from outside was applied: raise the mark (or refuse it,
-    /// changing nothing).
+    /// A mark from outside (an RDB's aux field): raise the mark to it (or
+    /// refuse it, changing nothing).
     pub fn observe_fence(&mut self, fence: i64, wall_us: i64) -> Result<(), LockError> {
         self.fences.observe(fence, wall_us)
     }
