@@ -15,7 +15,11 @@
 //! maxmemory and an evicting policy (new holders refused, hand-offs
 //! included, renewals not), take-back of an undelivered grant,
 //! ACL denial at hand-off, WRONGTYPE, SWAPDB, replica demotion and
-//! promotion, and a key that leaves the node (cluster redirect).
+//! promotion, CLIENT PAUSE WRITE (timeouts answered, nothing handed on or
+//! taken back until the node's first timer run after it, within
+//! `RETRY_MS`), and a key that leaves the node (cluster redirect). The
+//! harness runs the production timer sequence (`Node::run_timer`) and the
+//! keys it took back are checked against the reference's.
 //!
 //! Client handles come from a small pool and are reused as soon as their
 //! waiter is answered or leaves, as Redis reuses blocked-client addresses.
@@ -28,7 +32,9 @@ use proptest::prelude::*;
 use super::error::LockError;
 use super::lock::tests::MemStore;
 use super::lock::{LockRead, Removal};
-use super::node::{Acquire, AcquireRequest, Conditions, Limits, Node, Served};
+use super::node::{
+    Acquire, AcquireRequest, Admission, Conditions, Keyspace, Limits, Node, Served, RETRY_MS,
+};
 use super::time::Now;
 use super::waiters::{Outcome, Wake};
 
@@ -108,6 +114,11 @@ enum Op {
     Demote,
     /// REPLICAOF NO ONE (or a restart with its data): the node serves.
     Promote,
+    /// CLIENT PAUSE WRITE (or a FAILOVER) begins or ends: clients' writes
+    /// wait in Redis, and the node changes no lock on its own.
+    PauseWrites {
+        on: bool,
+    },
     /// The background sweep visits a key: an ended lock is reclaimed.
     Sweep {
         key: u8,
@@ -143,6 +154,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(oom, evictable)| Op::Memory { oom, evictable }),
         1 => Just(Op::Demote),
         1 => Just(Op::Promote),
+        1 => any::<bool>().prop_map(|on| Op::PauseWrites { on }),
         2 => (0..KEYS).prop_map(|key| Op::Sweep { key }),
         1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
             .prop_map(|ms| Op::ClockStep { ms }),
@@ -208,6 +220,11 @@ struct Reference {
     max_token_len: usize,
     oom: bool,
     evictable: bool,
+    /// CLIENT PAUSE WRITE is in force.
+    writes_paused: bool,
+    /// A pause ended, and the node has not run its timer since: what it
+    /// held back waits for that run (within `RETRY_MS`).
+    resume_pending: bool,
 }
 
 impl Reference {
@@ -340,17 +357,27 @@ impl Reference {
         }
     }
 
-    /// The timer at `now`: take-backs, timeouts, then every key.
-    fn tick(&mut self, now: i64, told: &mut Vec<(u8, Told)>) {
+    /// The timer at `now`: take-backs, timeouts, then every key; the keys
+    /// taken back. `node_ran`: the node's timer ran now (after a pause,
+    /// what it held back goes at that run).
+    fn tick(&mut self, now: i64, node_ran: bool, told: &mut Vec<(u8, Told)>) -> Vec<u8> {
         if self.replica {
             self.take_backs.clear();
         }
-        for (key, fence, lease) in std::mem::take(&mut self.take_backs) {
-            let same = self
-                .live(key, now)
-                .is_some_and(|h| h.fence == fence && h.lease == lease);
-            if same {
-                self.locks.remove(&key);
+        if node_ran {
+            self.resume_pending = false;
+        }
+        let held_back = self.writes_paused || self.resume_pending;
+        let mut taken_back = Vec::new();
+        if !held_back {
+            for (key, fence, lease) in std::mem::take(&mut self.take_backs) {
+                let same = self
+                    .live(key, now)
+                    .is_some_and(|h| h.fence == fence && h.lease == lease);
+                if same {
+                    self.locks.remove(&key);
+                    taken_back.push(key);
+                }
             }
         }
         for line in self.lines.values_mut() {
@@ -362,9 +389,12 @@ impl Reference {
                 !out
             });
         }
-        for key in 0..KEYS {
-            self.settle(key, now, told);
+        if !held_back {
+            for key in 0..KEYS {
+                self.settle(key, now, told);
+            }
         }
+        taken_back
     }
 
     fn waiting(&self, client: u8) -> bool {
@@ -440,6 +470,7 @@ struct Harness {
     wall_offset: i64,
     oom: bool,
     evictable: bool,
+    writes_paused: bool,
 }
 
 impl Harness {
@@ -467,16 +498,16 @@ impl Harness {
         key: u8,
         f: impl FnOnce(&mut Node<u8, u8>, Result<&mut MemStore, LockError>, &BTreeSet<u8>) -> R,
     ) -> R {
-        let mut store = self.stores.remove(&key).unwrap_or_default();
-        store.next_lease = self.next_lease;
-        let open = match self.wrongtype.contains(&key) {
-            true => Err(LockError::WrongType),
-            false => Ok(&mut store),
+        let node = &mut self.node;
+        let denied = &self.denied;
+        let mut keys = ModelKeys {
+            stores: &mut self.stores,
+            next_lease: &mut self.next_lease,
+            wrongtype: &self.wrongtype,
+            gone: &self.gone,
+            denied,
         };
-        let out = f(&mut self.node, open, &self.denied);
-        self.next_lease = store.next_lease;
-        self.stores.insert(key, store);
-        out
+        keys.with_key(&key, |store, _, _| f(node, store, denied))
     }
 
     fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
@@ -509,34 +540,71 @@ impl Harness {
         }
     }
 
-    /// The module timer: runs only when the node asked for `now` or before.
-    fn timer(&mut self, now: i64) {
+    /// The module timer: runs only when the node asked for `now` or before,
+    /// the production sequence ([`Node::run_timer`]) over the harness's
+    /// keys. The keys it took back (None: it did not run).
+    fn timer(&mut self, now: i64) -> Option<Vec<u8>> {
         if self.node.next_wakeup().is_none_or(|at| at > now) {
-            return;
+            return None;
         }
-        let cond = self.cond(false);
+        let mut cond = self.cond(false);
+        cond.set(Conditions::WRITES_PAUSED, self.writes_paused);
         let at = self.at(now);
-        let work = self.node.timer(cond, at);
-        for (key, fence, lease) in work.take_backs {
-            let _ = self.with_store(key, |node, store, _| {
-                store.map(|s| node.take_back(s, fence, lease, now))
-            });
-        }
-        for key in work.settle {
-            let served = if self.gone.contains(&key) {
-                Served::Elsewhere(redirect_of(key))
-            } else {
-                Served::Here
-            };
-            self.with_store(key, |node, store, denied| {
-                let admit = &mut |c: u8| !denied.contains(&c);
-                node.settle(&key, store, served, cond, admit, at)
-            });
-        }
+        let mut keys = ModelKeys {
+            stores: &mut self.stores,
+            next_lease: &mut self.next_lease,
+            wrongtype: &self.wrongtype,
+            gone: &self.gone,
+            denied: &self.denied,
+        };
+        Some(self.node.run_timer(&mut keys, cond, at))
     }
 
     fn wakes(&mut self) -> Vec<Wake<u8, u8>> {
         std::iter::from_fn(|| self.node.poll_wake()).collect()
+    }
+}
+
+/// The harness's keys as a timer run opens them (as `Harness::with_store`).
+struct ModelKeys<'a> {
+    stores: &'a mut HashMap<u8, MemStore>,
+    next_lease: &'a mut u64,
+    wrongtype: &'a BTreeSet<u8>,
+    gone: &'a BTreeSet<u8>,
+    denied: &'a BTreeSet<u8>,
+}
+
+/// A waiter may take its lock unless ACL SETUSER took it away.
+struct NotDenied<'a>(&'a BTreeSet<u8>);
+
+impl Admission<u8> for NotDenied<'_> {
+    fn may_take(&mut self, client: u8) -> bool {
+        !self.0.contains(&client)
+    }
+}
+
+impl<'a> Keyspace<u8, u8> for ModelKeys<'a> {
+    type Store = MemStore;
+    type Admit = NotDenied<'a>;
+    fn with_key<R>(
+        &mut self,
+        key: &u8,
+        f: impl FnOnce(Result<&mut MemStore, LockError>, Served, &mut NotDenied<'a>) -> R,
+    ) -> R {
+        let served = match self.gone.contains(key) {
+            true => Served::Elsewhere(redirect_of(*key)),
+            false => Served::Here,
+        };
+        let mut store = self.stores.remove(key).unwrap_or_default();
+        store.next_lease = *self.next_lease;
+        let open = match self.wrongtype.contains(key) {
+            true => Err(LockError::WrongType),
+            false => Ok(&mut store),
+        };
+        let out = f(open, served, &mut NotDenied(self.denied));
+        *self.next_lease = store.next_lease;
+        self.stores.insert(*key, store);
+        out
     }
 }
 
@@ -600,12 +668,15 @@ fn run(ops: &[Op]) {
         wall_offset: 0,
         oom: false,
         evictable: false,
+        writes_paused: false,
     };
     let mut asked: Asked = HashMap::new();
     // client -> its last grant by hand-off, while it may still vanish.
     let mut granted: HashMap<u8, (u8, i64, u64)> = HashMap::new();
     // Every fence a lock has held, to check that none is ever reused.
     let mut fences_seen: BTreeSet<i64> = BTreeSet::new();
+    // When the last pause of writes ended.
+    let mut resumed_at = i64::MIN;
 
     for (step, op) in ops.iter().enumerate() {
         let hwm_before = h.node.fence_hwm();
@@ -613,6 +684,20 @@ fn run(ops: &[Op]) {
         let mut replies: (Option<Told>, Option<Told>) = (None, None);
         // A client that sends a command has its reply: it can no longer
         // vanish with an undelivered grant.
+        // Clients' writes wait in Redis while writes are paused.
+        let client_write = matches!(
+            op,
+            Op::Acquire { .. }
+                | Op::Release { .. }
+                | Op::Extend { .. }
+                | Op::Delete { .. }
+                | Op::WrongType { .. }
+                | Op::Swap
+                | Op::Migrate { .. }
+        );
+        if client_write && model.writes_paused {
+            continue;
+        }
         if let Op::Acquire { client, .. } | Op::Release { client, .. } | Op::Extend { client, .. } =
             *op
         {
@@ -873,18 +958,32 @@ fn run(ops: &[Op]) {
                 let at = h.at(now);
                 h.node.start_serving(at);
             }
+            Op::PauseWrites { on } => {
+                if on == model.writes_paused {
+                    continue;
+                }
+                model.writes_paused = on;
+                h.writes_paused = on;
+                if !on {
+                    model.resume_pending = true;
+                    resumed_at = now;
+                }
+            }
             Op::Sweep { key } => {
-                if model.live(key, now).is_none() && !model.replica {
+                let acts_alone = !model.replica && !model.writes_paused;
+                if model.live(key, now).is_none() && acts_alone {
                     model.locks.remove(&key);
                 }
-                let cond = h.cond(false);
+                // The sweep runs with the timer's conditions.
+                let mut cond = h.cond(false);
+                cond.set(Conditions::WRITES_PAUSED, h.writes_paused);
                 let at = h.at(now);
                 let reclaimed = h.with_store(key, |node, store, denied| {
                     let admit = &mut |c: u8| !denied.contains(&c);
                     store.map(|s| {
                         let ended = s.stored().is_some_and(|l| !l.is_live(now));
                         let reclaimed = node.reclaim(&key, s, cond, admit, at);
-                        assert_eq!(reclaimed, ended && !cond.contains(Conditions::REPLICA));
+                        assert_eq!(reclaimed, ended && acts_alone);
                         if reclaimed {
                             assert_eq!(s.removed.last(), Some(&Removal::Ended));
                         }
@@ -902,8 +1001,9 @@ fn run(ops: &[Op]) {
                 for _ in 0..ms {
                     now += 1;
                     let mut model_tick = Vec::new();
-                    model.tick(now, &mut model_tick);
-                    h.timer(now);
+                    let ran = h.timer(now);
+                    let taken = model.tick(now, ran.is_some(), &mut model_tick);
+                    assert_eq!(ran.unwrap_or_default(), taken, "step {step}: taken back");
                     let wakes = h.wakes();
                     compare(step, op, model_tick, &wakes);
                     check_wakes(&h, &mut asked, &mut granted, &wakes, now);
@@ -911,8 +1011,9 @@ fn run(ops: &[Op]) {
             }
         }
         // The timer also runs at the end of the event-loop iteration.
-        model.tick(now, &mut model_told);
-        h.timer(now);
+        let ran = h.timer(now);
+        let taken = model.tick(now, ran.is_some(), &mut model_told);
+        assert_eq!(ran.unwrap_or_default(), taken, "step {step}: taken back");
         let wakes = h.wakes();
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
@@ -945,7 +1046,10 @@ fn run(ops: &[Op]) {
                     fences_seen.insert(fence);
                 }
             }
-            let grantable = !h.replica && h.node.grants_paused_ms(now) == 0;
+            // After a pause the node looks again within RETRY_MS.
+            let resumed = !model.resume_pending || now > resumed_at + RETRY_MS;
+            let grantable =
+                !h.replica && !h.writes_paused && resumed && h.node.grants_paused_ms(now) == 0;
             if h.node.waiting_on(&key) > 0 && grantable {
                 assert!(
                     engine_lock.is_some(),

@@ -7,16 +7,15 @@
 //! * inputs are `handle_*`-style calls: [`acquire`](Node::acquire),
 //!   [`release`](Node::release), [`extend`](Node::extend),
 //!   [`enqueue`](Node::enqueue), [`leave`](Node::leave),
-//!   [`undelivered`](Node::undelivered), [`timer`](Node::timer),
-//!   [`settle`](Node::settle), [`take_back`](Node::take_back),
-//!   [`set_limits`](Node::set_limits), [`start_serving`](Node::start_serving),
+//!   [`undelivered`](Node::undelivered), [`run_timer`](Node::run_timer)
+//!   (which opens keys through a [`Keyspace`]), [`set_limits`](Node::set_limits), [`start_serving`](Node::start_serving),
 //!   [`keys_changed`](Node::keys_changed), [`rename_keys`](Node::rename_keys);
 //!   each carries the time, and what only the server knows
 //!   ([`Conditions`], whether a waiter may still run the command on the key
 //!   ([`Admission`]), whether the key is still served here ([`Served`]));
 //! * outputs are the call's reply, the waiters to answer
 //!   ([`poll_wake`](Node::poll_wake), each exactly once) and when to call
-//!   [`timer`](Node::timer) next ([`next_wakeup`](Node::next_wakeup)).
+//!   [`run_timer`](Node::run_timer) next ([`next_wakeup`](Node::next_wakeup)).
 //!
 //! Nothing here reads a clock, opens a key or talks to a client: keys come
 //! in as a [`LockStore`], time as a [`Now`] (leases on the monotonic clock,
@@ -152,6 +151,24 @@ impl<C, F: FnMut(C) -> bool> Admission<C> for F {
     }
 }
 
+/// The server's keys as a timer run opens them, one at a time: in Redis,
+/// the key's db selected, the key opened for writing, the cluster asked
+/// whether it is still served here, and ACL asked for each waiter; in the
+/// model and the tests, maps in memory. [`Node::run_timer`] is the one
+/// sequence of a timer run, whoever provides the keys.
+pub trait Keyspace<K, C> {
+    type Store: LockStore;
+    type Admit: Admission<C>;
+    /// Runs `f` with `key` opened for writing (Err: WRONGTYPE, or the key
+    /// cannot be opened), whether the key is still served here, and who of
+    /// its waiters may take it.
+    fn with_key<R>(
+        &mut self,
+        key: &K,
+        f: impl FnOnce(Result<&mut Self::Store, LockError>, Served, &mut Self::Admit) -> R,
+    ) -> R;
+}
+
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`, parsed.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
@@ -193,12 +210,11 @@ pub struct WaitTicket<K> {
 }
 
 /// What a timer run must do, in this order: take these grants back, then
-/// settle these keys (open each and call [`Node::take_back`] /
-/// [`Node::settle`]). Waiters that timed out are already in the wake queue.
+/// settle these keys. Waiters that timed out are already in the wake queue.
 #[derive(Debug, PartialEq, Eq)]
-pub struct TimerWork<K> {
-    pub take_backs: Vec<(K, i64, u64)>,
-    pub settle: Vec<K>,
+struct TimerWork<K> {
+    take_backs: Vec<(K, i64, u64)>,
+    settle: Vec<K>,
 }
 
 impl<K> Default for TimerWork<K> {
@@ -221,6 +237,9 @@ pub struct Node<K, C> {
     /// and when the timer must take them back.
     undelivered: Vec<(K, i64, u64)>,
     undelivered_at_ms: Option<i64>,
+    /// While the node does not act alone: when everything held back is
+    /// looked at again ([`Node::retry_at`]).
+    retry_at_ms: Option<i64>,
     wakes: VecDeque<Wake<K, C>>,
 }
 
@@ -233,6 +252,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
             serving_since_ms: 0,
             undelivered: Vec::new(),
             undelivered_at_ms: None,
+            retry_at_ms: None,
             wakes: VecDeque::new(),
         }
     }
@@ -274,7 +294,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.wakes.pop_front()
     }
 
-    /// When [`timer`](Self::timer) must run next (monotonic ms, as every
+    /// When [`run_timer`](Self::run_timer) must run next (monotonic ms, as every
     /// time the node schedules).
     pub fn next_wakeup(&self) -> Option<i64> {
         match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
@@ -445,19 +465,64 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.undelivered_at_ms = Some(at);
     }
 
-    /// The timer. Waiters whose timeout came are answered (that writes
-    /// nothing, so it also runs while writes must wait). On a replica, or
-    /// while writes are held back, nothing is handed on: due keys are looked
-    /// at again in [`RETRY_MS`]; take-backs wait too, except on a replica,
-    /// where they are the master's to make and are dropped.
-    pub fn timer(&mut self, cond: Conditions, now: Now) -> TimerWork<K> {
+    /// A run of the timer, whole: waiters whose timeout came are answered
+    /// (that writes nothing, so it also runs while writes must wait); then,
+    /// when the node [acts alone](Self::acts_alone), undelivered grants are
+    /// taken back and every due key is handed on (opened through `keys`),
+    /// a key taken back among them. On a replica, or while writes are held
+    /// back, nothing is handed on: due keys are looked at again in
+    /// [`RETRY_MS`]; take-backs wait too, except on a replica, where they
+    /// are the master's to make and are dropped.
+    ///
+    /// Returns the keys whose grant was taken back (the glue reports each
+    /// as a release). The glue, the model and the tests all run this one
+    /// sequence.
+    pub fn run_timer<S: Keyspace<K, C>>(
+        &mut self,
+        keys: &mut S,
+        cond: Conditions,
+        now: Now,
+    ) -> Vec<K> {
+        let work = self.timer(cond, now);
+        let mut taken_back = Vec::new();
+        for (key, fence, lease) in work.take_backs {
+            let took = keys.with_key(&key, |store, _, _| {
+                store.is_ok_and(|s| lock::take_back(s, fence, lease, now.mono_ms()))
+            });
+            if took {
+                taken_back.push(key);
+            }
+        }
+        for key in &work.settle {
+            keys.with_key(key, |store, served, admit| {
+                self.settle(key, store, served, cond, admit, now)
+            });
+        }
+        taken_back
+    }
+
+    /// When to look again at what is held back while the node does not
+    /// act alone: one instant for everything, [`RETRY_MS`] after the first
+    /// run that held something back, so the run after a pause ends hands
+    /// on every key it held (not one key per retry phase).
+    fn retry_at(&mut self, now_ms: i64) -> i64 {
+        let at = match self.retry_at_ms {
+            Some(at) if at > now_ms => at,
+            _ => now_ms.saturating_add(RETRY_MS),
+        };
+        self.retry_at_ms = Some(at);
+        at
+    }
+
+    /// What a timer run must do (see [`run_timer`](Self::run_timer)).
+    fn timer(&mut self, cond: Conditions, now: Now) -> TimerWork<K> {
         let now_ms = now.mono_ms();
         let timed_out = self.waiters.poll_timeouts(now_ms, now.mono_us);
         self.wakes.extend(timed_out);
         let due = self.waiters.due_keys(now_ms);
         let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
         if !acts_alone(cond) {
-            let retry_at = now_ms.saturating_add(RETRY_MS);
+            let retry_at = self.retry_at(now_ms);
             for key in &due {
                 self.waiters.schedule(key, retry_at);
             }
@@ -469,6 +534,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             }
             return TimerWork::default();
         }
+        self.retry_at_ms = None;
         let mut work = TimerWork {
             take_backs: Vec::new(),
             settle: due,
@@ -483,24 +549,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         work
     }
 
-    /// Takes back a grant that never reached its client, if the lock still
-    /// holds exactly that lease. True if it did (the key is in the same
-    /// [`TimerWork::settle`], so its line moves on).
-    pub fn take_back(
-        &mut self,
-        store: &mut impl LockStore,
-        fence: i64,
-        lease: u64,
-        now_ms: i64,
-    ) -> bool {
-        lock::take_back(store, fence, lease, now_ms)
-    }
-
     /// Hands `key` on from the timer, as far as it goes now: to the first
     /// in line that may take it, or, when the key left this node, sends its
     /// line where it went (never a second lock for a key given away). A key
     /// that now holds another type fails its whole line with `store`'s error.
-    pub fn settle<S: LockStore>(
+    fn settle<S: LockStore>(
         &mut self,
         key: &K,
         store: Result<&mut S, LockError>,
@@ -513,7 +566,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             return;
         }
         if !acts_alone(cond) {
-            let retry_at = now.mono_ms().saturating_add(RETRY_MS);
+            let retry_at = self.retry_at(now.mono_ms());
             self.waiters.schedule(key, retry_at);
             return;
         }
@@ -826,22 +879,41 @@ mod tests {
         }
     }
 
-    /// Runs the timer at `now_ms` over one key, as the glue does.
+    /// The tests' one key, served here or not.
+    struct OneKey<'a> {
+        store: &'a mut MemStore,
+        served: Served,
+    }
+
+    impl Keyspace<&'static str, u32> for OneKey<'_> {
+        type Store = MemStore;
+        type Admit = AdmitAll;
+        fn with_key<R>(
+            &mut self,
+            _key: &&'static str,
+            f: impl FnOnce(Result<&mut MemStore, LockError>, Served, &mut AdmitAll) -> R,
+        ) -> R {
+            f(Ok(self.store), self.served.clone(), &mut AdmitAll)
+        }
+    }
+
+    /// A timer run over the one key, with the server's `cond`; the keys
+    /// taken back.
+    fn run_timer(
+        node: &mut N,
+        store: &mut MemStore,
+        cond: Conditions,
+        now_ms: i64,
+    ) -> Vec<&'static str> {
+        let mut keys = OneKey {
+            store,
+            served: Served::Here,
+        };
+        node.run_timer(&mut keys, cond, now(now_ms))
+    }
+
     fn tick(node: &mut N, store: &mut MemStore, now_ms: i64) {
-        let work = node.timer(Conditions::empty(), now(now_ms));
-        for (_, fence, lease) in work.take_backs {
-            node.take_back(store, fence, lease, now_ms);
-        }
-        for key in work.settle {
-            node.settle(
-                &key,
-                Ok(store),
-                Served::Here,
-                Conditions::empty(),
-                &mut AdmitAll,
-                now(now_ms),
-            );
-        }
+        run_timer(node, store, Conditions::empty(), now_ms);
     }
 
     #[test]
@@ -1028,15 +1100,82 @@ mod tests {
         };
         node.undelivered("k", fence, lease, T0 + 1);
         // While writes are paused it waits; on the next run it goes.
-        assert_eq!(
-            node.timer(Conditions::WRITES_PAUSED, now(T0 + 1)),
-            TimerWork::default()
-        );
+        let taken = run_timer(&mut node, &mut store, Conditions::WRITES_PAUSED, T0 + 1);
+        assert!(taken.is_empty() && wakes(&mut node).is_empty());
+        assert_eq!(store.lock.as_ref().unwrap().token, b"a", "still granted");
         assert_eq!(node.next_wakeup(), Some(T0 + 1 + RETRY_MS));
-        tick(&mut node, &mut store, T0 + 11);
+        let taken = run_timer(&mut node, &mut store, Conditions::empty(), T0 + 11);
+        assert_eq!(taken, ["k"]);
         let woken = wakes(&mut node);
         assert_eq!((woken.len(), woken[0].client), (1, 2));
         assert_eq!(store.lock.as_ref().unwrap().token, b"b");
+    }
+
+    /// Keys by name, all served here.
+    #[derive(Default)]
+    struct Keys(std::collections::HashMap<&'static str, MemStore>);
+
+    impl Keyspace<&'static str, u32> for Keys {
+        type Store = MemStore;
+        type Admit = AdmitAll;
+        fn with_key<R>(
+            &mut self,
+            key: &&'static str,
+            f: impl FnOnce(Result<&mut MemStore, LockError>, Served, &mut AdmitAll) -> R,
+        ) -> R {
+            f(
+                Ok(self.0.entry(*key).or_default()),
+                Served::Here,
+                &mut AdmitAll,
+            )
+        }
+    }
+
+    /// Keys that came due at different times during a pause are all handed
+    /// on at the first timer run after it: one retry instant, not one per
+    /// key (which would hand each on up to RETRY_MS apart after the pause).
+    #[test]
+    fn what_a_pause_held_back_goes_on_at_one_run() {
+        let mut node = N::default();
+        let mut keys = Keys::default();
+        for (key, ttl) in [("a", 5), ("b", 8)] {
+            let store = keys.0.entry(key).or_default();
+            let held = node.acquire(
+                &key,
+                Ok(store),
+                req(b"h", ttl, None),
+                BLOCKING,
+                &mut AdmitAll,
+                now(T0),
+            );
+            assert!(matches!(held, Ok(Acquire::Granted(_))));
+            let wait = node.acquire(
+                &key,
+                Ok(store),
+                req(b"w", 100, Some(0)),
+                BLOCKING,
+                &mut AdmitAll,
+                now(T0),
+            );
+            let Ok(Acquire::Wait(ticket)) = wait else {
+                panic!("{wait:?}")
+            };
+            node.enqueue(ticket, if key == "a" { 1 } else { 2 })
+                .unwrap();
+        }
+        let paused = Conditions::WRITES_PAUSED;
+        assert_eq!(node.next_wakeup(), Some(T0 + 5));
+        node.run_timer(&mut keys, paused, now(T0 + 5));
+        assert_eq!(node.next_wakeup(), Some(T0 + 8));
+        node.run_timer(&mut keys, paused, now(T0 + 8));
+        assert_eq!(node.next_wakeup(), Some(T0 + 5 + RETRY_MS), "one instant");
+        assert!(wakes(&mut node).is_empty());
+        // The pause ended at T0 + 9.
+        node.run_timer(&mut keys, Conditions::empty(), now(T0 + 5 + RETRY_MS));
+        let mut woken: Vec<u32> = wakes(&mut node).iter().map(|w| w.client).collect();
+        woken.sort();
+        assert_eq!(woken, [1, 2]);
+        assert_eq!(node.next_wakeup(), None);
     }
 
     #[test]
@@ -1054,9 +1193,12 @@ mod tests {
         .unwrap();
         wait(&mut node, &mut store, 1, req(b"a", 100, Some(50)), T0);
         node.undelivered("k", 1, 1, T0);
+        let taken = run_timer(&mut node, &mut store, Conditions::REPLICA, T0 + 100);
+        assert!(taken.is_empty());
         assert_eq!(
-            node.timer(Conditions::REPLICA, now(T0 + 100)),
-            TimerWork::default()
+            store.lock.as_ref().unwrap().token,
+            b"h",
+            "nothing handed on"
         );
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::TimedOut, "timeouts still run");
@@ -1088,15 +1230,11 @@ mod tests {
         wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
         store.lock = None;
         node.keys_changed(|_| true, T0 + 1);
-        let redirect = Served::Elsewhere("ASK 1 127.0.0.1:7001".into());
-        node.settle(
-            &"k",
-            Ok(&mut store),
-            redirect,
-            Conditions::empty(),
-            &mut AdmitAll,
-            now(T0 + 1),
-        );
+        let mut keys = OneKey {
+            store: &mut store,
+            served: Served::Elsewhere("ASK 1 127.0.0.1:7001".into()),
+        };
+        node.run_timer(&mut keys, Conditions::empty(), now(T0 + 1));
         let woken = wakes(&mut node);
         assert_eq!(
             woken[0].outcome,

@@ -9,61 +9,81 @@ use super::ffi::{
     self, cluster_nodes, in_cluster, key_exists, lock_events, notify_lock_event, Ctx, RString,
 };
 use super::keyspace::LockKey;
-use super::node::{self, count, Key, STATS};
+use super::node::{self, count, Client, Key, STATS};
 use super::outcomes::{self, WaiterAcl};
 use super::timer::Inbox;
 use crate::core::cluster;
-use crate::core::node::Served;
+use crate::core::error::LockError;
+use crate::core::node::{Keyspace, Served};
 
 /// A run of the hand-off timer (`timer`, which calls it): feeds the inbox
-/// to the node, asks it what is due ([`Node::timer`]) and executes that:
-/// take-backs, then hand-offs key by key, each with the server's conditions
-/// and whether the key is still served here.
+/// to the node and has it run its timer ([`Node::run_timer`]) over the
+/// keyspace, entering the engine once; then answers the waiters it decided
+/// for, and reports each grant it took back as a release.
 ///
-/// [`Node::timer`]: crate::core::node::Node::timer
+/// [`Node::run_timer`]: crate::core::node::Node::run_timer
 pub fn run(ctx: Ctx, inbox: Inbox) {
     let now = node::now();
     let now_ms = now.mono_ms();
     let cond = engine::background_conditions(ctx);
     let changed: HashSet<&Key> = inbox.changed.iter().collect();
-    let (work, acts_alone) = engine::with_engine(|n| {
+    let mut keys = Keys {
+        ctx,
+        cluster: ClusterView::new(ctx),
+    };
+    let taken_back = engine::with_engine(|n| {
         if !changed.is_empty() {
             n.keys_changed(|k| changed.contains(k), now_ms);
         }
         for (key, fence, lease) in inbox.undelivered {
             n.undelivered(key, fence, lease, now_ms);
         }
-        (n.timer(cond, now), n.acts_alone(cond))
+        n.run_timer(&mut keys, cond, now)
     });
-    // Timeouts write nothing: they go out even while writes must wait.
+    // Reported in the order they happened: take-backs, then hand-offs.
+    for key in &taken_back {
+        count(&STATS.take_backs);
+        node::in_db(ctx, key, |name| {
+            notify_lock_event(ctx, lock_events::RELEASE, name)
+        });
+    }
     outcomes::deliver_wakes(ctx, None);
-    if !acts_alone {
-        return engine::rearm_timer();
+}
+
+/// The keyspace as a timer run opens it: the key's db selected, the key
+/// opened for writing, the cluster asked whether it is still served here,
+/// ACL asked for each waiter.
+struct Keys {
+    ctx: Ctx,
+    cluster: ClusterView,
+}
+
+impl Keyspace<Key, Client> for Keys {
+    type Store = LockKey;
+    type Admit = WaiterAcl;
+
+    fn with_key<R>(
+        &mut self,
+        key: &Key,
+        f: impl FnOnce(Result<&mut LockKey, LockError>, Served, &mut WaiterAcl) -> R,
+    ) -> R {
+        let ctx = self.ctx;
+        let name = ffi::OwnedString::new(ctx, &key.1);
+        let name = name.get();
+        if !ffi::select_db(ctx, key.0) {
+            // The db is gone (it cannot be: `databases` is fixed at start):
+            // its line fails rather than waits on a key nobody can open.
+            return f(
+                Err(LockError::Internal),
+                Served::Here,
+                &mut WaiterAcl { ctx, name },
+            );
+        }
+        let served = self.cluster.served(ctx, name, key);
+        let mut store = LockKey::open(ctx, name);
+        let store = store.as_mut().map_err(|e| e.clone());
+        f(store, served, &mut WaiterAcl { ctx, name })
     }
-    for (key, fence, lease) in &work.take_backs {
-        run_in_db(ctx, key, |name| {
-            let Ok(mut store) = LockKey::open(ctx, name) else {
-                return;
-            };
-            if engine::with_engine(|n| n.take_back(&mut store, *fence, *lease, now_ms)) {
-                count(&STATS.take_backs);
-                drop(store);
-                notify_lock_event(ctx, lock_events::RELEASE, name);
-            }
-        });
-    }
-    let mut cluster = ClusterView::new(ctx);
-    for key in &work.settle {
-        run_in_db(ctx, key, |name| {
-            let served = cluster.served(ctx, name, key);
-            let mut store = LockKey::open(ctx, name);
-            let store = store.as_mut().map_err(|e| e.clone());
-            let mut acl = WaiterAcl { ctx, name };
-            engine::with_engine(|n| n.settle(key, store, served, cond, &mut acl, now));
-            outcomes::deliver_wakes(ctx, Some(name));
-        });
-    }
-    engine::rearm_timer();
 }
 
 /// This node's view of the cluster, read at most once per timer run and
@@ -100,15 +120,6 @@ impl ClusterView {
             None => Served::Here,
         }
     }
-}
-
-/// Runs `f` with `key`'s name as a Redis string, in `key`'s db.
-fn run_in_db(ctx: Ctx, key: &Key, f: impl FnOnce(RString)) {
-    if !ffi::select_db(ctx, key.0) {
-        return; // the db no longer exists (CONFIG SET databases)
-    }
-    let name = ffi::OwnedString::new(ctx, &key.1);
-    f(name.get());
 }
 
 /// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use super::ffi::clock_us;
+use super::ffi::{self, clock_us, Ctx, RString};
 use crate::core::histogram;
 use crate::core::time::Now;
 use crate::core::Lock;
@@ -61,6 +61,17 @@ pub fn wall_us() -> i64 {
 
 /// A lock's identity across commands: (db, key name).
 pub type Key = (i32, Box<[u8]>);
+
+/// Runs `f` with `key`'s name as a Redis string, in `key`'s db, selected
+/// on `ctx` (the timer's own context, never a client's). None: the db does
+/// not exist.
+pub fn in_db<R>(ctx: Ctx, key: &Key, f: impl FnOnce(RString) -> R) -> Option<R> {
+    if !ffi::select_db(ctx, key.0) {
+        return None;
+    }
+    let name = ffi::OwnedString::new(ctx, &key.1);
+    Some(f(name.get()))
+}
 
 /// A blocked-client handle's address: only a lookup key (`blocked` owns
 /// the handle); Redis reuses addresses, the node never takes it for a

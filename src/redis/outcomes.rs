@@ -27,8 +27,10 @@ impl Admission<Client> for WaiterAcl {
 
 /// Carries out what the node decided for waiters: each gets its one reply
 /// (through `blocked`), with its counters and, for grants, the keyspace
-/// event on `name` (the key the node just settled).
-pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
+/// event on the granted key: `command_key`, the key of the command that
+/// settled it (in its client's db), or, from the timer (None), each wake's
+/// own key in its db, selected on the timer's context.
+pub fn deliver_wakes(ctx: Ctx, command_key: Option<RString>) {
     let (wakes, next_wakeup) = with_engine(|n| {
         let wakes: Vec<_> = std::iter::from_fn(|| n.poll_wake()).collect();
         (wakes, n.next_wakeup())
@@ -43,12 +45,15 @@ pub fn deliver_wakes(ctx: Ctx, name: Option<RString>) {
                     count(&STATS.handoffs);
                     node::record_wait(wake.waited_us);
                 }
-                if let Some(name) = name {
-                    let event = match renewed {
-                        true => lock_events::EXTEND,
-                        false => lock_events::HANDOFF,
-                    };
-                    notify_lock_event(ctx, event, name);
+                let event = match renewed {
+                    true => lock_events::EXTEND,
+                    false => lock_events::HANDOFF,
+                };
+                match command_key {
+                    Some(name) => notify_lock_event(ctx, event, name),
+                    None => {
+                        node::in_db(ctx, &wake.key, |name| notify_lock_event(ctx, event, name));
+                    }
                 }
                 true
             }
