@@ -961,3 +961,96 @@ fn random_unblocks_and_kills_around_hand_offs_leave_one_reply_each() {
     }
     alive(&s);
 }
+
+/// Issue 22: a panic inside a decision of a running server (injected at
+/// the n-th write of the lock: the test-only `REDIS_LOCK_PANIC_ON_WRITE`)
+/// is an error reply to that command (or a logged error of the timer) and
+/// a line in the log; the server lives on, nobody barges past the line,
+/// and no waiter is stranded. The writes of key `k`: 1 the holder's grant,
+/// then either 2 its release's delete and 3 the hand-off to the waiter, or,
+/// with no release, 2 the timer's hand-off when the lease ends.
+/// * Release cut at 2: the lock is still the holder's; the waiter gets it
+///   when the lease ends.
+/// * Release cut at 3: the lock came free. An intruder's plain ACQUIRE
+///   right after gets nil (the line is settled before anything else), and
+///   without one the waiter is served at once (not at the 60 s lease's
+///   end, when the node had planned to look next).
+/// * Timer cut at 2: the key's planned look was used up by the run that
+///   failed; the recovery (every line looked at again, the timer at once)
+///   serves the waiter, not its BLOCK timeout.
+#[test]
+fn a_panic_inside_a_decision_strands_no_waiter_and_lets_nobody_barge() {
+    if common::skip_unless(common::Needs::LocalProcess, "sets the server's environment") {
+        return;
+    }
+    struct Case {
+        cut_at: u32,
+        lease_ms: i64,
+        release: bool,
+        intruder: bool,
+    }
+    let cases = [
+        Case {
+            cut_at: 2,
+            lease_ms: 1_500,
+            release: true,
+            intruder: true,
+        },
+        Case {
+            cut_at: 3,
+            lease_ms: 60_000,
+            release: true,
+            intruder: true,
+        },
+        Case {
+            cut_at: 3,
+            lease_ms: 60_000,
+            release: true,
+            intruder: false,
+        },
+        Case {
+            cut_at: 2,
+            lease_ms: 1_500,
+            release: false,
+            intruder: false,
+        },
+    ];
+    for Case {
+        cut_at,
+        lease_ms,
+        release,
+        intruder,
+    } in cases
+    {
+        let case = format!("cut at write {cut_at}, release {release}, intruder {intruder}");
+        let fault = format!("REDIS_LOCK_PANIC_ON_WRITE={cut_at}:k");
+        let s = Server::builder().wrapped_in(&["env", &fault]).start();
+        let mut c = s.conn();
+        let first = acquire(&mut c, "k", "holder", lease_ms).expect("free");
+        let mut waiter = wait_for_lock(&s, "k", "waiter", 60_000, 30_000);
+        if release {
+            let err = run_err(&mut c, &["LOCK.RELEASE", "k", "holder"]);
+            assert!(err.contains("internal error"), "{case}: {err}");
+            assert!(s.log().contains("internal error in a command"), "{case}");
+        }
+        if intruder {
+            // The lock is the holder's, or already the waiter's.
+            assert_eq!(acquire(&mut c, "k", "intruder", 1_000), None, "{case}");
+        }
+        // Served within 25 s: before its BLOCK's 30 s, and well before a
+        // 60 s lease's end.
+        let reply = waiter.read_within(Duration::from_secs(25));
+        let fence = granted(reply.unwrap_or_else(|| panic!("{case}: stranded")));
+        assert!(fence > first, "{case}: fence {fence} after {first}");
+        assert_eq!(holder(&mut c, "k"), Some("waiter".into()), "{case}");
+        assert_eq!(s.info_field("waiters"), 0, "{case}");
+        if !release {
+            assert!(
+                s.log().contains("internal error in the hand-off timer"),
+                "{case}"
+            );
+        }
+        let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+        assert_eq!(pong, "PONG", "{case}");
+    }
+}

@@ -8,6 +8,7 @@
 //! the model test (`model`), with a hand-driven clock.
 //!
 //! * `node`    — the node: every lock decision, inputs in, actions out
+//! * `output`  — what the node decided, as data the glue carries out
 //! * `lock`    — the per-key lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, the order of hand-offs
 //! * `fence`   — the fencing high-water mark
@@ -37,6 +38,7 @@ mod lock;
 #[cfg(test)]
 mod model;
 pub mod node;
+pub mod output;
 pub mod protocol;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod rdb_bytes;

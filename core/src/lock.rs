@@ -77,10 +77,23 @@ pub trait LockRead {
     }
 }
 
-/// The store of one key's lock. The Redis glue implements it over a key
-/// open for writing (and replicates every change); tests implement it over
-/// an `Option`.
+/// The store of one key's lock, plain: read, write, delete a value. The
+/// Redis glue implements it over a key open for writing; the tests over an
+/// `Option`. What a change means (an event, a statistic, a replicated
+/// effect) is the node's to say (`output`), not the store's.
 pub trait LockStore: LockRead {
+    /// Stores `lock` as the key's value, replacing whatever was there.
+    fn put(&mut self, lock: Lock<'_>);
+    /// The stored lock's lease changes: a new deadline and lease id.
+    fn renew(&mut self, deadline_ms: i64, lease: u64);
+    /// Deletes the key's lock.
+    fn delete(&mut self);
+}
+
+/// A key's lock as the state machine changes it: each change says what it
+/// is, so the node can report it (`output::Recorder` implements this over
+/// a [`LockStore`], with the node's outputs and lease ids).
+pub(crate) trait Ledger: LockRead {
     /// Installs a new holder, replacing whatever was stored, with a new
     /// lease id. `replaces_ended`: a lock whose lease had ended was there
     /// (its expiration is this grant's to report).
@@ -96,10 +109,6 @@ pub trait LockStore: LockRead {
     fn renew(&mut self, deadline_ms: i64);
     /// Frees the lock, for the reason given.
     fn remove(&mut self, why: Removal);
-    /// Stores a lock exactly as given, from outside (the master, the AOF):
-    /// its effect is already recorded where it came from, so nothing is
-    /// replicated, reported or counted.
-    fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>);
 }
 
 /// Milliseconds from µs (on the same clock).
@@ -138,7 +147,7 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
 /// phase gives the granting nodes one token. A contended or refused ACQUIRE
 /// changes nothing, the mark included.
 pub fn acquire(
-    store: &mut impl LockStore,
+    store: &mut impl Ledger,
     fences: &mut impl FenceSource,
     token: &[u8],
     ttl_ms: i64,
@@ -184,7 +193,7 @@ fn fresh_fence(
 }
 
 /// True when `token` held the lock and it is now free.
-pub fn release(store: &mut impl LockStore, token: &[u8], now_ms: i64) -> bool {
+pub fn release(store: &mut impl Ledger, token: &[u8], now_ms: i64) -> bool {
     let held = store.live(now_ms).is_some_and(|l| l.token == token);
     if held {
         store.remove(Removal::Released);
@@ -193,7 +202,7 @@ pub fn release(store: &mut impl LockStore, token: &[u8], now_ms: i64) -> bool {
 }
 
 /// Removes the lock if its lease has ended (an expiration). True if it did.
-pub fn reclaim(store: &mut impl LockStore, now_ms: i64) -> bool {
+pub fn reclaim(store: &mut impl Ledger, now_ms: i64) -> bool {
     let ended = store.stored().is_some_and(|l| !l.is_live(now_ms));
     if ended {
         store.remove(Removal::Ended);
@@ -204,7 +213,7 @@ pub fn reclaim(store: &mut impl LockStore, now_ms: i64) -> bool {
 /// True when `token` holds the lock; its lease then ends `ttl_ms` from now.
 /// An expired lock is never revived.
 pub fn extend(
-    store: &mut impl LockStore,
+    store: &mut impl Ledger,
     token: &[u8],
     ttl_ms: i64,
     now_ms: i64,
@@ -228,7 +237,7 @@ pub fn fence(store: &impl LockRead, token: Option<&[u8]>, now_ms: i64) -> Option
 /// Takes back a grant whose reply never reached its client (it went away
 /// between the hand-off and the reply): frees the lock only if it is still
 /// exactly that lease, not renewed or re-granted since. True if it did.
-pub fn take_back(store: &mut impl LockStore, fence: i64, lease: u64, now_ms: i64) -> bool {
+pub fn take_back(store: &mut impl Ledger, fence: i64, lease: u64, now_ms: i64) -> bool {
     let same = store
         .live(now_ms)
         .is_some_and(|l| l.fence == fence && l.lease == lease);
@@ -252,8 +261,8 @@ pub mod tests {
         pub granted_ms: Option<i64>,
     }
 
-    /// The engine's view of a key, over a plain Option; lease ids from a
-    /// counter shared by the test (as the glue's is process-wide).
+    /// A key's store over a plain Option; as a [`Ledger`] (the state
+    /// machine's tests), lease ids from its own counter.
     #[derive(Default)]
     pub struct MemStore {
         pub lock: Option<Stored>,
@@ -275,6 +284,28 @@ pub mod tests {
     }
 
     impl LockStore for MemStore {
+        fn put(&mut self, lock: Lock<'_>) {
+            self.lock = Some(Stored {
+                fence: lock.fence,
+                deadline_ms: lock.deadline_ms,
+                token: lock.token.to_vec(),
+                lease: lock.lease,
+                granted_ms: lock.granted_ms,
+            });
+        }
+        fn renew(&mut self, deadline_ms: i64, lease: u64) {
+            let lock = self.lock.as_mut().expect("renew of a stored lock");
+            lock.deadline_ms = deadline_ms;
+            lock.lease = lease;
+        }
+        fn delete(&mut self) {
+            self.lock = None;
+        }
+    }
+
+    /// The state machine's tests write through the store directly, with
+    /// lease ids from `next_lease`, remembering why locks left.
+    impl Ledger for MemStore {
         fn put(
             &mut self,
             token: &[u8],
@@ -287,27 +318,26 @@ pub mod tests {
                 !replaces_ended || self.lock.is_some(),
                 "told what it replaces"
             );
-            self.apply(token, fence, deadline_ms, granted_ms);
+            self.next_lease += 1;
+            let lease = self.next_lease;
+            LockStore::put(
+                self,
+                Lock {
+                    fence,
+                    deadline_ms,
+                    token,
+                    granted_ms,
+                    lease,
+                },
+            );
         }
         fn renew(&mut self, deadline_ms: i64) {
             self.next_lease += 1;
-            let lock = self.lock.as_mut().expect("renew of a stored lock");
-            lock.deadline_ms = deadline_ms;
-            lock.lease = self.next_lease;
+            LockStore::renew(self, deadline_ms, self.next_lease);
         }
         fn remove(&mut self, why: Removal) {
             self.lock = None;
             self.removed.push(why);
-        }
-        fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
-            self.next_lease += 1;
-            self.lock = Some(Stored {
-                fence,
-                deadline_ms,
-                token: token.to_vec(),
-                lease: self.next_lease,
-                granted_ms,
-            });
         }
     }
 

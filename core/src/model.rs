@@ -30,11 +30,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use proptest::prelude::*;
 
 use super::error::LockError;
-use super::lock::tests::MemStore;
-use super::lock::{LockRead, Removal};
+use super::lock::tests::{MemStore, Stored};
+use super::lock::LockRead;
 use super::node::{
     Acquire, AcquireRequest, Admission, Conditions, Keyspace, Limits, Node, Served, RETRY_MS,
 };
+use super::output::{Event, Output, Stat};
 use super::time::Now;
 use super::waiters::{Outcome, Wake};
 
@@ -222,6 +223,8 @@ struct Reference {
     evictable: bool,
     /// CLIENT PAUSE WRITE is in force.
     writes_paused: bool,
+    /// New holders so far (grants and hand-offs, not renewals).
+    grants: u64,
     /// A pause ended, and the node has not run its timer since: what it
     /// held back waits for that run (within `RETRY_MS`).
     resume_pending: bool,
@@ -288,6 +291,7 @@ impl Reference {
             );
             return fence;
         }
+        self.grants += 1;
         let fence = self.fresh_fence(min_fence, now);
         self.locks.insert(
             key,
@@ -461,7 +465,12 @@ struct Request {
 struct Harness {
     node: Node<u8, u8>,
     stores: HashMap<u8, MemStore>,
-    next_lease: u64,
+    /// Each key as a replica has it: the lock the key held when the node
+    /// last reported it changed (`Output::Changed`), or as Redis itself
+    /// replicated a client's write (DEL, SET, SWAPDB, MIGRATE).
+    replicated: HashMap<u8, Option<Stored>>,
+    /// `Stat::Grant`s counted so far.
+    grants: u64,
     wrongtype: BTreeSet<u8>,
     gone: BTreeSet<u8>,
     denied: BTreeSet<u8>,
@@ -502,7 +511,6 @@ impl Harness {
         let denied = &self.denied;
         let mut keys = ModelKeys {
             stores: &mut self.stores,
-            next_lease: &mut self.next_lease,
             wrongtype: &self.wrongtype,
             gone: &self.gone,
             denied,
@@ -542,33 +550,63 @@ impl Harness {
 
     /// The module timer: runs only when the node asked for `now` or before,
     /// the production sequence ([`Node::run_timer`]) over the harness's
-    /// keys. The keys it took back (None: it did not run).
-    fn timer(&mut self, now: i64) -> Option<Vec<u8>> {
+    /// keys. Whether it ran.
+    fn timer(&mut self, now: i64) -> bool {
         if self.node.next_wakeup().is_none_or(|at| at > now) {
-            return None;
+            return false;
         }
         let mut cond = self.cond(false);
         cond.set(Conditions::WRITES_PAUSED, self.writes_paused);
         let at = self.at(now);
         let mut keys = ModelKeys {
             stores: &mut self.stores,
-            next_lease: &mut self.next_lease,
             wrongtype: &self.wrongtype,
             gone: &self.gone,
             denied: &self.denied,
         };
-        Some(self.node.run_timer(&mut keys, cond, at))
+        self.node.run_timer(&mut keys, cond, at);
+        true
     }
 
-    fn wakes(&mut self) -> Vec<Wake<u8, u8>> {
-        std::iter::from_fn(|| self.node.poll_wake()).collect()
+    /// Carries out the node's outputs as the glue does: the waiters to
+    /// answer; every changed key copied to the replica as it is now (the
+    /// node's effects must keep the replica equal to this node); events
+    /// and counters tallied. The keys reported released.
+    fn drain(&mut self) -> Drained {
+        let mut d = Drained::default();
+        while let Some(output) = self.node.poll_output() {
+            match output {
+                Output::Wake(wake) => d.wakes.push(*wake),
+                Output::Changed(key) => {
+                    let now = self.stores.get(&key).and_then(|s| s.lock.clone());
+                    self.replicated.insert(key, now);
+                }
+                Output::Event(key, Event::Release) => d.released.push(key),
+                Output::Event(key, Event::Expire) => d.expired.push(key),
+                Output::Event(..) => {}
+                Output::Count(Stat::Grant) => self.grants += 1,
+                Output::Count(Stat::TakeBack) => d.take_backs += 1,
+                Output::Count(_) => {}
+            }
+        }
+        d
     }
+}
+
+/// What one drain of the node's outputs carried out.
+#[derive(Default)]
+struct Drained {
+    wakes: Vec<Wake<u8, u8>>,
+    /// Keys reported released (LOCK.RELEASE, or a take-back).
+    released: Vec<u8>,
+    take_backs: usize,
+    /// Keys reported expired (a lease reclaimed, or replaced by a grant).
+    expired: Vec<u8>,
 }
 
 /// The harness's keys as a timer run opens them (as `Harness::with_store`).
 struct ModelKeys<'a> {
     stores: &'a mut HashMap<u8, MemStore>,
-    next_lease: &'a mut u64,
     wrongtype: &'a BTreeSet<u8>,
     gone: &'a BTreeSet<u8>,
     denied: &'a BTreeSet<u8>,
@@ -596,13 +634,11 @@ impl<'a> Keyspace<u8, u8> for ModelKeys<'a> {
             false => Served::Here,
         };
         let mut store = self.stores.remove(key).unwrap_or_default();
-        store.next_lease = *self.next_lease;
         let open = match self.wrongtype.contains(key) {
             true => Err(LockError::WrongType),
             false => Ok(&mut store),
         };
         let out = f(open, served, &mut NotDenied(self.denied));
-        *self.next_lease = store.next_lease;
         self.stores.insert(*key, store);
         out
     }
@@ -660,7 +696,8 @@ fn run(ops: &[Op]) {
     let mut h = Harness {
         node: Node::default(),
         stores: HashMap::new(),
-        next_lease: 0,
+        replicated: HashMap::new(),
+        grants: 0,
         wrongtype: BTreeSet::new(),
         gone: BTreeSet::new(),
         denied: BTreeSet::new(),
@@ -682,6 +719,7 @@ fn run(ops: &[Op]) {
         let hwm_before = h.node.fence_hwm();
         let mut model_told: Vec<(u8, Told)> = Vec::new();
         let mut replies: (Option<Told>, Option<Told>) = (None, None);
+        let mut expected_expiry: Option<u8> = None;
         // A client that sends a command has its reply: it can no longer
         // vanish with an undelivered grant.
         // Clients' writes wait in Redis while writes are paused.
@@ -824,6 +862,7 @@ fn run(ops: &[Op]) {
                 model.wrongtype.remove(&key);
                 h.wrongtype.remove(&key);
                 h.stores.remove(&key);
+                h.replicated.remove(&key);
                 // unlink2 queues a check for the next timer run.
                 h.node.keys_changed(|k| *k == key, now);
             }
@@ -835,6 +874,7 @@ fn run(ops: &[Op]) {
                 model.wrongtype.insert(key);
                 h.wrongtype.insert(key);
                 h.stores.remove(&key);
+                h.replicated.remove(&key);
                 h.node.keys_changed(|k| *k == key, now);
             }
             Op::Swap => {
@@ -858,6 +898,9 @@ fn run(ops: &[Op]) {
                 let (s0, s1) = (h.stores.remove(&0), h.stores.remove(&1));
                 s1.map(|s| h.stores.insert(0, s));
                 s0.map(|s| h.stores.insert(1, s));
+                let (r0, r1) = (h.replicated.remove(&0), h.replicated.remove(&1));
+                r1.map(|r| h.replicated.insert(0, r));
+                r0.map(|r| h.replicated.insert(1, r));
                 for (key, _, _) in asked.values_mut() {
                     *key = swap(key);
                 }
@@ -879,6 +922,7 @@ fn run(ops: &[Op]) {
                 h.wrongtype.remove(&key);
                 h.gone.insert(key);
                 h.stores.remove(&key);
+                h.replicated.remove(&key);
                 h.node.keys_changed(|k| *k == key, now);
             }
             Op::Disconnect { client } => {
@@ -980,16 +1024,15 @@ fn run(ops: &[Op]) {
                 let at = h.at(now);
                 let reclaimed = h.with_store(key, |node, store, denied| {
                     let admit = &mut |c: u8| !denied.contains(&c);
-                    store.map(|s| {
+                    store.is_ok_and(|s| {
                         let ended = s.stored().is_some_and(|l| !l.is_live(now));
                         let reclaimed = node.reclaim(&key, s, cond, admit, at);
                         assert_eq!(reclaimed, ended && acts_alone);
-                        if reclaimed {
-                            assert_eq!(s.removed.last(), Some(&Removal::Ended));
-                        }
+                        reclaimed
                     })
                 });
-                let _ = reclaimed;
+                // Reported as an expiration when the outputs are drained.
+                expected_expiry = reclaimed.then_some(key);
             }
             Op::ClockStep { ms } => {
                 // Leases, timeouts and the restart delay do not move;
@@ -1002,9 +1045,11 @@ fn run(ops: &[Op]) {
                     now += 1;
                     let mut model_tick = Vec::new();
                     let ran = h.timer(now);
-                    let taken = model.tick(now, ran.is_some(), &mut model_tick);
-                    assert_eq!(ran.unwrap_or_default(), taken, "step {step}: taken back");
-                    let wakes = h.wakes();
+                    let taken = model.tick(now, ran, &mut model_tick);
+                    let d = h.drain();
+                    assert_eq!(d.released, taken, "step {step}: taken back");
+                    assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
+                    let wakes = d.wakes;
                     compare(step, op, model_tick, &wakes);
                     check_wakes(&h, &mut asked, &mut granted, &wakes, now);
                 }
@@ -1012,9 +1057,16 @@ fn run(ops: &[Op]) {
         }
         // The timer also runs at the end of the event-loop iteration.
         let ran = h.timer(now);
-        let taken = model.tick(now, ran.is_some(), &mut model_told);
-        assert_eq!(ran.unwrap_or_default(), taken, "step {step}: taken back");
-        let wakes = h.wakes();
+        let taken = model.tick(now, ran, &mut model_told);
+        let d = h.drain();
+        assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
+        if let Some(key) = expected_expiry {
+            assert!(
+                d.expired.contains(&key),
+                "step {step}: the sweep's expiration"
+            );
+        }
+        let wakes = d.wakes;
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
         compare(step, op, model_told, &wakes);
@@ -1058,6 +1110,14 @@ fn run(ops: &[Op]) {
             }
         }
         assert_eq!(h.node.fence_hwm(), model.hwm, "step {step}: fence mark");
+        assert_eq!(h.grants, model.grants, "step {step}: grants counted");
+        // Every change the node made reached the replica: its keys are
+        // this node's, ended locks included.
+        for key in 0..KEYS {
+            let here = h.stores.get(&key).and_then(|s| s.lock.clone());
+            let there = h.replicated.get(&key).cloned().flatten();
+            assert_eq!(here, there, "step {step} {op:?}: replica of key {key}");
+        }
     }
 }
 

@@ -31,6 +31,7 @@ use crate::codec;
 use crate::error::LockError;
 use crate::fence::{self, FenceCounter};
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
+use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
 use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
 
@@ -226,6 +227,16 @@ impl<K> Default for TimerWork<K> {
     }
 }
 
+/// A loaded or restored lock as the node takes it: its times on this
+/// node's monotonic clock, capped as every lease entering the node is, and
+/// its lease id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loaded {
+    pub deadline_ms: i64,
+    pub granted_ms: Option<i64>,
+    pub lease: u64,
+}
+
 pub struct Node<K, C> {
     fences: FenceCounter,
     waiters: Waiters<K, C>,
@@ -240,7 +251,11 @@ pub struct Node<K, C> {
     /// While the node does not act alone: when everything held back is
     /// looked at again ([`Node::retry_at`]).
     retry_at_ms: Option<i64>,
-    wakes: VecDeque<Wake<K, C>>,
+    /// What the glue must carry out, in order ([`Node::poll_output`]).
+    outputs: VecDeque<Output<K, C>>,
+    /// The last lease id handed out: one per grant and renewal, for the
+    /// life of the process (see `Lock::lease`).
+    leases: u64,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
@@ -253,7 +268,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
             undelivered: Vec::new(),
             undelivered_at_ms: None,
             retry_at_ms: None,
-            wakes: VecDeque::new(),
+            outputs: VecDeque::new(),
+            leases: 0,
         }
     }
 }
@@ -289,9 +305,18 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     // ---- outputs ----
 
-    /// The next waiter to answer, with its one outcome.
-    pub fn poll_wake(&mut self) -> Option<Wake<K, C>> {
-        self.wakes.pop_front()
+    /// The next thing to carry out (a waiter to answer, a changed key to
+    /// replicate, an event, a count), in the order decided. Drain it after
+    /// every call.
+    pub fn poll_output(&mut self) -> Option<Output<K, C>> {
+        self.outputs.pop_front()
+    }
+
+    /// Everything queued, at once: swapped with `buffer` (empty), so both
+    /// allocations are kept and nothing is moved.
+    pub fn swap_outputs(&mut self, buffer: &mut VecDeque<Output<K, C>>) {
+        debug_assert!(buffer.is_empty());
+        std::mem::swap(&mut self.outputs, buffer);
     }
 
     /// When [`run_timer`](Self::run_timer) must run next (monotonic ms, as every
@@ -308,6 +333,29 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// `LOCK.ACQUIRE`. Any hand-off due on the key runs first, so nobody
     /// barges in ahead of the line.
     pub fn acquire<S: LockStore>(
+        &mut self,
+        key: &K,
+        store: Result<&mut S, LockError>,
+        req: AcquireRequest<'_>,
+        cond: Conditions,
+        admission: &mut impl Admission<C>,
+        now: Now,
+    ) -> Result<Acquire<K>, LockError> {
+        let decided = self.decide_acquire(key, store, req, cond, admission, now);
+        let (stat, event) = match &decided {
+            Ok(Acquire::Granted(_)) => (Some(Stat::Grant), Some(Event::Acquire)),
+            Ok(Acquire::Renewed(_)) => (Some(Stat::Extend), Some(Event::Extend)),
+            Ok(Acquire::Contended) => (Some(Stat::Contended), None),
+            Err(LockError::EvictionUnsafe) => (Some(Stat::RefusedEvictable), None),
+            Ok(Acquire::Wait(_)) | Err(_) => (None, None),
+        };
+        self.outputs.extend(stat.map(Output::Count));
+        self.outputs
+            .extend(event.map(|e| Output::Event(key.clone(), e)));
+        decided
+    }
+
+    fn decide_acquire<S: LockStore>(
         &mut self,
         key: &K,
         store: Result<&mut S, LockError>,
@@ -360,8 +408,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 _ => Ok(Acquire::Contended),
             };
         }
-        let acquired = lock::acquire(
+        let mut ledger = Recorder {
             store,
+            key,
+            out: &mut self.outputs,
+            leases: &mut self.leases,
+            now_ms,
+        };
+        let acquired = lock::acquire(
+            &mut ledger,
             &mut self.fences,
             req.token,
             req.ttl_ms,
@@ -413,9 +468,16 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     ) -> Result<bool, LockError> {
         let store = self.open_in_command(key, store, cond, now)?;
         self.settle_in_command(key, store, cond, admission, now);
-        let released = lock::release(store, token, now.mono_ms());
+        let now_ms = now.mono_ms();
+        let mut ledger = self.ledger(key, store, now_ms);
+        let released = lock::release(&mut ledger, token, now_ms);
+        if released {
+            self.outputs.push_back(Output::Count(Stat::Release));
+            self.outputs
+                .push_back(Output::Event(key.clone(), Event::Release));
+        }
         // An ended lease still stored is reclaimed when touched.
-        if released || lock::reclaim(store, now.mono_ms()) {
+        if released || lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(released)
@@ -438,10 +500,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         let store = self.open_in_command(key, store, cond, now)?;
         self.settle_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
-        let extended = lock::extend(store, token, ttl_ms, now_ms)?;
+        let extended = lock::extend(&mut self.ledger(key, store, now_ms), token, ttl_ms, now_ms)?;
         if extended {
+            self.outputs.push_back(Output::Count(Stat::Extend));
+            self.outputs
+                .push_back(Output::Event(key.clone(), Event::Extend));
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
-        } else if lock::reclaim(store, now_ms) {
+        } else if lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)
@@ -474,23 +539,20 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// [`RETRY_MS`]; take-backs wait too, except on a replica, where they
     /// are the master's to make and are dropped.
     ///
-    /// Returns the keys whose grant was taken back (the glue reports each
-    /// as a release). The glue, the model and the tests all run this one
-    /// sequence.
-    pub fn run_timer<S: Keyspace<K, C>>(
-        &mut self,
-        keys: &mut S,
-        cond: Conditions,
-        now: Now,
-    ) -> Vec<K> {
+    /// A grant taken back is reported as a release. The glue, the model
+    /// and the tests all run this one sequence.
+    pub fn run_timer<S: Keyspace<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
         let work = self.timer(cond, now);
-        let mut taken_back = Vec::new();
+        let now_ms = now.mono_ms();
         for (key, fence, lease) in work.take_backs {
             let took = keys.with_key(&key, |store, _, _| {
-                store.is_ok_and(|s| lock::take_back(s, fence, lease, now.mono_ms()))
+                store.is_ok_and(|s| {
+                    lock::take_back(&mut self.ledger(&key, s, now_ms), fence, lease, now_ms)
+                })
             });
             if took {
-                taken_back.push(key);
+                self.outputs.push_back(Output::Count(Stat::TakeBack));
+                self.outputs.push_back(Output::Event(key, Event::Release));
             }
         }
         for key in &work.settle {
@@ -498,7 +560,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 self.settle(key, store, served, cond, admit, now)
             });
         }
-        taken_back
     }
 
     /// When to look again at what is held back while the node does not
@@ -517,8 +578,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// What a timer run must do (see [`run_timer`](Self::run_timer)).
     fn timer(&mut self, cond: Conditions, now: Now) -> TimerWork<K> {
         let now_ms = now.mono_ms();
-        let timed_out = self.waiters.poll_timeouts(now_ms, now.mono_us);
-        self.wakes.extend(timed_out);
+        for wake in self.waiters.poll_timeouts(now_ms, now.mono_us) {
+            push_wake(&mut self.outputs, wake);
+        }
         let due = self.waiters.due_keys(now_ms);
         let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
         if !acts_alone(cond) {
@@ -574,14 +636,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             let wakes = self
                 .waiters
                 .fail_all(key, &LockError::Redirect(redirect), now.mono_us);
-            self.wakes.extend(wakes);
+            for wake in wakes {
+                push_wake(&mut self.outputs, wake);
+            }
             return;
         }
         match store {
             Ok(store) => self.settle_in_command(key, store, cond, admission, now),
             Err(err) => {
-                let wakes = self.waiters.fail_all(key, &err, now.mono_us);
-                self.wakes.extend(wakes);
+                for wake in self.waiters.fail_all(key, &err, now.mono_us) {
+                    push_wake(&mut self.outputs, wake);
+                }
             }
         }
     }
@@ -597,8 +662,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     ) -> Result<&'s mut S, LockError> {
         refuse_on_replica(cond)?;
         store.inspect_err(|err| {
-            let wakes = self.waiters.fail_all(key, err, now.mono_us);
-            self.wakes.extend(wakes);
+            for wake in self.waiters.fail_all(key, err, now.mono_us) {
+                push_wake(&mut self.outputs, wake);
+            }
         })
     }
 
@@ -629,10 +695,19 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             }
             Ok(())
         };
-        let wakes = self
-            .waiters
-            .settle_checked(key, store, &mut self.fences, now, paused, admit);
-        self.wakes.extend(wakes);
+        let mut ledger = Recorder {
+            store,
+            key,
+            out: &mut self.outputs,
+            leases: &mut self.leases,
+            now_ms: now.mono_ms(),
+        };
+        let wakes =
+            self.waiters
+                .settle_checked(key, &mut ledger, &mut self.fences, now, paused, admit);
+        for wake in wakes {
+            push_wake(&mut self.outputs, wake);
+        }
     }
 
     /// The background sweep (or any caller) found `key`'s lock: reclaim it
@@ -649,7 +724,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         if !acts_alone(cond) {
             return false; // the master reclaims; or later
         }
-        let reclaimed = lock::reclaim(store, now.mono_ms());
+        let now_ms = now.mono_ms();
+        let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms);
         if reclaimed {
             self.settle_in_command(key, store, cond, admission, now);
         }
@@ -754,7 +830,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     ) -> Result<(), LockError> {
         self.fences.observe(fence, now.wall_us)?;
         let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
-        store.apply(token, fence, deadline_ms, granted_ms);
+        let lease = self.next_lease();
+        store.put(Lock {
+            fence,
+            deadline_ms,
+            token,
+            granted_ms,
+            lease,
+        });
         Ok(())
     }
 
@@ -786,13 +869,40 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         wall_deadline_ms: i64,
         wall_granted_ms: i64,
         now: Now,
-    ) -> Result<(i64, Option<i64>), LockError> {
+    ) -> Result<Loaded, LockError> {
         if restoring {
             self.fences.observe(fence, now.wall_us)?;
         } else {
             self.fences.check(fence, now.wall_us)?;
         }
-        Ok(self.local_times(wall_deadline_ms, wall_granted_ms, now))
+        let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
+        Ok(Loaded {
+            deadline_ms,
+            granted_ms,
+            lease: self.next_lease(),
+        })
+    }
+
+    /// A lease id for a lock that enters the node.
+    fn next_lease(&mut self) -> u64 {
+        self.leases += 1;
+        self.leases
+    }
+
+    /// `store` seen by the state machine: its changes become outputs.
+    fn ledger<'a, S: LockStore>(
+        &'a mut self,
+        key: &'a K,
+        store: &'a mut S,
+        now_ms: i64,
+    ) -> Recorder<'a, S, K, C> {
+        Recorder {
+            store,
+            key,
+            out: &mut self.outputs,
+            leases: &mut self.leases,
+            now_ms,
+        }
     }
 
     /// Written-out times on this node's clock under its `lock.max-ttl-ms`.
@@ -868,8 +978,33 @@ mod tests {
 
     const BLOCKING: Conditions = Conditions::MAY_BLOCK;
 
+    type Out = Output<&'static str, u32>;
+
+    /// Everything the node queued since the last drain.
+    fn outputs(node: &mut N) -> Vec<Out> {
+        std::iter::from_fn(|| node.poll_output()).collect()
+    }
+
+    /// The waiters to answer among `outputs`.
+    fn wakes_in(outputs: &[Out]) -> Vec<Wake<&'static str, u32>> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Wake(w) => Some((**w).clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The waiters to answer, drained with everything else queued.
     fn wakes(node: &mut N) -> Vec<Wake<&'static str, u32>> {
-        std::iter::from_fn(|| node.poll_wake()).collect()
+        wakes_in(&outputs(node))
+    }
+
+    /// Whether `outputs` report a take-back of `key` (a release by the timer).
+    fn took_back(outputs: &[Out], key: &'static str) -> bool {
+        outputs.contains(&Output::Count(Stat::TakeBack))
+            && outputs.contains(&Output::Event(key, Event::Release))
     }
 
     fn wait(node: &mut N, store: &mut MemStore, client: u32, r: AcquireRequest<'_>, now_ms: i64) {
@@ -897,14 +1032,8 @@ mod tests {
         }
     }
 
-    /// A timer run over the one key, with the server's `cond`; the keys
-    /// taken back.
-    fn run_timer(
-        node: &mut N,
-        store: &mut MemStore,
-        cond: Conditions,
-        now_ms: i64,
-    ) -> Vec<&'static str> {
+    /// A timer run over the one key, with the server's `cond`.
+    fn run_timer(node: &mut N, store: &mut MemStore, cond: Conditions, now_ms: i64) {
         let mut keys = OneKey {
             store,
             served: Served::Here,
@@ -1100,13 +1229,14 @@ mod tests {
         };
         node.undelivered("k", fence, lease, T0 + 1);
         // While writes are paused it waits; on the next run it goes.
-        let taken = run_timer(&mut node, &mut store, Conditions::WRITES_PAUSED, T0 + 1);
-        assert!(taken.is_empty() && wakes(&mut node).is_empty());
+        run_timer(&mut node, &mut store, Conditions::WRITES_PAUSED, T0 + 1);
+        assert_eq!(outputs(&mut node), []);
         assert_eq!(store.lock.as_ref().unwrap().token, b"a", "still granted");
         assert_eq!(node.next_wakeup(), Some(T0 + 1 + RETRY_MS));
-        let taken = run_timer(&mut node, &mut store, Conditions::empty(), T0 + 11);
-        assert_eq!(taken, ["k"]);
-        let woken = wakes(&mut node);
+        run_timer(&mut node, &mut store, Conditions::empty(), T0 + 11);
+        let out = outputs(&mut node);
+        assert!(took_back(&out, "k"), "{out:?}");
+        let woken = wakes_in(&out);
         assert_eq!((woken.len(), woken[0].client), (1, 2));
         assert_eq!(store.lock.as_ref().unwrap().token, b"b");
     }
@@ -1193,14 +1323,15 @@ mod tests {
         .unwrap();
         wait(&mut node, &mut store, 1, req(b"a", 100, Some(50)), T0);
         node.undelivered("k", 1, 1, T0);
-        let taken = run_timer(&mut node, &mut store, Conditions::REPLICA, T0 + 100);
-        assert!(taken.is_empty());
+        run_timer(&mut node, &mut store, Conditions::REPLICA, T0 + 100);
         assert_eq!(
             store.lock.as_ref().unwrap().token,
             b"h",
             "nothing handed on"
         );
-        let woken = wakes(&mut node);
+        let out = outputs(&mut node);
+        assert!(!took_back(&out, "k"));
+        let woken = wakes_in(&out);
         assert_eq!(woken[0].outcome, Outcome::TimedOut, "timeouts still run");
         assert_eq!(node.next_wakeup(), None, "take-back dropped");
         let refused = node.acquire(
@@ -1420,29 +1551,17 @@ mod tests {
     }
 
     impl LockStore for PanickingStore {
-        fn put(
-            &mut self,
-            token: &[u8],
-            fence: i64,
-            deadline_ms: i64,
-            granted_ms: Option<i64>,
-            replaces_ended: bool,
-        ) {
+        fn put(&mut self, lock: Lock<'_>) {
             self.write();
-            self.inner
-                .put(token, fence, deadline_ms, granted_ms, replaces_ended)
+            self.inner.put(lock)
         }
-        fn renew(&mut self, deadline_ms: i64) {
+        fn renew(&mut self, deadline_ms: i64, lease: u64) {
             self.write();
-            self.inner.renew(deadline_ms)
+            self.inner.renew(deadline_ms, lease)
         }
-        fn remove(&mut self, why: crate::lock::Removal) {
+        fn delete(&mut self) {
             self.write();
-            self.inner.remove(why)
-        }
-        fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
-            self.write();
-            self.inner.apply(token, fence, deadline_ms, granted_ms)
+            self.inner.delete()
         }
     }
 
@@ -1569,12 +1688,14 @@ mod tests {
             Some((fence, 0))
         );
         // A RESTORE raises the mark; an RDB value leaves it to the aux field.
-        let (deadline, _) = node
+        let loaded = node
             .accept_loaded(fence + 10, false, T0 + 500, 0, at)
             .unwrap();
-        assert_eq!((deadline, node.fence_hwm()), (T0 + 500, fence));
-        node.accept_loaded(fence + 10, true, T0 + 500, 0, at)
+        assert_eq!((loaded.deadline_ms, node.fence_hwm()), (T0 + 500, fence));
+        let restored = node
+            .accept_loaded(fence + 10, true, T0 + 500, 0, at)
             .unwrap();
         assert_eq!(node.fence_hwm(), fence + 10);
+        assert!(restored.lease > loaded.lease, "a new lease id each");
     }
 }

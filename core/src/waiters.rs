@@ -23,7 +23,7 @@ use std::hash::Hash;
 
 use super::error::LockError;
 use super::fence::FenceSource;
-use super::lock::{self, Acquired, LockStore};
+use super::lock::{self, Acquired, Ledger};
 use super::time::Now;
 
 pub type WaiterId = u64;
@@ -277,7 +277,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn settle(
         &mut self,
         key: &K,
-        store: &mut impl LockStore,
+        store: &mut impl Ledger,
         fences: &mut impl FenceSource,
         now: Now,
         grants_paused_ms: i64,
@@ -293,7 +293,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn settle_checked(
         &mut self,
         key: &K,
-        store: &mut impl LockStore,
+        store: &mut impl Ledger,
         fences: &mut impl FenceSource,
         now: Now,
         grants_paused_ms: i64,

@@ -12,12 +12,12 @@ use super::blocked;
 use super::datatype;
 use super::engine;
 use super::ffi::{
-    self, command_callback, context_flags, lock_events, log_warning, may_write_key,
-    notify_lock_event, ArgDoc, Argv, CommandFn, Ctx, Reply, Value,
+    self, command_callback, context_flags, log_warning, may_write_key, ArgDoc, Argv, CommandFn,
+    Ctx, Reply, Value,
 };
 use super::keyspace::{LockKey, ReadKey};
-use super::node::{self, count, STATS};
-use super::outcomes::{self, WaiterAcl};
+use super::node;
+use super::outputs::{self, Decided, Site, WaiterAcl};
 use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
@@ -183,14 +183,23 @@ fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
     LockKey::open(ctx, argv.key())
 }
 
+/// Carries out what a command on `argv`'s key decided, with the key still
+/// open as `store` (a key of another type: nothing to replicate).
+fn carry_out(ctx: Ctx, argv: &Argv, store: &Result<LockKey, LockError>, decided: Decided) {
+    let name = argv.key();
+    match store {
+        Ok(store) => outputs::carry_out(ctx, decided, Site::Command { name, store }),
+        Err(_) => outputs::carry_out(ctx, decided, Site::Background),
+    }
+}
+
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let has_options = argv.bytes().len() > 4;
     let now = node::now();
-    let decided = engine::with_engine(|n| {
-        let key = engine::command_key(n, ctx, argv.key_bytes(), has_options);
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let mut store = open_for_write(ctx, argv);
+    let (decided, out) = outputs::decide(|n| {
         let a = args::parse_acquire(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
-        let mut store = open_for_write(ctx, argv);
         let request = AcquireRequest {
             token: a.token,
             ttl_ms: a.ttl_ms,
@@ -204,28 +213,13 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.acquire(&key, store, request, cond, &mut acl, now)
     });
-    outcomes::deliver_wakes(ctx, Some(argv.key()));
-    Ok(match decided {
-        Ok(Acquire::Granted(fence)) => {
-            count(&STATS.grants);
-            notify_lock_event(ctx, lock_events::ACQUIRE, argv.key());
-            Reply::Integer(fence)
-        }
-        Ok(Acquire::Renewed(fence)) => {
-            count(&STATS.extends);
-            notify_lock_event(ctx, lock_events::EXTEND, argv.key());
-            Reply::Integer(fence)
-        }
-        Ok(Acquire::Contended) => {
-            count(&STATS.contended);
-            Reply::Null
-        }
-        Ok(Acquire::Wait(ticket)) => return blocked::block(ctx, ticket),
-        Err(err) => {
-            if err == LockError::EvictionUnsafe {
-                count(&STATS.refused_evictable);
-            }
-            return Err(err);
+    carry_out(ctx, argv, &store, out);
+    Ok(match decided? {
+        Acquire::Granted(fence) | Acquire::Renewed(fence) => Reply::Integer(fence),
+        Acquire::Contended => Reply::Null,
+        Acquire::Wait(ticket) => {
+            drop(store);
+            return blocked::block(ctx, ticket);
         }
     })
 }
@@ -241,10 +235,10 @@ fn may_block(ctx: Ctx) -> bool {
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
     let now = node::now();
-    let released = engine::with_engine(|n| {
-        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let mut store = open_for_write(ctx, argv);
+    let (released, out) = outputs::decide(|n| {
         let cond = engine::conditions(ctx, false);
-        let mut store = open_for_write(ctx, argv);
         let mut acl = WaiterAcl {
             ctx,
             name: argv.key(),
@@ -252,22 +246,18 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.release(&key, store, token, cond, &mut acl, now)
     });
-    if released == Ok(true) {
-        count(&STATS.releases);
-        notify_lock_event(ctx, lock_events::RELEASE, argv.key());
-    }
     // The next waiter got the lock in this same command.
-    outcomes::deliver_wakes(ctx, Some(argv.key()));
+    carry_out(ctx, argv, &store, out);
     Ok(Reply::Integer(released?.into()))
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let now = node::now();
-    let extended = engine::with_engine(|n| {
-        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let mut store = open_for_write(ctx, argv);
+    let (extended, out) = outputs::decide(|n| {
         let a = args::parse_extend(argv.bytes(), n.limits().max_ttl_ms)?;
         let cond = engine::conditions(ctx, false);
-        let mut store = open_for_write(ctx, argv);
         let mut acl = WaiterAcl {
             ctx,
             name: argv.key(),
@@ -275,11 +265,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.extend(&key, store, a.token, a.ttl_ms, cond, &mut acl, now)
     });
-    outcomes::deliver_wakes(ctx, Some(argv.key()));
-    if extended == Ok(true) {
-        count(&STATS.extends);
-        notify_lock_event(ctx, lock_events::EXTEND, argv.key());
-    }
+    carry_out(ctx, argv, &store, out);
     Ok(Reply::Integer(extended?.into()))
 }
 
@@ -301,10 +287,8 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
     let store = ReadKey::open(ctx, argv.key())?;
     let now = node::mono_ms();
-    let holder = engine::with_engine(|n| {
-        let key = engine::command_key(n, ctx, argv.key_bytes(), false);
-        n.holder(&key, &store, now)
-    });
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let holder = engine::with_engine(|n| n.holder(&key, &store, now));
     Ok(match holder {
         None => Reply::Null,
         Some((held, waiters)) => {
@@ -340,7 +324,7 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand(protocol::command::SET));
     }
     let a = args::parse_set(argv.bytes())?;
-    let mut store = LockKey::open(ctx, argv.key())?;
+    let mut store = LockKey::open_from_outside(ctx, argv.key())?;
     // The master's deadline and grant time are on the wall clock: this node
     // keeps them on its monotonic clock from now on.
     let now = node::conversion_now();

@@ -399,13 +399,13 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             .map_err(|e| codec::DecodeError::Fence(fence, e))
         });
         match accepted {
-            Ok((value, (deadline_ms, granted_ms))) => LockBlock::new(
+            Ok((value, loaded)) => LockBlock::new(
                 Lock {
                     fence: value.fence,
-                    deadline_ms,
+                    deadline_ms: loaded.deadline_ms,
                     token: value.token.as_ref(),
-                    granted_ms,
-                    lease: node::new_lease(),
+                    granted_ms: loaded.granted_ms,
+                    lease: loaded.lease,
                 },
                 true,
             )

@@ -6,7 +6,7 @@
 //! * the server's [`Conditions`] at the moment of a call;
 //! * arming the hand-off timer for the node's next wake-up ([`rearm_timer`]).
 //!
-//! Delivering what the node decided for waiters is `outcomes`'.
+//! Carrying out what the node decided is `outputs`'.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{LazyLock, Mutex, TryLockError};
@@ -49,9 +49,14 @@ struct Recovery<'a>(&'a mut Node<Key, Client>);
 
 impl Drop for Recovery<'_> {
     fn drop(&mut self) {
-        // Only reached while unwinding (forgotten otherwise).
-        self.0.recover_from_panic(node::mono_ms());
-        timer::arm_soon();
+        // Only reached while unwinding (forgotten otherwise). What the
+        // decision queued before it was cut short (a waiter already handed
+        // the lock, a key already changed) is carried out by the timer,
+        // which runs at once: nothing the node did goes unreported.
+        let node = &mut *self.0;
+        node.recover_from_panic(node::mono_ms());
+        let left: Vec<_> = std::iter::from_fn(|| node.poll_output()).collect();
+        timer::queue(|inbox| inbox.outputs.extend(left));
     }
 }
 
@@ -79,17 +84,6 @@ pub fn may_have_waiters() -> bool {
 
 pub fn key_of(ctx: Ctx, name: &[u8]) -> Key {
     (selected_db(ctx), name.into())
-}
-
-/// `key_of` for a command, asked inside the engine, without allocating
-/// while nobody waits anywhere and the command cannot start a wait (no
-/// option words): the node then only ever looks the key up in empty lines.
-pub fn command_key(node: &Node<Key, Client>, ctx: Ctx, name: &[u8], has_options: bool) -> Key {
-    if node.total_waiters() > 0 || has_options {
-        key_of(ctx, name)
-    } else {
-        (0, Box::default())
-    }
 }
 
 pub fn limits() -> Limits {

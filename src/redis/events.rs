@@ -167,7 +167,8 @@ pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const 
         if !engine::may_have_waiters() {
             return;
         }
-        let key: Key = ffi::unlinked_key(opt);
+        let (db, name) = ffi::unlinked_key(opt);
+        let key: Key = (db, name[..].into());
         timer::queue(|inbox| inbox.changed.push(key));
     })
 }

@@ -237,7 +237,10 @@ pub unsafe fn run_command(
         let argv = unsafe { Argv::new(argv, argc) };
         handler(ctx, &argv)
     }))
-    .unwrap_or(Err(LockError::Internal));
+    .unwrap_or_else(|_| {
+        log_warning("lock: internal error in a command; the server keeps running");
+        Err(LockError::Internal)
+    });
     match result {
         // By value: the integer and nil replies leave nothing to drop.
         Ok(reply) => send(ctx, reply),
@@ -755,18 +758,6 @@ pub fn replicate_lock_set(
 }
 
 // ---- keyspace events ----
-
-/// The keyspace events a lock emits, in the module class (`d` in
-/// `notify-keyspace-events`): `PSUBSCRIBE __keyspace@0__:orders:*` shows a
-/// lock's life.
-pub mod lock_events {
-    use std::ffi::CStr;
-    pub const ACQUIRE: &CStr = c"lock.acquire";
-    pub const RELEASE: &CStr = c"lock.release";
-    pub const EXTEND: &CStr = c"lock.extend";
-    pub const EXPIRE: &CStr = c"lock.expire";
-    pub const HANDOFF: &CStr = c"lock.handoff";
-}
 
 /// Whether module-class keyspace events are on (`notify-keyspace-events`
 /// with `d`, or `A`): the cheap check before any notification work.

@@ -5,12 +5,10 @@
 use std::collections::HashSet;
 
 use super::engine;
-use super::ffi::{
-    self, cluster_nodes, in_cluster, key_exists, lock_events, notify_lock_event, Ctx, RString,
-};
+use super::ffi::{self, cluster_nodes, in_cluster, key_exists, Ctx, RString};
 use super::keyspace::LockKey;
-use super::node::{self, count, Client, Key, STATS};
-use super::outcomes::{self, WaiterAcl};
+use super::node::{self, Client, Key};
+use super::outputs::{self, Site, WaiterAcl};
 use super::timer::Inbox;
 use crate::core::cluster;
 use crate::core::error::LockError;
@@ -18,11 +16,14 @@ use crate::core::node::{Keyspace, Served};
 
 /// A run of the hand-off timer (`timer`, which calls it): feeds the inbox
 /// to the node and has it run its timer ([`Node::run_timer`]) over the
-/// keyspace, entering the engine once; then answers the waiters it decided
-/// for, and reports each grant it took back as a release.
+/// keyspace, entering the engine once; then carries out what it decided
+/// (first what a decision cut short by a panic had left).
 ///
 /// [`Node::run_timer`]: crate::core::node::Node::run_timer
 pub fn run(ctx: Ctx, inbox: Inbox) {
+    if !inbox.outputs.is_empty() {
+        outputs::carry_out(ctx, outputs::leftover(inbox.outputs), Site::Background);
+    }
     let now = node::now();
     let now_ms = now.mono_ms();
     let cond = engine::background_conditions(ctx);
@@ -31,7 +32,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
         ctx,
         cluster: ClusterView::new(ctx),
     };
-    let taken_back = engine::with_engine(|n| {
+    let ((), decided) = outputs::decide(|n| {
         if !changed.is_empty() {
             n.keys_changed(|k| changed.contains(k), now_ms);
         }
@@ -40,14 +41,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
         }
         n.run_timer(&mut keys, cond, now)
     });
-    // Reported in the order they happened: take-backs, then hand-offs.
-    for key in &taken_back {
-        count(&STATS.take_backs);
-        node::in_db(ctx, key, |name| {
-            notify_lock_event(ctx, lock_events::RELEASE, name)
-        });
-    }
-    outcomes::deliver_wakes(ctx, None);
+    outputs::carry_out(ctx, decided, Site::Background);
 }
 
 /// The keyspace as a timer run opens it: the key's db selected, the key

@@ -2,9 +2,11 @@
 //!
 //! A lock key carries no Redis expiry: the lease is the module's (on the
 //! monotonic clock; see `core::time`), and the module reclaims ended locks
-//! itself (`core::node::Node::reclaim`, the `sweep`). Every change signals
-//! the key as modified (WATCH, client-side caching: only real changes do, as
-//! the module sets NO_IMPLICIT_SIGNAL_MODIFIED), and is replicated as an
+//! itself (`core::node::Node::reclaim`, the `sweep`). The store is plain:
+//! every write signals the key as modified (WATCH, client-side caching:
+//! only real changes do, as the module sets NO_IMPLICIT_SIGNAL_MODIFIED);
+//! what a write means is the node's to say (`core::output`). A key the node
+//! reports changed is replicated ([`replicate`], by `outputs`) as an
 //! absolute effect, never as the relative command:
 //! * a grant or renewal as `LOCK._SET key token fence deadline-ms granted-ms`,
 //!   the deadline on the wall clock
@@ -12,15 +14,18 @@
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::OnceLock;
+
 use redis_module::raw;
 
 use super::datatype::{self, LockValue};
-use super::ffi::{self, lock_events, notify_lock_event, Ctx, OpenKey, RString, Read, Write};
-use super::node::{self, new_lease};
+use super::ffi::{self, Ctx, OpenKey, RString, Read, Write};
+use super::node;
 use super::propagation;
 use crate::core::error::LockError;
 use crate::core::time::{self, Now};
-use crate::core::{Lock, LockRead, LockStore, Removal};
+use crate::core::{Lock, LockRead, LockStore};
 
 /// How close a Redis expiry must be to the lease's end to be an earlier
 /// build's (see `drop_legacy_expiry`).
@@ -34,6 +39,35 @@ pub fn is_legacy_expiry(expiry_ms: i64, lock: &Lock<'_>, now: Now) -> bool {
         && (expiry_ms - time::wall_deadline(lock.deadline_ms, now)).abs() <= LEGACY_SLACK_MS
 }
 
+/// Fault injection, for tests only: with `REDIS_LOCK_PANIC_ON_WRITE=n:key`
+/// in the server's environment, the `n`-th write (put, renew or delete) of
+/// the lock at `key` panics, once: a decision cut short in a running
+/// server (`tests/blocking.rs`). Read at the first write; nothing is
+/// compared unless it is set.
+struct PanicOnWrite {
+    left: AtomicU64,
+    key: Box<[u8]>,
+}
+
+static PANIC_ON_WRITE: OnceLock<Option<PanicOnWrite>> = OnceLock::new();
+
+fn fault_point(name: RString) {
+    let fault = PANIC_ON_WRITE.get_or_init(|| {
+        let spec = std::env::var("REDIS_LOCK_PANIC_ON_WRITE").ok()?;
+        let (n, key) = spec.split_once(':')?;
+        Some(PanicOnWrite {
+            left: AtomicU64::new(n.parse().ok()?),
+            key: key.as_bytes().into(),
+        })
+    });
+    let Some(fault) = fault else {
+        return;
+    };
+    if ffi::string_copy(name) == fault.key && fault.left.fetch_sub(1, Relaxed) == 1 {
+        panic!("REDIS_LOCK_PANIC_ON_WRITE: injected at a write of the lock");
+    }
+}
+
 /// A key open for writing, seen as a [`LockStore`].
 pub struct LockKey {
     ctx: Ctx,
@@ -41,6 +75,8 @@ pub struct LockKey {
     key: OpenKey<Write>,
     /// The key's lock, while the key is open and holds it.
     value: Option<LockValue>,
+    /// Stores locks from outside (see [`LockKey::open_from_outside`]).
+    from_outside: bool,
 }
 
 /// A key open for reading only (`LOCK.FENCE`, `LOCK.INFO`), seen as a
@@ -84,45 +120,19 @@ impl LockKey {
             name,
             key,
             value,
+            from_outside: false,
         })
     }
 
-    /// Stores a lock under the key, without replicating or reporting (a
-    /// replicated or AOF effect, through `LockStore::apply`, and every
-    /// write of `put`). `deadline_ms` is on this node's monotonic clock.
-    /// `from_outside`: the lock came from the master or the AOF (it may
-    /// carry an earlier build's expiry: see `datatype::FROM_OUTSIDE`).
-    fn store_value(
-        &mut self,
-        token: &[u8],
-        fence: i64,
-        deadline_ms: i64,
-        granted_ms: Option<i64>,
-        from_outside: bool,
-    ) {
-        let lease = new_lease();
-        match &mut self.value {
-            // Same token: update in place, no allocation.
-            Some(current) if current.view().token == token => {
-                current.set(fence, deadline_ms, granted_ms, lease);
-                if from_outside {
-                    current.set_from_outside(true);
-                }
-            }
-            _ => {
-                let lock = Lock {
-                    fence,
-                    deadline_ms,
-                    token,
-                    granted_ms,
-                    lease,
-                };
-                // Redis frees the block this replaces (if any): its handle
-                // goes with it.
-                self.value = Some(datatype::store(&self.key, lock, from_outside));
-            }
-        }
-        self.signal_modified();
+    /// Opens `name` to store a lock from outside (`LOCK._SET` from the
+    /// master or the AOF): what is stored is marked so (it may carry an
+    /// earlier build's expiry: see `datatype::FROM_OUTSIDE`), and nothing
+    /// of this node's is dropped or replicated on the way.
+    pub fn open_from_outside(ctx: Ctx, name: RString) -> Result<Self, LockError> {
+        Ok(LockKey {
+            from_outside: true,
+            ..Self::open(ctx, name)?
+        })
     }
 
     /// A key written by a build that gave lock keys a Redis expiry equal to
@@ -132,10 +142,11 @@ impl LockKey {
     /// and stays.
     /// Only a value that came from outside can carry one; this build looks
     /// once (an expiry set later, on a lock renewed here, is a user's).
-    pub fn drop_legacy_expiry(&mut self, now: Now) {
+    pub fn drop_legacy_expiry(&mut self, now: impl FnOnce() -> Now) {
         let Some(value) = self.value.as_mut().filter(|v| v.is_from_outside()) else {
             return;
         };
+        let now = now();
         value.set_from_outside(false);
         let Some(lock) = self.stored() else {
             return;
@@ -147,40 +158,51 @@ impl LockKey {
         if propagation::effects_needed() {
             ffi::replicate_key_command(self.ctx, c"PERSIST", self.name);
         } else {
-            self.count_write();
+            count_write(self.ctx);
         }
     }
 
-    /// Nothing can receive an effect now (see `propagation`): only count the
-    /// write for RDB save points. RM_ReplicateVerbatim does exactly that
-    /// when Redis has nowhere to propagate to.
-    fn count_write(&self) {
-        ffi::replicate_verbatim(self.ctx);
+    /// A write by this node: an earlier build's expiry goes first.
+    fn before_write(&mut self) {
+        if !self.from_outside {
+            self.drop_legacy_expiry(node::conversion_now);
+        }
     }
 
     fn signal_modified(&self) {
         ffi::signal_modified_key(self.ctx, self.name);
     }
 
-    /// Replicates the lock as `LOCK._SET key token fence deadline-ms
-    /// granted-ms`, both on the wall clock, converted at `now`.
-    fn replicate_set(&self, now: Now) {
-        let Some(lock) = self.stored() else {
-            return;
-        };
-        if !propagation::effects_needed() {
-            return self.count_write();
-        }
-        let (deadline_ms, granted_ms) = time::wall_times(lock.deadline_ms, lock.granted_ms, now);
-        ffi::replicate_lock_set(
-            self.ctx,
-            self.name,
-            lock.token,
-            lock.fence,
-            deadline_ms,
-            granted_ms,
-        );
+    /// Replicates the key as it is now (`Output::Changed`).
+    pub fn replicate(&self, now: Now) {
+        replicate(self.ctx, self.name, self.stored(), now);
     }
+}
+
+/// Replicates key `name` (in the context's selected db) as an absolute
+/// effect: `LOCK._SET key token fence deadline-ms granted-ms`, both on the
+/// wall clock converted at `now`, for a lock; `DEL key` for none. When
+/// nothing can receive effects (see `propagation`) the write is only
+/// counted, for RDB save points.
+pub fn replicate(ctx: Ctx, name: RString, lock: Option<Lock<'_>>, now: Now) {
+    if !propagation::effects_needed() {
+        return count_write(ctx);
+    }
+    match lock {
+        Some(lock) => {
+            let (deadline_ms, granted_ms) =
+                time::wall_times(lock.deadline_ms, lock.granted_ms, now);
+            ffi::replicate_lock_set(ctx, name, lock.token, lock.fence, deadline_ms, granted_ms);
+        }
+        None => ffi::replicate_key_command(ctx, c"DEL", name),
+    }
+}
+
+/// Counts a write for RDB save points without propagating anything:
+/// RM_ReplicateVerbatim does exactly that when Redis has nowhere to
+/// propagate to.
+fn count_write(ctx: Ctx) {
+    ffi::replicate_verbatim(ctx);
 }
 
 impl LockRead for LockKey {
@@ -191,62 +213,46 @@ impl LockRead for LockKey {
     }
 }
 
+/// A plain store: the node says what each write means (`core::output`).
+/// Every write signals the key as modified (WATCH, client-side caching).
 impl LockStore for LockKey {
-    fn put(
-        &mut self,
-        token: &[u8],
-        fence: i64,
-        deadline_ms: i64,
-        granted_ms: Option<i64>,
-        replaces_ended: bool,
-    ) {
-        let now = node::conversion_now();
-        if replaces_ended {
-            if let Some(ended) = self.stored() {
-                node::lease_ended(&ended);
+    fn put(&mut self, lock: Lock<'_>) {
+        fault_point(self.name);
+        self.before_write();
+        let from_outside = self.from_outside;
+        match &mut self.value {
+            // Same token: update in place, no allocation.
+            Some(current) if current.view().token == lock.token => {
+                current.set(lock.fence, lock.deadline_ms, lock.granted_ms, lock.lease);
+                if from_outside {
+                    current.set_from_outside(true);
+                }
             }
-            notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
-        } else {
-            self.drop_legacy_expiry(now);
+            // Redis frees the block this replaces (if any): its handle
+            // goes with it.
+            _ => self.value = Some(datatype::store(&self.key, lock, from_outside)),
         }
-        self.store_value(token, fence, deadline_ms, granted_ms, false);
-        self.replicate_set(now);
+        self.signal_modified();
     }
 
-    fn apply(&mut self, token: &[u8], fence: i64, deadline_ms: i64, granted_ms: Option<i64>) {
-        self.store_value(token, fence, deadline_ms, granted_ms, true);
-    }
-
-    fn renew(&mut self, deadline_ms: i64) {
-        let now = node::conversion_now();
-        self.drop_legacy_expiry(now);
+    fn renew(&mut self, deadline_ms: i64, lease: u64) {
+        fault_point(self.name);
+        self.before_write();
         if let Some(value) = &mut self.value {
             let lock = value.view();
             let (fence, granted_ms) = (lock.fence, lock.granted_ms);
-            value.set(fence, deadline_ms, granted_ms, new_lease());
+            value.set(fence, deadline_ms, granted_ms, lease);
             self.signal_modified();
-            self.replicate_set(now);
         }
     }
 
-    fn remove(&mut self, why: Removal) {
-        let Some(lock) = self.stored() else {
+    fn delete(&mut self) {
+        if self.value.is_none() {
             return;
-        };
-        match why {
-            Removal::Released | Removal::TakenBack => node::lease_released(&lock, node::mono_ms()),
-            Removal::Ended => node::lease_ended(&lock),
         }
+        fault_point(self.name);
         self.key.delete();
         self.value = None;
         self.signal_modified();
-        if why == Removal::Ended {
-            notify_lock_event(self.ctx, lock_events::EXPIRE, self.name);
-        }
-        if propagation::effects_needed() {
-            ffi::replicate_key_command(self.ctx, c"DEL", self.name);
-        } else {
-            self.count_write();
-        }
     }
 }

@@ -6,10 +6,11 @@
 //! * `events`    — server events and the type's unlink callback
 //! * `handoff`   — what a run of the hand-off timer does; flush, SWAPDB
 //! * `sweep`     — the background reclamation of ended locks
-//! * `outcomes`  — delivering what the node decided for waiters
+//! * `outputs`   — carrying out what the node decided (`core::output`):
+//!   replies to waiters, replication, keyspace events, statistics
 //! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
-//! * `keyspace`  — a key of the keyspace seen as a `core::LockStore`;
-//!   every change it makes is replicated as an absolute effect
+//! * `keyspace`  — a key of the keyspace seen as a plain `core::LockStore`,
+//!   and how a changed key is replicated (as an absolute effect)
 //! * `datatype`  — the `redislock` data type: RDB/AOF persistence, digest,
 //!   memory usage (the persistence format is documented there)
 //! * `engine`    — the server's one `core::node::Node` (every lock
@@ -34,7 +35,7 @@ pub mod handoff;
 pub mod info;
 pub mod keyspace;
 pub mod node;
-pub mod outcomes;
+pub mod outputs;
 pub mod propagation;
 pub mod sweep;
 pub mod timer;

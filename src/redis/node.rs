@@ -1,14 +1,15 @@
 //! Server-wide state the glue keeps beside the node (`engine`): the clock,
-//! lease ids, the server state cached from events, and the counters and
+//! key and waiter identities, the server state cached from events, and the counters and
 //! histograms shown by `INFO lock`. Counters are atomics because lazy-free
 //! threads run the type's `free`.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
+use smallvec::SmallVec;
+
 use super::ffi::{self, clock_us, Ctx, RString};
 use crate::core::histogram;
 use crate::core::time::Now;
-use crate::core::Lock;
 
 /// Both clocks (see `core::time`): the monotonic one for leases, BLOCK
 /// timeouts, the restart delay and timers; the wall clock for fencing
@@ -60,7 +61,33 @@ pub fn wall_us() -> i64 {
 }
 
 /// A lock's identity across commands: (db, key name).
-pub type Key = (i32, Box<[u8]>);
+pub type Key = (i32, KeyName);
+
+/// A key's name, kept inline up to 24 bytes: a command makes its key's
+/// identity on every call, and the node's outputs copy it. Compared,
+/// ordered and hashed as its bytes; copied with one memcpy (SmallVec's own
+/// `Clone` and `From<&[u8]>` copy byte by byte).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct KeyName(SmallVec<[u8; 24]>);
+
+impl Clone for KeyName {
+    fn clone(&self) -> Self {
+        KeyName(SmallVec::from_slice(&self.0))
+    }
+}
+
+impl From<&[u8]> for KeyName {
+    fn from(name: &[u8]) -> Self {
+        KeyName(SmallVec::from_slice(name))
+    }
+}
+
+impl std::ops::Deref for KeyName {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
 
 /// Runs `f` with `key`'s name as a Redis string, in `key`'s db, selected
 /// on `ctx` (the timer's own context, never a client's). None: the db does
@@ -77,13 +104,6 @@ pub fn in_db<R>(ctx: Ctx, key: &Key, f: impl FnOnce(RString) -> R) -> Option<R> 
 /// the handle); Redis reuses addresses, the node never takes it for a
 /// waiter's identity.
 pub type Client = usize;
-
-/// Lease ids: unique for the life of the process (see `core::lock::Lock::lease`).
-static NEXT_LEASE: AtomicU64 = AtomicU64::new(1);
-
-pub fn new_lease() -> u64 {
-    NEXT_LEASE.fetch_add(1, Relaxed)
-}
 
 /// The counters of `INFO lock`.
 pub struct Stats {
@@ -143,22 +163,6 @@ pub fn record_wait(waited_us: i64) {
 /// back).
 pub fn record_hold(held_ms: i64) {
     HOLD_TIMES.record(held_ms);
-}
-
-/// A lease ran out (the lock is reclaimed, or replaced by a grant): an
-/// expiration, held from its grant to its deadline.
-pub fn lease_ended(lock: &Lock<'_>) {
-    count(&STATS.expirations);
-    if let Some(granted) = lock.granted_ms {
-        record_hold(lock.deadline_ms - granted);
-    }
-}
-
-/// A holder let go (released, or its undelivered grant was taken back).
-pub fn lease_released(lock: &Lock<'_>, now_ms: i64) {
-    if let Some(granted) = lock.granted_ms {
-        record_hold(now_ms - granted);
-    }
 }
 
 /// Counts per power-of-two bucket (see `core::histogram`), with a total.

@@ -27,7 +27,7 @@ use super::engine::{self, Key};
 use super::ffi::{self, guard, Ctx, KeyRef, RString, ScanCursor};
 use super::keyspace::{self, LockKey};
 use super::node::{self, STATS};
-use super::outcomes::{self, WaiterAcl};
+use super::outputs::{self, Site, WaiterAcl};
 use crate::core::time::Now;
 
 /// The longest slice of sweeping, µs: a command waits at most this long.
@@ -183,7 +183,7 @@ fn drop_legacy_expiry(ctx: Ctx, name: &[u8], now: Now) {
     let owned = ffi::OwnedString::new(ctx, name);
     let rname = owned.get();
     if let Ok(mut store) = LockKey::open(ctx, rname) {
-        store.drop_legacy_expiry(now);
+        store.drop_legacy_expiry(|| now);
     }
 }
 
@@ -197,8 +197,11 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
         let now = node::conversion_now();
         let cond = engine::background_conditions(ctx);
         let mut acl = WaiterAcl { ctx, name: rname };
-        engine::with_engine(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
-        drop(store);
-        outcomes::deliver_wakes(ctx, Some(rname));
+        let (_, decided) = outputs::decide(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
+        let site = Site::Command {
+            name: rname,
+            store: &store,
+        };
+        outputs::carry_out(ctx, decided, site);
     }
 }

@@ -12,7 +12,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use redis_module::raw;
 
 use super::ffi::{self, guard, Ctx};
-use super::node::{self, Key};
+use super::node::{self, Client, Key};
+use crate::core::output::Output;
 
 /// Inputs for the next timer run.
 #[derive(Default)]
@@ -21,11 +22,15 @@ pub struct Inbox {
     pub changed: Vec<Key>,
     /// Grants whose reply never reached their client: (key, fence, lease).
     pub undelivered: Vec<(Key, i64, u64)>,
+    /// What a decision cut short by a panic had queued (see
+    /// `engine::with_engine`): carried out first.
+    pub outputs: Vec<Output<Key, Client>>,
 }
 
 static INBOX: Mutex<Inbox> = Mutex::new(Inbox {
     changed: Vec::new(),
     undelivered: Vec::new(),
+    outputs: Vec::new(),
 });
 
 /// The one armed timer: (when, id).
@@ -118,11 +123,6 @@ pub fn arm_for(next_wakeup: Option<i64>) {
     if let Some(at) = next_wakeup {
         arm_at(at);
     }
-}
-
-/// Has the timer run at once (after a decision was cut short).
-pub fn arm_soon() {
-    arm_at(node::mono_ms());
 }
 
 /// Makes sure the timer runs at `at_ms` (monotonic) or earlier.

@@ -1,0 +1,198 @@
+//! What the node decided that the glue must carry out, as data: one
+//! [`Output`] queue per node, drained by the glue after each call
+//! (`Node::poll_output`), in the spirit of str0m's and quinn-proto's
+//! `poll_*`. The glue answers waiters, replicates changed keys, emits
+//! keyspace events and counts, and decides none of it.
+//!
+//! The state machine (`lock`, `waiters`) writes through a [`Ledger`], which
+//! says *why* a lock changes; [`Recorder`] turns each change into a write of
+//! the plain store the glue provides (`lock::LockStore`) and the outputs it
+//! implies, and hands out lease ids.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+
+use crate::error::LockError;
+use crate::lock::{Ledger, Lock, LockRead, LockStore, Removal};
+use crate::waiters::{Outcome, Wake};
+
+/// One thing to carry out, in the order the node queued them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output<K, C> {
+    /// Answer this waiter (each exactly once). Boxed: every other output
+    /// is small, and a command's come by the handful.
+    Wake(Box<Wake<K, C>>),
+    /// `key`'s lock was written or deleted by a decision here: replicate
+    /// what the key holds now (`LOCK._SET` for a lock, `DEL` for none).
+    /// Never for a lock applied from outside (the master, the AOF).
+    Changed(K),
+    /// A keyspace event (`notify-keyspace-events` with `d`) on `key`.
+    Event(K, Event),
+    /// A statistic of `INFO lock`.
+    Count(Stat),
+}
+
+/// The keyspace events a lock emits, in the module class (`d` in
+/// `notify-keyspace-events`): `PSUBSCRIBE __keyspace@0__:orders:*` shows a
+/// lock's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// LOCK.ACQUIRE granted a free lock.
+    Acquire,
+    /// The holder released it, or an undelivered grant was taken back.
+    Release,
+    /// The holder renewed it (EXTEND, or ACQUIRE with its own token).
+    Extend,
+    /// A waiter was handed the lock.
+    Handoff,
+    /// A lease ran out (its lock reclaimed, or replaced by a grant).
+    Expire,
+}
+
+impl Event {
+    /// The event's name, as subscribers see it.
+    pub fn name(self) -> &'static CStr {
+        match self {
+            Event::Acquire => c"lock.acquire",
+            Event::Release => c"lock.release",
+            Event::Extend => c"lock.extend",
+            Event::Handoff => c"lock.handoff",
+            Event::Expire => c"lock.expire",
+        }
+    }
+}
+
+/// A statistic to count (`INFO lock`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stat {
+    /// A new holder: by ACQUIRE or by hand-off.
+    Grant,
+    /// An ACQUIRE answered nil.
+    Contended,
+    /// A holder released its lock.
+    Release,
+    /// A renewal: EXTEND, or ACQUIRE (or a hand-off) of the holder's token.
+    Extend,
+    /// A lease ran out; held `held_ms` (None: grant time unknown).
+    Expiration { held_ms: Option<i64> },
+    /// A holder let go after `held_ms` (released, or taken back).
+    LetGo { held_ms: Option<i64> },
+    /// A waiter was handed the lock after waiting `waited_us`.
+    Handoff { waited_us: i64 },
+    /// A waiter's BLOCK timeout passed.
+    BlockTimeout,
+    /// An undelivered grant was taken back.
+    TakeBack,
+    /// A grant refused because locks can be evicted.
+    RefusedEvictable,
+    /// A waiter sent where its key went (ASK/MOVED).
+    Redirect,
+}
+
+/// The counters and event of one waiter's outcome, then the wake itself.
+pub(crate) fn push_wake<K: Clone, C>(out: &mut VecDeque<Output<K, C>>, wake: Wake<K, C>) {
+    match &wake.outcome {
+        Outcome::Granted { renewed: true, .. } => {
+            out.push_back(Output::Count(Stat::Extend));
+            out.push_back(Output::Event(wake.key.clone(), Event::Extend));
+        }
+        Outcome::Granted { renewed: false, .. } => {
+            out.push_back(Output::Count(Stat::Grant));
+            out.push_back(Output::Count(Stat::Handoff {
+                waited_us: wake.waited_us,
+            }));
+            out.push_back(Output::Event(wake.key.clone(), Event::Handoff));
+        }
+        Outcome::TimedOut => out.push_back(Output::Count(Stat::BlockTimeout)),
+        Outcome::Failed(LockError::Redirect(_)) => out.push_back(Output::Count(Stat::Redirect)),
+        Outcome::Failed(_) => {}
+    }
+    out.push_back(Output::Wake(Box::new(wake)));
+}
+
+/// A key's plain store, seen by the state machine as a [`Ledger`]: every
+/// change becomes a write or delete of the store, the outputs it implies
+/// (a changed key to replicate, an expiration's event and counters, a
+/// holder's time), and a fresh lease id for every grant and renewal.
+pub(crate) struct Recorder<'a, S, K, C> {
+    pub store: &'a mut S,
+    pub key: &'a K,
+    pub out: &'a mut VecDeque<Output<K, C>>,
+    /// The node's lease counter.
+    pub leases: &'a mut u64,
+    pub now_ms: i64,
+}
+
+impl<S: LockStore, K: Clone, C> Recorder<'_, S, K, C> {
+    fn next_lease(&mut self) -> u64 {
+        *self.leases += 1;
+        *self.leases
+    }
+
+    /// A lease that ran out: counted with its holder's time, and reported.
+    fn expired(&mut self, deadline_ms: i64, granted_ms: Option<i64>) {
+        let held_ms = granted_ms.map(|g| deadline_ms - g);
+        self.out
+            .push_back(Output::Count(Stat::Expiration { held_ms }));
+        self.out
+            .push_back(Output::Event(self.key.clone(), Event::Expire));
+    }
+}
+
+impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
+    fn stored(&self) -> Option<Lock<'_>> {
+        self.store.stored()
+    }
+}
+
+impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
+    fn put(
+        &mut self,
+        token: &[u8],
+        fence: i64,
+        deadline_ms: i64,
+        granted_ms: Option<i64>,
+        replaces_ended: bool,
+    ) {
+        if replaces_ended {
+            if let Some(ended) = self.store.stored() {
+                let (deadline_ms, granted_ms) = (ended.deadline_ms, ended.granted_ms);
+                self.expired(deadline_ms, granted_ms);
+            }
+        }
+        let lease = self.next_lease();
+        self.store.put(Lock {
+            fence,
+            deadline_ms,
+            token,
+            granted_ms,
+            lease,
+        });
+        self.out.push_back(Output::Changed(self.key.clone()));
+    }
+
+    fn renew(&mut self, deadline_ms: i64) {
+        if self.store.stored().is_none() {
+            return;
+        }
+        let lease = self.next_lease();
+        self.store.renew(deadline_ms, lease);
+        self.out.push_back(Output::Changed(self.key.clone()));
+    }
+
+    fn remove(&mut self, why: Removal) {
+        let Some(lock) = self.store.stored() else {
+            return;
+        };
+        let (deadline_ms, granted_ms) = (lock.deadline_ms, lock.granted_ms);
+        match why {
+            Removal::Released | Removal::TakenBack => {
+                let held_ms = granted_ms.map(|g| self.now_ms - g);
+                self.out.push_back(Output::Count(Stat::LetGo { held_ms }));
+            }
+            Removal::Ended => self.expired(deadline_ms, granted_ms),
+        }
+        self.store.delete();
+        self.out.push_back(Output::Changed(self.key.clone()));
+    }
+}

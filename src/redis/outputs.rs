@@ -1,0 +1,164 @@
+//! What the node decided, carried out. One entry into the engine makes a
+//! decision and takes everything it queued ([`decide`]); then, outside the
+//! engine, [`carry_out`] executes it in order: each waiter gets its one
+//! reply (through `blocked`), each changed key is replicated as it is now,
+//! each keyspace event is emitted and each statistic counted. Nothing here
+//! decides what happens: that is `core::node`'s, as `core::output` data.
+//! Also whether a waiter's user may still take the lock when its turn
+//! comes (asked of ACL).
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, TryLockError};
+
+use super::blocked;
+use super::engine::{self, Client, Key};
+use super::ffi::{notify_lock_event, Ctx, RString};
+use super::keyspace::{self, LockKey, ReadKey};
+use super::node::{self, count, STATS};
+use super::timer;
+use crate::core::node::is_grant;
+use crate::core::node::{Admission, Node};
+use crate::core::output::{Output, Stat};
+use crate::core::LockRead;
+
+/// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
+/// (asked of ACL when its turn comes).
+pub struct WaiterAcl {
+    pub ctx: Ctx,
+    pub name: RString,
+}
+
+impl Admission<Client> for WaiterAcl {
+    fn may_take(&mut self, client: Client) -> bool {
+        blocked::may_take(self.ctx, client, self.name)
+    }
+}
+
+/// Everything one entry into the node queued, and when its timer must run
+/// next: taken in the same entry as the decision.
+pub struct Decided {
+    outputs: VecDeque<Output<Key, Client>>,
+    next_wakeup: Option<i64>,
+}
+
+/// The buffer outputs are swapped into, kept between entries so a command
+/// allocates none.
+static SPARE: Mutex<VecDeque<Output<Key, Client>>> = Mutex::new(VecDeque::new());
+
+impl Drop for Decided {
+    fn drop(&mut self) {
+        self.outputs.clear();
+        if let Ok(mut spare) = SPARE.try_lock() {
+            if spare.capacity() < self.outputs.capacity() {
+                std::mem::swap(&mut *spare, &mut self.outputs);
+            }
+        }
+    }
+}
+
+/// Runs `f` on the node and takes what it queued: the one entry into the
+/// engine of a command, a timer run or a sweep step.
+pub fn decide<R>(f: impl FnOnce(&mut Node<Key, Client>) -> R) -> (R, Decided) {
+    let mut outputs = match SPARE.try_lock() {
+        Ok(mut spare) => std::mem::take(&mut *spare),
+        Err(TryLockError::Poisoned(p)) => std::mem::take(&mut *p.into_inner()),
+        Err(TryLockError::WouldBlock) => VecDeque::new(),
+    };
+    let (result, next_wakeup) = engine::with_engine(|n| {
+        let result = f(n);
+        n.swap_outputs(&mut outputs);
+        (result, n.next_wakeup())
+    });
+    (
+        result,
+        Decided {
+            outputs,
+            next_wakeup,
+        },
+    )
+}
+
+/// Outputs handed over without a decision (left by one cut short: see
+/// `engine::with_engine`), to carry out from the timer.
+pub fn leftover(outputs: Vec<Output<Key, Client>>) -> Decided {
+    Decided {
+        outputs: outputs.into(),
+        next_wakeup: None,
+    }
+}
+
+/// Where outputs are carried out.
+pub enum Site<'a> {
+    /// A command on its key `name` (in its client's db), open as `store`:
+    /// every output of a command is about that key.
+    Command { name: RString, store: &'a LockKey },
+    /// The timer or the sweep, on its own context: each output's key is
+    /// opened in its db, selected on that context.
+    Background,
+}
+
+/// Carries out `decided`, in order, at `site`; then arms the timer for the
+/// node's next wake-up.
+pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
+    // Read once, for the first changed key (a command that only answers
+    // nil reads no clock).
+    let mut now = None;
+    let mut now = || *now.get_or_insert_with(node::conversion_now);
+    for output in decided.outputs.drain(..) {
+        match output {
+            Output::Wake(wake) => {
+                let key = is_grant(&wake).then_some(wake.key);
+                blocked::answer(wake.client, wake.outcome, key);
+            }
+            Output::Changed(key) => match &site {
+                Site::Command { store, .. } => store.replicate(now()),
+                Site::Background => {
+                    node::in_db(ctx, &key, |name| {
+                        if let Ok(read) = ReadKey::open(ctx, name) {
+                            keyspace::replicate(ctx, name, read.stored(), now());
+                        }
+                    });
+                }
+            },
+            Output::Event(key, event) => {
+                let event = event.name();
+                match &site {
+                    Site::Command { name, .. } => notify_lock_event(ctx, event, *name),
+                    Site::Background => {
+                        node::in_db(ctx, &key, |name| notify_lock_event(ctx, event, name));
+                    }
+                }
+            }
+            Output::Count(stat) => count_stat(stat),
+        }
+    }
+    timer::arm_for(decided.next_wakeup);
+}
+
+fn count_stat(stat: Stat) {
+    match stat {
+        Stat::Grant => count(&STATS.grants),
+        Stat::Contended => count(&STATS.contended),
+        Stat::Release => count(&STATS.releases),
+        Stat::Extend => count(&STATS.extends),
+        Stat::Expiration { held_ms } => {
+            count(&STATS.expirations);
+            if let Some(held_ms) = held_ms {
+                node::record_hold(held_ms);
+            }
+        }
+        Stat::LetGo { held_ms } => {
+            if let Some(held_ms) = held_ms {
+                node::record_hold(held_ms);
+            }
+        }
+        Stat::Handoff { waited_us } => {
+            count(&STATS.handoffs);
+            node::record_wait(waited_us);
+        }
+        Stat::BlockTimeout => count(&STATS.block_timeouts),
+        Stat::TakeBack => count(&STATS.take_backs),
+        Stat::RefusedEvictable => count(&STATS.refused_evictable),
+        Stat::Redirect => count(&STATS.redirects),
+    }
+}
