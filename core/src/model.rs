@@ -22,7 +22,9 @@
 //! keys it took back are checked against the reference's.
 //!
 //! Client handles come from a small pool and are reused as soon as their
-//! waiter is answered or leaves, as Redis reuses blocked-client addresses.
+//! waiter is answered or leaves: the node must not depend on the glue's
+//! never reusing one (the glue's ids are never reused; Redis's handle
+//! addresses, which it once used, are).
 //! `PROPTEST_CASES` raises the case count (`make stress` does).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::os::raw::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::engine::{self, Client, Key};
@@ -52,12 +52,43 @@ impl Handle {
     }
 }
 
-/// Every blocked handle not yet unblocked, by address.
-static HANDLES: LazyLock<Mutex<HashMap<Client, Handle>>> = LazyLock::new(Default::default);
+/// Every blocked handle not yet unblocked, by the waiter id this module
+/// gave it (the node's name for the waiter: never reused, unlike a
+/// handle's address), with the index Redis's callbacks need (they name a
+/// handle by its address). One map, one owner; both kept in one step.
+#[derive(Default)]
+struct Waiting {
+    handles: HashMap<Client, Handle>,
+    by_addr: HashMap<usize, Client>,
+}
+
+impl Waiting {
+    fn insert(&mut self, client: Client, handle: Handle) {
+        self.by_addr.insert(handle.ptr.addr(), client);
+        self.handles.insert(client, handle);
+    }
+
+    fn remove(&mut self, client: Client) -> Option<Handle> {
+        let handle = self.handles.remove(&client)?;
+        self.by_addr.remove(&handle.ptr.addr());
+        Some(handle)
+    }
+}
+
+static WAITING: LazyLock<Mutex<Waiting>> = LazyLock::new(Default::default);
+
+/// The next waiter id.
+static NEXT_CLIENT: AtomicU64 = AtomicU64::new(1);
+
+/// The waiter id of the handle at `addr` (a callback's), if it waits.
+fn client_at(addr: usize) -> Option<Client> {
+    locked(&WAITING).by_addr.get(&addr).copied()
+}
 
 /// Redis 7.0: outcomes decided but not yet handed to Redis (see the file
-/// doc), and whether to keep them back at all.
-static DECIDED: Mutex<Vec<(Client, Handle, Box<Delivery>)>> = Mutex::new(Vec::new());
+/// doc), by handle address (the callbacks' name for them), and whether to
+/// keep them back at all.
+static DECIDED: Mutex<Vec<(usize, Handle, Box<Delivery>)>> = Mutex::new(Vec::new());
 static DECIDED_COUNT: AtomicUsize = AtomicUsize::new(0);
 static DEFER_UNBLOCKS: AtomicBool = AtomicBool::new(false);
 
@@ -70,7 +101,7 @@ fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
 }
 
 fn take_handle(client: Client) -> Option<Handle> {
-    locked(&HANDLES).remove(&client)
+    locked(&WAITING).remove(client)
 }
 
 /// Called once at load.
@@ -108,8 +139,8 @@ pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
         return Ok(Reply::Blocked);
     }
     handle.ptr.set_disconnect_callback();
-    let client = handle.ptr.addr() as Client;
-    locked(&HANDLES).insert(client, handle);
+    let client = NEXT_CLIENT.fetch_add(1, Relaxed);
+    locked(&WAITING).insert(client, handle);
     if let Err(err) = engine::with_engine(|n| n.enqueue(ticket, client)) {
         answer(client, Outcome::Failed(err), None);
     }
@@ -131,7 +162,7 @@ pub fn answer(client: Client, outcome: Outcome, key: Option<Key>) {
     });
     if defers_unblocks() {
         let mut decided = locked(&DECIDED);
-        decided.push((client, handle, delivery));
+        decided.push((handle.ptr.addr(), handle, delivery));
         DECIDED_COUNT.store(decided.len(), Relaxed);
     } else {
         handle.unblock(Some(delivery));
@@ -151,13 +182,14 @@ pub fn before_sleep() {
     }
 }
 
-/// Takes back the outcome kept for `client`, if any (Redis 7.0).
-fn take_decided(client: Client) -> Option<(Handle, Box<Delivery>)> {
+/// Takes back the outcome kept for the handle at `addr`, if any (Redis
+/// 7.0).
+fn take_decided(addr: usize) -> Option<(Handle, Box<Delivery>)> {
     if DECIDED_COUNT.load(Relaxed) == 0 {
         return None;
     }
     let mut decided = locked(&DECIDED);
-    let at = decided.iter().position(|(c, _, _)| *c == client)?;
+    let at = decided.iter().position(|(a, _, _)| *a == addr)?;
     let (_, handle, delivery) = decided.swap_remove(at);
     DECIDED_COUNT.store(decided.len(), Relaxed);
     Some((handle, delivery))
@@ -167,7 +199,11 @@ fn take_decided(client: Client) -> Option<(Handle, Box<Delivery>)> {
 /// `name`. Yes when it cannot be told (no ACL API, client unknown); no when
 /// its user was deleted.
 pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
-    let Some(id) = locked(&HANDLES).get(&client).and_then(|h| h.client_id) else {
+    let Some(id) = locked(&WAITING)
+        .handles
+        .get(&client)
+        .and_then(|h| h.client_id)
+    else {
         return true;
     };
     // None also when the client is gone: its disconnect takes it out of
@@ -195,13 +231,13 @@ impl Blocking for Waiters {
     /// CLIENT UNBLOCK (Redis itself never times these clients out): leave
     /// the line, reply nil; or, if its outcome was decided and kept back
     /// (Redis 7.0), reply with that.
-    fn on_timeout(ctx: Ctx, client: Client) {
-        if let Some((handle, mut delivery)) = take_decided(client) {
+    fn on_timeout(ctx: Ctx, addr: usize) {
+        if let Some((handle, mut delivery)) = take_decided(addr) {
             reply_outcome(ctx, &mut delivery);
             release_decided(handle, *delivery);
             return;
         }
-        if leave(client) {
+        if client_at(addr).is_some_and(leave) {
             count(&STATS.block_timeouts);
         }
         ffi::reply_null(ctx);
@@ -209,11 +245,13 @@ impl Blocking for Waiters {
 
     /// The client went away, CLIENT UNBLOCK ... ERROR, or the node became a
     /// replica: leave the line.
-    fn on_disconnect(client: Client) {
-        match take_decided(client) {
+    fn on_disconnect(addr: usize) {
+        match take_decided(addr) {
             Some((handle, delivery)) => release_decided(handle, *delivery),
             None => {
-                leave(client);
+                if let Some(client) = client_at(addr) {
+                    leave(client);
+                }
             }
         }
     }

@@ -902,11 +902,11 @@ pub trait Blocking {
     /// The reply callback, after the client was unblocked: its data, if it
     /// was unblocked with some.
     fn on_reply(ctx: Ctx, data: Option<&mut Self::Data>);
-    /// The timeout callback (also CLIENT UNBLOCK): `client` is the address
+    /// The timeout callback (also CLIENT UNBLOCK): `addr` is the address
     /// of its handle ([`BlockedClient::addr`]).
-    fn on_timeout(ctx: Ctx, client: usize);
+    fn on_timeout(ctx: Ctx, addr: usize);
     /// The client went away (or CLIENT UNBLOCK ... ERROR), while blocked.
-    fn on_disconnect(client: usize);
+    fn on_disconnect(addr: usize);
     /// The last word on an unblocked client's data.
     fn on_free(data: Box<Self::Data>);
 }
@@ -945,7 +945,8 @@ pub fn block_client<B: Blocking>(ctx: Ctx, timeout_ms: i64) -> Option<BlockedCli
 }
 
 impl<B: Blocking> BlockedClient<B> {
-    /// The handle's address: a lookup key, the `client` of `B`'s callbacks.
+    /// The handle's address: how `B`'s callbacks name the handle (Redis
+    /// reuses it once the handle is freed).
     pub fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
     }

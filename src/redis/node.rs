@@ -100,10 +100,10 @@ pub fn in_db<R>(ctx: Ctx, key: &Key, f: impl FnOnce(RString) -> R) -> Option<R> 
     Some(f(name.get()))
 }
 
-/// A blocked-client handle's address: only a lookup key (`blocked` owns
-/// the handle); Redis reuses addresses, the node never takes it for a
-/// waiter's identity.
-pub type Client = usize;
+/// A waiter's identity: a number `blocked` gives each blocked client when
+/// it blocks, never reused (Redis reuses handle addresses: those are only
+/// `blocked`'s index for Redis's callbacks).
+pub type Client = u64;
 
 /// The counters of `INFO lock`.
 pub struct Stats {
