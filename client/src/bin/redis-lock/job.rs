@@ -23,14 +23,20 @@
 //!   continues `redis-lock`, it first renews the lock and continues the
 //!   child only if it still holds it, else kills the stopped child.
 //! - Stops and exits are read with `waitpid(WUNTRACED)` on a thread of its
-//!   own; every libc call is here.
+//!   own.
+//!
+//! Every system call goes through `sys`, which holds the binary's only
+//! `unsafe` code; here are the two calls whose soundness depends on what
+//! follows them (the sentry's fork, the command's pre-exec), each saying
+//! why it holds.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+
+use crate::sys::{self, Forked};
 
 /// What `waitpid` reported about the child.
 #[derive(Debug, Clone, Copy)]
@@ -95,44 +101,29 @@ pub struct Terminal {
 impl Terminal {
     /// The controlling terminal (`/dev/tty`), if there is one.
     pub fn open() -> Option<Terminal> {
-        // SAFETY: a NUL-terminated path; the returned fd is owned below.
-        let fd = unsafe {
-            libc::open(
-                c"/dev/tty".as_ptr(),
-                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        // SAFETY: a fresh fd nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        Some(Terminal { fd })
+        sys::open_tty().map(|fd| Terminal { fd })
     }
 
     fn foreground(&self) -> libc::pid_t {
-        // SAFETY: a valid fd.
-        unsafe { libc::tcgetpgrp(self.fd.as_raw_fd()) }
+        sys::foreground_group(self.fd.as_fd())
     }
 
     /// Whether `redis-lock`'s group has the terminal.
     pub fn ours(&self) -> bool {
-        // SAFETY: no arguments.
-        self.foreground() == unsafe { libc::getpgrp() }
+        self.foreground() == sys::own_group()
     }
 
     /// Gives the terminal to `group` (SIGTTOU blocked meanwhile, as a shell
     /// does, since the caller may be in the background).
     pub fn give_to(&self, group: libc::pid_t) {
-        give_terminal(self.fd.as_raw_fd(), group);
+        sys::give_terminal(self.fd.as_raw_fd(), group);
     }
 
     /// Gives the terminal back to `redis-lock`'s group if `group` has it
     /// (the child exited; the shell takes it from there).
     pub fn take_back_from(&self, group: libc::pid_t) {
         if self.foreground() == group {
-            // SAFETY: no arguments.
-            self.give_to(unsafe { libc::getpgrp() });
+            self.give_to(sys::own_group());
         }
     }
 
@@ -141,37 +132,10 @@ impl Terminal {
     }
 }
 
-/// tcsetpgrp with SIGTTOU blocked; only async-signal-safe calls (it also
-/// runs in the forked child before exec).
-fn give_terminal(fd: libc::c_int, group: libc::pid_t) {
-    with_sigttou_blocked(|| {
-        // SAFETY: a plain syscall.
-        unsafe { libc::tcsetpgrp(fd, group) };
-    });
-}
-
-/// Runs `f` with SIGTTOU blocked on this thread: a process outside the
-/// terminal's foreground group may then change or write to it (with `stty
-/// tostop` a write from the background otherwise raises SIGTTOU, and with
-/// redis-lock's handler installed the write is restarted, raising it again,
-/// for ever). Async-signal-safe if `f` is.
-fn with_sigttou_blocked(f: impl FnOnce()) {
-    // SAFETY: plain syscalls on stack sigsets.
-    unsafe {
-        let mut block: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut block);
-        libc::sigaddset(&mut block, libc::SIGTTOU);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut old);
-        f();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-    }
-}
-
 /// A line on stderr while the job may have the terminal (redis-lock is then
-/// in the background): see [`with_sigttou_blocked`].
+/// in the background): see [`sys::with_sigttou_blocked`].
 pub fn say(line: std::fmt::Arguments) {
-    with_sigttou_blocked(|| {
+    sys::with_sigttou_blocked(|| {
         use std::io::Write;
         let _ = writeln!(std::io::stderr(), "{line}");
     });
@@ -181,57 +145,47 @@ pub fn say(line: std::fmt::Arguments) {
 /// parent may exec redis-lock so) makes the kernel reap the children
 /// itself, and the command's exit would never be seen.
 pub fn default_sigchld() {
-    // SAFETY: a plain syscall with a valid disposition.
-    unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
-    }
+    sys::set_disposition(libc::SIGCHLD, false);
 }
 
 /// Prepares `command` to run as the lock's job: its own process group,
 /// killed when `redis-lock` dies, and given the terminal if `terminal` is
 /// the one `redis-lock` has in the foreground.
 pub fn prepare(command: &mut std::process::Command, terminal: Option<&Terminal>) {
-    // SAFETY: no arguments.
-    let parent = unsafe { libc::getpid() };
+    use std::os::unix::process::CommandExt;
+    let parent = sys::own_pid();
     let tty = terminal.filter(|t| t.ours()).map(Terminal::raw);
     command.process_group(0);
-    // SAFETY: the closure runs in the forked child before exec and makes
-    // only async-signal-safe calls (prctl, getppid, setpgid, tcsetpgrp,
-    // sigprocmask).
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // redis-lock died before the line above: nobody holds the lock.
-            if libc::getppid() != parent {
-                return Err(io::Error::other("redis-lock exited"));
-            }
-            libc::setpgid(0, 0);
-            if let Some(fd) = tty {
-                give_terminal(fd, libc::getpid());
-            }
-            Ok(())
-        });
-    }
+    let in_child = move || {
+        sys::die_with_parent()?;
+        // redis-lock died before the line above: nobody holds the lock.
+        // (ESRCH, "no such process": an errno, so nothing is allocated.)
+        if sys::parent_pid() != parent {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        sys::lead_own_group();
+        if let Some(fd) = tty {
+            sys::give_terminal(fd, sys::own_pid());
+        }
+        Ok(())
+    };
+    // SAFETY: `in_child` makes only `sys` calls (async-signal-safe, no
+    // allocation) on integers it captured, and its errors are errnos
+    // (`io::Error` of an OS error allocates nothing).
+    unsafe { sys::pre_exec(command, in_child) };
 }
 
 /// Makes `redis-lock` the reaper of its orphaned descendants, so the
 /// members of the job's group that outlive the command become its children
 /// (reaped by [`watch`]) rather than init's.
 pub fn become_subreaper() {
-    // SAFETY: a plain prctl with integer arguments.
-    unsafe {
-        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong);
-    }
+    sys::become_subreaper();
 }
 
 /// Whether any process is left in `group` (one that cannot be signalled
 /// for want of permission still counts).
 pub fn group_alive(group: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks.
-    let r = unsafe { libc::kill(-group, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    sys::group_alive(group)
 }
 
 /// Reports the job's stops and continues, the command's exit, then the
@@ -244,18 +198,15 @@ pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
     std::thread::spawn(move || {
         let mut leader_done = false;
         loop {
-            let mut status: libc::c_int = 0;
             // While the command runs, wait for it; after, poll the group.
             let flags =
                 libc::WUNTRACED | libc::WCONTINUED | if leader_done { libc::WNOHANG } else { 0 };
-            // SAFETY: a valid pointer to a local.
-            let r = unsafe { libc::waitpid(-1, &mut status, flags) };
-            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            let waited = sys::wait_any(flags);
+            if waited == Err(libc::EINTR) {
                 continue;
             }
-            if r > 0 {
-                // SAFETY: a plain syscall (fails for a reaped pid).
-                let in_job = r == leader || unsafe { libc::getpgid(r) } == leader;
+            if let Ok(Some((r, status))) = waited {
+                let in_job = r == leader || sys::group_of(r) == leader;
                 let event = if !in_job {
                     None // the sentry, or a process that left the job
                 } else if libc::WIFSTOPPED(status) {
@@ -278,7 +229,7 @@ pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
                 }
                 continue;
             }
-            if r < 0 && !leader_done {
+            if waited.is_err() && !leader_done {
                 // ECHILD: the command is gone without a status for us
                 // (not a success: its status is unknown).
                 leader_done = true;
@@ -342,29 +293,18 @@ impl Sentry {
     /// Forks the sentry; None if it cannot (then the command alone dies
     /// with `redis-lock`, through PDEATHSIG).
     pub fn post() -> Option<Sentry> {
-        let mut fds = [0 as libc::c_int; 2];
-        // SAFETY: a valid array of two fds.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return None;
-        }
-        // SAFETY: both fds are fresh and owned here.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: fork() in a process with threads (tokio's) is sound for a
-        // child that only makes async-signal-safe calls until it exits,
-        // as POSIX requires: the child here never returns into Rust code
-        // that could take a lock another thread held at the fork (no
-        // allocation, no stdio, no tokio), and ends with _exit. Its calls:
-        // setpgid, signal, close, poll, read, clock_gettime, killpg, _exit.
-        match unsafe { libc::fork() } {
-            -1 => None,
-            // SAFETY: the child (see above): each call takes plain integers
-            // or a pointer to a local, and `keep` is the pipe's read end,
-            // open in the child.
-            0 => unsafe {
+        let (read, write) = sys::pipe()?;
+        // SAFETY: the child branch makes only `sys` calls (async-signal-
+        // safe, no allocation, no stdio, no tokio) and ends in
+        // `sys::exit_now`: it never returns into code that could take a
+        // lock another thread held at the fork. Its calls: setpgid,
+        // signal, close, poll, read, clock_gettime, killpg, _exit.
+        match unsafe { sys::fork() }? {
+            Forked::Child => {
                 let keep = read.as_raw_fd();
                 // Out of the terminal's reach (Ctrl-C goes to a foreground
                 // group) and of the job's signals.
-                libc::setpgid(0, 0);
+                sys::lead_own_group();
                 for sig in [
                     libc::SIGINT,
                     libc::SIGQUIT,
@@ -375,19 +315,15 @@ impl Sentry {
                     libc::SIGTTOU,
                     libc::SIGPIPE,
                 ] {
-                    libc::signal(sig, libc::SIG_IGN);
+                    sys::set_disposition(sig, true);
                 }
                 // Hold nothing of redis-lock's (its output pipes, sockets,
                 // the write end).
-                for fd in 0..1024 {
-                    if fd != keep {
-                        libc::close(fd);
-                    }
-                }
+                sys::close_all_but(keep);
                 watch_over(keep);
-                libc::_exit(0)
-            },
-            _ => {
+                sys::exit_now(0)
+            }
+            Forked::Parent => {
                 drop(read);
                 Some(Sentry { write })
             }
@@ -416,15 +352,8 @@ impl Sentry {
     fn send(&self, kind: u8, payload: u64) {
         let mut message = [kind; 9];
         message[1..].copy_from_slice(&payload.to_ne_bytes());
-        // SAFETY: a local buffer to an owned fd; a pipe write this small is
-        // atomic.
-        unsafe {
-            libc::write(
-                self.write.as_raw_fd(),
-                message.as_ptr().cast(),
-                message.len(),
-            );
-        }
+        // One write: a pipe write this small arrives whole.
+        sys::write(self.write.as_fd(), &message);
     }
 }
 
@@ -438,13 +367,7 @@ fn watch_over(fd: libc::c_int) {
     let mut deadline = u64::MAX;
     loop {
         // Drain what is there (poll with no wait), then judge.
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        while unsafe { libc::poll(&mut pfd, 1, 0) } > 0 {
+        while sys::readable(fd, 0) {
             let Some(message) = read_message(fd) else {
                 kill_group(group); // EOF: redis-lock is gone
                 return;
@@ -465,8 +388,8 @@ fn watch_over(fd: libc::c_int) {
             return;
         }
         let wait_ms = (deadline.saturating_sub(now) / 1_000_000 + 1).min(1000) as libc::c_int;
-        // SAFETY: one valid pollfd; woken by a message, EOF or the timeout.
-        unsafe { libc::poll(&mut pfd, 1, wait_ms) };
+        // Woken by a message, EOF or the timeout.
+        sys::readable(fd, wait_ms);
     }
 }
 
@@ -475,20 +398,11 @@ fn read_message(fd: libc::c_int) -> Option<[u8; 9]> {
     let mut message = [0u8; 9];
     let mut have = 0;
     while have < message.len() {
-        // SAFETY: reads into the rest of a local buffer.
-        let n = unsafe {
-            libc::read(
-                fd,
-                message.as_mut_ptr().add(have).cast(),
-                message.len() - have,
-            )
-        };
-        if n > 0 {
-            have += n as usize;
-        } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-            continue;
-        } else {
-            return None;
+        match sys::read(fd, &mut message[have..]) {
+            Ok(0) => return None,
+            Ok(n) => have += n,
+            Err(libc::EINTR) => continue,
+            Err(_) => return None,
         }
     }
     Some(message)
@@ -496,30 +410,22 @@ fn read_message(fd: libc::c_int) -> Option<[u8; 9]> {
 
 fn kill_group(group: libc::pid_t) {
     if group > 1 {
-        // SAFETY: a plain syscall.
-        unsafe { libc::killpg(group, libc::SIGKILL) };
+        sys::signal_group(group, libc::SIGKILL);
     }
 }
 
 /// Sends `sig` to the child's process group (the child leads it).
 pub fn signal_group(group: libc::pid_t, sig: libc::c_int) {
-    // SAFETY: a plain syscall; a gone group only returns ESRCH.
-    unsafe {
-        libc::killpg(group, sig);
-    }
+    sys::signal_group(group, sig);
 }
 
 /// Stops `redis-lock` itself (the shell sees its job stopped) after giving
 /// the terminal back to its own group; returns once continued.
 pub fn stop_self(terminal: Option<&Terminal>) {
     if let Some(t) = terminal {
-        // SAFETY: no arguments.
-        t.give_to(unsafe { libc::getpgrp() });
+        t.give_to(sys::own_group());
     }
-    // SAFETY: stops this process until SIGCONT.
-    unsafe {
-        libc::raise(libc::SIGSTOP);
-    }
+    sys::stop_self();
 }
 
 /// The exit status `redis-lock` reports for the child's wait status: its
