@@ -7,7 +7,7 @@ use std::os::raw::c_int;
 use redis_module::configuration::{
     register_bool_configuration, register_i64_configuration, ConfigurationFlags,
 };
-use redis_module::raw::{self, RedisModuleCtx};
+use redis_module::raw;
 use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::core::args::{OptionSpec, OptionValue};
@@ -80,7 +80,7 @@ fn register_options(ctx: &Context, args: &[RedisString]) -> Result<(), String> {
             }
         }
     }
-    match ffi::load_configs(ctx.ctx) {
+    match ffi::load_configs(ffi::Ctx::of(ctx)) {
         None => Err("RedisModule_LoadConfigs is not available".into()),
         Some(false) => {
             Err("a lock.* line of the config file is invalid (see the line above)".into())
@@ -93,7 +93,7 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     // First: on an older server the option and command APIs below are NULL.
     check_server_version()?;
     register_options(context, args)?;
-    let ctx: *mut RedisModuleCtx = context.ctx;
+    let ctx = ffi::Ctx::of(context);
     // One call: the options are assigned, not added.
     // * HANDLE_IO_ERRORS: a damaged payload is refused instead of a panic,
     //   and replicas may load diskless;
@@ -114,7 +114,7 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     events::subscribe(ctx)?;
     events::read_server_state(ctx);
     sweep::start(ctx);
-    redis_module::raw::register_info_function(ctx, Some(info::info_section));
+    redis_module::raw::register_info_function(ctx.as_ptr(), Some(info::info_section));
     // Without persistence no loading event comes: start the fence mark and
     // the restart delay from the module's own start.
     engine::start_serving();

@@ -50,7 +50,9 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 use redis_module::raw;
 
 use super::engine;
-use super::ffi::{api, context_flags, guard, log_warning, KeyRef, OpenKey, Write};
+use super::ffi::{
+    api, context_flags, guard, log_warning, raw_callback, Ctx, KeyRef, OpenKey, Write,
+};
 use super::node::{self, STATS};
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
@@ -58,7 +60,7 @@ use crate::core::time;
 use crate::core::Lock;
 
 /// The type's unlink2 callback: a lock key left the keyspace.
-pub type UnlinkFn = extern "C" fn(*mut raw::RedisModuleKeyOptCtx, *const c_void);
+pub use super::ffi::UnlinkFn;
 
 /// Native type names are exactly 9 characters.
 pub const TYPE_NAME: &std::ffi::CStr = c"redislock";
@@ -74,7 +76,7 @@ impl LockType {
 
 pub static LOCK_TYPE: LockType = LockType(AtomicPtr::new(std::ptr::null_mut()));
 
-pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<(), &'static str> {
+pub fn register(ctx: Ctx, on_unlink: UnlinkFn) -> Result<(), &'static str> {
     let mut methods = raw::RedisModuleTypeMethods {
         // Version 4 (Redis 7.0) has aux fields and unlink2.
         version: 4,
@@ -93,7 +95,7 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
         defrag: None,
         mem_usage2: None,
         free_effort2: None,
-        unlink2: Some(on_unlink),
+        unlink2: raw_callback!(on_unlink),
         copy2: None,
         aux_save2: None,
     };
@@ -104,7 +106,14 @@ pub fn register(ctx: *mut raw::RedisModuleCtx, on_unlink: UnlinkFn) -> Result<()
     // SAFETY: ctx is the load context Redis gave `module::start`; the name
     // is 9 characters, NUL-terminated; Redis copies the methods, whose
     // callbacks are the functions of this file.
-    let t = unsafe { create(ctx, TYPE_NAME.as_ptr(), ENCODING_VERSION, &mut methods) };
+    let t = unsafe {
+        create(
+            ctx.as_ptr(),
+            TYPE_NAME.as_ptr(),
+            ENCODING_VERSION,
+            &mut methods,
+        )
+    };
     if t.is_null() {
         return Err("could not create the redislock data type");
     }
@@ -374,7 +383,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // fence is also bounded by the clock (see codec::check_restored_fence).
         let loading = raw::REDISMODULE_CTX_FLAGS_LOADING | raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
         // SAFETY: `rdb` is the IO context Redis gave this callback.
-        let io_ctx = unsafe { api!(RedisModule_GetContextFromIO)(rdb) };
+        let io_ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(rdb)) };
         let restoring = context_flags(io_ctx) & loading == 0;
         let now = node::conversion_now();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {

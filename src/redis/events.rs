@@ -10,7 +10,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::raw;
 
 use super::engine::Key;
-use super::ffi::{self, config_get, context_flags, guard, log_warning, Ctx, EventFn};
+use super::ffi::{
+    self, config_get, context_flags, guard, log_warning, Ctx, EventData, EventFn, KeyOpt,
+};
 use super::node::SERVER;
 use super::{blocked, engine, handoff, propagation, sweep, timer};
 
@@ -43,7 +45,7 @@ pub extern "C" fn on_loading(
     ctx: Ctx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the loading event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
@@ -60,7 +62,7 @@ pub extern "C" fn on_role_changed(
     ctx: Ctx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the role-changed event", (), || {
         propagation::replicas_possible();
@@ -79,7 +81,7 @@ pub extern "C" fn on_flush(
     _ctx: Ctx,
     event: raw::RedisModuleEvent,
     subevent: u64,
-    data: *mut c_void,
+    data: EventData,
 ) {
     guard("the flush event", (), || {
         if subevent != raw::REDISMODULE_SUBEVENT_FLUSHDB_END {
@@ -95,7 +97,7 @@ pub extern "C" fn on_swapdb(
     _ctx: Ctx,
     event: raw::RedisModuleEvent,
     _subevent: u64,
-    data: *mut c_void,
+    data: EventData,
 ) {
     guard("the swapdb event", (), || {
         if let Some((a, b)) = ffi::swapdb_event_dbs(event, data) {
@@ -109,7 +111,7 @@ pub extern "C" fn on_config_change(
     ctx: Ctx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the config event", (), || {
         propagation::refresh_aof_state(ctx);
@@ -125,7 +127,7 @@ pub extern "C" fn on_fork(
     ctx: Ctx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the fork event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_FORK_CHILD_BORN {
@@ -140,7 +142,7 @@ pub extern "C" fn on_cron(
     ctx: Ctx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the cron event", (), || {
         timer::heal();
@@ -153,7 +155,7 @@ pub extern "C" fn on_replica_change(
     _ctx: Ctx,
     _event: raw::RedisModuleEvent,
     _subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the replica event", (), propagation::replicas_possible)
 }
@@ -162,7 +164,7 @@ pub extern "C" fn on_replica_change(
 /// a user's EXPIRE coming due, eviction, MOVE, RENAME). Its waiters are
 /// looked at again from the timer; it may run inside the engine (a grant
 /// that replaces a value frees the old one), so it only queues.
-pub extern "C" fn on_unlink(opt: *mut raw::RedisModuleKeyOptCtx, _value: *const c_void) {
+pub extern "C" fn on_unlink(opt: KeyOpt, _value: *const c_void) {
     guard("unlink", (), || {
         if !engine::may_have_waiters() {
             return;
@@ -180,7 +182,7 @@ pub extern "C" fn on_event_loop(
     _ctx: Ctx,
     _event: raw::RedisModuleEvent,
     subevent: u64,
-    _data: *mut c_void,
+    _data: EventData,
 ) {
     guard("the before-sleep event", (), || {
         if subevent == raw::REDISMODULE_SUBEVENT_EVENTLOOP_BEFORE_SLEEP {

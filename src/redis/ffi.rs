@@ -10,15 +10,21 @@
 //!   again, so reading an entry is a read of an initialized static. Entries
 //!   a server may lack (NULL, here `None`) are checked; [`api!`] is only for
 //!   those every supported server (7.0+, checked at load) has.
-//! * Handles: the raw pointers the safe functions below take (`Ctx`, key
-//!   names, argv strings, open keys, blocked clients, IO and option
-//!   contexts) are ones Redis gave the caller for the callback it is
-//!   running, or created by it in that callback and not yet freed or
-//!   closed. The module never makes such a pointer up, nor keeps one past
-//!   its callback, except the timer's detached context and the sweep's scan
-//!   cursor, which live as long as the process. Such a pointer is valid for
-//!   the call; that is what each `// SAFETY:` comment below relies on when
-//!   it says "a handle Redis gave the caller".
+//! * Handles: the safe functions below take no raw pointer. A context is a
+//!   [`Ctx`], a string an [`RString`], an event's data an [`EventData`], an
+//!   unlink's option context a [`KeyOpt`]: `repr(transparent)` wrappers that
+//!   only Redis makes (as a callback's parameter: the callbacks are declared
+//!   over them, and [`raw_callback!`] gives Redis their raw type, the same
+//!   ABI) or this file (from what Redis returned). An open key is an
+//!   [`OpenKey`] or a [`KeyRef`], a blocked client a [`BlockedClient`], an
+//!   owned string an [`OwnedString`]. The module never keeps a callback's
+//!   handle past its callback; only a [`Detached`] context (and the sweep's
+//!   scan cursor) may be kept, in a [`DetachedSlot`]. So each handle is
+//!   valid for the call; that is what each `// SAFETY:` comment below
+//!   relies on when it says "a handle Redis gave the caller". (A `Ctx` or
+//!   `RString` is `Copy` and has no lifetime: that they are not kept past
+//!   their callback is the glue's discipline, which `tests/layering.rs`
+//!   does not check.)
 //! * Functions whose soundness depends on more than that (a lifetime, the
 //!   type behind a `void *`) are `unsafe fn` with a `# Safety` section, or
 //!   take typed data ([`Blocking`]) so that the type cannot be mistaken.
@@ -35,18 +41,77 @@ use redis_module::raw;
 
 use crate::core::error::LockError;
 
-pub type Ctx = *mut raw::RedisModuleCtx;
-pub type RString = *mut raw::RedisModuleString;
+/// A context Redis gave the module: the one a callback was called with
+/// (valid during that callback, and never kept past it), or a detached one
+/// (valid for the process). Safe code cannot make one from an arbitrary
+/// pointer: only Redis, through a callback's parameter (the type is
+/// `repr(transparent)` over the pointer), or [`Ctx::from_raw`] (unsafe).
+/// So the functions here that take a `Ctx` need no `unsafe` at the call.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ctx(*mut raw::RedisModuleCtx);
+
+impl Ctx {
+    /// # Safety
+    /// `ptr` is a context Redis gave the module, valid for as long as the
+    /// result is used (see the type).
+    pub unsafe fn from_raw(ptr: *mut raw::RedisModuleCtx) -> Ctx {
+        Ctx(ptr)
+    }
+
+    pub fn as_ptr(self) -> *mut raw::RedisModuleCtx {
+        self.0
+    }
+
+    /// The load context redismodule-rs hands the module's init, valid
+    /// while `context` is.
+    pub fn of(context: &redis_module::Context) -> Ctx {
+        Ctx(context.ctx)
+    }
+}
+
+/// A Redis string the module was given or made: a command's argument
+/// (valid during the command), one of a scan callback (during the
+/// callback), an [`OwnedString`]'s (while it lives). Made only here (or by
+/// Redis, through a callback's parameter), so the functions that take one
+/// need no `unsafe` at the call; used only within those lifetimes.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RString(*mut raw::RedisModuleString);
+
+impl RString {
+    pub fn as_ptr(self) -> *mut raw::RedisModuleString {
+        self.0
+    }
+}
+
 pub type KeyPtr = *mut raw::RedisModuleKey;
 
 /// A command's callback, as RM_CreateCommand takes it.
 pub type CommandFn = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
 
+/// A blocked client's reply or timeout callback.
+type BlockedFn = unsafe extern "C" fn(Ctx, *mut RString, c_int) -> c_int;
+
 /// A module timer's callback.
 pub type TimerFn = extern "C" fn(Ctx, *mut c_void);
 
 /// A server event's callback.
-pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, *mut c_void);
+pub type EventFn = extern "C" fn(Ctx, raw::RedisModuleEvent, u64, EventData);
+
+/// The data Redis passes a server event's callback (what it points at
+/// depends on the event: see [`flush_event_db`], [`swapdb_event_dbs`]).
+/// Made only by Redis, through the callback's parameter.
+#[repr(transparent)]
+pub struct EventData(*mut c_void);
+
+/// The option context Redis passes a type's unlink2 callback, valid
+/// during the callback. Made only by Redis, through its parameter.
+#[repr(transparent)]
+pub struct KeyOpt(*mut raw::RedisModuleKeyOptCtx);
+
+/// A type's unlink2 callback (a key of the type left the keyspace).
+pub type UnlinkFn = extern "C" fn(KeyOpt, *const c_void);
 
 /// Calls a module API function pointer. All the functions used through this
 /// exist on Redis 7.0 and later; if one is somehow missing, this panics, and
@@ -59,6 +124,21 @@ macro_rules! api {
     };
 }
 pub(crate) use api;
+
+/// A callback declared over [`Ctx`] and [`RString`] (`repr(transparent)`
+/// over the raw pointers), as the raw API's function type. `$f` must be a
+/// function *pointer* of the declared signature (a cast, so a function item,
+/// zero-sized, cannot slip through: transmute checks the sizes).
+macro_rules! raw_callback {
+    ($f:expr) => {{
+        #[allow(clippy::missing_transmute_annotations)] // the API's type, inferred
+        // SAFETY: the callback's parameters differ from the API's only by
+        // `repr(transparent)` wrappers of the same pointers: one ABI.
+        let f = unsafe { std::mem::transmute::<_, _>($f) };
+        Some(f)
+    }};
+}
+pub(crate) use raw_callback;
 
 /// An entry of the API table that a server may lack: `None` there.
 macro_rules! optional_api {
@@ -144,7 +224,7 @@ impl<'a> Argv<'a> {
 unsafe fn string_bytes<'a>(s: RString) -> &'a [u8] {
     let mut len = 0usize;
     // SAFETY: `s` is a valid string (the caller's contract).
-    let ptr = unsafe { api!(RedisModule_StringPtrLen)(s, &mut len) };
+    let ptr = unsafe { api!(RedisModule_StringPtrLen)(s.0, &mut len) };
     if ptr.is_null() || len == 0 {
         return &[];
     }
@@ -172,7 +252,7 @@ impl OwnedString {
         // SAFETY: ctx is a handle Redis gave the caller; Redis copies the
         // bytes and always returns a string.
         let ptr =
-            unsafe { api!(RedisModule_CreateString)(ctx, bytes.as_ptr().cast(), bytes.len()) };
+            unsafe { api!(RedisModule_CreateString)(ctx.0, bytes.as_ptr().cast(), bytes.len()) };
         OwnedString {
             ctx,
             ptr: NonNull::new(ptr).expect("RM_CreateString returns a string"),
@@ -183,13 +263,13 @@ impl OwnedString {
     fn take(ctx: Ctx, ptr: RString) -> Option<Self> {
         Some(OwnedString {
             ctx,
-            ptr: NonNull::new(ptr)?,
+            ptr: NonNull::new(ptr.0)?,
         })
     }
 
     /// The string, for a call (valid while this lives).
     pub fn get(&self) -> RString {
-        self.ptr.as_ptr()
+        RString(self.ptr.as_ptr())
     }
 }
 
@@ -197,7 +277,7 @@ impl Drop for OwnedString {
     fn drop(&mut self) {
         // SAFETY: a string this owns (created or handed over to be freed),
         // freed here once, with the context it was made with.
-        unsafe { api!(RedisModule_FreeString)(self.ctx, self.ptr.as_ptr()) };
+        unsafe { api!(RedisModule_FreeString)(self.ctx.0, self.ptr.as_ptr()) };
     }
 }
 
@@ -281,28 +361,28 @@ pub fn log_warning(message: &str) {
 
 pub fn reply_integer(ctx: Ctx, n: i64) {
     // SAFETY: ctx is a handle Redis gave the caller.
-    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx, n) };
+    unsafe { api!(RedisModule_ReplyWithLongLong)(ctx.0, n) };
 }
 
 pub fn reply_null(ctx: Ctx) {
     // SAFETY: ctx is a handle Redis gave the caller.
-    unsafe { api!(RedisModule_ReplyWithNull)(ctx) };
+    unsafe { api!(RedisModule_ReplyWithNull)(ctx.0) };
 }
 
 /// An error reply; `msg` starts with its error code (`ERR ...`).
 pub fn reply_error(ctx: Ctx, msg: &CStr) {
     // SAFETY: ctx is a handle Redis gave the caller; Redis copies `msg`.
-    unsafe { api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr()) };
+    unsafe { api!(RedisModule_ReplyWithError)(ctx.0, msg.as_ptr()) };
 }
 
 fn reply_simple_string(ctx: Ctx, s: &CStr) {
     // SAFETY: ctx is a handle Redis gave the caller; Redis copies `s`.
-    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx, s.as_ptr()) };
+    unsafe { api!(RedisModule_ReplyWithSimpleString)(ctx.0, s.as_ptr()) };
 }
 
 fn reply_bytes(ctx: Ctx, bytes: &[u8]) {
     // SAFETY: ctx is a handle Redis gave the caller; Redis copies the bytes.
-    unsafe { api!(RedisModule_ReplyWithStringBuffer)(ctx, bytes.as_ptr().cast(), bytes.len()) };
+    unsafe { api!(RedisModule_ReplyWithStringBuffer)(ctx.0, bytes.as_ptr().cast(), bytes.len()) };
 }
 
 /// The header of a map of `len` pairs: a map where the server has
@@ -311,9 +391,9 @@ fn reply_bytes(ctx: Ctx, bytes: &[u8]) {
 fn reply_map_header(ctx: Ctx, len: usize) {
     match optional_api!(RedisModule_ReplyWithMap) {
         // SAFETY: ctx is a handle Redis gave the caller.
-        Some(with_map) => unsafe { with_map(ctx, len as _) },
+        Some(with_map) => unsafe { with_map(ctx.0, len as _) },
         // SAFETY: as above.
-        None => unsafe { api!(RedisModule_ReplyWithArray)(ctx, (len * 2) as _) },
+        None => unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, (len * 2) as _) },
     };
 }
 
@@ -356,7 +436,7 @@ pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
         return true;
     };
     // SAFETY: ctx is a handle Redis gave the caller.
-    let Some(name) = OwnedString::take(ctx, unsafe { user_name(ctx) }) else {
+    let Some(name) = OwnedString::take(ctx, RString(unsafe { user_name(ctx.0) })) else {
         return true;
     };
     user_may_write_key(name.get(), key)
@@ -374,13 +454,13 @@ pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
         return true;
     };
     // SAFETY: `user_name` is a string Redis gave the caller.
-    let user = unsafe { get_user(user_name) };
+    let user = unsafe { get_user(user_name.0) };
     if user.is_null() {
         return false; // the user was deleted meanwhile
     }
     // SAFETY: `user` was just returned (not NULL) and is freed below; `key`
     // is a handle Redis gave the caller.
-    let allowed = unsafe { check(user, key, raw::REDISMODULE_CMD_KEY_UPDATE as c_int) }
+    let allowed = unsafe { check(user, key.0, raw::REDISMODULE_CMD_KEY_UPDATE as c_int) }
         == raw::REDISMODULE_OK as c_int;
     // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
     unsafe { free_user(user) };
@@ -404,12 +484,12 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
         return true;
     };
     // SAFETY: `user_name` is a string Redis gave the caller.
-    let user = unsafe { get_user(user_name) };
+    let user = unsafe { get_user(user_name.0) };
     if user.is_null() {
         return false;
     }
     let words = [b"LOCK.ACQUIRE".as_slice(), b"t", b"1"].map(|w| OwnedString::new(ctx, w));
-    let mut argv = [words[0].get(), key, words[1].get(), words[2].get()];
+    let mut argv = [words[0].get(), key, words[1].get(), words[2].get()].map(RString::as_ptr);
     // SAFETY: `user` was just returned (not NULL) and is freed below; argv
     // holds four valid strings, alive for the call (`words` and `key`).
     let allowed = unsafe { check(user, argv.as_mut_ptr(), argv.len() as c_int) }
@@ -441,7 +521,7 @@ pub fn writes_paused() -> bool {
 pub fn context_flags(ctx: Ctx) -> u32 {
     match optional_api!(RedisModule_GetContextFlags) {
         // SAFETY: ctx is a handle Redis gave the caller.
-        Some(f) => unsafe { f(ctx) as u32 },
+        Some(f) => unsafe { f(ctx.0) as u32 },
         None => 0,
     }
 }
@@ -461,7 +541,7 @@ pub fn server_version() -> Option<c_int> {
 pub fn set_module_options(ctx: Ctx, options: c_int) -> Option<()> {
     let set_options = optional_api!(RedisModule_SetModuleOptions)?;
     // SAFETY: ctx is the load context Redis gave the caller.
-    unsafe { set_options(ctx, options) };
+    unsafe { set_options(ctx.0, options) };
     Some(())
 }
 
@@ -470,27 +550,51 @@ pub fn set_module_options(ctx: Ctx, options: c_int) -> Option<()> {
 pub fn load_configs(ctx: Ctx) -> Option<bool> {
     let load = optional_api!(RedisModule_LoadConfigs)?;
     // SAFETY: ctx is the load context Redis gave the caller.
-    Some(unsafe { load(ctx) } == raw::REDISMODULE_OK as c_int)
+    Some(unsafe { load(ctx.0) } == raw::REDISMODULE_OK as c_int)
 }
 
 /// A detached thread-safe context (for the process's life), or None where
 /// the server lacks it.
-pub fn detached_context(ctx: Ctx) -> Option<Ctx> {
+pub fn detached_context(ctx: Ctx) -> Option<Detached> {
     let detached = optional_api!(RedisModule_GetDetachedThreadSafeContext)?;
     // SAFETY: ctx is the load context Redis gave the caller.
-    Some(unsafe { detached(ctx) })
+    Some(Detached(Ctx(unsafe { detached(ctx.0) })))
+}
+
+/// A detached context: valid for the process, so it may be kept.
+#[derive(Clone, Copy)]
+pub struct Detached(Ctx);
+
+/// A place for a [`Detached`] context, in a static (a callback's context
+/// cannot be put there: it would outlive its callback).
+pub struct DetachedSlot(std::sync::atomic::AtomicPtr<raw::RedisModuleCtx>);
+
+impl DetachedSlot {
+    pub const fn new() -> Self {
+        DetachedSlot(std::sync::atomic::AtomicPtr::new(std::ptr::null_mut()))
+    }
+
+    pub fn set(&self, ctx: Detached) {
+        self.0.store(ctx.0 .0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The context, once set.
+    pub fn get(&self) -> Option<Ctx> {
+        let ptr = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        (!ptr.is_null()).then_some(Ctx(ptr))
+    }
 }
 
 /// The db selected in `ctx`.
 pub fn selected_db(ctx: Ctx) -> i32 {
     // SAFETY: ctx is a handle Redis gave the caller.
-    unsafe { api!(RedisModule_GetSelectedDb)(ctx) }
+    unsafe { api!(RedisModule_GetSelectedDb)(ctx.0) }
 }
 
 /// Selects `db` in `ctx`; false when there is no such db.
 pub fn select_db(ctx: Ctx, db: i32) -> bool {
     // SAFETY: ctx is a handle Redis gave the caller.
-    unsafe { api!(RedisModule_SelectDb)(ctx, db) == raw::REDISMODULE_OK as c_int }
+    unsafe { api!(RedisModule_SelectDb)(ctx.0, db) == raw::REDISMODULE_OK as c_int }
 }
 
 /// INFO `section`'s signed fields `names`: each one's value, or None where
@@ -509,7 +613,7 @@ pub fn server_info_signed<const N: usize>(
     };
     // SAFETY: ctx is a handle Redis gave the caller; `section` is a
     // NUL-terminated string alive for the call.
-    let info = unsafe { get(ctx, section.as_ptr()) };
+    let info = unsafe { get(ctx.0, section.as_ptr()) };
     if info.is_null() {
         return None;
     }
@@ -520,7 +624,7 @@ pub fn server_info_signed<const N: usize>(
         (err == 0).then_some(value)
     });
     // SAFETY: `info` came from RM_GetServerInfo with this ctx, freed once.
-    unsafe { free(ctx, info) };
+    unsafe { free(ctx.0, info) };
     Some(values)
 }
 
@@ -531,7 +635,7 @@ pub fn config_get(ctx: Ctx, name: &CStr) -> Option<String> {
     // the two NUL-terminated strings that follow.
     let reply = unsafe {
         call(
-            ctx,
+            ctx.0,
             c"CONFIG".as_ptr(),
             c"cc".as_ptr(),
             c"GET".as_ptr(),
@@ -556,7 +660,7 @@ pub fn cluster_nodes(ctx: Ctx) -> Option<String> {
     let call = optional_api!(RedisModule_Call)?;
     // SAFETY: ctx is a handle Redis gave the caller; the format "c" names
     // the NUL-terminated string that follows.
-    let reply = unsafe { call(ctx, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr()) };
+    let reply = unsafe { call(ctx.0, c"CLUSTER".as_ptr(), c"c".as_ptr(), c"NODES".as_ptr()) };
     if reply.is_null() {
         return None;
     }
@@ -614,7 +718,7 @@ impl<M: Mode> OpenKey<M> {
     /// that does not exist (a [`Write`] open of a missing key gets one).
     pub fn open(ctx: Ctx, name: RString) -> Option<Self> {
         // SAFETY: ctx and name are handles Redis gave the caller.
-        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx, name, M::FLAGS) };
+        let ptr = unsafe { api!(RedisModule_OpenKey)(ctx.0, name.0, M::FLAGS) };
         Some(OpenKey {
             ptr: NonNull::new(ptr)?,
             mode: PhantomData,
@@ -702,16 +806,17 @@ pub fn key_exists(ctx: Ctx, name: RString) -> bool {
 /// Signals `name` as modified (WATCH, client-side caching).
 pub fn signal_modified_key(ctx: Ctx, name: RString) {
     // SAFETY: ctx and name are handles Redis gave the caller.
-    unsafe { api!(RedisModule_SignalModifiedKey)(ctx, name) };
+    unsafe { api!(RedisModule_SignalModifiedKey)(ctx.0, name.0) };
 }
 
 /// The key an unlink2 callback is about: (db, name).
-pub fn unlinked_key(opt: *mut raw::RedisModuleKeyOptCtx) -> (i32, Box<[u8]>) {
+pub fn unlinked_key(opt: KeyOpt) -> (i32, Box<[u8]>) {
+    let opt = opt.0;
     // SAFETY: `opt` is the option context Redis gave the callback.
     let name = unsafe { api!(RedisModule_GetKeyNameFromOptCtx)(opt) };
     // SAFETY: as above.
     let db = unsafe { api!(RedisModule_GetDbIdFromOptCtx)(opt) };
-    (db, string_copy(name.cast_mut()))
+    (db, string_copy(RString(name.cast_mut())))
 }
 
 // ---- replication ----
@@ -720,14 +825,14 @@ pub fn unlinked_key(opt: *mut raw::RedisModuleKeyOptCtx) -> (i32, Box<[u8]>) {
 /// it as it came, where anything receives it.
 pub fn replicate_verbatim(ctx: Ctx) {
     // SAFETY: ctx is a handle Redis gave the caller.
-    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx) };
+    unsafe { api!(RedisModule_ReplicateVerbatim)(ctx.0) };
 }
 
 /// Replicates `command key` (`DEL`, `PERSIST`).
 pub fn replicate_key_command(ctx: Ctx, command: &CStr, name: RString) {
     // SAFETY: ctx and name are handles Redis gave the caller; the format
     // "s" names the one RedisModuleString that follows.
-    unsafe { api!(RedisModule_Replicate)(ctx, command.as_ptr(), c"s".as_ptr(), name) };
+    unsafe { api!(RedisModule_Replicate)(ctx.0, command.as_ptr(), c"s".as_ptr(), name.0) };
 }
 
 /// Replicates `LOCK._SET name token fence deadline-ms granted-ms`.
@@ -744,7 +849,7 @@ pub fn replicate_lock_set(
     // length (copied by Redis), and three long longs.
     unsafe {
         api!(RedisModule_Replicate)(
-            ctx,
+            ctx.0,
             c"LOCK._SET".as_ptr(),
             c"sblll".as_ptr(),
             name,
@@ -779,10 +884,10 @@ pub fn notify_lock_event(ctx: Ctx, event: &CStr, key: RString) {
         // copies the event name.
         unsafe {
             notify(
-                ctx,
+                ctx.0,
                 raw::REDISMODULE_NOTIFY_MODULE as c_int,
                 event.as_ptr(),
-                key,
+                key.0,
             )
         };
     }
@@ -795,14 +900,16 @@ pub fn notify_lock_event(ctx: Ctx, event: &CStr, key: RString) {
 pub fn subscribe_to_server_event(ctx: Ctx, id: u64, callback: EventFn) -> Option<bool> {
     let subscribe = optional_api!(RedisModule_SubscribeToServerEvent)?;
     let event = raw::RedisModuleEvent { id, dataver: 1 };
+    let callback = raw_callback!(callback as EventFn);
     // SAFETY: ctx is the load context Redis gave the caller; the callback
     // is a plain function.
-    Some(unsafe { subscribe(ctx, event, Some(callback)) } == raw::REDISMODULE_OK as c_int)
+    Some(unsafe { subscribe(ctx.0, event, callback) } == raw::REDISMODULE_OK as c_int)
 }
 
 /// The db a FLUSHDB event is about (-1: all), from the `event` and `data`
 /// Redis passed an event callback; None for another event or no data.
-pub fn flush_event_db(event: raw::RedisModuleEvent, data: *mut c_void) -> Option<i32> {
+pub fn flush_event_db(event: raw::RedisModuleEvent, data: EventData) -> Option<i32> {
+    let data = data.0;
     if event.id != raw::REDISMODULE_EVENT_FLUSHDB || data.is_null() {
         return None;
     }
@@ -813,7 +920,8 @@ pub fn flush_event_db(event: raw::RedisModuleEvent, data: *mut c_void) -> Option
 
 /// The two dbs a SWAPDB event swapped, from the `event` and `data` Redis
 /// passed an event callback; None for another event or no data.
-pub fn swapdb_event_dbs(event: raw::RedisModuleEvent, data: *mut c_void) -> Option<(i32, i32)> {
+pub fn swapdb_event_dbs(event: raw::RedisModuleEvent, data: EventData) -> Option<(i32, i32)> {
+    let data = data.0;
     if event.id != raw::REDISMODULE_EVENT_SWAPDB || data.is_null() {
         return None;
     }
@@ -827,10 +935,11 @@ pub fn swapdb_event_dbs(event: raw::RedisModuleEvent, data: *mut c_void) -> Opti
 
 /// Creates a timer calling `callback` (with no data) after `period_ms`.
 pub fn create_timer(ctx: Ctx, period_ms: i64, callback: TimerFn) -> u64 {
+    let callback = raw_callback!(callback as TimerFn);
     // SAFETY: ctx is a handle Redis gave the caller (or the detached
     // context, alive for the process); the callback is a plain function and
     // its data is NULL.
-    unsafe { api!(RedisModule_CreateTimer)(ctx, period_ms, Some(callback), std::ptr::null_mut()) }
+    unsafe { api!(RedisModule_CreateTimer)(ctx.0, period_ms, callback, std::ptr::null_mut()) }
 }
 
 /// Stops the timer `id` (a stale id is refused by Redis, changing nothing).
@@ -838,7 +947,7 @@ pub fn stop_timer(ctx: Ctx, id: u64) {
     let mut data: *mut c_void = std::ptr::null_mut();
     // SAFETY: ctx as in `create_timer`; `data` is a valid out-pointer (the
     // module's timers carry no data to free).
-    unsafe { api!(RedisModule_StopTimer)(ctx, id, &mut data) };
+    unsafe { api!(RedisModule_StopTimer)(ctx.0, id, &mut data) };
 }
 
 // ---- the keyspace scan ----
@@ -883,11 +992,12 @@ impl ScanCursor {
             });
             f(name, key);
         }
+        let each =
+            raw_callback!(each::<F> as unsafe extern "C" fn(Ctx, RString, KeyPtr, *mut c_void));
         // SAFETY: ctx is a handle Redis gave the caller, the cursor is ours,
         // and `f` outlives the call (RM_Scan calls back only during it).
-        let more = unsafe {
-            api!(RedisModule_Scan)(ctx, self.0, Some(each::<F>), (&mut f as *mut F).cast())
-        };
+        let more =
+            unsafe { api!(RedisModule_Scan)(ctx.0, self.0, each, (&mut f as *mut F).cast()) };
         more != 0
     }
 }
@@ -926,18 +1036,14 @@ unsafe impl<B: Blocking> Send for BlockedClient<B> {}
 /// Blocks the calling client, with `B`'s callbacks and Redis's own timeout
 /// `timeout_ms` (0: none). None if Redis gave no handle.
 pub fn block_client<B: Blocking>(ctx: Ctx, timeout_ms: i64) -> Option<BlockedClient<B>> {
+    let on_reply = raw_callback!(blocked_on_reply::<B> as BlockedFn);
+    let on_timeout = raw_callback!(blocked_on_timeout::<B> as BlockedFn);
+    let on_free = raw_callback!(blocked_free::<B> as unsafe extern "C" fn(Ctx, *mut c_void));
     // SAFETY: ctx is the running command's context; the callbacks expect
     // the data type `B::Data`, the only one `BlockedClient<B>::unblock`
     // hands Redis.
-    let ptr = unsafe {
-        api!(RedisModule_BlockClient)(
-            ctx,
-            Some(blocked_on_reply::<B>),
-            Some(blocked_on_timeout::<B>),
-            Some(blocked_free::<B>),
-            timeout_ms,
-        )
-    };
+    let ptr =
+        unsafe { api!(RedisModule_BlockClient)(ctx.0, on_reply, on_timeout, on_free, timeout_ms) };
     Some(BlockedClient {
         ptr: NonNull::new(ptr)?,
         blocking: PhantomData,
@@ -955,8 +1061,12 @@ impl<B: Blocking> BlockedClient<B> {
     /// (where the server has RM_SetDisconnectCallback).
     pub fn set_disconnect_callback(&self) {
         if let Some(set_disconnect) = optional_api!(RedisModule_SetDisconnectCallback) {
+            let callback = raw_callback!(
+                blocked_on_disconnect::<B>
+                    as unsafe extern "C" fn(Ctx, *mut raw::RedisModuleBlockedClient)
+            );
             // SAFETY: a handle not yet unblocked (this owns it).
-            unsafe { set_disconnect(self.ptr.as_ptr(), Some(blocked_on_disconnect::<B>)) };
+            unsafe { set_disconnect(self.ptr.as_ptr(), callback) };
         }
     }
 
@@ -996,7 +1106,7 @@ unsafe extern "C" fn blocked_on_reply<B: Blocking>(
         // NULL or the Box<B::Data> it was unblocked with (`unblock`), owned
         // by Redis until `blocked_free`, and not otherwise used meanwhile.
         let data = unsafe {
-            api!(RedisModule_GetBlockedClientPrivateData)(ctx)
+            api!(RedisModule_GetBlockedClientPrivateData)(ctx.0)
                 .cast::<B::Data>()
                 .as_mut()
         };
@@ -1012,7 +1122,7 @@ unsafe extern "C" fn blocked_on_timeout<B: Blocking>(
 ) -> c_int {
     guard("the blocked-client timeout", (), || {
         // SAFETY: ctx is the timeout callback's context.
-        let client = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx) } as usize;
+        let client = unsafe { api!(RedisModule_GetBlockedClientHandle)(ctx.0) } as usize;
         B::on_timeout(ctx, client);
     });
     raw::REDISMODULE_OK as c_int
@@ -1043,7 +1153,7 @@ unsafe extern "C" fn blocked_free<B: Blocking>(_ctx: Ctx, data: *mut c_void) {
 /// The calling client's id, where the server can tell.
 pub fn client_id(ctx: Ctx) -> Option<u64> {
     // SAFETY: ctx is a handle Redis gave the caller.
-    optional_api!(RedisModule_GetClientId).map(|get| unsafe { get(ctx) })
+    optional_api!(RedisModule_GetClientId).map(|get| unsafe { get(ctx.0) })
 }
 
 /// Whether the calling client is blocked now (RM_BlockClient can refuse, for
@@ -1065,7 +1175,7 @@ pub fn client_is_blocked(ctx: Ctx) -> bool {
         db: 0,
     };
     // SAFETY: ctx is a handle Redis gave the caller.
-    let id = unsafe { get_id(ctx) };
+    let id = unsafe { get_id(ctx.0) };
     // SAFETY: `info` is a version-1 RedisModuleClientInfo that Redis fills.
     let found = unsafe { get_info((&mut info as *mut raw::RedisModuleClientInfo).cast(), id) };
     found != raw::REDISMODULE_OK as c_int
@@ -1077,7 +1187,7 @@ pub fn client_is_blocked(ctx: Ctx) -> bool {
 pub fn client_user_name(ctx: Ctx, id: u64) -> Option<OwnedString> {
     let user_name = optional_api!(RedisModule_GetClientUserNameById)?;
     // SAFETY: ctx is a handle Redis gave the caller.
-    OwnedString::take(ctx, unsafe { user_name(ctx, id) })
+    OwnedString::take(ctx, RString(unsafe { user_name(ctx.0, id) }))
 }
 
 // ---- commands ----
@@ -1091,9 +1201,10 @@ pub fn can_create_commands() -> bool {
 /// accepted; None where it lacks the API.
 pub fn create_command(ctx: Ctx, name: &CStr, callback: CommandFn, flags: &CStr) -> Option<bool> {
     let create = optional_api!(RedisModule_CreateCommand)?;
+    let callback = raw_callback!(callback);
     // SAFETY: ctx is the load context Redis gave the caller; Redis copies
     // the strings; the callback is a plain function.
-    let ok = unsafe { create(ctx, name.as_ptr(), Some(callback), flags.as_ptr(), 1, 1, 1) };
+    let ok = unsafe { create(ctx.0, name.as_ptr(), callback, flags.as_ptr(), 1, 1, 1) };
     Some(ok == raw::REDISMODULE_OK as c_int)
 }
 
@@ -1101,7 +1212,7 @@ pub fn create_command(ctx: Ctx, name: &CStr, callback: CommandFn, flags: &CStr) 
 pub fn add_acl_category(ctx: Ctx, name: &CStr) -> bool {
     match optional_api!(RedisModule_AddACLCategory) {
         // SAFETY: ctx is the load context Redis gave the caller.
-        Some(add) => unsafe { add(ctx, name.as_ptr()) == raw::REDISMODULE_OK as c_int },
+        Some(add) => unsafe { add(ctx.0, name.as_ptr()) == raw::REDISMODULE_OK as c_int },
         None => false,
     }
 }
@@ -1111,7 +1222,7 @@ pub fn add_acl_category(ctx: Ctx, name: &CStr) -> bool {
 fn command_of(ctx: Ctx, name: &CStr) -> Option<*mut raw::RedisModuleCommand> {
     let get_command = optional_api!(RedisModule_GetCommand)?;
     // SAFETY: ctx is the load context Redis gave the caller.
-    let command = unsafe { get_command(ctx, name.as_ptr()) };
+    let command = unsafe { get_command(ctx.0, name.as_ptr()) };
     (!command.is_null()).then_some(command)
 }
 

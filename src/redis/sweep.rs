@@ -20,8 +20,6 @@ use std::os::raw::c_void;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
-use redis_module::raw;
-
 use super::datatype;
 use super::engine::{self, Key};
 use super::ffi::{self, guard, Ctx, KeyRef, RString, ScanCursor};
@@ -87,7 +85,7 @@ struct Found {
     legacy: Vec<Box<[u8]>>,
 }
 
-extern "C" fn on_tick(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+extern "C" fn on_tick(ctx: Ctx, _data: *mut c_void) {
     *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = None;
     let busy = guard("the lock sweep", false, || sweep(ctx));
     arm(ctx, if busy { BUSY_GAP_MS } else { IDLE_GAP_MS });

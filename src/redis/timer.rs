@@ -6,12 +6,10 @@
 //! and every caller above it can arm it.
 
 use std::os::raw::c_void;
-use std::sync::atomic::{AtomicI64, AtomicPtr, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use redis_module::raw;
-
-use super::ffi::{self, guard, Ctx};
+use super::ffi::{self, guard, Ctx, DetachedSlot};
 use super::node::{self, Client, Key};
 use crate::core::output::Output;
 
@@ -37,7 +35,7 @@ static INBOX: Mutex<Inbox> = Mutex::new(Inbox {
 static TIMER: Mutex<Option<(i64, u64)>> = Mutex::new(None);
 
 /// A context for creating timers from callbacks that have none (unlink2).
-static TIMER_CTX: AtomicPtr<raw::RedisModuleCtx> = AtomicPtr::new(std::ptr::null_mut());
+static TIMER_CTX: DetachedSlot = DetachedSlot::new();
 
 fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -51,7 +49,7 @@ static RUN: OnceLock<fn(Ctx, Inbox)> = OnceLock::new();
 pub fn init(ctx: Ctx, run: fn(Ctx, Inbox)) -> Result<(), &'static str> {
     let detached = ffi::detached_context(ctx)
         .ok_or("RedisModule_GetDetachedThreadSafeContext is not available")?;
-    TIMER_CTX.store(detached, Relaxed);
+    TIMER_CTX.set(detached);
     let _ = RUN.set(run);
     Ok(())
 }
@@ -114,7 +112,9 @@ pub fn heal() {
     let Some((at, id)) = disarm(&mut locked(&TIMER)) else {
         return;
     };
-    ffi::stop_timer(TIMER_CTX.load(Relaxed), id);
+    if let Some(ctx) = TIMER_CTX.get() {
+        ffi::stop_timer(ctx, id);
+    }
     arm_at(at);
 }
 
@@ -127,10 +127,9 @@ pub fn arm_for(next_wakeup: Option<i64>) {
 
 /// Makes sure the timer runs at `at_ms` (monotonic) or earlier.
 pub fn arm_at(at_ms: i64) {
-    let ctx = TIMER_CTX.load(Relaxed);
-    if ctx.is_null() {
+    let Some(ctx) = TIMER_CTX.get() else {
         return;
-    }
+    };
     let mut timer = locked(&TIMER);
     if let Some((armed_at, id)) = *timer {
         if armed_at <= at_ms {
@@ -154,7 +153,7 @@ fn disarm(timer: &mut Option<(i64, u64)>) -> Option<(i64, u64)> {
     timer.take()
 }
 
-extern "C" fn on_timer(ctx: *mut raw::RedisModuleCtx, _data: *mut c_void) {
+extern "C" fn on_timer(ctx: Ctx, _data: *mut c_void) {
     guard("the hand-off timer", (), || {
         disarm(&mut locked(&TIMER));
         let inbox = std::mem::take(&mut *locked(&INBOX));
