@@ -639,6 +639,44 @@ fn a_lease_ending_during_client_pause_is_handed_off_after_the_pause() {
     }
 }
 
+/// Issue 22: the hand-off held back by a CLIENT PAUSE WRITE goes out within
+/// about 10 ms of the pause's end (README, Guarantees). Redis 7.0 ended a
+/// timed pause only when its cached clock, refreshed by an idle server at
+/// its cron, passed the end: asked from the timer, it said "paused" up to
+/// 60 ms after (40 to 60 ms late here; Valkey 0 to 11 ms). Judged on the
+/// median of five rounds, so one slow round on a loaded machine does not
+/// decide it; the old behaviour's median was over 40 ms.
+#[test]
+fn a_hand_off_held_by_client_pause_goes_out_soon_after_it_ends() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut late_ms: Vec<i64> = Vec::new();
+    for round in 0..5 {
+        let key = format!("paused{round}");
+        acquire(&mut c, &key, "H", 200).unwrap();
+        let mut w = block_on(&s, &key, "W", 5000, 5000);
+        wait_blocked(&s, 1);
+        let pause_ms = 600;
+        let paused_at = Instant::now();
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(pause_ms)
+            .arg("WRITE")
+            .query(&mut c)
+            .unwrap();
+        let reply = w.read_within(Duration::from_secs(10)).expect("served");
+        assert!(matches!(reply, Resp::Int(_)), "{reply:?}");
+        let waited = paused_at.elapsed().as_millis() as i64;
+        assert!(
+            waited >= pause_ms - 5,
+            "handed on during the pause: {waited} ms"
+        );
+        late_ms.push(waited - pause_ms);
+    }
+    late_ms.sort();
+    assert!(late_ms[2] < 30, "ms after the pause's end: {late_ms:?}");
+}
+
 /// Issue 8, defect 6: a waiter whose BLOCK timeout and hand-off fall in the same
 /// event-loop iteration gets exactly one reply, and it is the truth: a
 /// fence only if it holds the lock, nil only if it does not.

@@ -116,7 +116,7 @@ pub fn conditions(ctx: Ctx, may_block: bool) -> Conditions {
 pub fn background_conditions(ctx: Ctx) -> Conditions {
     let mut cond = conditions(ctx, false);
     cond.set(Conditions::REPLICA, is_replica(ctx));
-    cond.set(Conditions::WRITES_PAUSED, ffi::writes_paused());
+    cond.set(Conditions::WRITES_PAUSED, ffi::writes_paused(ctx));
     cond
 }
 
