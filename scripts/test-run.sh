@@ -31,7 +31,10 @@ output="$top/target/test-runs/$marker.out"
 
 # Into a file, shown as it grows: a leftover that kept the command's
 # output open cannot hold this script up (a pipe to tee would wait for it).
-"$@" >"$output" 2>&1 &
+# Made first, so `tail` never starts before the command has opened it (it
+# then gave up: "no files remaining", and the run went unshown).
+: >"$output"
+"$@" >>"$output" 2>&1 &
 command_pid=$!
 tail -n +1 --pid="$command_pid" -f "$output"
 wait "$command_pid"

@@ -11,7 +11,8 @@
 //! is free and grants are allowed.
 //!
 //! The history covers MINFENCE, restart-delay and its runtime changes, a
-//! lower max-ttl-ms or max-token-len while clients wait, memory above
+//! lower max-ttl-ms, max-token-len or max-waiters-per-key while clients
+//! wait, memory above
 //! maxmemory and an evicting policy (new holders refused, hand-offs
 //! included, renewals not), take-back of an undelivered grant,
 //! ACL denial at hand-off, WRONGTYPE, SWAPDB, replica demotion and
@@ -50,6 +51,9 @@ const MAX_TTL: [i64; 2] = [1000, 15];
 const DELAY: [i64; 2] = [0, 30];
 /// The two values `lock.max-token-len` takes (tokens are 1 or 2 bytes).
 const MAX_TOKEN: [usize; 2] = [512, 1];
+/// The two values `lock.max-waiters-per-key` takes (six clients: the
+/// default never fills a line, 2 often does).
+const MAX_LINE: [usize; 2] = [10_000, 2];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -101,11 +105,12 @@ enum Op {
         client: u8,
     },
     /// CONFIG SET lock.max-ttl-ms / lock.restart-delay-ms /
-    /// lock.max-token-len.
+    /// lock.max-token-len / lock.max-waiters-per-key.
     Config {
         max_ttl: usize,
         delay: usize,
         max_token: usize,
+        max_line: usize,
     },
     /// Used memory crosses maxmemory (OOM), or an `allkeys-*` policy is
     /// set or cleared (locks evictable), for every call from now on.
@@ -152,7 +157,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
         1 => (0..2usize, 0..2usize, 0..2usize)
-            .prop_map(|(max_ttl, delay, max_token)| Op::Config { max_ttl, delay, max_token }),
+            .prop_flat_map(|(max_ttl, delay, max_token)| (0..2usize).prop_map(move |max_line|
+                Op::Config { max_ttl, delay, max_token, max_line })),
         1 => prop_oneof![3 => Just((false, false)), 1 => Just((true, false)), 1 => Just((false, true))]
             .prop_map(|(oom, evictable)| Op::Memory { oom, evictable }),
         1 => Just(Op::Demote),
@@ -221,6 +227,8 @@ struct Reference {
     /// The wall clock minus the monotonic one (ms): clock steps move it.
     wall_offset: i64,
     max_token_len: usize,
+    /// `lock.max-waiters-per-key`.
+    max_line: usize,
     oom: bool,
     evictable: bool,
     /// CLIENT PAUSE WRITE is in force.
@@ -440,6 +448,10 @@ impl Reference {
     }
 
     fn enqueue(&mut self, client: u8, key: u8, r: &Request, timeout: i64, now: i64) -> Told {
+        // A full line refuses; a lower limit leaves those already in line.
+        if self.lines.get(&key).map_or(0, Vec::len) >= self.max_line {
+            return error(LockError::TooManyWaiters(self.max_line as i64));
+        }
         self.lines.entry(key).or_default().push(RefWaiter {
             client,
             token: r.token.clone(),
@@ -693,6 +705,7 @@ fn run(ops: &[Op]) {
     let mut model = Reference {
         max_ttl: MAX_TTL[0],
         max_token_len: MAX_TOKEN[0],
+        max_line: MAX_LINE[0],
         ..Reference::default()
     };
     let mut h = Harness {
@@ -950,14 +963,17 @@ fn run(ops: &[Op]) {
                 max_ttl,
                 delay,
                 max_token,
+                max_line,
             } => {
                 model.max_ttl = MAX_TTL[max_ttl];
                 model.delay = DELAY[delay];
                 model.max_token_len = MAX_TOKEN[max_token];
+                model.max_line = MAX_LINE[max_line];
                 let limits = Limits {
                     max_ttl_ms: MAX_TTL[max_ttl],
                     restart_delay_ms: DELAY[delay],
                     max_token_len: MAX_TOKEN[max_token],
+                    max_waiters_per_key: MAX_LINE[max_line],
                     ..Limits::default()
                 };
                 h.node.set_limits(limits, now);

@@ -581,9 +581,24 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         for wake in self.waiters.poll_timeouts(now_ms, now.mono_us) {
             push_wake(&mut self.outputs, wake);
         }
-        let due = self.waiters.due_keys(now_ms);
-        let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= now_ms);
-        if !acts_alone(cond) {
+        let acting = acts_alone(cond);
+        // The first run that acts alone after a hold (a pause, a replica's
+        // time) hands on everything held, whatever woke it (a timeout, a
+        // lease's end): held keys wait for the retry instant only while the
+        // hold lasts.
+        let held_until = if acting {
+            self.retry_at_ms.take()
+        } else {
+            None
+        };
+        let due_by = held_until.map_or(now_ms, |at| at.max(now_ms));
+        // In key order: a run after a hold finds keys due at different
+        // times, and the order fences are drawn in across keys is then the
+        // same as any other run's.
+        let mut due = self.waiters.due_keys(due_by);
+        due.sort();
+        let take_backs_due = self.undelivered_at_ms.is_some_and(|at| at <= due_by);
+        if !acting {
             let retry_at = self.retry_at(now_ms);
             for key in &due {
                 self.waiters.schedule(key, retry_at);
@@ -596,7 +611,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             }
             return TimerWork::default();
         }
-        self.retry_at_ms = None;
         let mut work = TimerWork {
             take_backs: Vec::new(),
             settle: due,
@@ -1266,46 +1280,55 @@ mod tests {
     /// key (which would hand each on up to RETRY_MS apart after the pause).
     #[test]
     fn what_a_pause_held_back_goes_on_at_one_run() {
-        let mut node = N::default();
-        let mut keys = Keys::default();
-        for (key, ttl) in [("a", 5), ("b", 8)] {
-            let store = keys.0.entry(key).or_default();
-            let held = node.acquire(
-                &key,
-                Ok(store),
-                req(b"h", ttl, None),
-                BLOCKING,
-                &mut AdmitAll,
-                now(T0),
-            );
-            assert!(matches!(held, Ok(Acquire::Granted(_))));
-            let wait = node.acquire(
-                &key,
-                Ok(store),
-                req(b"w", 100, Some(0)),
-                BLOCKING,
-                &mut AdmitAll,
-                now(T0),
-            );
-            let Ok(Acquire::Wait(ticket)) = wait else {
-                panic!("{wait:?}")
-            };
-            node.enqueue(ticket, if key == "a" { 1 } else { 2 })
-                .unwrap();
+        // Two keys whose leases end during a pause, at T0 + 5 and T0 + 8.
+        let paused_node = || {
+            let mut node = N::default();
+            let mut keys = Keys::default();
+            for (key, ttl) in [("a", 5), ("b", 8)] {
+                let store = keys.0.entry(key).or_default();
+                let held = node.acquire(
+                    &key,
+                    Ok(store),
+                    req(b"h", ttl, None),
+                    BLOCKING,
+                    &mut AdmitAll,
+                    now(T0),
+                );
+                assert!(matches!(held, Ok(Acquire::Granted(_))));
+                let wait = node.acquire(
+                    &key,
+                    Ok(store),
+                    req(b"w", 100, Some(0)),
+                    BLOCKING,
+                    &mut AdmitAll,
+                    now(T0),
+                );
+                let Ok(Acquire::Wait(ticket)) = wait else {
+                    panic!("{wait:?}")
+                };
+                node.enqueue(ticket, if key == "a" { 1 } else { 2 })
+                    .unwrap();
+            }
+            let paused = Conditions::WRITES_PAUSED;
+            assert_eq!(node.next_wakeup(), Some(T0 + 5));
+            node.run_timer(&mut keys, paused, now(T0 + 5));
+            assert_eq!(node.next_wakeup(), Some(T0 + 8));
+            node.run_timer(&mut keys, paused, now(T0 + 8));
+            assert_eq!(node.next_wakeup(), Some(T0 + 5 + RETRY_MS), "one instant");
+            assert!(wakes(&mut node).is_empty());
+            (node, keys)
+        };
+        // The pause ended: the run at the retry instant hands both on, and
+        // so does any earlier run that acts alone (woken by something
+        // else): the hold is over.
+        for resumed_at in [T0 + 5 + RETRY_MS, T0 + 9] {
+            let (mut node, mut keys) = paused_node();
+            node.run_timer(&mut keys, Conditions::empty(), now(resumed_at));
+            let mut woken: Vec<u32> = wakes(&mut node).iter().map(|w| w.client).collect();
+            woken.sort();
+            assert_eq!(woken, [1, 2], "resumed at T0 + {}", resumed_at - T0);
+            assert_eq!(node.next_wakeup(), None);
         }
-        let paused = Conditions::WRITES_PAUSED;
-        assert_eq!(node.next_wakeup(), Some(T0 + 5));
-        node.run_timer(&mut keys, paused, now(T0 + 5));
-        assert_eq!(node.next_wakeup(), Some(T0 + 8));
-        node.run_timer(&mut keys, paused, now(T0 + 8));
-        assert_eq!(node.next_wakeup(), Some(T0 + 5 + RETRY_MS), "one instant");
-        assert!(wakes(&mut node).is_empty());
-        // The pause ended at T0 + 9.
-        node.run_timer(&mut keys, Conditions::empty(), now(T0 + 5 + RETRY_MS));
-        let mut woken: Vec<u32> = wakes(&mut node).iter().map(|w| w.client).collect();
-        woken.sort();
-        assert_eq!(woken, [1, 2]);
-        assert_eq!(node.next_wakeup(), None);
     }
 
     #[test]
