@@ -69,6 +69,40 @@ fn run_passes_the_fence_and_token_and_exits_with_the_commands_status() {
     assert_eq!(s.info_field("releases"), 1);
 }
 
+/// Issue 23, item 7: the command gets this lock's validity, never a
+/// stale `REDIS_LOCK_VALIDITY_MS` from the caller's environment (a script
+/// that ran `eval "$(redis-lock acquire ...)"` for another lock before).
+#[test]
+fn run_gives_the_command_its_own_validity_not_the_callers() {
+    let s = Server::start();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &s.url(),
+            "--key",
+            "own-validity",
+            "--ttl",
+            "30s",
+        ])
+        .args(["--", "sh", "-c", "echo validity=$REDIS_LOCK_VALIDITY_MS"])
+        .env_remove("REDIS_LOCK_URL")
+        .env("REDIS_LOCK_VALIDITY_MS", "1")
+        .output()
+        .expect("run redis-lock");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let validity: u64 = stdout
+        .trim()
+        .strip_prefix("validity=")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{stdout:?}"));
+    assert!(
+        validity > 1_000 && validity <= 30_000,
+        "the lock's own validity, not the caller's 1: {validity}"
+    );
+}
+
 #[test]
 fn run_waits_then_gives_up_with_a_distinct_code() {
     let s = Server::start();

@@ -63,7 +63,9 @@ Examples:
   redis-lock release --key orders:42 --token \"$REDIS_LOCK_TOKEN\"
 
 The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
-you protect), REDIS_LOCK_TOKEN and REDIS_LOCK_KEY in its environment. The job
+you protect), REDIS_LOCK_TOKEN, REDIS_LOCK_KEY and REDIS_LOCK_VALIDITY_MS (the
+lock's validity when the command started; renewals extend it) in its
+environment. The job
 is the command's process group (the command and what it starts), and no
 process of it runs without the lock: the job ends with the command (what it
 left running gets SIGTERM, then SIGKILL after --grace, 10s by default) and
@@ -741,7 +743,17 @@ async fn run_under_lock(
         .args(&cmd[1..])
         .env("REDIS_LOCK_FENCE", guard.fence().to_string())
         .env("REDIS_LOCK_TOKEN", guard.token())
-        .env("REDIS_LOCK_KEY", key);
+        .env("REDIS_LOCK_KEY", key)
+        // This lock's, as `acquire` exports it: never one the caller's
+        // environment carried in from another lock.
+        .env(
+            "REDIS_LOCK_VALIDITY_MS",
+            guard
+                .valid_until()
+                .saturating_duration_since(tokio::time::Instant::now())
+                .as_millis()
+                .to_string(),
+        );
     job::prepare(&mut command, terminal.as_ref());
     job::default_sigchld();
     job::become_subreaper();
