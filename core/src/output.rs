@@ -156,8 +156,8 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
     ) {
         if replaces_ended {
             if let Some(ended) = self.store.stored() {
-                let (deadline_ms, granted_ms) = (ended.deadline_ms, ended.granted_ms);
-                self.expired(deadline_ms, granted_ms);
+                let (ended_at, ended_granted) = (ended.deadline_ms, ended.granted_ms);
+                self.expired(ended_at, ended_granted);
             }
         }
         let lease = self.next_lease();
