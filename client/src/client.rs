@@ -1028,7 +1028,17 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
                 Some(token) => (token, self.fresh_token),
                 None => (random_token(), true),
             };
-            self.client
+            // Only a token made for this call is released if the call ends
+            // without a guard: a caller's own token may hold the lock already.
+            let unclaimed = floor.then(|| Unclaimed {
+                group: self.client.inner.group.clone(),
+                key: self.key.to_string(),
+                token: token.clone(),
+                ttl: self.ttl,
+                armed: true,
+            });
+            let granted = self
+                .client
                 .grant(
                     self.key,
                     &token,
@@ -1037,8 +1047,69 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
                     self.auto_renew,
                     floor,
                 )
-                .await
+                .await;
+            // A guard (which releases on drop) or a definite "not granted"
+            // leaves nothing to undo; an error may have come after a grant.
+            if granted.is_ok() {
+                if let Some(u) = unclaimed {
+                    u.claimed();
+                }
+            }
+            granted
         })
+    }
+}
+
+/// A token made for one acquisition that has not reached a [`LockGuard`]
+/// yet. Dropped armed (the acquisition's future was dropped at an await,
+/// or it failed), it releases the token on every node in the background:
+/// at once, over the connections the acquisition used (so it arrives after
+/// any ACQUIRE already sent on them), and once more a little later (for a
+/// request stuck on a connection given up on). A BLOCK wait in flight is
+/// undone by its own task (see `Node::acquire_waiting`).
+struct Unclaimed {
+    group: Arc<Group>,
+    key: String,
+    token: String,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl Unclaimed {
+    /// The acquisition ended with a guard or a definite refusal.
+    fn claimed(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let group = self.group.clone();
+        let key = std::mem::take(&mut self.key);
+        let token = std::mem::take(&mut self.token);
+        let ttl = self.ttl;
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let released = group.release_everywhere(&key, &token, ttl).await;
+                    tokio::time::sleep(2 * group.node_timeout(ttl)).await;
+                    let later = group.release_everywhere(&key, &token, ttl).await;
+                    tracing::debug!(
+                        key,
+                        released = released + later,
+                        "released an acquisition that ended without a guard"
+                    );
+                });
+            }
+            // No runtime (dropped outside one): its connections are gone
+            // with it, so fresh ones cannot overtake anything.
+            Err(_) => {
+                std::thread::spawn(move || group.release_everywhere_blocking(&key, &token, ttl));
+            }
+        }
     }
 }
 

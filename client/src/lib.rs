@@ -50,6 +50,18 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Cancellation
+//!
+//! Acquiring is cancel-safe: dropping the future of an acquisition (a
+//! `tokio::time::timeout`, a `select!` against a shutdown signal) at any
+//! point leaves no lock behind. Its token is made by the library, so the
+//! library releases it in the background, on every node the request may
+//! have reached, over the connections the request used (a release cannot
+//! overtake the request it undoes). A wait in a server's line keeps its
+//! place until its turn or its timeout, and a grant that comes when nobody
+//! waits for it any more is released at once. A token named with
+//! [`Acquire::token`] is not released so (it may hold the lock already).
+//!
 //! # Auto-renewal
 //!
 //! With [`Options::auto_renew`] a guard extends its lock at about a third

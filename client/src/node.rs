@@ -2,6 +2,7 @@
 //! multiplexed connection, every call bounded by a timeout.
 
 use redis_lock_core::protocol::{self, command, info_field};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -26,7 +27,8 @@ pub(crate) struct Node {
     conn: Mutex<Option<Conn>>,
     /// Connections for BLOCK (a blocked command would hold up everything
     /// multiplexed behind it), kept after a wait that ended normally.
-    spare: std::sync::Mutex<Vec<Conn>>,
+    /// (Shared with the task that runs each wait: see `acquire_waiting_once`.)
+    spare: Arc<std::sync::Mutex<Vec<Conn>>>,
     /// Set for a Redis Cluster: every command goes to its key's master
     /// (MOVED and ASK followed by the redis crate's cluster client).
     cluster: Option<redis::cluster::ClusterClient>,
@@ -151,7 +153,7 @@ impl Node {
                 stale: std::sync::atomic::AtomicBool::new(true),
             }),
             conn: Mutex::new(None),
-            spare: std::sync::Mutex::new(Vec::new()),
+            spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: None,
         })
     }
@@ -179,7 +181,7 @@ impl Node {
             addr: format!("cluster:{hosts}"),
             shown: format!("{CLUSTER_SCHEME}{hosts}/"),
             conn: Mutex::new(None),
-            spare: std::sync::Mutex::new(Vec::new()),
+            spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: Some(cluster),
         })
     }
@@ -267,7 +269,7 @@ impl Node {
             client: std::sync::Mutex::new(client),
             sentinel: None,
             conn: Mutex::new(None),
-            spare: std::sync::Mutex::new(Vec::new()),
+            spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: None,
         }
     }
@@ -409,6 +411,14 @@ impl Node {
         reply
     }
 
+    /// One BLOCK wait, run by a task of its own that owns the connection,
+    /// so that the caller's future may be dropped at any point (a `timeout`,
+    /// a `select!`) without leaving a grant nobody knows of: the redis
+    /// crate keeps a dropped connection's socket open until the replies in
+    /// flight arrive, so the server still hands the lock to this waiter
+    /// when its turn comes. The task waits for that reply, past the
+    /// caller's own deadline if need be, and releases a grant the caller is
+    /// no longer there to take, over the same connection.
     async fn acquire_waiting_once(
         &self,
         key: &str,
@@ -419,7 +429,7 @@ impl Node {
     ) -> (Result<Option<i64>>, bool) {
         let spare = self.spare.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let was_spare = spare.is_some();
-        let mut conn = match spare {
+        let conn = match spare {
             Some(c) => c,
             None => match self.open(limit).await {
                 Ok(c) => c,
@@ -434,20 +444,21 @@ impl Node {
             .arg(millis(ttl))
             .arg(command::BLOCK)
             .arg(block_ms);
-        let reply = within(wait.saturating_add(limit), async {
-            Ok(cmd.query_async(&mut conn).await?)
-        })
-        .await;
-        // Only a connection that answered is idle for sure; a timed-out one
-        // may still have the command queued in the server.
-        if matches!(reply, Ok(_) | Err(Error::Redis(_)))
-            && !matches!(&reply, Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped())
-        {
-            let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
-            if spare.len() < 2 {
-                spare.push(conn);
-            }
-        }
+        let mut release = redis::cmd(command::RELEASE);
+        release.arg(key).arg(token);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let spares = Arc::clone(&self.spare);
+        tokio::spawn(wait_in_server(
+            conn,
+            cmd,
+            release,
+            wait.saturating_add(limit),
+            limit,
+            spares,
+            tx,
+        ));
+        // The task ends only by sending (or by a panic in the redis crate).
+        let reply = rx.await.unwrap_or(Err(Error::Timeout));
         (reply, was_spare)
     }
 
@@ -775,6 +786,83 @@ static RESTART_DELAY_OPTION: std::sync::LazyLock<String> = std::sync::LazyLock::
 });
 
 /// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
+/// How long a wait's task keeps listening for the server's answer after
+/// its caller stopped waiting for it (see [`wait_in_server`]).
+const LATE_REPLY_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs one `LOCK.ACQUIRE ... BLOCK` on `conn` and sends its reply to the
+/// caller (an error after `patience`). A grant that arrives when nobody is
+/// there to take it (the caller's future was dropped, or `patience` passed
+/// first) is released over the same connection, so it cannot come before
+/// the grant. A connection that answered goes back to `spares`.
+async fn wait_in_server(
+    mut conn: Conn,
+    cmd: redis::Cmd,
+    release: redis::Cmd,
+    patience: Duration,
+    limit: Duration,
+    spares: Arc<std::sync::Mutex<Vec<Conn>>>,
+    tx: tokio::sync::oneshot::Sender<Result<Option<i64>>>,
+) {
+    let mut tx = Some(tx);
+    let mut waiting = conn.clone();
+    let query = cmd.query_async::<Option<i64>>(&mut waiting);
+    tokio::pin!(query);
+    let answered = tokio::select! {
+        reply = &mut query => Some(reply),
+        _ = tokio::time::sleep(patience) => None,
+        // Nobody to tell: keep listening (below) for a grant to undo.
+        _ = tx.as_mut().expect("not sent yet").closed() => None,
+    };
+    let reply = match answered {
+        Some(reply) => reply,
+        None => {
+            if let Some(tx) = tx.take() {
+                let _ = tx.send(Err(Error::Timeout));
+            }
+            match tokio::time::timeout(LATE_REPLY_LIMIT, &mut query).await {
+                Ok(reply) => reply,
+                Err(_) => return,
+            }
+        }
+    };
+    // Only a connection that answered is idle for sure.
+    let idle = match &reply {
+        Ok(_) => true,
+        Err(e) => !(e.is_io_error() || e.is_connection_dropped()),
+    };
+    let undelivered = match tx {
+        Some(tx) => tx.send(reply.map_err(Error::from)).err(),
+        None => Some(reply.map_err(Error::from)),
+    };
+    let granted = undelivered.and_then(|r| r.ok().flatten());
+    if let Some(fence) = granted {
+        let released = within(limit, async {
+            Ok(release.query_async::<i64>(&mut conn).await?)
+        })
+        .await;
+        tracing::debug!(
+            fence,
+            released = matches!(released, Ok(1)),
+            "released a grant its caller no longer waited for"
+        );
+        if released.is_err() {
+            return;
+        }
+    }
+    if idle {
+        keep_spare(conn, &spares);
+    }
+}
+
+/// Keeps a connection that answered for the next wait (two at most).
+fn keep_spare(conn: Conn, spares: &std::sync::Mutex<Vec<Conn>>) {
+    let mut spare = spares.lock().unwrap_or_else(|p| p.into_inner());
+    if spare.len() < 2 {
+        spare.push(conn);
+    }
+}
+
 pub(crate) fn millis(d: Duration) -> u64 {
     (d.as_millis().min(u64::MAX as u128) as u64).max(1)
 }

@@ -1,0 +1,123 @@
+//! Issue 23, item 1: an acquisition dropped at any point (by `timeout`, or
+//! by `select!` against another branch) leaves no lock behind that its
+//! caller cannot see. Randomized cancellation points, on one node and on
+//! five; after each cancelled attempt every node's key must come free
+//! within a bound far below the lease (the token is the library's, so
+//! nobody else could release it).
+
+use redis_lock_testkit as common;
+
+use std::future::IntoFuture;
+use std::time::Duration;
+
+use common::{urls, Server};
+use rand::{Rng, SeedableRng};
+use redis_lock_client::LockClient;
+
+#[derive(Debug)]
+enum Cut {
+    /// Dropped after this many polls of the other branch.
+    Polls(u32),
+    /// Dropped after this long.
+    After(Duration),
+}
+
+/// Ready after `n` yields to the runtime.
+async fn yield_times(n: u32) {
+    for _ in 0..n {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Whether any node still holds `key` once `settle` has passed.
+async fn held_anywhere(nodes: &[Server], key: &str, settle: Duration) -> Vec<usize> {
+    tokio::time::sleep(settle).await;
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| common::fence(&mut n.conn(), key).is_some())
+        .map(|(i, _)| i)
+        .collect()
+}
+
+async fn cancel_at_random_points(nodes: &[Server], wait: Duration, rounds: usize) {
+    let seed: u64 = std::env::var("CANCEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let locks = LockClient::new(&urls(nodes)).unwrap();
+    let ttl = Duration::from_secs(30);
+    let mut orphans = Vec::new();
+    let mut cancelled = 0;
+    for round in 0..rounds {
+        let key = format!("cancel:{round}");
+        // A holder makes half the attempts wait (BLOCK on the server).
+        let blocker = match rng.gen_bool(0.5) && wait > Duration::ZERO {
+            true => Some(locks.try_acquire(&key, ttl).await.unwrap().expect("free")),
+            false => None,
+        };
+        // Where it is cut: after a few polls (the request may be written or
+        // not), or after a timer's tick or three (tokio's timer has 1 ms
+        // resolution).
+        let cut = match rng.gen_bool(0.5) {
+            true => Cut::Polls(rng.gen_range(0..12)),
+            false => Cut::After(Duration::from_micros(rng.gen_range(1..3_000))),
+        };
+        let attempt = locks.acquire(&key, ttl).wait(wait).into_future();
+        let outcome = match cut {
+            Cut::After(after) if rng.gen_bool(0.5) => {
+                tokio::time::timeout(after, attempt).await.ok()
+            }
+            Cut::After(after) => tokio::select! {
+                got = attempt => Some(got),
+                _ = tokio::time::sleep(after) => None,
+            },
+            Cut::Polls(n) => tokio::select! {
+                biased;
+                got = attempt => Some(got),
+                _ = yield_times(n) => None,
+            },
+        };
+        match outcome {
+            Some(Ok(Some(guard))) => {
+                guard.release().await.unwrap();
+            }
+            Some(_) => {}
+            None => cancelled += 1,
+        }
+        if let Some(b) = blocker {
+            // The holder lets go: a waiter the cancelled attempt left in a
+            // server's line would now be handed the lock.
+            b.release().await.unwrap();
+        }
+        let left = held_anywhere(nodes, &key, Duration::from_millis(250)).await;
+        if !left.is_empty() {
+            orphans.push((round, cut, left));
+        }
+    }
+    assert!(cancelled > 0, "no attempt was cancelled (seed {seed})");
+    assert!(
+        orphans.is_empty(),
+        "seed {seed}: {} of {cancelled} cancelled attempts left the lock held \
+         (round, cut, nodes): {orphans:?}",
+        orphans.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_on_one_node_leaves_no_lock() {
+    let nodes = vec![Server::start()];
+    cancel_at_random_points(&nodes, Duration::ZERO, 40).await;
+    cancel_at_random_points(&nodes, Duration::from_secs(1), 40).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_acquire_on_five_nodes_leaves_no_lock() {
+    if common::skip_unless(common::Needs::OwnServer, "five servers") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    cancel_at_random_points(&nodes, Duration::ZERO, 30).await;
+    cancel_at_random_points(&nodes, Duration::from_secs(1), 30).await;
+}
