@@ -23,6 +23,7 @@ run: build
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
 
 # The pure core's unit and model tests: no Redis server, no clang.
 test-core:

@@ -25,6 +25,9 @@ use tokio::runtime::Runtime;
 use crate::error::{Error, Result};
 use crate::Options;
 
+/// A handle on one lock node or a Redlock group, for code without an async
+/// runtime (see [`crate::LockClient`]); cheap to clone.
+#[derive(Clone, Debug)]
 pub struct LockClient {
     inner: crate::LockClient,
     runtime: Arc<OwnRuntime>,
@@ -32,6 +35,7 @@ pub struct LockClient {
 
 /// The facade's runtime. Dropped inside another runtime (where dropping a
 /// runtime panics) it is shut down in the background instead.
+#[derive(Debug)]
 struct OwnRuntime(Option<Runtime>);
 
 impl std::ops::Deref for OwnRuntime {
@@ -52,10 +56,13 @@ impl Drop for OwnRuntime {
 }
 
 impl LockClient {
+    /// A client of these nodes (see [`crate::LockClient::new`]).
     pub fn new<S: AsRef<str>>(urls: &[S]) -> Result<LockClient> {
         Self::with_options(urls, Options::default())
     }
 
+    /// A client of these nodes with these options (see
+    /// [`crate::LockClient::with_options`]).
     pub fn with_options<S: AsRef<str>>(urls: &[S], options: Options) -> Result<LockClient> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -91,6 +98,7 @@ impl LockClient {
 /// One blocking acquisition, made by [`LockClient::acquire`]; nothing
 /// happens until [`call`](Acquire::call).
 #[must_use = "an acquisition does nothing until call()"]
+#[derive(Debug)]
 pub struct Acquire<'a> {
     client: &'a LockClient,
     inner: crate::Acquire<'a>,
@@ -131,9 +139,32 @@ impl<'a> Acquire<'a> {
             runtime: runtime.clone(),
         }))
     }
+
+    /// Runs `f` while holding the lock, renewing it on the facade's runtime
+    /// meanwhile, then releases it; as [`crate::Acquire::with_lock`]:
+    /// `Ok(None)` not acquired within the wait, [`Error::Lost`] lost before
+    /// `f` returned. `f` gets the guard, to read its fence or to ask
+    /// whether the lock is still held ([`LockGuard::is_valid`],
+    /// [`LockGuard::wait_for_loss`]).
+    pub fn with_lock<T>(self, f: impl FnOnce(&LockGuard) -> T) -> Result<Option<T>> {
+        let Some(guard) = self.auto_renew(true).call()? else {
+            return Ok(None);
+        };
+        let out = f(&guard);
+        // Judged before the release: was the lock held all along?
+        let kept = guard.is_valid();
+        // The work is done: a failed release only means the lease ends by itself.
+        let _ = guard.release();
+        match kept {
+            true => Ok(Some(out)),
+            false => Err(Error::Lost),
+        }
+    }
 }
 
-/// A held lock; released on drop (waiting for the release).
+/// A held lock; released on drop (waiting for the release). Its times are
+/// `std::time::Instant`s; [`lease`](Self::lease) is the async view.
+#[derive(Debug)]
 pub struct LockGuard {
     inner: Option<crate::LockGuard>,
     runtime: Arc<OwnRuntime>,
@@ -144,27 +175,66 @@ impl LockGuard {
         self.inner.as_ref().expect("present until released")
     }
 
+    /// The locked key.
+    pub fn key(&self) -> &str {
+        self.guard().key()
+    }
+
+    /// The token identifying this holder (see [`crate::Lease::token`]).
+    pub fn token(&self) -> &str {
+        self.guard().token()
+    }
+
+    /// The fencing token to send with every write to the resource.
+    pub fn fence(&self) -> i64 {
+        self.guard().fence()
+    }
+
+    /// The TTL of the last grant or extend.
+    pub fn ttl(&self) -> Duration {
+        self.guard().ttl()
+    }
+
+    /// Until when the lock is held for sure, unless lost earlier (see
+    /// [`crate::Lease::valid_until`]).
+    pub fn valid_until(&self) -> std::time::Instant {
+        self.guard().valid_until().into_std()
+    }
+
+    /// Held and within its validity.
+    pub fn is_valid(&self) -> bool {
+        self.guard().is_valid()
+    }
+
     /// True once the lock is known lost (see [`crate::Lease::lost`]).
     pub fn is_lost(&self) -> bool {
         self.guard().lost().is_cancelled()
     }
 
+    /// Blocks until the lock is lost or `limit` has passed: true if it was
+    /// lost. (With renewal the loss is a refused or failed renewal; without
+    /// it, the validity running out.)
+    pub fn wait_for_loss(&self, limit: Duration) -> bool {
+        let lost = self.guard().lost().clone();
+        wait_on(&self.runtime, async move {
+            tokio::time::timeout(limit, lost.cancelled()).await.is_ok()
+        })
+    }
+
+    /// The async view of this lock, for tasks on a runtime of their own.
+    pub fn lease(&self) -> crate::Lease {
+        self.guard().lease()
+    }
+
+    /// Sets the lease to `ttl` from now (see [`crate::LockGuard::extend`]).
     pub fn extend(&self, ttl: Duration) -> Result<bool> {
         wait_on(&self.runtime, self.guard().extend(ttl))
     }
 
+    /// Stops renewing and releases (see [`crate::LockGuard::release`]).
     pub fn release(mut self) -> Result<bool> {
         let guard = self.inner.take().expect("present until released");
         wait_on(&self.runtime, guard.release())
-    }
-}
-
-/// One set of getters: a guard reads as its [`crate::Lease`] (`key`,
-/// `token`, `fence`, `valid_until`, `is_valid`, ...).
-impl std::ops::Deref for LockGuard {
-    type Target = crate::Lease;
-    fn deref(&self) -> &crate::Lease {
-        self.guard()
     }
 }
 

@@ -142,6 +142,16 @@ pub fn random_token() -> String {
     format!("{:032x}", rand::thread_rng().gen::<u128>())
 }
 
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<&str> = self.inner.group.nodes.iter().map(|n| n.url()).collect();
+        f.debug_struct("LockClient")
+            .field("nodes", &nodes)
+            .field("quorum", &self.quorum())
+            .finish_non_exhaustive()
+    }
+}
+
 impl LockClient {
     /// One URL: a single lock node. Several: a Redlock group of independent
     /// masters (use an odd number, usually 5). Connects lazily.
@@ -149,6 +159,8 @@ impl LockClient {
         Self::with_options(urls, Options::default())
     }
 
+    /// [`new`](Self::new) with [`Options`] (auto-renewal, timeouts, the
+    /// server-side line, quorum fencing).
     pub fn with_options<S: AsRef<str>>(urls: &[S], options: Options) -> Result<LockClient> {
         if urls.is_empty() {
             return Err(Error::Config("give at least one redis:// URL".into()));
@@ -355,9 +367,7 @@ impl LockClient {
         // A token this client made up for this call (so it holds nothing yet).
         floor: bool,
     ) -> Result<Option<LockGuard>> {
-        if ttl.is_zero() {
-            return Err(Error::Config("the TTL must be positive".into()));
-        }
+        crate::clock::check_ttl(ttl)?;
         let start = Instant::now();
         let nodes = self.inner.group.nodes.len();
         let granted = if nodes == 1 {
@@ -921,6 +931,8 @@ impl LockClient {
         Ok(deployment.settings.clone().unwrap_or_default())
     }
 
+    /// Each node's setup as its user may read it (INFO, CONFIG GET), in
+    /// the order the URLs were given: what `redis-lock doctor` reports.
     pub async fn settings(&self) -> Vec<Result<NodeSettings>> {
         let limit = self.node_timeout(Duration::from_secs(5));
         join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await
@@ -945,6 +957,19 @@ pub struct Acquire<'a> {
     /// The token was made for this call (see `fresh_token`).
     fresh_token: bool,
     auto_renew: bool,
+}
+
+/// Without the token (a caller's token is its credential).
+impl std::fmt::Debug for Acquire<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquire")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("own_token", &self.token.is_some())
+            .field("auto_renew", &self.auto_renew)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<'a> Acquire<'a> {

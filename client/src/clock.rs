@@ -14,6 +14,21 @@ pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
+/// A TTL a lease can be valid for at all: longer than its [`drift`]
+/// allowance (a lease of 2 ms or less would be granted already invalid).
+pub(crate) fn check_ttl(ttl: Duration) -> crate::error::Result<()> {
+    if ttl > drift(ttl) {
+        return Ok(());
+    }
+    Err(crate::error::Error::Config(format!(
+        "the TTL ({} ms) must be longer than the clock-drift allowance \
+         ({} ms: 1% of the TTL plus 2 ms), or the lock would be granted \
+         already expired",
+        ttl.as_secs_f64() * 1e3,
+        drift(ttl).as_secs_f64() * 1e3,
+    )))
+}
+
 /// `at + by`, or about 30 years later if that is past what an instant can
 /// hold (a wait, TTL or grace of 10^15 hours is "never", not a panic).
 pub fn later_by(at: Instant, by: Duration) -> Instant {

@@ -72,4 +72,5 @@ impl From<redis::RedisError> for Error {
     }
 }
 
+/// The result of every fallible call of this crate.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -110,6 +110,7 @@ impl Group {
         ttl: Duration,
         valid_until: Instant,
     ) -> Result<Option<Instant>> {
+        crate::clock::check_ttl(ttl)?;
         let limit = self.node_timeout(ttl);
         let start = Sent::now();
         let replies = join_all(self.nodes.iter().map(|n| n.extend(key, token, ttl, limit))).await;

@@ -14,12 +14,24 @@ use crate::group::Group;
 
 /// What the holder needs while it works: cheap to clone and to pass to
 /// other tasks.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Lease {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug)]
+/// Without the token: it is the holder's credential, not for logs.
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.key())
+            .field("fence", &self.fence())
+            .field("ttl", &self.ttl())
+            .field("valid", &self.is_valid())
+            .field("lost", &self.lost().is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
 struct Shared {
     key: String,
     token: String,
@@ -33,7 +45,48 @@ struct Shared {
     /// a manual extend: the last one sent is the one the nodes keep, and
     /// so the one whose term stands here.
     extending: tokio::sync::Mutex<()>,
-    lost: CancellationToken,
+    lost: LostSignal,
+}
+
+/// Fires once when a lock is lost ([`Lease::lost`]). Its holders can await
+/// it and read it, not fire it: the guard alone decides that the lock is
+/// lost (a reader that could fire it would make the guard say "lost"
+/// while its keeper renewed on).
+///
+/// ```compile_fail
+/// # fn demo(lease: redis_lock_client::Lease) {
+/// lease.lost().cancel(); // no such method: only the guard fires it
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct LostSignal(CancellationToken);
+
+impl LostSignal {
+    /// Completes when the lock is lost (at once if it already is).
+    pub fn cancelled(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.0.cancelled()
+    }
+
+    /// [`cancelled`](Self::cancelled) that owns a clone of the signal, for
+    /// a task or a struct that keeps it.
+    pub fn cancelled_owned(self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.0.cancelled_owned()
+    }
+
+    /// Whether the lock is known lost.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// A token cancelled when the lock is lost, for code that takes a
+    /// `CancellationToken`; cancelling it does not fire this signal.
+    pub fn child_token(&self) -> CancellationToken {
+        self.0.child_token()
+    }
+
+    fn fire(&self) {
+        self.0.cancel();
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -94,11 +147,12 @@ impl Lease {
                     since: Instant::now(),
                 }),
                 extending: tokio::sync::Mutex::new(()),
-                lost: CancellationToken::new(),
+                lost: LostSignal::default(),
             }),
         }
     }
 
+    /// The locked key.
     pub fn key(&self) -> &str {
         &self.shared.key
     }
@@ -159,7 +213,7 @@ impl Lease {
     /// with too little validity left for another attempt (retry pause plus
     /// twice the node timeout), or the validity deadline passed without a renewal. Await
     /// `lost().cancelled()` or poll `lost().is_cancelled()`.
-    pub fn lost(&self) -> &CancellationToken {
+    pub fn lost(&self) -> &LostSignal {
         &self.shared.lost
     }
 
@@ -209,6 +263,15 @@ pub struct LockGuard {
 struct Keeper {
     stop: CancellationToken,
     task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("lease", &self.lease)
+            .field("renewing", &self.keeper.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockGuard {
@@ -318,7 +381,7 @@ impl Drop for LockGuard {
 /// Fires `lost` and says why.
 fn lost(lease: &Lease, why: &str) {
     tracing::warn!(key = lease.key(), fence = lease.fence(), why, "lock lost");
-    lease.shared.lost.cancel();
+    lease.shared.lost.fire();
 }
 
 /// Renews at about a third of the TTL (if `renew`), and fires `lost` when a

@@ -50,6 +50,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Node URLs
+//!
+//! Each URL given to [`LockClient::new`] is one node of the group:
+//!
+//! * `redis://[user:password@]host:port/[db]`: one server (`rediss://` for
+//!   TLS, `redis+unix:///path` for a Unix socket), as the `redis` crate
+//!   reads them;
+//! * `redis-sentinel://host:port[,host:port...]/service[/db]`: the master
+//!   the sentinels report for `service`, asked for again after a failover
+//!   (a connection error, or READONLY from a demoted master);
+//! * `redis-cluster://host:port[,host:port...]/`: a whole Redis Cluster as
+//!   one node, each key's commands sent to its master (MOVED and ASK
+//!   followed).
+//!
+//! One URL is a single node; several are a Redlock group (use an odd
+//! number). To bring your own TLS settings or credentials, pass
+//! `redis::Client`s to [`LockClient::from_clients`].
+//!
 //! # Cancellation
 //!
 //! Acquiring is cancel-safe: dropping the future of an acquisition (a
@@ -65,10 +83,10 @@
 //! # Auto-renewal
 //!
 //! With [`Options::auto_renew`] a guard extends its lock at about a third
-//! of the TTL. [`LockGuard::lost`] (a cancellation token) fires when the
+//! of the TTL. [`Lease::lost`] (a [`LostSignal`]) fires when the
 //! lock is lost: a renewal that a majority answered without extending it
 //! on a majority in time, one that failed with too little validity left
-//! to retry, or no successful renewal before [`LockGuard::valid_until`]. Releasing stops the renewal
+//! to retry, or no successful renewal before [`Lease::valid_until`]. Releasing stops the renewal
 //! first and waits for one in flight, so no renewal follows a release.
 //!
 //! # Redlock, with fencing tokens that never go backwards
@@ -155,8 +173,10 @@
 // it is sound, and an unsafe fn's body is not one unsafe block.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs, missing_debug_implementations)]
 
 pub mod blocking;
+
 mod client;
 mod clock;
 mod error;
@@ -172,5 +192,5 @@ pub use client::{Acquire, LockClient, Options};
 #[doc(hidden)]
 pub use clock::{boot_clock, drift, later_by};
 pub use error::{Error, Result};
-pub use guard::{Lease, LockGuard, ValidityWatch};
+pub use guard::{Lease, LockGuard, LostSignal, ValidityWatch};
 pub use node::{LockInfo, NodeSettings};

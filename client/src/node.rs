@@ -78,9 +78,11 @@ impl redis::aio::ConnectionLike for Conn {
 pub struct LockInfo {
     /// The holder's token; None if this connection's user may not write the key.
     pub token: Option<Vec<u8>>,
+    /// The holder's fencing token.
     pub fence: i64,
     /// Milliseconds left of the lease.
     pub ttl_ms: i64,
+    /// How many clients wait in the key's line.
     pub waiters: i64,
     /// When the holder was granted (Unix ms); None when the server does not
     /// know (a lock loaded from an earlier build's data, or an older module).
@@ -574,14 +576,19 @@ impl Node {
 pub struct NodeSettings {
     /// The node as `redis[s]://host:port/db`, without credentials.
     pub url: String,
+    /// The server's `run_id` (INFO server): one server under two names has one.
     pub run_id: String,
+    /// The server's `redis_version` (INFO server).
     pub version: String,
     /// Whether the redis-lock module answers (INFO lock has its fields).
     pub module_loaded: bool,
     /// The node's fencing high-water mark (`lock_fence_hwm`).
     pub fence_hwm: Option<i64>,
+    /// `lock.restart-delay-ms`: how long the node grants nothing after it starts.
     pub restart_delay_ms: Option<i64>,
+    /// `appendonly`.
     pub appendonly: Option<bool>,
+    /// `appendfsync` (`always`, `everysec` or `no`).
     pub appendfsync: Option<String>,
 }
 

@@ -929,9 +929,9 @@ fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
         common::wait_until(Duration::from_secs(10), || {
             common::fence(&mut s.conn(), "k").is_some()
         });
-        unsafe { libc_kill(child.id() as i32, 19) }; // SIGSTOP
-                                                     // The lease lapses and another holder takes the lock; the command
-                                                     // ends meanwhile.
+        // SIGSTOP. The lease lapses and another holder takes the lock; the
+        // command ends meanwhile.
+        unsafe { libc_kill(child.id() as i32, 19) };
         common::wait_until(Duration::from_secs(10), || {
             common::acquire(&mut s.conn(), "k", "other", 60_000).is_some()
         });
@@ -941,6 +941,12 @@ fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
         assert_eq!(
             out.status.code(),
             Some(76),
+            "round {round}: {}",
+            text(&out.stderr)
+        );
+        // Issue 23, item 7: no --grace was given, so none is talked of.
+        assert!(
+            !text(&out.stderr).contains("--grace"),
             "round {round}: {}",
             text(&out.stderr)
         );

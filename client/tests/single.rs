@@ -118,6 +118,44 @@ async fn with_lock_runs_under_the_lock_and_releases() {
     assert!(not.is_none());
 }
 
+/// Issue 23, item 7: a TTL the drift allowance (1% + 2 ms) eats whole is
+/// refused before any node is asked, as the command refuses a TTL of 0:
+/// before, `acquire(k, 1 ms)` returned a guard that was already invalid
+/// (and left the key held for its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_within_the_drift_allowance_is_refused() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    for ms in [0, 1, 2] {
+        let refused = locks
+            .try_acquire("tiny", Duration::from_millis(ms))
+            .await
+            .map(|g| g.map(|g| g.is_valid()));
+        match refused {
+            Err(redis_lock_client::Error::Config(why)) => {
+                assert!(why.contains("drift"), "{why}")
+            }
+            other => panic!("a {ms} ms TTL was not refused: {other:?}"),
+        }
+        assert_eq!(
+            server_fence(&s, "tiny"),
+            None,
+            "{ms} ms: the node was asked"
+        );
+    }
+    let guard = locks
+        .try_acquire("tiny", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        guard.extend(Duration::from_millis(2)).await,
+        Err(redis_lock_client::Error::Config(_))
+    ));
+    assert!(guard.is_valid(), "a refused extend is not a loss");
+    assert!(guard.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auto_renewal_keeps_a_short_lock_and_stops_at_release() {
     let s = Server::start();
@@ -380,6 +418,58 @@ async fn an_extend_after_the_loss_signal_answers_false() {
     );
     assert!(!guard.extend(Duration::from_secs(3)).await.unwrap());
     assert!(!guard.is_valid());
+}
+
+/// Issue 23, item 7: the blocking facade speaks `std::time::Instant`, runs
+/// a closure under a renewed lock (`with_lock`, reporting a loss as the
+/// async one does) and can wait for a loss.
+#[test]
+fn the_blocking_facade_has_std_instants_with_lock_and_a_wait_for_loss() {
+    let s = Server::start();
+    let locks = redis_lock_client::blocking::LockClient::new(&[s.url()]).unwrap();
+    let ttl = Duration::from_secs(10);
+    let guard = locks.try_acquire("b:std", ttl).unwrap().expect("free");
+    let left: Duration = guard.valid_until() - std::time::Instant::now();
+    assert!(left > Duration::from_secs(9) && left <= ttl, "{left:?}");
+    assert!(!guard.wait_for_loss(Duration::from_millis(50)), "not lost");
+    // Lost without renewal: an administrative DEL, then a refused extend.
+    let _: () = redis::cmd("DEL").arg("b:std").query(&mut s.conn()).unwrap();
+    assert!(!guard.extend(ttl).unwrap());
+    assert!(guard.wait_for_loss(Duration::from_secs(1)));
+    drop(guard);
+
+    let fence = locks
+        .acquire("b:with", ttl)
+        .with_lock(|guard| {
+            assert_eq!(server_fence(&s, "b:with"), Some(guard.fence()));
+            guard.fence()
+        })
+        .unwrap()
+        .expect("free");
+    assert!(fence > 0);
+    assert_eq!(
+        server_fence(&s, "b:with"),
+        None,
+        "released after the closure"
+    );
+    let lost = locks.acquire("b:with", ttl).with_lock(|guard| {
+        let _: () = redis::cmd("DEL")
+            .arg("b:with")
+            .query(&mut s.conn())
+            .unwrap();
+        let _ = guard.extend(ttl);
+    });
+    assert!(
+        matches!(lost, Err(redis_lock_client::Error::Lost)),
+        "{lost:?}"
+    );
+    let holder = locks.try_acquire("b:with", ttl).unwrap().expect("free");
+    assert_eq!(
+        locks.acquire("b:with", ttl).with_lock(|_| ()).unwrap(),
+        None,
+        "held by another: not acquired"
+    );
+    assert!(holder.release().unwrap());
 }
 
 /// Issue 17 (the crate's shape): the blocking facade names the wait and

@@ -1,5 +1,5 @@
 //! Argument parsing for every command. Input is the raw argv as byte slices
-//! (argv[0] is the command name, argv[1] the key); output is typed values or
+//! (`argv[0]` is the command name, `argv[1]` the key); output is typed values or
 //! a [`LockError`] that names the problem. Nothing is allocated on success.
 
 use super::error::{show_arg, LockError};

@@ -14,7 +14,7 @@
 //!   ([`Conditions`], whether a waiter may still run the command on the key
 //!   ([`Admission`]), whether the key is still served here ([`Served`]));
 //! * outputs are the call's reply, the waiters to answer
-//!   ([`poll_wake`](Node::poll_wake), each exactly once) and when to call
+//!   ([`poll_output`](Node::poll_output): each waiter exactly once) and when to call
 //!   [`run_timer`](Node::run_timer) next ([`next_wakeup`](Node::next_wakeup)).
 //!
 //! Nothing here reads a clock, opens a key or talks to a client: keys come

@@ -4,8 +4,8 @@
 //! `poll_*`. The glue answers waiters, replicates changed keys, emits
 //! keyspace events and counts, and decides none of it.
 //!
-//! The state machine (`lock`, `waiters`) writes through a [`Ledger`], which
-//! says *why* a lock changes; [`Recorder`] turns each change into a write of
+//! The state machine (`lock`, `waiters`) writes through a `Ledger`, which
+//! says *why* a lock changes; `Recorder` turns each change into a write of
 //! the plain store the glue provides (`lock::LockStore`) and the outputs it
 //! implies, and hands out lease ids.
 

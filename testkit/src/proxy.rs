@@ -1,6 +1,6 @@
 //! A TCP proxy on 127.0.0.1 in front of one node, for network partitions.
 //!
-//! * [`Proxy::pass`]: bytes flow both ways (the default).
+//! * [`Proxy::heal`] (and at start): bytes flow both ways (the default).
 //! * [`Proxy::blackhole`]: every connection stays open but no byte gets
 //!   through, in either direction, and new connections are accepted (the
 //!   client's connect succeeds) but not connected onward. Nothing is reset

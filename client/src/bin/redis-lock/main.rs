@@ -8,6 +8,8 @@
 #![deny(unsafe_code)]
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// Doc comments on the arguments are --help text (URLs with [user@]), not rustdoc.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -885,7 +887,9 @@ async fn run_under_lock(
                     job::say(format_args!(
                         "redis-lock: lost the lock on {key} (a renewal was refused or cannot finish within its validity); stopping the command"
                     ));
-                    if at > validity {
+                    // Only a grace the user gave can outlast the validity
+                    // (by default `at` is `now` once the validity has passed).
+                    if grace.is_some() && at > validity {
                         job::say(format_args!(
                             "redis-lock: --grace ends {} ms after the lease's validity: the command may run without the lock until then",
                             (at - validity.max(now)).as_millis()
