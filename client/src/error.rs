@@ -49,6 +49,14 @@ impl Error {
         }
     }
 
+    /// Whether a node refused this client's credentials (a wrong password
+    /// or user, or none given where one is required).
+    pub fn is_auth_failure(&self) -> bool {
+        matches!(self, Error::Redis(r)
+            if r.kind() == redis::ErrorKind::AuthenticationFailed
+                || matches!(r.code(), Some("NOAUTH" | "WRONGPASS")))
+    }
+
     /// Whether a node does not know the `LOCK.*` commands (the module is
     /// not loaded there).
     pub fn is_module_missing(&self) -> bool {

@@ -367,7 +367,7 @@ fn usage_errors_say_what_to_do() {
         "true",
     ]);
     assert_eq!(out.status.code(), Some(69));
-    assert!(text(&out.stderr).contains("module is loaded"));
+    assert!(text(&out.stderr).contains("server is up"));
 }
 
 #[test]
@@ -1188,6 +1188,116 @@ fn node_errors_get_the_exit_code_of_what_went_wrong() {
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("try again"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// Issue 23, item 7: the statuses for "not acquired" and "lost" can be
+/// chosen, so a command's own 75 or 76 cannot be mistaken for them (like
+/// `flock -E`); the defaults stay 75 and 76.
+#[test]
+fn the_conflict_and_lost_exit_codes_can_be_chosen() {
+    let s = Server::start();
+    let u = s.url();
+    let codes = ["--conflict-exit-code", "3", "--lost-exit-code", "4"];
+    // The command's own 75 and 76 come through as they are.
+    for own in ["75", "76"] {
+        let mut args = vec!["run", "--url", &u, "--key", "k"];
+        args.extend(codes);
+        args.extend(["--", "sh", "-c"]);
+        let script = format!("exit {own}");
+        args.push(&script);
+        let out = redis_lock(&args);
+        assert_eq!(out.status.code(), Some(own.parse().unwrap()));
+    }
+    // Not acquired: the chosen code, for run and acquire.
+    assert!(common::acquire(&mut s.conn(), "k", "other", 60_000).is_some());
+    let mut args = vec!["run", "--url", &u, "--key", "k"];
+    args.extend(codes);
+    args.extend(["--", "true"]);
+    let out = redis_lock(&args);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let out = redis_lock(&[
+        "acquire",
+        "--url",
+        &u,
+        "--key",
+        "k",
+        "--ttl",
+        "5s",
+        "--conflict-exit-code",
+        "9",
+    ]);
+    assert_eq!(out.status.code(), Some(9), "{}", text(&out.stderr));
+    assert_eq!(common::release(&mut s.conn(), "k", "other"), 1);
+    // Lost: the chosen code.
+    let mut args = vec!["run", "--url", &u, "--key", "k", "--ttl", "900ms"];
+    args.extend(codes);
+    args.extend(["--", "sleep", "30"]);
+    let child = Command::new(BIN)
+        .args(&args)
+        .env_remove("REDIS_LOCK_URL")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until(Duration::from_secs(10), || {
+        common::fence(&mut s.conn(), "k").is_some()
+    });
+    let _: i64 = redis::cmd("DEL").arg("k").query(&mut s.conn()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    let out = redis_lock(&[
+        "run",
+        "--conflict-exit-code",
+        "256",
+        "--key",
+        "k",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "an exit code is 0 to 255");
+}
+
+/// Issue 23, item 7: refused credentials exit 77 and say so (before: 69,
+/// "check that the redis-lock module is loaded").
+#[test]
+fn refused_credentials_exit_77_and_say_so() {
+    if common::skip_unless(common::Needs::OwnServer, "sets a password on the server") {
+        return;
+    }
+    let s = Server::start();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "alice", "on", ">right", "~*", "+@all"][..])
+        .query(&mut s.conn())
+        .unwrap();
+    let port = s
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .trim_end_matches('/')
+        .to_string();
+    let wrong = format!("redis://alice:wrong@127.0.0.1:{port}/");
+    let out = redis_lock(&["acquire", "--url", &wrong, "--key", "k", "--ttl", "5s"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("authentication failed"),
+        "{}",
+        text(&out.stderr)
+    );
+    let right = format!("redis://alice:right@127.0.0.1:{port}/");
+    let out = redis_lock(&["acquire", "--url", &right, "--key", "k", "--ttl", "5s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // No password where one is required: NOAUTH.
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "requirepass", "sekret"][..])
+        .query(&mut s.conn())
+        .unwrap();
+    let out = redis_lock(&["run", "--url", &s.url(), "--key", "k2", "--", "true"]);
+    assert_eq!(out.status.code(), Some(77), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("authentication failed"),
         "{}",
         text(&out.stderr)
     );

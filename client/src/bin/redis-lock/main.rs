@@ -81,11 +81,11 @@ the lock is released once the group has exited.
 
 Exit status: the command's own status (128+N if killed by signal N); 64 usage
 error (also a TTL a node refuses, or a key holding another type); 69 lock
-nodes unreachable (or without the module); 75 not acquired within --wait, or
+nodes unreachable (or without the module); 75 (or --conflict-exit-code) not acquired within --wait, or
 a node asked to try again later (its restart delay, a full line), or, for
-release/extend, the lock was not held; 76 the lock was lost, or its validity
+release/extend, the lock was not held; 76 (or --lost-exit-code) the lock was lost, or its validity
 ran out, before the job ended (the group got SIGTERM as soon as the lock could not be kept, then SIGKILL halfway
-to the end of the lease's validity, or after --grace); 77 permission denied (ACL);
+to the end of the lease's validity, or after --grace); 77 authentication failed or permission denied (ACL);
 126/127 the command could not be run / was not found.
 Durations: 1500ms, 30s, 2m, 1h, 1m30s (a bare number is seconds)."
 )]
@@ -104,6 +104,19 @@ struct Nodes {
     /// The lock's key.
     #[arg(long, value_name = "KEY")]
     key: String,
+}
+
+/// The statuses that say "not acquired" and "lost", settable so a
+/// command's own 75 or 76 cannot be mistaken for them (like `flock -E`).
+#[derive(Args, Clone, Copy)]
+struct Codes {
+    /// Exit with N when the lock is not acquired within --wait.
+    #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    conflict_exit_code: u8,
+    /// Exit with N when the lock is lost (or its validity ran out) before
+    /// the command ended.
+    #[arg(long, value_name = "N", default_value_t = exit::LOST)]
+    lost_exit_code: u8,
 }
 
 #[derive(Subcommand)]
@@ -126,6 +139,8 @@ enum Command {
         /// group when it exited (default 10s; the lock is held meanwhile).
         #[arg(long, value_parser = duration::parse)]
         grace: Option<Duration>,
+        #[command(flatten)]
+        codes: Codes,
         /// The command and its arguments (after --).
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
@@ -147,6 +162,10 @@ enum Command {
         /// of export lines.
         #[arg(long)]
         json: bool,
+        /// Exit with N when the lock is not acquired within --wait
+        /// (default 75).
+        #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+        conflict_exit_code: u8,
     },
     /// Release a lock held by TOKEN. Exit 0 if released, 75 if it was not held.
     Release {
@@ -259,8 +278,9 @@ fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode
 /// A call that failed: a usage error if a node refused the arguments (a
 /// TTL above its `lock.max-ttl-ms`, a key holding another type), "try
 /// again" if a node is in its restart delay or the lock's line is full,
-/// "permission denied" for ACL refusals, else the nodes are unavailable
-/// (the module not loaded among them).
+/// "permission denied" for refused credentials and ACL refusals, else the
+/// nodes are unavailable (unreachable, a failed TLS handshake, or the
+/// module not loaded).
 fn failed_call(e: redis_lock_client::Error) -> ExitCode {
     use redis_lock_client::Error;
     match &e {
@@ -272,6 +292,10 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
         e if e.is_module_missing() => fail(
             exit::UNAVAILABLE,
             &format!("a node does not know the LOCK commands: is the redis-lock module loaded there? ({e})"),
+        ),
+        e if e.is_auth_failure() => fail(
+            exit::NO_PERMISSION,
+            &format!("authentication failed: {e} (check the user and password in --url or $REDIS_LOCK_URL)"),
         ),
         Error::Redis(r) if r.code() == Some("NOPERM") => {
             fail(exit::NO_PERMISSION, &format!("permission denied: {r}"))
@@ -287,7 +311,7 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
         _ => fail(
             exit::UNAVAILABLE,
             &format!(
-                "lock nodes unavailable: {e} (check --url and that the redis-lock module is loaded)"
+                "lock nodes unavailable: {e} (check --url and that the server is up; for rediss:// also its TLS: the CA in SSL_CERT_FILE, and whether it asks for a client certificate)"
             ),
         ),
     }
@@ -321,6 +345,7 @@ async fn run(cli: Cli) -> ExitCode {
             ttl,
             wait,
             grace,
+            codes,
             cmd,
         } => {
             if let Err(code) = check_ttl(ttl) {
@@ -331,7 +356,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             warn_unsafe_group(&locks, ttl).await;
-            run_under_lock(&locks, &nodes.key, ttl, wait, grace, &cmd).await
+            run_under_lock(&locks, &nodes.key, ttl, wait, grace, codes, &cmd).await
         }
         Command::Acquire {
             nodes,
@@ -339,6 +364,7 @@ async fn run(cli: Cli) -> ExitCode {
             wait,
             token,
             json,
+            conflict_exit_code,
         } => {
             if let Err(code) = check_ttl(ttl) {
                 return code;
@@ -380,7 +406,7 @@ async fn run(cli: Cli) -> ExitCode {
                     std::mem::forget(guard);
                     ExitCode::SUCCESS
                 }
-                Ok(None) => not_acquired(&nodes.key, wait),
+                Ok(None) => not_acquired(&nodes.key, wait, conflict_exit_code),
                 Err(e) => failed_call(e),
             }
         }
@@ -659,9 +685,9 @@ async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
     }
 }
 
-fn not_acquired(key: &str, wait: Duration) -> ExitCode {
+fn not_acquired(key: &str, wait: Duration, code: u8) -> ExitCode {
     fail(
-        exit::NOT_ACQUIRED,
+        code,
         &format!(
             "{key} is held by another holder; not acquired within {} (raise --wait to wait longer)",
             show(wait)
@@ -719,6 +745,7 @@ async fn run_under_lock(
     ttl: Duration,
     wait: Duration,
     grace: Option<Duration>,
+    codes: Codes,
     cmd: &[String],
 ) -> ExitCode {
     let Some(mut signals) = handle_signals_and(job::FORWARDED, &job::also_forwarded()) else {
@@ -731,7 +758,7 @@ async fn run_under_lock(
     };
     let guard = match acquired {
         Ok(Ok(Some(guard))) => guard,
-        Ok(Ok(None)) => return not_acquired(key, wait),
+        Ok(Ok(None)) => return not_acquired(key, wait, codes.conflict_exit_code),
         Ok(Err(e)) => return failed_call(e),
         Err(sig) => {
             // Interrupted: give back whatever was granted meanwhile.
@@ -848,7 +875,7 @@ async fn run_under_lock(
                         && job::STOPS.contains(&sig)
                         && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
                     {
-                        return lost_while_stopped(key, guard, group, &mut events, sentry).await;
+                        return lost_while_stopped(key, guard, group, &mut events, sentry, codes).await;
                     }
                 }
                 Some(job::ChildEvent::Stopped { .. }) => {}
@@ -861,7 +888,7 @@ async fn run_under_lock(
                 if !lock_lost
                     && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
                 {
-                    return lost_while_stopped(key, guard, group, &mut events, sentry).await;
+                    return lost_while_stopped(key, guard, group, &mut events, sentry, codes).await;
                 }
             }
             _ = lost.cancelled(), if !lock_lost => {
@@ -943,7 +970,7 @@ async fn run_under_lock(
             ));
         }
         let _ = guard.release().await;
-        return ExitCode::from(exit::LOST);
+        return ExitCode::from(codes.lost_exit_code);
     }
     let _ = guard.release().await;
     match status {
@@ -1012,6 +1039,7 @@ async fn lost_while_stopped(
     group: libc::pid_t,
     events: &mut mpsc::UnboundedReceiver<job::ChildEvent>,
     sentry: Option<job::Sentry>,
+    codes: Codes,
 ) -> ExitCode {
     job::signal_group(group, libc::SIGKILL);
     job::say(format_args!(
@@ -1026,5 +1054,5 @@ async fn lost_while_stopped(
         }
     }
     let _ = guard.release().await;
-    ExitCode::from(exit::LOST)
+    ExitCode::from(codes.lost_exit_code)
 }
