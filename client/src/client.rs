@@ -185,7 +185,10 @@ impl LockClient {
         Ok(Self::from_nodes(nodes, options))
     }
 
-    fn from_nodes(nodes: Vec<Node>, options: Options) -> LockClient {
+    fn from_nodes(mut nodes: Vec<Node>, options: Options) -> LockClient {
+        for node in &mut nodes {
+            node.wait_replicas = options.wait_replicas;
+        }
         let n = nodes.len();
         if n > 1 && n % 2 == 0 {
             tracing::warn!(

@@ -17,6 +17,16 @@ pub enum Error {
     Lost,
     /// A bad argument or configuration (no URLs, a TTL of zero, ...).
     Config(String),
+    /// [`Options::wait_replicas`](crate::Options::wait_replicas): a node
+    /// granted the lock but fewer of its replicas than asked acknowledged
+    /// the grant in time, so it was released there (a failover could have
+    /// lost it). Not acquired.
+    NotReplicated {
+        /// How many replicas acknowledged the grant.
+        acknowledged: i64,
+        /// How many were asked for.
+        wanted: u32,
+    },
 }
 
 impl fmt::Display for Error {
@@ -29,6 +39,13 @@ impl fmt::Display for Error {
                 "the lock was lost while the work ran (it may have overlapped another holder)"
             ),
             Error::Config(why) => write!(f, "{why}"),
+            Error::NotReplicated {
+                acknowledged,
+                wanted,
+            } => write!(
+                f,
+                "the grant reached {acknowledged} of the {wanted} replicas asked for in time, so it was released (a failover could have lost it)"
+            ),
         }
     }
 }

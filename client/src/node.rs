@@ -32,6 +32,9 @@ pub(crate) struct Node {
     /// Set for a Redis Cluster: every command goes to its key's master
     /// (MOVED and ASK followed by the redis crate's cluster client).
     cluster: Option<redis::cluster::ClusterClient>,
+    /// `Options::wait_replicas`: how many replicas must acknowledge each
+    /// grant, and within how long (set by the client that owns the node).
+    pub(crate) wait_replicas: Option<(u32, Duration)>,
 }
 
 /// A connection to one server, or to a cluster (routed by key).
@@ -157,6 +160,7 @@ impl Node {
             conn: Mutex::new(None),
             spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: None,
+            wait_replicas: None,
         })
     }
 
@@ -185,6 +189,7 @@ impl Node {
             conn: Mutex::new(None),
             spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: Some(cluster),
+            wait_replicas: None,
         })
     }
 
@@ -273,6 +278,7 @@ impl Node {
             conn: Mutex::new(None),
             spare: Arc::new(std::sync::Mutex::new(Vec::new())),
             cluster: None,
+            wait_replicas: None,
         }
     }
 
@@ -355,7 +361,8 @@ impl Node {
     }
 
     /// `LOCK.ACQUIRE key token ttl [MINFENCE n]`: the fence, or None if held
-    /// by another token.
+    /// by another token. With replica acknowledgement the ACQUIRE and its
+    /// `WAIT` go on a connection of their own (WAIT blocks its connection).
     pub async fn acquire(
         &self,
         key: &str,
@@ -369,7 +376,11 @@ impl Node {
         if let Some(n) = min_fence {
             cmd.arg(command::MINFENCE).arg(n);
         }
-        self.run(cmd, limit).await
+        if self.wait_replicas.is_none() {
+            return self.run(cmd, limit).await;
+        }
+        self.acquire_on_own(key, token, |_| cmd.clone(), Duration::ZERO, limit)
+            .await
     }
 
     /// `LOCK.ACQUIRE ... BLOCK wait`: waits in the server, on a connection
@@ -384,9 +395,33 @@ impl Node {
         wait: Duration,
         limit: Duration,
     ) -> Result<Option<i64>> {
+        let blocking = |wait: Duration| {
+            // BLOCK 0 would wait forever: wait at least a millisecond.
+            let block_ms = millis(wait).clamp(1, MAX_BLOCK_MS);
+            let mut cmd = redis::cmd(command::ACQUIRE);
+            cmd.arg(key)
+                .arg(token)
+                .arg(millis(ttl))
+                .arg(command::BLOCK)
+                .arg(block_ms);
+            cmd
+        };
+        self.acquire_on_own(key, token, blocking, wait, limit).await
+    }
+
+    /// An ACQUIRE (`cmd(wait)`, made again for a retry with the wait left)
+    /// on a connection of its own, see [`acquire_on_own_once`](Self::acquire_on_own_once).
+    async fn acquire_on_own(
+        &self,
+        key: &str,
+        token: &str,
+        cmd: impl Fn(Duration) -> redis::Cmd,
+        wait: Duration,
+        limit: Duration,
+    ) -> Result<Option<i64>> {
         let start = tokio::time::Instant::now();
         let (reply, was_spare) = self
-            .acquire_waiting_once(key, token, ttl, wait, limit)
+            .acquire_on_own_once(key, token, cmd(wait), wait, limit)
             .await;
         let dropped =
             matches!(&reply, Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped());
@@ -406,26 +441,27 @@ impl Node {
             self.spare.lock().unwrap_or_else(|p| p.into_inner()).clear();
             let left = wait.saturating_sub(start.elapsed());
             return self
-                .acquire_waiting_once(key, token, ttl, left, limit)
+                .acquire_on_own_once(key, token, cmd(left), left, limit)
                 .await
                 .0;
         }
         reply
     }
 
-    /// One BLOCK wait, run by a task of its own that owns the connection,
-    /// so that the caller's future may be dropped at any point (a `timeout`,
+    /// One ACQUIRE (a BLOCK wait, or one with replica acknowledgement) on a
+    /// connection of its own, run by a task that owns the connection, so
+    /// that the caller's future may be dropped at any point (a `timeout`,
     /// a `select!`) without leaving a grant nobody knows of: the redis
     /// crate keeps a dropped connection's socket open until the replies in
-    /// flight arrive, so the server still hands the lock to this waiter
-    /// when its turn comes. The task waits for that reply, past the
+    /// flight arrive, so the server still grants (hands the lock to this
+    /// waiter when its turn comes). The task waits for that reply, past the
     /// caller's own deadline if need be, and releases a grant the caller is
     /// no longer there to take, over the same connection.
-    async fn acquire_waiting_once(
+    async fn acquire_on_own_once(
         &self,
         key: &str,
         token: &str,
-        ttl: Duration,
+        cmd: redis::Cmd,
         wait: Duration,
         limit: Duration,
     ) -> (Result<Option<i64>>, bool) {
@@ -438,25 +474,20 @@ impl Node {
                 Err(e) => return (Err(e), false),
             },
         };
-        // BLOCK 0 would wait forever: wait at least a millisecond.
-        let block_ms = millis(wait).clamp(1, MAX_BLOCK_MS);
-        let mut cmd = redis::cmd(command::ACQUIRE);
-        cmd.arg(key)
-            .arg(token)
-            .arg(millis(ttl))
-            .arg(command::BLOCK)
-            .arg(block_ms);
         let mut release = redis::cmd(command::RELEASE);
         release.arg(key).arg(token);
+        let acked = self.wait_replicas.map_or(Duration::ZERO, |(_, t)| t);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let spares = Arc::clone(&self.spare);
-        tokio::spawn(wait_in_server(
+        tokio::spawn(acquire_in_task(
             conn,
-            cmd,
-            release,
-            wait.saturating_add(limit),
+            Acquisition {
+                cmd,
+                wait_replicas: self.wait_replicas,
+                release,
+            },
+            wait.saturating_add(limit).saturating_add(acked),
             limit,
-            spares,
+            Arc::clone(&self.spare),
             tx,
         ));
         // The task ends only by sending (or by a panic in the redis crate).
@@ -793,27 +824,59 @@ static RESTART_DELAY_OPTION: std::sync::LazyLock<String> = std::sync::LazyLock::
 });
 
 /// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
-/// How long a wait's task keeps listening for the server's answer after
-/// its caller stopped waiting for it (see [`wait_in_server`]).
+/// How long an acquisition's task keeps listening for the server's answer
+/// after its caller stopped waiting for it (see [`acquire_in_task`]).
 const LATE_REPLY_LIMIT: Duration = Duration::from_secs(60);
 
-/// Runs one `LOCK.ACQUIRE ... BLOCK` on `conn` and sends its reply to the
-/// caller (an error after `patience`). A grant that arrives when nobody is
-/// there to take it (the caller's future was dropped, or `patience` passed
-/// first) is released over the same connection, so it cannot come before
-/// the grant. A connection that answered goes back to `spares`.
-async fn wait_in_server(
-    mut conn: Conn,
+/// What [`acquire_in_task`] sends: the ACQUIRE, whether to `WAIT` for
+/// replicas after it, and the RELEASE that undoes it.
+struct Acquisition {
     cmd: redis::Cmd,
+    wait_replicas: Option<(u32, Duration)>,
     release: redis::Cmd,
+}
+
+/// Runs one ACQUIRE on `conn` (followed by `WAIT` in the same round trip
+/// when replicas must acknowledge it: the server runs the WAIT only once a
+/// BLOCK before it has been answered) and sends the outcome to the caller
+/// (an error after `patience`). A grant too few replicas acknowledged, or
+/// one that arrives when nobody is there to take it (the caller's future
+/// was dropped, or `patience` passed first), is released over the same
+/// connection, so the release cannot come before the grant. A connection
+/// that answered goes back to `spares`.
+async fn acquire_in_task(
+    mut conn: Conn,
+    acquisition: Acquisition,
     patience: Duration,
     limit: Duration,
     spares: Arc<std::sync::Mutex<Vec<Conn>>>,
     tx: tokio::sync::oneshot::Sender<Result<Option<i64>>>,
 ) {
+    let Acquisition {
+        cmd,
+        wait_replicas,
+        release,
+    } = acquisition;
     let mut tx = Some(tx);
-    let mut waiting = conn.clone();
-    let query = cmd.query_async::<Option<i64>>(&mut waiting);
+    let mut sending = conn.clone();
+    let query = async {
+        match wait_replicas {
+            None => cmd
+                .query_async::<Option<i64>>(&mut sending)
+                .await
+                .map(|fence| (fence, None)),
+            Some((count, timeout)) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone())
+                    .cmd("WAIT")
+                    .arg(count)
+                    .arg(millis(timeout));
+                pipe.query_async::<(Option<i64>, i64)>(&mut sending)
+                    .await
+                    .map(|(fence, acked)| (fence, Some(acked)))
+            }
+        }
+    };
     tokio::pin!(query);
     let answered = tokio::select! {
         reply = &mut query => Some(reply),
@@ -838,20 +901,31 @@ async fn wait_in_server(
         Ok(_) => true,
         Err(e) => !(e.is_io_error() || e.is_connection_dropped()),
     };
-    let undelivered = match tx {
-        Some(tx) => tx.send(reply.map_err(Error::from)).err(),
-        None => Some(reply.map_err(Error::from)),
+    let outcome = match reply {
+        Ok((Some(_), Some(acked))) if acked < i64::from(wait_replicas.map_or(0, |(n, _)| n)) => {
+            Err(Error::NotReplicated {
+                acknowledged: acked,
+                wanted: wait_replicas.map_or(0, |(n, _)| n),
+            })
+        }
+        Ok((fence, _)) => Ok(fence),
+        Err(e) => Err(Error::from(e)),
     };
-    let granted = undelivered.and_then(|r| r.ok().flatten());
-    if let Some(fence) = granted {
+    let must_release = matches!(outcome, Err(Error::NotReplicated { .. }));
+    let undelivered = match tx {
+        Some(tx) => tx.send(outcome).err(),
+        None => Some(outcome),
+    };
+    let granted = undelivered.is_some_and(|r| matches!(r, Ok(Some(_))));
+    if must_release || granted {
         let released = within(limit, async {
             Ok(release.query_async::<i64>(&mut conn).await?)
         })
         .await;
         tracing::debug!(
-            fence,
             released = matches!(released, Ok(1)),
-            "released a grant its caller no longer waited for"
+            too_few_replicas = must_release,
+            "released a grant its caller could not keep"
         );
         if released.is_err() {
             return;

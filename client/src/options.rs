@@ -43,6 +43,14 @@ pub struct Options {
     /// clocks agree with each other (the first phase asks for a token
     /// just above their median clock; see the crate docs).
     pub quorum_fencing: bool,
+    /// Replica acknowledgement (default none): after each grant, `WAIT` for
+    /// this many of the node's replicas to have it, within this long; a
+    /// grant fewer acknowledged is released and counts as not granted
+    /// ([`Error::NotReplicated`](crate::Error::NotReplicated) when no
+    /// majority is left). So a failover to a replica cannot lose a grant
+    /// the client was told of. The wait adds to the time the grant takes,
+    /// and shortens its validity by as much.
+    pub wait_replicas: Option<(u32, Duration)>,
 }
 
 impl Default for Options {
@@ -53,6 +61,7 @@ impl Default for Options {
             auto_renew: false,
             queue: true,
             quorum_fencing: true,
+            wait_replicas: None,
         }
     }
 }
@@ -79,6 +88,13 @@ impl Options {
     /// See [`Options::queue`](#structfield.queue).
     pub fn queue(mut self, on: bool) -> Self {
         self.queue = on;
+        self
+    }
+
+    /// See [`Options::wait_replicas`](#structfield.wait_replicas): `count`
+    /// replicas within `timeout` (0 replicas: off).
+    pub fn wait_replicas(mut self, count: u32, timeout: Duration) -> Self {
+        self.wait_replicas = (count > 0).then_some((count, timeout));
         self
     }
 

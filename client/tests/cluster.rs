@@ -96,3 +96,58 @@ fn a_cluster_url_locks_each_key_on_its_master_and_waits_in_its_line() {
         "released"
     );
 }
+
+/// Issue 23, item 4: replica acknowledgement on a cluster: the ACQUIRE and
+/// its WAIT go to the key's master together, so each grant is on that
+/// master's replica when the guard comes back; with the replica stopped,
+/// the grant is refused and released.
+#[test]
+fn replica_acknowledgement_works_on_each_master_of_a_cluster() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {
+        return;
+    }
+    let cluster = Cluster::start(true);
+    let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let options =
+        redis_lock_client::Options::default().wait_replicas(1, Duration::from_millis(500));
+    let locks = LockClient::with_options(&[url.as_str()], options).unwrap();
+    // Each replica acknowledges what it has before the test starts.
+    for i in 0..3 {
+        common::wait_until(Duration::from_secs(20), || {
+            redis::cmd("WAIT")
+                .arg(1)
+                .arg(100)
+                .query::<i64>(&mut cluster.nodes[i].conn())
+                .is_ok_and(|n| n == 1)
+        });
+    }
+    runtime.block_on(async {
+        for i in 0..3 {
+            let key = key_on(&cluster, i);
+            let guard = locks
+                .try_acquire(&key, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("free");
+            // A replica serves reads of its master's slots after READONLY.
+            let mut replica = cluster.nodes[i + 3].conn();
+            let _: () = redis::cmd("READONLY").query(&mut replica).unwrap();
+            assert_eq!(
+                common::fence(&mut replica, &key),
+                Some(guard.fence()),
+                "{key}: on master {i}'s replica when the guard is returned"
+            );
+            assert!(guard.release().await.unwrap());
+        }
+        let key = key_on(&cluster, 0);
+        cluster.nodes[3].signal("STOP");
+        let refused = locks.try_acquire(&key, Duration::from_secs(10)).await;
+        cluster.nodes[3].signal("CONT");
+        assert!(
+            matches!(refused, Err(redis_lock_client::Error::NotReplicated { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(common::fence(&mut cluster.nodes[0].conn(), &key), None);
+    });
+}

@@ -119,6 +119,29 @@ struct Codes {
     lost_exit_code: u8,
 }
 
+/// How a grant is acknowledged.
+#[derive(Args, Clone, Copy)]
+struct Grant {
+    /// Count a grant only once N replicas of each node have it, waiting up
+    /// to TIMEOUT (default 1s) for them (WAIT); with fewer, it is released
+    /// and counts as not acquired (exit 75), so a failover cannot lose it.
+    #[arg(long, value_name = "N[:TIMEOUT]", value_parser = parse_replicas)]
+    wait_replicas: Option<(u32, Duration)>,
+}
+
+/// `N` or `N:TIMEOUT` for --wait-replicas.
+fn parse_replicas(text: &str) -> Result<(u32, Duration), String> {
+    let (count, timeout) = match text.split_once(':') {
+        Some((n, t)) => (n, duration::parse(t)?),
+        None => (text, Duration::from_secs(1)),
+    };
+    let count: u32 = count
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid replica count '{count}': use e.g. 1 or 1:500ms"))?;
+    Ok((count, timeout))
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Acquire, run CMD with the lock renewed while it runs, release, and
@@ -141,6 +164,8 @@ enum Command {
         grace: Option<Duration>,
         #[command(flatten)]
         codes: Codes,
+        #[command(flatten)]
+        grant: Grant,
         /// The command and its arguments (after --).
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
@@ -166,6 +191,8 @@ enum Command {
         /// (default 75).
         #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
         conflict_exit_code: u8,
+        #[command(flatten)]
+        grant: Grant,
     },
     /// Release a lock held by TOKEN. Exit 0 if released, 75 if it was not held.
     Release {
@@ -245,11 +272,15 @@ fn fail(code: u8, message: &str) -> ExitCode {
     ExitCode::from(code)
 }
 
-fn client(nodes: &Nodes, auto_renew: bool) -> Result<LockClient, ExitCode> {
-    client_for(&nodes.urls, auto_renew)
+fn client(nodes: &Nodes, auto_renew: bool, grant: Grant) -> Result<LockClient, ExitCode> {
+    let mut options = Options::default().auto_renew(auto_renew);
+    if let Some((count, timeout)) = grant.wait_replicas {
+        options = options.wait_replicas(count, timeout);
+    }
+    client_for(&nodes.urls, options)
 }
 
-fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode> {
+fn client_for(given: &[String], options: Options) -> Result<LockClient, ExitCode> {
     let urls: Vec<String> = if given.is_empty() {
         match std::env::var("REDIS_LOCK_URL") {
             Ok(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
@@ -266,7 +297,6 @@ fn client_for(given: &[String], auto_renew: bool) -> Result<LockClient, ExitCode
             urls.len() / 2 + 1
         );
     }
-    let options = Options::default().auto_renew(auto_renew);
     LockClient::with_options(&urls, options).map_err(|e| {
         fail(
             exit::USAGE,
@@ -346,12 +376,13 @@ async fn run(cli: Cli) -> ExitCode {
             wait,
             grace,
             codes,
+            grant,
             cmd,
         } => {
             if let Err(code) = check_ttl(ttl) {
                 return code;
             }
-            let locks = match client(&nodes, true) {
+            let locks = match client(&nodes, true, grant) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -365,11 +396,12 @@ async fn run(cli: Cli) -> ExitCode {
             token,
             json,
             conflict_exit_code,
+            grant,
         } => {
             if let Err(code) = check_ttl(ttl) {
                 return code;
             }
-            let locks = match client(&nodes, false) {
+            let locks = match client(&nodes, false, grant) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -407,11 +439,20 @@ async fn run(cli: Cli) -> ExitCode {
                     ExitCode::SUCCESS
                 }
                 Ok(None) => not_acquired(&nodes.key, wait, conflict_exit_code),
+                Err(e @ redis_lock_client::Error::NotReplicated { .. }) => {
+                    fail(conflict_exit_code, &format!("not acquired: {e}"))
+                }
                 Err(e) => failed_call(e),
             }
         }
         Command::Release { nodes, token } => {
-            let locks = match client(&nodes, false) {
+            let locks = match client(
+                &nodes,
+                false,
+                Grant {
+                    wait_replicas: None,
+                },
+            ) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -444,7 +485,13 @@ async fn run(cli: Cli) -> ExitCode {
             if let Err(code) = check_ttl(ttl) {
                 return code;
             }
-            let locks = match client(&nodes, false) {
+            let locks = match client(
+                &nodes,
+                false,
+                Grant {
+                    wait_replicas: None,
+                },
+            ) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -476,14 +523,20 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Doctor { urls, ttl, json } => {
-            let locks = match client_for(&urls, false) {
+            let locks = match client_for(&urls, Options::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
             doctor(&locks, ttl, json).await
         }
         Command::Info { nodes, json } => {
-            let locks = match client(&nodes, false) {
+            let locks = match client(
+                &nodes,
+                false,
+                Grant {
+                    wait_replicas: None,
+                },
+            ) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -759,6 +812,9 @@ async fn run_under_lock(
     let guard = match acquired {
         Ok(Ok(Some(guard))) => guard,
         Ok(Ok(None)) => return not_acquired(key, wait, codes.conflict_exit_code),
+        Ok(Err(e @ redis_lock_client::Error::NotReplicated { .. })) => {
+            return fail(codes.conflict_exit_code, &format!("not acquired: {e}"))
+        }
         Ok(Err(e)) => return failed_call(e),
         Err(sig) => {
             // Interrupted: give back whatever was granted meanwhile.
