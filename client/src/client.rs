@@ -428,8 +428,23 @@ impl LockClient {
             return acquire_now().await;
         }
         let start = Sent::now();
-        let Some(fence) = node.acquire_waiting(key, token, ttl, wait, limit).await? else {
-            return Ok(None);
+        let deadline = later_by(Instant::now(), wait);
+        // A wait rides through a restart or a failover (as a Redlock
+        // group's does): it goes on, reconnecting after growing pauses,
+        // until its deadline; only then is the last error the answer.
+        let mut pause = Duration::from_millis(50);
+        let fence = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match node.acquire_waiting(key, token, ttl, left, limit).await {
+                Ok(Some(fence)) => break fence,
+                Ok(None) => return Ok(None),
+                Err(e) if e.is_transient() && Instant::now() + pause < deadline => {
+                    tracing::debug!(key, error = %e, "the wait goes on after a node error");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(e),
+            }
         };
         // The grant happened at some moment after `start`, so its lease ends
         // after start + ttl: a validity measured from `start` is safe. When

@@ -66,6 +66,32 @@ impl Error {
         }
     }
 
+    /// Whether a later attempt may succeed where this one failed: the node
+    /// did not answer or its connection broke (a restart, a failover), it
+    /// is loading its data, it was demoted (READONLY), or it asks to be
+    /// tried again ([`is_busy`](Self::is_busy)). A wait goes on through these.
+    pub(crate) fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout => true,
+            Error::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || e.is_timeout()
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::ReadOnly
+                            | redis::ErrorKind::BusyLoadingError
+                            | redis::ErrorKind::MasterDown
+                            | redis::ErrorKind::ClusterDown
+                            | redis::ErrorKind::TryAgain
+                    )
+                    || self.is_busy()
+            }
+            _ => false,
+        }
+    }
+
     /// Whether a node refused this client's credentials (a wrong password
     /// or user, or none given where one is required).
     pub fn is_auth_failure(&self) -> bool {

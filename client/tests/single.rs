@@ -302,6 +302,44 @@ async fn a_waiting_acquire_after_a_restart_reconnects() {
     assert!(g.expect("reconnected").is_some());
 }
 
+/// Issue 23, item 5: a wait on one node rides through the node's crash
+/// and restart (before, the first connection error ended it: exit 69 at
+/// 2.1 s of a 30 s wait), reconnecting until its deadline, as a Redlock
+/// group's wait does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_rides_through_a_restart_of_its_node() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts the server") {
+        return;
+    }
+    let mut s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    assert!(common::acquire(&mut s.conn(), "w", "other", 60_000).is_some());
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("w", Duration::from_secs(10))
+                .wait(Duration::from_secs(30))
+                .await
+        })
+    };
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 1);
+    s.kill9();
+    sleep(Duration::from_secs(1)).await;
+    assert!(!waiter.is_finished(), "the wait ended with the node");
+    s.restart();
+    // Whatever the restart kept of the holder's lock, it lets go now.
+    common::release(&mut s.conn(), "w", "other");
+    let guard = tokio::time::timeout(Duration::from_secs(25), waiter)
+        .await
+        .expect("within the wait")
+        .unwrap()
+        .expect("the wait went on after the restart")
+        .expect("granted");
+    assert_eq!(server_fence(&s, "w"), Some(guard.fence()));
+    assert!(guard.release().await.unwrap());
+}
+
 #[test]
 fn the_blocking_facade_acquires_extends_and_releases() {
     let s = Server::start();
