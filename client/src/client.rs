@@ -39,7 +39,33 @@ pub(crate) struct Inner {
     nodes_checked: std::sync::atomic::AtomicBool,
     /// The nodes' deployment as read once after the first grant.
     deployment: std::sync::Mutex<Deployment>,
+    /// The commands a node's ACL refused, each warned about once.
+    refused: std::sync::Mutex<Vec<&'static str>>,
+    /// Every node's ACL refused TIME: it is not asked again (each acquire
+    /// would pay a round trip for the refusal).
+    time_refused: std::sync::atomic::AtomicBool,
 }
+
+impl Inner {
+    /// Warns once per command that a node's ACL refuses it, and what the
+    /// client does without it (README, "ACL").
+    fn refused(&self, node: &str, command: &'static str, lost: &str) {
+        let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        if refused.contains(&command) {
+            return;
+        }
+        refused.push(command);
+        tracing::warn!(
+            node,
+            command,
+            "a lock node's ACL refuses {command} to this user: {lost} (grant +{} to this user, see the README's ACL recipe)",
+            command.to_lowercase().replace(' ', "|")
+        );
+    }
+}
+
+/// What is lost without a node's settings.
+const CRASH_CHECK_SKIPPED: &str = "the check whether a crash could make the node grant a lock that is still held (lock.restart-delay-ms, appendfsync) is skipped";
 
 /// The deployment check: each node's settings, read once in the background
 /// after this client's first grant, and the nodes already warned about.
@@ -206,6 +232,8 @@ impl LockClient {
                 node_clock: std::sync::Mutex::new(None),
                 nodes_checked: std::sync::atomic::AtomicBool::new(false),
                 deployment: std::sync::Mutex::new(Deployment::default()),
+                refused: std::sync::Mutex::new(Vec::new()),
+                time_refused: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -247,10 +275,20 @@ impl LockClient {
                 .into_iter()
                 .zip(&inner.group.nodes)
                 .map(|(r, node)| {
-                    r.map_err(|e| tracing::debug!(node = %node.url(), error = %e, "lock node settings not readable"))
-                        .ok()
+                    r.map_err(|e| {
+                        if e.is_acl_refusal() {
+                            inner.refused(node.url(), "INFO", CRASH_CHECK_SKIPPED);
+                        }
+                        tracing::debug!(node = %node.url(), error = %e, "lock node settings not readable")
+                    })
+                    .ok()
                 })
                 .collect();
+            for (s, node) in settings.iter().zip(&inner.group.nodes) {
+                if s.as_ref().is_some_and(|s| s.restart_delay_ms.is_none()) {
+                    inner.refused(node.url(), "CONFIG GET", CRASH_CHECK_SKIPPED);
+                }
+            }
             let mut deployment = inner.deployment.lock().unwrap_or_else(|e| e.into_inner());
             deployment.record(settings);
             deployment.warn_unsafe(ttl);
@@ -288,13 +326,26 @@ impl LockClient {
                 )));
             }
         }
-        // A node that refused INFO (an ACL user without @dangerous) cannot
-        // be checked, now or later: it counts as answered, so the question
-        // is not asked again before every acquire.
-        let refused = read
+        // A node that refused INFO (an ACL user without it) cannot be told
+        // apart from the others, now or later: the group is refused unless
+        // the caller says its nodes are distinct (then it counts as
+        // answered, so the question is not asked again before every acquire).
+        let refused: Vec<usize> = read
             .iter()
-            .filter(|r| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
-            .count();
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
+            .map(|(i, _)| i)
+            .collect();
+        if let Some(&i) = refused.first() {
+            let url = self.inner.group.nodes[i].url();
+            if !self.inner.group.options.distinct_nodes {
+                return Err(Error::Config(format!(
+                    "cannot tell whether {url} is a server distinct from the other nodes: its user may not run INFO (ACL), and one server under two names would count as two votes; grant +info to the user, or say the nodes are distinct (Options::distinct_nodes, redis-lock --distinct-nodes)"
+                )));
+            }
+            self.inner.refused(url, "INFO", "the nodes are taken to be distinct servers as told (Options::distinct_nodes), and the crash-safety check is skipped");
+        }
+        let refused = refused.len();
         let majority_checked = answered.len() + refused >= self.quorum();
         let read: Vec<Option<NodeSettings>> = read.into_iter().map(Result::ok).collect();
         if majority_checked {
@@ -748,7 +799,25 @@ impl LockClient {
         if let Some(sample) = cached.filter(|c| c.at.elapsed() < NODE_CLOCK_MAX_AGE) {
             return Some(sample.node_us + sample.at.elapsed().as_micros() as i64);
         }
+        if self.inner.time_refused.load(AtomicOrdering::Relaxed) {
+            return None;
+        }
         let replies = join_all(self.inner.group.nodes.iter().map(|n| n.time_us(limit))).await;
+        if replies
+            .iter()
+            .all(|r| r.as_ref().is_err_and(Error::is_acl_refusal))
+        {
+            self.inner.time_refused.store(true, AtomicOrdering::Relaxed);
+        }
+        for (r, node) in replies.iter().zip(&self.inner.group.nodes) {
+            if r.as_ref().is_err_and(Error::is_acl_refusal) {
+                self.inner.refused(
+                    node.url(),
+                    "TIME",
+                    "without the nodes' clock the first phase asks for no token floor, so a fenced grant takes a second round trip whenever the nodes' tokens differ",
+                );
+            }
+        }
         // Taken after every reply arrived: each node read its clock before
         // this, so the extrapolation errs behind the nodes, the safe side.
         let at = Instant::now();
@@ -1073,60 +1142,106 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
             };
             // Only a token made for this call is released if the call ends
             // without a guard: a caller's own token may hold the lock already.
+            let settle = Arc::new(Settle::default());
             let unclaimed = floor.then(|| Unclaimed {
                 group: self.client.inner.group.clone(),
                 key: self.key.to_string(),
                 token: token.clone(),
                 ttl: self.ttl,
+                settle: settle.clone(),
                 armed: true,
             });
-            let granted = self
-                .client
-                .grant(
-                    self.key,
-                    &token,
-                    self.ttl,
-                    self.wait,
-                    self.auto_renew,
-                    floor,
+            let granted = SETTLE
+                .scope(
+                    settle,
+                    self.client.grant(
+                        self.key,
+                        &token,
+                        self.ttl,
+                        self.wait,
+                        self.auto_renew,
+                        floor,
+                    ),
                 )
                 .await;
-            // A guard (which releases on drop) or a definite "not granted"
-            // leaves nothing to undo; an error may have come after a grant.
-            if granted.is_ok() {
-                if let Some(u) = unclaimed {
-                    u.claimed();
-                }
+            if let Some(u) = unclaimed {
+                u.finish(&granted);
             }
             granted
         })
     }
 }
 
+tokio::task_local! {
+    /// The acquisition being run (see [`Settle`]), for the tasks that run
+    /// its ACQUIREs on connections of their own (`Node::acquire_waiting`).
+    pub(crate) static SETTLE: Arc<Settle>;
+}
+
+/// Whether an acquisition is over, shared with the tasks that run its BLOCK
+/// waits. A grant that reaches such a task when its own caller is gone (a
+/// wait given up on while the acquisition goes on, or one that outlived its
+/// patience) is released only once the acquisition is over: while it goes
+/// on, a later ACQUIRE of it with the same token may count that very grant,
+/// and releasing it would take a vote from under it. A grant left so is
+/// noted, and released with the token if the acquisition ends without a
+/// guard.
+#[derive(Debug, Default)]
+pub(crate) struct Settle {
+    /// The acquisition ended (with any result) or was dropped.
+    over: std::sync::atomic::AtomicBool,
+    /// A task left a late grant in place while the acquisition went on.
+    left_a_grant: std::sync::atomic::AtomicBool,
+}
+
+impl Settle {
+    /// A late grant reached a task: whether to release it now (the
+    /// acquisition is over) or leave it (noted) to the acquisition.
+    pub(crate) fn release_late_grant(&self) -> bool {
+        if self.over.load(AtomicOrdering::SeqCst) {
+            return true;
+        }
+        self.left_a_grant.store(true, AtomicOrdering::SeqCst);
+        // Ended meanwhile: it may not have seen the note.
+        self.over.load(AtomicOrdering::SeqCst)
+    }
+}
+
 /// A token made for one acquisition that has not reached a [`LockGuard`]
 /// yet. Dropped armed (the acquisition's future was dropped at an await,
-/// or it failed), it releases the token on every node in the background:
-/// at once, over the connections the acquisition used (so it arrives after
-/// any ACQUIRE already sent on them), and once more a little later (for a
-/// request stuck on a connection given up on). A BLOCK wait in flight is
-/// undone by its own task (see `Node::acquire_waiting`).
+/// or it failed, or it ended "not granted" after a late grant was left),
+/// it releases the token on every node in the background: at once, over
+/// the connections the acquisition used (so it arrives after any ACQUIRE
+/// already sent on them), and once more a little later (for a request stuck
+/// on a connection given up on). A BLOCK wait in flight is undone by its own
+/// task (see `Node::acquire_waiting`).
 struct Unclaimed {
     group: Arc<Group>,
     key: String,
     token: String,
     ttl: Duration,
+    settle: Arc<Settle>,
     armed: bool,
 }
 
 impl Unclaimed {
-    /// The acquisition ended with a guard or a definite refusal.
-    fn claimed(mut self) {
-        self.armed = false;
+    /// The acquisition ended: a guard (which releases on drop) leaves
+    /// nothing to undo, nor does "not granted" unless a late grant was left
+    /// in place; an error may have come after a grant.
+    fn finish(mut self, granted: &Result<Option<LockGuard>>) {
+        self.settle.over.store(true, AtomicOrdering::SeqCst);
+        let left = self.settle.left_a_grant.load(AtomicOrdering::SeqCst);
+        self.armed = match granted {
+            Ok(Some(_)) => false,
+            Ok(None) => left,
+            Err(_) => true,
+        };
     }
 }
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
+        self.settle.over.store(true, AtomicOrdering::SeqCst);
         if !self.armed {
             return;
         }

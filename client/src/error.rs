@@ -92,6 +92,11 @@ impl Error {
         }
     }
 
+    /// Whether a node's ACL refused this user the command (`NOPERM`).
+    pub fn is_acl_refusal(&self) -> bool {
+        matches!(self, Error::Redis(r) if r.code() == Some("NOPERM"))
+    }
+
     /// Whether a node refused this client's credentials (a wrong password
     /// or user, or none given where one is required).
     pub fn is_auth_failure(&self) -> bool {

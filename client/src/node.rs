@@ -477,6 +477,8 @@ impl Node {
         let mut release = redis::cmd(command::RELEASE);
         release.arg(key).arg(token);
         let acked = self.wait_replicas.map_or(Duration::ZERO, |(_, t)| t);
+        // Outside an acquisition (none yet) a late grant is released.
+        let settle = crate::client::SETTLE.try_with(Arc::clone).ok();
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(acquire_in_task(
             conn,
@@ -488,6 +490,7 @@ impl Node {
             wait.saturating_add(limit).saturating_add(acked),
             limit,
             Arc::clone(&self.spare),
+            settle,
             tx,
         ));
         // The task ends only by sending (or by a panic in the redis crate).
@@ -496,9 +499,13 @@ impl Node {
     }
 
     /// PING within `limit`: is the node answering?
+    /// An ACL refusal (NOPERM) is an answer too: the node is up, and a
+    /// user with only the lock commands keeps its place in the line.
     pub async fn ping(&self, limit: Duration) -> Result<()> {
-        let _: String = self.run(redis::cmd("PING"), limit).await?;
-        Ok(())
+        match self.run::<String>(redis::cmd("PING"), limit).await {
+            Err(e) if !e.is_acl_refusal() => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// The node's wall clock (`TIME`), in µs since the Unix epoch.
@@ -841,8 +848,9 @@ struct Acquisition {
 /// BLOCK before it has been answered) and sends the outcome to the caller
 /// (an error after `patience`). A grant too few replicas acknowledged, or
 /// one that arrives when nobody is there to take it (the caller's future
-/// was dropped, or `patience` passed first), is released over the same
-/// connection, so the release cannot come before the grant. A connection
+/// was dropped, or `patience` passed first) once its acquisition is over
+/// (`Settle`), is released over the same connection, so the release cannot
+/// come before the grant. A connection
 /// that answered goes back to `spares`.
 async fn acquire_in_task(
     mut conn: Conn,
@@ -850,6 +858,7 @@ async fn acquire_in_task(
     patience: Duration,
     limit: Duration,
     spares: Arc<std::sync::Mutex<Vec<Conn>>>,
+    settle: Option<Arc<crate::client::Settle>>,
     tx: tokio::sync::oneshot::Sender<Result<Option<i64>>>,
 ) {
     let Acquisition {
@@ -916,8 +925,11 @@ async fn acquire_in_task(
         Some(tx) => tx.send(outcome).err(),
         None => Some(outcome),
     };
-    let granted = undelivered.is_some_and(|r| matches!(r, Ok(Some(_))));
-    if must_release || granted {
+    // A grant its caller never heard of: released if the acquisition is
+    // over, else left to it (see `Settle`).
+    let late = undelivered.is_some_and(|r| matches!(r, Ok(Some(_))))
+        && settle.is_none_or(|s| s.release_late_grant());
+    if must_release || late {
         let released = within(limit, async {
             Ok(release.query_async::<i64>(&mut conn).await?)
         })

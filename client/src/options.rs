@@ -51,6 +51,12 @@ pub struct Options {
     /// the client was told of. The wait adds to the time the grant takes,
     /// and shortens its validity by as much.
     pub wait_replicas: Option<(u32, Duration)>,
+    /// Redlock: the nodes are distinct servers, as the caller knows
+    /// (default false). The client checks it itself by each node's `run_id`
+    /// (INFO), and refuses a group in which one server appears twice; a
+    /// node whose user may not run INFO cannot be checked, so the group is
+    /// refused unless this is set.
+    pub distinct_nodes: bool,
 }
 
 impl Default for Options {
@@ -62,6 +68,7 @@ impl Default for Options {
             queue: true,
             quorum_fencing: true,
             wait_replicas: None,
+            distinct_nodes: false,
         }
     }
 }
@@ -95,6 +102,12 @@ impl Options {
     /// replicas within `timeout` (0 replicas: off).
     pub fn wait_replicas(mut self, count: u32, timeout: Duration) -> Self {
         self.wait_replicas = (count > 0).then_some((count, timeout));
+        self
+    }
+
+    /// See [`Options::distinct_nodes`](#structfield.distinct_nodes).
+    pub fn distinct_nodes(mut self, known: bool) -> Self {
+        self.distinct_nodes = known;
         self
     }
 

@@ -233,3 +233,47 @@ fn an_even_count_of_nodes_is_warned_about() {
         "{text}"
     );
 }
+
+/// Issue 23, item 6: a node whose ACL refuses a command the client would
+/// use is warned about once, naming the command and what is lost (before:
+/// nothing was said). Three acquisitions by a user with the lock commands
+/// alone, the nodes said to be distinct: one warning for TIME, one for INFO.
+#[test]
+fn a_refused_command_is_warned_about_once() {
+    if common::skip_unless(common::Needs::OwnServer, "ACL users") {
+        return;
+    }
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let urls: Vec<String> = nodes
+        .iter()
+        .map(|s| {
+            let _: () = redis::cmd("ACL")
+                .arg(&["SETUSER", "bare", "on", ">pw", "~*"][..])
+                .arg(&["+lock.acquire", "+lock.release", "+lock.extend"][..])
+                .arg(&["+lock.fence", "+lock.info"][..])
+                .query(&mut s.conn())
+                .unwrap();
+            format!("redis://bare:pw@127.0.0.1:{}/", s.port)
+        })
+        .collect();
+    let text = traced(|_| async {
+        let options = Options::default().distinct_nodes(true);
+        let locks = LockClient::with_options(&urls, options).unwrap();
+        for round in 0..3 {
+            let guard = locks
+                .try_acquire(&format!("acl:{round}"), Duration::from_secs(5))
+                .await
+                .unwrap()
+                .expect("free");
+            assert!(guard.release().await.unwrap());
+        }
+    });
+    for command in ["TIME", "INFO"] {
+        let warned = text
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(&format!("refuses {command}")))
+            .count();
+        assert_eq!(warned, 1, "{command} warned {warned} times:\n{text}");
+    }
+    assert!(text.contains("+time"), "no remedy named:\n{text}");
+}

@@ -104,6 +104,12 @@ struct Nodes {
     /// The lock's key.
     #[arg(long, value_name = "KEY")]
     key: String,
+    /// The --url nodes are distinct servers: use a Redlock group even where
+    /// the nodes' user may not run INFO, by which they are told apart
+    /// (without it such a group is refused: one server under two names
+    /// would count as two votes).
+    #[arg(long)]
+    distinct_nodes: bool,
 }
 
 /// The statuses that say "not acquired" and "lost", settable so a
@@ -273,7 +279,9 @@ fn fail(code: u8, message: &str) -> ExitCode {
 }
 
 fn client(nodes: &Nodes, auto_renew: bool, grant: Grant) -> Result<LockClient, ExitCode> {
-    let mut options = Options::default().auto_renew(auto_renew);
+    let mut options = Options::default()
+        .auto_renew(auto_renew)
+        .distinct_nodes(nodes.distinct_nodes);
     if let Some((count, timeout)) = grant.wait_replicas {
         options = options.wait_replicas(count, timeout);
     }
@@ -635,6 +643,17 @@ async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
     for (i, report) in reports.iter().enumerate() {
         let s = match report {
             Ok(s) => s,
+            Err(e) if e.is_acl_refusal() => {
+                findings.push(format!(
+                    "node {i}: its user may not run INFO (ACL), so it cannot be checked (nor told apart from the others by the client): grant +info and +config|get to this user ({e})"
+                ));
+                if json {
+                    println!("{{\"node\":{i},\"error\":{}}}", json_string(&e.to_string()));
+                } else {
+                    println!("node {i}: refused INFO (ACL): {e}");
+                }
+                continue;
+            }
             Err(e) => {
                 unreachable += 1;
                 if json {
