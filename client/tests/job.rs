@@ -590,3 +590,88 @@ fn a_stopped_redis_lock_does_not_leave_its_job_running_past_the_validity() {
     let status = redis_lock.wait().unwrap();
     assert_eq!(status.code(), Some(76), "the lock was lost");
 }
+
+/// Issue 23, item 2: Ctrl-Z stops the whole job the shell sees, wherever
+/// `redis-lock run` sits in it: inside a shell script, under `make`, and
+/// nested (`redis-lock run -- redis-lock run -- cmd`). The shell gets its
+/// prompt ("Stopped"), every process of the job is stopped, and `fg`
+/// renews the lock and lets the command run again. Before, only
+/// redis-lock stopped itself: the script's group ran on, the shell never
+/// saw the job stop, and nested, the outer one renewed for ever.
+#[test]
+fn ctrl_z_stops_the_whole_job_from_a_script_make_or_nested() {
+    let s = Server::start();
+    let dir = scratch();
+    for (round, how) in ["script", "make", "nested"].into_iter().enumerate() {
+        // The command is one process (`exec sleep`): a shell loop that
+        // forks (dash uses vfork) can be caught by Ctrl-Z between vfork and
+        // exec, and then the shell waits uninterruptibly for a stopped
+        // child and never stops itself, under any job control.
+        let pid_file = dir.join(format!("pid{round}"));
+        let key = format!("z{round}");
+        let inner = format!(
+            "{BIN} run --url {} --key {key} --ttl 3s -- sh -c 'echo $$ > {}; exec sleep 60'",
+            s.url(),
+            pid_file.display(),
+        );
+        let line = match how {
+            "script" => {
+                let script = dir.join("job.sh");
+                std::fs::write(&script, format!("{inner}\necho script-after\n")).unwrap();
+                format!("bash {}\n", script.display())
+            }
+            "make" => {
+                let makefile = dir.join("Makefile");
+                // `$$` is make's escape for `$`.
+                let recipe = inner.replace('$', "$$");
+                std::fs::write(&makefile, format!("all:\n\t{recipe}\n\t@echo make-after\n"))
+                    .unwrap();
+                format!("make -s -f {}\n", makefile.display())
+            }
+            _ => format!(
+                "{BIN} run --url {} --key outer{round} --ttl 3s -- {inner}\n",
+                s.url()
+            ),
+        };
+        let mut pty = Pty::bash();
+        pty.send(&line);
+        let child = read_pid(&pid_file, Duration::from_secs(10));
+        let redis_lock = parent_of(child);
+        let above = parent_of(redis_lock); // the script's bash, make's sh, the outer redis-lock
+        pty.send("\x1a");
+        pty.expect("Stopped", Duration::from_secs(30));
+        for (pid, what) in [
+            (child, "the child"),
+            (redis_lock, "redis-lock"),
+            (above, "its parent"),
+        ] {
+            wait_for(
+                Duration::from_secs(5),
+                &format!("{how}: {what} is stopped"),
+                || state(pid) == Some('T'),
+            );
+        }
+        // Stopped for a while (within the lease's validity; a longer stop
+        // ends the job, as ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock
+        // shows): fg renews the lock before the child runs again.
+        sleep(Duration::from_millis(1000));
+        pty.send("fg\n");
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{how}: the child runs again"),
+            || state(child).is_some_and(|c| c != 'T'),
+        );
+        sleep(Duration::from_millis(1500));
+        assert!(alive(child), "{how}");
+        assert!(holder(&s, &key).is_some(), "{how}: renewed after fg");
+        pty.send("\x03");
+        wait_for(
+            Duration::from_secs(10),
+            &format!("{how}: redis-lock exits"),
+            || !alive(redis_lock),
+        );
+        pty.send("echo \"done=$?\"\n");
+        pty.expect("done=", Duration::from_secs(30));
+        assert_eq!(holder(&s, &key), None, "{how}: released after Ctrl-C");
+    }
+}

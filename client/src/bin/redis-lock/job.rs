@@ -19,9 +19,11 @@
 //!   end can be told. A process that leaves the group (setsid, a daemon)
 //!   leaves the job.
 //! - A job-control stop of the job (Ctrl-Z, SIGTTIN, SIGTTOU) stops
-//!   `redis-lock` too, so the shell sees the job stopped; when the shell
-//!   continues `redis-lock`, it first renews the lock and continues the
-//!   child only if it still holds it, else kills the stopped child.
+//!   `redis-lock`'s own process group too (SIGTSTP, as Ctrl-Z: the script,
+//!   `make` or outer `redis-lock` that runs it stops with it), so the shell
+//!   sees its job stopped; when the shell continues it, `redis-lock` first
+//!   renews the lock and continues the child only if it still holds it,
+//!   else kills the stopped child.
 //! - Stops and exits are read with `waitpid(WUNTRACED)` on a thread of its
 //!   own.
 //!
@@ -419,13 +421,21 @@ pub fn signal_group(group: libc::pid_t, sig: libc::c_int) {
     sys::signal_group(group, sig);
 }
 
-/// Stops `redis-lock` itself (the shell sees its job stopped) after giving
-/// the terminal back to its own group; returns once continued.
+/// Stops the job the shell sees, once continued returns. With a terminal:
+/// gives it back to `redis-lock`'s own group and stops that whole group as
+/// Ctrl-Z would (SIGTSTP): a script, `make` or an outer `redis-lock` that
+/// runs this one stops with it, so the shell sees its job stopped and
+/// gives its prompt, and an outer `redis-lock` sees a job-control stop of
+/// its child and does the same. Without one (no shell waits for the job)
+/// only `redis-lock` stops.
 pub fn stop_self(terminal: Option<&Terminal>) {
-    if let Some(t) = terminal {
-        t.give_to(sys::own_group());
+    match terminal {
+        Some(t) => {
+            t.give_to(sys::own_group());
+            sys::stop_group_as_ctrl_z(sys::own_group());
+        }
+        None => sys::stop_self(),
     }
-    sys::stop_self();
 }
 
 /// The exit status `redis-lock` reports for the child's wait status: its

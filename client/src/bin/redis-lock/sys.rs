@@ -132,6 +132,32 @@ pub fn signal_group(group: pid_t, sig: c_int) {
     unsafe { libc::killpg(group, sig) };
 }
 
+/// Stops `group` (this process's own) as Ctrl-Z does: SIGTSTP to the
+/// whole group, with its default action (stop) in force here meanwhile, so
+/// this process stops with the others and whoever waits for it (a shell,
+/// an outer redis-lock) sees a job-control stop (WSTOPSIG is SIGTSTP, not
+/// SIGSTOP). Returns once continued, with the handler in force before put
+/// back. Called on the main thread, the one the kernel hands a
+/// process-directed signal it does not block, so the stop takes effect
+/// before `killpg` returns. In an orphaned group the kernel discards the
+/// signal (no shell could continue the job) and this returns at once.
+pub fn stop_group_as_ctrl_z(group: pid_t) {
+    // SAFETY: sigaction structs on the stack, zeroed then filled in; the
+    // old action is put back as it was.
+    unsafe {
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut default.sa_mask);
+        let mut before: libc::sigaction = std::mem::zeroed();
+        if libc::sigaction(libc::SIGTSTP, &default, &mut before) != 0 {
+            libc::raise(libc::SIGSTOP);
+            return;
+        }
+        libc::killpg(group, libc::SIGTSTP);
+        libc::sigaction(libc::SIGTSTP, &before, std::ptr::null_mut());
+    }
+}
+
 /// Stops this process until SIGCONT.
 pub fn stop_self() {
     // SAFETY: an integer signal.
