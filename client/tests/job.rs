@@ -675,3 +675,88 @@ fn ctrl_z_stops_the_whole_job_from_a_script_make_or_nested() {
         assert_eq!(holder(&s, &key), None, "{how}: released after Ctrl-C");
     }
 }
+
+/// Issue 23, item 3: a process that leaves the command's process group,
+/// even its session (`setsid -f`, a daemon, reparented to redis-lock as
+/// its subreaper), is still part of the job: when the command exits it
+/// gets SIGTERM like what the command left in its group, and the lock is
+/// held until it is gone; if redis-lock is SIGKILLed, the sentry kills it
+/// too. Before, it ran on after the release, while a second holder could
+/// be granted.
+#[test]
+fn a_daemon_the_command_started_is_part_of_the_job() {
+    let s = Server::start();
+    let dir = scratch();
+    for killed in [false, true] {
+        let key = format!("d{killed}");
+        let daemon_pid = dir.join(format!("daemon-{killed}"));
+        let script = format!(
+            "setsid -f sh -c 'echo $$ > {}; exec sleep 60'; sleep {}",
+            daemon_pid.display(),
+            if killed { 30 } else { 0 }
+        );
+        let mut redis_lock = Command::new(BIN)
+            .args(["run", "--url", &s.url(), "--key", &key, "--ttl", "2s"])
+            .args(["--grace", "300ms", "--", "sh", "-c", &script])
+            .env_remove("REDIS_LOCK_URL")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let daemon = read_pid(&daemon_pid, Duration::from_secs(10));
+        if killed {
+            sleep(Duration::from_millis(500)); // seen by redis-lock's scan
+            kill(redis_lock.id() as i32, libc::SIGKILL);
+        }
+        let status = redis_lock.wait().unwrap();
+        if !killed {
+            assert_eq!(status.code(), Some(0));
+            // Released only once the daemon was gone.
+            assert!(
+                !alive(daemon),
+                "the lock was released with the daemon running"
+            );
+            assert_eq!(holder(&s, &key), None);
+        } else {
+            wait_for(
+                Duration::from_secs(5),
+                "the sentry kills the daemon",
+                || !alive(daemon),
+            );
+        }
+    }
+}
+
+/// Issue 23, item 3: with an interactive shell as the command, the jobs
+/// started at its prompt (each in a process group of its own) are part of
+/// the job: a lost lock signals them too.
+#[test]
+fn a_lost_lock_stops_the_jobs_of_an_interactive_shell_too() {
+    let s = Server::start();
+    let dir = scratch();
+    let bg_pid = dir.join("bg");
+    let mut pty = Pty::bash();
+    pty.send(&format!(
+        "{BIN} run --url {} --key shell --ttl 900ms --grace 300ms -- bash --norc --noprofile -i\n",
+        s.url()
+    ));
+    wait_for(Duration::from_secs(10), "the lock is taken", || {
+        holder(&s, "shell").is_some()
+    });
+    sleep(Duration::from_millis(300));
+    pty.send(&format!("sleep 60 & echo $! > {}\n", bg_pid.display()));
+    let bg = read_pid(&bg_pid, Duration::from_secs(10));
+    let redis_lock = parent_of(parent_of(bg));
+    sleep(Duration::from_millis(500)); // seen by redis-lock's scan
+    let _: i64 = redis::cmd("DEL").arg("shell").query(&mut s.conn()).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the shell's job is stopped",
+        || !alive(bg),
+    );
+    // The interactive shell ignores SIGTERM: SIGKILL after the grace.
+    wait_for(Duration::from_secs(10), "redis-lock exits", || {
+        !alive(redis_lock)
+    });
+    pty.send("echo \"rc=$?\"\n");
+    pty.expect("rc=76", Duration::from_secs(30));
+}

@@ -16,8 +16,10 @@
 //!   until no process of it is left, and a lost lock signals all of them.
 //!   `redis-lock` is a child subreaper, so members orphaned by the
 //!   command's exit are reaped here (and their stops seen) and the group's
-//!   end can be told. A process that leaves the group (setsid, a daemon)
-//!   leaves the job.
+//!   end can be told. A process that leaves the group (setsid, a daemon, a
+//!   shell's job) stays in the job: [`Members`] finds them among
+//!   `redis-lock`'s descendants, and they are signalled and waited for
+//!   with the group (and killed by the sentry, through pidfds).
 //! - A job-control stop of the job (Ctrl-Z, SIGTTIN, SIGTTOU) stops
 //!   `redis-lock`'s own process group too (SIGTSTP, as Ctrl-Z: the script,
 //!   `make` or outer `redis-lock` that runs it stops with it), so the shell
@@ -40,6 +42,115 @@ use tokio::sync::mpsc;
 
 use crate::sys::{self, Forked};
 
+/// The processes of the job outside the command's process group: every
+/// descendant of `redis-lock` (it is their subreaper, so one orphaned on
+/// the way, a `setsid -f` daemon, comes back to it) other than the sentry
+/// and the group itself, as found by scanning `/proc`, each known by its
+/// pid and start time (a pid reused by another process is not it). Once
+/// seen, a process stays a member until it exits, wherever it is
+/// reparented. Shared by the main loop (which signals them and tells the
+/// sentry) and the watcher (which waits for them to be gone).
+#[derive(Debug, Default)]
+pub struct Members {
+    group: libc::pid_t,
+    sentry: libc::pid_t,
+    known: std::collections::HashMap<libc::pid_t, u64>,
+    /// Members that may not be signalled (another user's), said once.
+    told_unreachable: bool,
+}
+
+/// One `/proc/<pid>/stat`: parent, process group, start time, state.
+struct ProcStat {
+    ppid: libc::pid_t,
+    pgrp: libc::pid_t,
+    start: u64,
+    zombie: bool,
+}
+
+fn proc_stat(pid: libc::pid_t) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After "pid (comm)": state ppid pgrp session ... starttime (field 22).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(ProcStat {
+        zombie: matches!(fields.first(), Some(&"Z") | Some(&"X")),
+        ppid: fields.get(1)?.parse().ok()?,
+        pgrp: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+impl Members {
+    /// Members of the job whose group `group` leads, `sentry` aside.
+    pub fn new(group: libc::pid_t, sentry: libc::pid_t) -> Members {
+        Members {
+            group,
+            sentry,
+            ..Members::default()
+        }
+    }
+
+    /// Scans for descendants of `redis-lock` and forgets members that have
+    /// exited; returns the new ones (for the sentry).
+    pub fn refresh(&mut self) -> Vec<libc::pid_t> {
+        let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, ProcStat)>> =
+            std::collections::HashMap::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        for entry in dir.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
+            if let Some(stat) = proc_stat(pid) {
+                children.entry(stat.ppid).or_default().push((pid, stat));
+            }
+        }
+        let mut new = Vec::new();
+        let mut stack = vec![sys::own_pid()];
+        while let Some(parent) = stack.pop() {
+            for (pid, stat) in children.remove(&parent).unwrap_or_default() {
+                if pid == self.sentry {
+                    continue;
+                }
+                stack.push(pid);
+                let outside = stat.pgrp != self.group;
+                if outside && !stat.zombie && self.known.insert(pid, stat.start).is_none() {
+                    new.push(pid);
+                }
+            }
+        }
+        self.known.retain(|&pid, &mut start| {
+            proc_stat(pid).is_some_and(|s| s.start == start && !s.zombie)
+        });
+        new
+    }
+
+    /// Whether any member is left (after a refresh).
+    pub fn any(&mut self) -> bool {
+        self.refresh();
+        !self.known.is_empty()
+    }
+
+    /// Sends `sig` to every member (after a refresh, so one started a
+    /// moment ago is included); says once if some may not be signalled.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        self.refresh();
+        let mut unreachable = Vec::new();
+        for (&pid, &start) in &self.known {
+            let same = proc_stat(pid).is_some_and(|s| s.start == start);
+            if same && !sys::signal_pid(pid, sig) {
+                unreachable.push(pid);
+            }
+        }
+        if !unreachable.is_empty() && !self.told_unreachable {
+            self.told_unreachable = true;
+            say(format_args!(
+                "redis-lock: processes of the job {unreachable:?} belong to another user and cannot be signalled; the lock is held until they exit"
+            ));
+        }
+    }
+}
+
 /// What `waitpid` reported about the child.
 #[derive(Debug, Clone, Copy)]
 pub enum ChildEvent {
@@ -53,7 +164,8 @@ pub enum ChildEvent {
     /// The command exited: the raw wait status (None if the kernel reaped
     /// it and no status is known). Other members of its group may still run.
     Exited(Option<libc::c_int>),
-    /// The command has exited and no process is left in its group.
+    /// The command has exited and no process of the job is left: none in
+    /// its group, no other member ([`Members`]).
     GroupEmpty,
 }
 
@@ -195,7 +307,10 @@ pub fn group_alive(group: libc::pid_t) -> bool {
 /// (`waitpid(-1)`, WUNTRACED | WCONTINUED; the orphans of the group come
 /// here as its subreaper, so their stops are seen too once the command has
 /// exited). Nothing else may reap.
-pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
+pub fn watch(
+    leader: libc::pid_t,
+    members: std::sync::Arc<std::sync::Mutex<Members>>,
+) -> mpsc::UnboundedReceiver<ChildEvent> {
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
         let mut leader_done = false;
@@ -240,11 +355,12 @@ pub fn watch(leader: libc::pid_t) -> mpsc::UnboundedReceiver<ChildEvent> {
                 }
             }
             if leader_done {
-                if !group_alive(leader) {
+                let members_left = || members.lock().unwrap_or_else(|p| p.into_inner()).any();
+                if !group_alive(leader) && !members_left() {
                     let _ = tx.send(ChildEvent::GroupEmpty);
                     return;
                 }
-                std::thread::sleep(std::time::Duration::from_millis(20));
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
         }
     });
@@ -273,11 +389,14 @@ pub fn is_stopped(pid: libc::pid_t) -> bool {
 /// empty: it never signals a group id that may have been reused.
 pub struct Sentry {
     write: OwnedFd,
+    /// The sentry's pid (not a member of the job).
+    pub pid: libc::pid_t,
 }
 
 /// The sentry's messages: a kind byte and 8 bytes of payload (one pipe
 /// write each, so each arrives whole).
 const ARM: u8 = b'G';
+const MEMBER: u8 = b'M';
 const HOLD_UNTIL: u8 = b'D';
 const STAND_DOWN: u8 = b'S';
 
@@ -325,9 +444,9 @@ impl Sentry {
                 watch_over(keep);
                 sys::exit_now(0)
             }
-            Forked::Parent => {
+            Forked::Parent(pid) => {
                 drop(read);
-                Some(Sentry { write })
+                Some(Sentry { write, pid })
             }
         }
     }
@@ -344,6 +463,12 @@ impl Sentry {
     /// may run until then (an explicit `--grace`).
     pub fn hold_until(&self, deadline: u64) {
         self.send(HOLD_UNTIL, deadline);
+    }
+
+    /// A process of the job outside its group ([`Members`]): the sentry
+    /// takes a pidfd for it at once and kills it with the group.
+    pub fn member(&self, pid: libc::pid_t) {
+        self.send(MEMBER, pid as u64);
     }
 
     /// The job's group was seen empty: the sentry leaves without killing.
@@ -367,11 +492,21 @@ impl Sentry {
 fn watch_over(fd: libc::c_int) {
     let mut group: libc::pid_t = 0;
     let mut deadline = u64::MAX;
+    // Pidfds of the members outside the group (a fixed array: no
+    // allocation after a fork); one past the last is dropped.
+    let mut members = [-1 as libc::c_int; MAX_MEMBERS];
+    let mut count = 0;
+    let kill_job = |group: libc::pid_t, members: &[libc::c_int]| {
+        kill_group(group);
+        for &pidfd in members {
+            sys::pidfd_signal(pidfd, libc::SIGKILL);
+        }
+    };
     loop {
         // Drain what is there (poll with no wait), then judge.
         while sys::readable(fd, 0) {
             let Some(message) = read_message(fd) else {
-                kill_group(group); // EOF: redis-lock is gone
+                kill_job(group, &members[..count]); // EOF: redis-lock is gone
                 return;
             };
             let mut payload = [0u8; 8];
@@ -379,6 +514,13 @@ fn watch_over(fd: libc::c_int) {
             let payload = u64::from_ne_bytes(payload);
             match message[0] {
                 ARM => group = payload as libc::pid_t,
+                MEMBER if count < MAX_MEMBERS => {
+                    let pidfd = sys::pidfd_open(payload as libc::pid_t);
+                    if pidfd >= 0 {
+                        members[count] = pidfd;
+                        count += 1;
+                    }
+                }
                 HOLD_UNTIL => deadline = payload,
                 STAND_DOWN => return,
                 _ => {}
@@ -386,7 +528,7 @@ fn watch_over(fd: libc::c_int) {
         }
         let now = boot_ns();
         if group > 1 && now >= deadline {
-            kill_group(group);
+            kill_job(group, &members[..count]);
             return;
         }
         let wait_ms = (deadline.saturating_sub(now) / 1_000_000 + 1).min(1000) as libc::c_int;
@@ -394,6 +536,9 @@ fn watch_over(fd: libc::c_int) {
         sys::readable(fd, wait_ms);
     }
 }
+
+/// How many members outside the group the sentry keeps pidfds for.
+const MAX_MEMBERS: usize = 256;
 
 /// One whole message from the sentry's pipe; None at EOF.
 fn read_message(fd: libc::c_int) -> Option<[u8; 9]> {
@@ -416,9 +561,14 @@ fn kill_group(group: libc::pid_t) {
     }
 }
 
-/// Sends `sig` to the child's process group (the child leads it).
-pub fn signal_group(group: libc::pid_t, sig: libc::c_int) {
+/// Sends `sig` to the whole job: the child's process group and every
+/// member outside it.
+pub fn signal_job(group: libc::pid_t, members: &std::sync::Mutex<Members>, sig: libc::c_int) {
     sys::signal_group(group, sig);
+    members
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .signal(sig);
 }
 
 /// Stops the job the shell sees, once continued returns. With a terminal:

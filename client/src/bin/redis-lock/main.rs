@@ -68,16 +68,18 @@ The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
 you protect), REDIS_LOCK_TOKEN, REDIS_LOCK_KEY and REDIS_LOCK_VALIDITY_MS (the
 lock's validity when the command started; renewals extend it) in its
 environment. The job
-is the command's process group (the command and what it starts), and no
+is every process the command starts (its process group, and descendants
+outside it: a shell's jobs, setsid children, daemons), and no
 process of it runs without the lock: the job ends with the command (what it
 left running gets SIGTERM, then SIGKILL after --grace, 10s by default) and
 the lock is held until all of them have exited; they are killed if
 redis-lock dies (even by SIGKILL); the job runs as
 the terminal's foreground job (it may read the terminal; Ctrl-C and Ctrl-Z
-reach it, and Ctrl-Z stops redis-lock with it); once continued, redis-lock
+reach it, and Ctrl-Z stops redis-lock, and the script or make that runs it,
+with it); once continued, redis-lock
 renews the lock before the command may run again. Signals sent to redis-lock
-(TERM, INT, HUP, QUIT, USR1, USR2, ALRM, ...) are passed on to the group, and
-the lock is released once the group has exited.
+(TERM, INT, HUP, QUIT, USR1, USR2, ALRM, ...) are passed on to the job, and
+the lock is released once the job has exited.
 
 Exit status: the command's own status (128+N if killed by signal N); 64 usage
 error (also a TTL a node refuses, or a key holding another type); 69 lock
@@ -775,6 +777,9 @@ fn show(d: Duration) -> String {
     }
 }
 
+/// How often the job's processes outside its group are looked for.
+const MEMBER_SCAN: Duration = Duration::from_millis(200);
+
 /// How long what the command left running gets between SIGTERM and
 /// SIGKILL by default (the lock is still held then).
 const LEFTOVER_GRACE: Duration = Duration::from_secs(10);
@@ -884,9 +889,15 @@ async fn run_under_lock(
     // Every renewal or extend reaches the sentry as it is made: the guard
     // owns the deadline, the sentry is told each change (no polled copy).
     let mut validity = guard.validity_watch();
-    let mut events = job::watch(group);
+    // The job's processes outside its group (daemons, a shell's jobs).
+    let members = std::sync::Arc::new(std::sync::Mutex::new(job::Members::new(
+        group,
+        sentry.as_ref().map_or(0, |s| s.pid),
+    )));
+    let mut scan = tokio::time::interval(MEMBER_SCAN);
+    let mut events = job::watch(group, members.clone());
     let Some(mut stops) = handle_signals(job::STOPS) else {
-        job::signal_group(group, libc::SIGKILL);
+        job::signal_job(group, &members, libc::SIGKILL);
         let _ = guard.release().await;
         return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
@@ -921,10 +932,10 @@ async fn run_under_lock(
                     // The job ends with the command: what it left in its
                     // group is stopped as a lost lock stops the job, but
                     // with the lock still held (renewed) until it is gone.
-                    if !lock_lost && job::group_alive(group) {
+                    if !lock_lost && (job::group_alive(group) || members.lock().unwrap_or_else(|p| p.into_inner()).any()) {
                         let after = grace.unwrap_or(LEFTOVER_GRACE);
-                        job::signal_group(group, libc::SIGTERM);
-                        job::signal_group(group, libc::SIGCONT);
+                        job::signal_job(group, &members, libc::SIGTERM);
+                        job::signal_job(group, &members, libc::SIGCONT);
                         kill_at = Some(later_by(tokio::time::Instant::now(), after));
                         job::say(format_args!(
                             "redis-lock: the command exited; stopping what it left running in its process group (SIGTERM now, SIGKILL in {}); the lock on {key} is held until they have exited",
@@ -948,22 +959,32 @@ async fn run_under_lock(
                     if !lock_lost
                         && terminal.is_some()
                         && job::STOPS.contains(&sig)
-                        && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
+                        && !resume_after_stop(&guard, ttl, grace, group, &members, terminal.as_ref(), sentry.as_ref()).await
                     {
-                        return lost_while_stopped(key, guard, group, &mut events, sentry, codes).await;
+                        return lost_while_stopped(key, guard, group, &members, &mut events, sentry, codes).await;
                     }
                 }
                 Some(job::ChildEvent::Stopped { .. }) => {}
             },
-            Some(sig) = signals.recv() => job::signal_group(group, sig),
+            Some(sig) = signals.recv() => job::signal_job(group, &members, sig),
+            _ = scan.tick() => {
+                // New members are told to the sentry, which kills them with
+                // the group if redis-lock dies.
+                let new = members.lock().unwrap_or_else(|p| p.into_inner()).refresh();
+                if let Some(sentry) = &sentry {
+                    for pid in new {
+                        sentry.member(pid);
+                    }
+                }
+            }
             Some(_) = stops.recv() => {
                 // Sent to redis-lock itself: stop the child first, then
                 // the job as above.
-                job::signal_group(group, libc::SIGSTOP);
+                job::signal_job(group, &members, libc::SIGSTOP);
                 if !lock_lost
-                    && !resume_after_stop(&guard, ttl, grace, group, terminal.as_ref(), sentry.as_ref()).await
+                    && !resume_after_stop(&guard, ttl, grace, group, &members, terminal.as_ref(), sentry.as_ref()).await
                 {
-                    return lost_while_stopped(key, guard, group, &mut events, sentry, codes).await;
+                    return lost_while_stopped(key, guard, group, &members, &mut events, sentry, codes).await;
                 }
             }
             _ = lost.cancelled(), if !lock_lost => {
@@ -973,10 +994,10 @@ async fn run_under_lock(
                 // never stand between a lost lock and the job hearing it.
                 if stopped {
                     // It must not run again without the lock.
-                    job::signal_group(group, libc::SIGKILL);
+                    job::signal_job(group, &members, libc::SIGKILL);
                     kill_at = Some(tokio::time::Instant::now());
                 } else {
-                    job::signal_group(group, libc::SIGTERM);
+                    job::signal_job(group, &members, libc::SIGTERM);
                     // By default the grace ends halfway to the end of the
                     // lease's validity (after which another holder may be
                     // granted), leaving room for the kill itself.
@@ -1005,7 +1026,7 @@ async fn run_under_lock(
                 }
             }
             _ = kill_timer => {
-                job::signal_group(group, libc::SIGKILL);
+                job::signal_job(group, &members, libc::SIGKILL);
                 kill_at = None;
             }
             _ = validity.changed(), if sentry.is_some() => {
@@ -1079,6 +1100,7 @@ async fn resume_after_stop(
     ttl: Duration,
     grace: Option<Duration>,
     group: libc::pid_t,
+    members: &std::sync::Mutex<job::Members>,
     terminal: Option<&job::Terminal>,
     sentry: Option<&job::Sentry>,
 ) -> bool {
@@ -1102,7 +1124,7 @@ async fn resume_after_stop(
     if let Some(t) = terminal.filter(|t| t.ours()) {
         t.give_to(group);
     }
-    job::signal_group(group, libc::SIGCONT);
+    job::signal_job(group, members, libc::SIGCONT);
     true
 }
 
@@ -1112,11 +1134,12 @@ async fn lost_while_stopped(
     key: &str,
     guard: redis_lock_client::LockGuard,
     group: libc::pid_t,
+    members: &std::sync::Mutex<job::Members>,
     events: &mut mpsc::UnboundedReceiver<job::ChildEvent>,
     sentry: Option<job::Sentry>,
     codes: Codes,
 ) -> ExitCode {
-    job::signal_group(group, libc::SIGKILL);
+    job::signal_job(group, members, libc::SIGKILL);
     job::say(format_args!(
         "redis-lock: the lock on {key} was lost while the command was stopped; killing it"
     ));

@@ -126,6 +126,36 @@ pub fn group_alive(group: pid_t) -> bool {
     r == 0 || errno() == Some(libc::EPERM)
 }
 
+/// Sends `sig` to process `pid`: false if it may not be signalled (EPERM:
+/// another user's); a gone process (ESRCH) counts as signalled.
+pub fn signal_pid(pid: pid_t, sig: c_int) -> bool {
+    // SAFETY: integers.
+    let r = unsafe { libc::kill(pid, sig) };
+    r == 0 || errno() != Some(libc::EPERM)
+}
+
+/// A pidfd for `pid` (Linux 5.3+): a handle that keeps naming that process
+/// even after its pid is reused; -1 if it cannot be had (async-signal-safe).
+pub fn pidfd_open(pid: pid_t) -> c_int {
+    // SAFETY: integers; a bad pid is an error return.
+    unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as c_int }
+}
+
+/// Sends `sig` to the process `pidfd` names, if it still runs
+/// (async-signal-safe).
+pub fn pidfd_signal(pidfd: c_int, sig: c_int) {
+    // SAFETY: integers and a null siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd,
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
 /// Sends `sig` to process group `group` (a gone group is ESRCH, ignored).
 pub fn signal_group(group: pid_t, sig: c_int) {
     // SAFETY: integers.
@@ -189,7 +219,8 @@ pub fn pipe() -> Option<(OwnedFd, OwnedFd)> {
 
 /// Which side of a [`fork`] this is.
 pub enum Forked {
-    Parent,
+    /// The parent, with the child's pid.
+    Parent(pid_t),
     Child,
 }
 
@@ -208,7 +239,7 @@ pub unsafe fn fork() -> Option<Forked> {
     match unsafe { libc::fork() } {
         -1 => None,
         0 => Some(Forked::Child),
-        _ => Some(Forked::Parent),
+        pid => Some(Forked::Parent(pid)),
     }
 }
 
