@@ -56,7 +56,9 @@
 //!
 //! * `redis://[user:password@]host:port/[db]`: one server (`rediss://` for
 //!   TLS, `redis+unix:///path` for a Unix socket), as the `redis` crate
-//!   reads them;
+//!   reads them; a `rediss://` URL may name PEM files in its query for
+//!   mutual TLS and a private CA:
+//!   `?tls_cert=client.pem&tls_key=client.key&tls_ca=ca.pem`;
 //! * `redis-sentinel://host:port[,host:port...]/service[/db]`: the master
 //!   the sentinels report for `service`, asked for again after a failover
 //!   (a connection error, or READONLY from a demoted master);

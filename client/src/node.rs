@@ -102,6 +102,71 @@ struct Sentinel {
     stale: std::sync::atomic::AtomicBool,
 }
 
+/// The TLS files a `rediss://` URL names in its query: `tls_cert` and
+/// `tls_key` (a client certificate and its key, PEM, for a server with
+/// `tls-auth-clients yes`) and `tls_ca` (the CA to trust instead of the
+/// system's). Returns the URL without them and the certificates read, or
+/// the URL as given if it names none.
+fn tls_files(url: &str) -> Result<(String, Option<redis::TlsCertificates>)> {
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (url, None),
+    };
+    let Some((address, query)) = base.split_once('?') else {
+        return Ok((url.to_string(), None));
+    };
+    let (mut cert, mut key, mut ca) = (None, None, None);
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("tls_cert", path)) => cert = Some(path),
+            Some(("tls_key", path)) => key = Some(path),
+            Some(("tls_ca", path)) => ca = Some(path),
+            _ => kept.push(pair),
+        }
+    }
+    if cert.is_none() && key.is_none() && ca.is_none() {
+        return Ok((url.to_string(), None));
+    }
+    let shown = address.rsplit_once('@').map_or(address, |(_, host)| host);
+    if !address.starts_with("rediss://") {
+        return Err(Error::Config(format!(
+            "{shown}: tls_cert, tls_key and tls_ca are for rediss:// URLs"
+        )));
+    }
+    let read = |what: &str, path: &str| {
+        std::fs::read(path)
+            .map_err(|e| Error::Config(format!("{shown}: cannot read {what} {path}: {e}")))
+    };
+    let client_tls = match (cert, key) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("tls_cert", cert)?,
+            client_key: read("tls_key", key)?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(Error::Config(format!(
+                "{shown}: give tls_cert and tls_key together (a client certificate and its key)"
+            )))
+        }
+    };
+    let root_cert = ca.map(|ca| read("tls_ca", ca)).transpose()?;
+    let mut rebuilt = address.to_string();
+    if !kept.is_empty() {
+        rebuilt = format!("{rebuilt}?{}", kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        rebuilt = format!("{rebuilt}#{f}");
+    }
+    Ok((
+        rebuilt,
+        Some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }),
+    ))
+}
+
 /// The URL scheme for a master found through Sentinel:
 /// `redis-sentinel://host:port[,host:port...]/service[/db]`.
 pub(crate) const SENTINEL_SCHEME: &str = "redis-sentinel://";
@@ -117,7 +182,13 @@ impl Node {
         if let Some(rest) = url.strip_prefix(CLUSTER_SCHEME) {
             return Node::cluster(url, rest);
         }
-        Ok(Node::from_client(redis::Client::open(url)?))
+        match tls_files(url)? {
+            (url, Some(certs)) => Ok(Node::from_client(redis::Client::build_with_tls(
+                url.as_str(),
+                certs,
+            )?)),
+            (_, None) => Ok(Node::from_client(redis::Client::open(url)?)),
+        }
     }
 
     fn sentinel(url: &str, rest: &str) -> Result<Node> {

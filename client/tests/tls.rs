@@ -149,9 +149,13 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // The library, through the application's own client: `#insecure` here
-    // (this process's trust store is not changed), TLS all the same.
-    let client = redis::Client::open(format!("{url}#insecure")).unwrap();
+    // The library, through the application's own client, built with the
+    // throwaway CA (this process's trust store is not changed).
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(std::fs::read(dir.join("ca.pem")).unwrap()),
+    };
+    let client = redis::Client::build_with_tls(url.as_str(), certs).unwrap();
     let locks = LockClient::from_clients(vec![client], Options::default()).unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -164,4 +168,139 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
         assert!(guard.release().await.unwrap());
     });
     assert_eq!(common::fence(&mut s.conn(), "tls:lib"), None);
+}
+
+/// A client certificate (CN `redis-lock client`) signed by the CA in `dir`.
+fn client_certificate(dir: &Path) {
+    // An extension makes it X.509 v3, which rustls requires.
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "client.key",
+            "-out",
+            "client.csr",
+            "-subj",
+            "/CN=redis-lock client",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "client.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "client.ext",
+        ],
+    );
+}
+
+/// Issue 23, item 7: mutual TLS. A server with `tls-auth-clients yes`
+/// refuses a client without a certificate (and the command says TLS, not
+/// "is the module loaded"); `tls_cert`, `tls_key` and `tls_ca` in a
+/// `rediss://` URL's query give the command and the library a client
+/// certificate and a CA of their own.
+#[test]
+fn a_client_certificate_from_the_url() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts a TLS server with its own certificates",
+    ) {
+        return;
+    }
+    let binary = common::server_binary();
+    if !has_tls(&binary) {
+        common::skip(
+            common::Skip::ServerLacks,
+            &format!("{binary} was built without TLS"),
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("redis-lock-mtls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    throwaway_ca(&dir);
+    client_certificate(&dir);
+    let tls_port = common::free_port();
+    let path = |f: &str| dir.join(f).display().to_string();
+    let s = Server::builder()
+        .config("tls-port", &tls_port.to_string())
+        .config("tls-cert-file", &path("server.pem"))
+        .config("tls-key-file", &path("server.key"))
+        .config("tls-ca-cert-file", &path("ca.pem"))
+        .config("tls-auth-clients", "yes")
+        .start();
+    let base = format!("rediss://127.0.0.1:{tls_port}/");
+    let run = |url: &str| {
+        Command::new(BIN)
+            .args([
+                "run", "--url", url, "--key", "mtls:k", "--ttl", "5s", "--", "true",
+            ])
+            .env_remove("REDIS_LOCK_URL")
+            .env_remove("SSL_CERT_FILE")
+            .output()
+            .unwrap()
+    };
+    // Without a certificate: refused, and said to be about TLS.
+    let out = run(&format!("{base}?tls_ca={}", path("ca.pem")));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{said}");
+    assert!(
+        said.contains("TLS") && said.contains("client certificate"),
+        "{said}"
+    );
+    assert_eq!(s.info_field("grants"), 0);
+    // With one.
+    let url = format!(
+        "{base}?tls_cert={}&tls_key={}&tls_ca={}",
+        path("client.pem"),
+        path("client.key"),
+        path("ca.pem")
+    );
+    let out = run(&url);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(s.info_field("grants"), 1);
+    // The library, from the same URL.
+    let locks = LockClient::new(&[url.as_str()]).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let guard = locks
+            .try_acquire("mtls:lib", std::time::Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(
+            common::fence(&mut s.conn(), "mtls:lib"),
+            Some(guard.fence())
+        );
+        assert!(guard.release().await.unwrap());
+    });
+    // A key without its certificate is a usage error, named.
+    let out = run(&format!("{base}?tls_key={}", path("client.key")));
+    assert_eq!(
+        out.status.code(),
+        Some(64),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
