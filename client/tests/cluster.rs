@@ -114,13 +114,8 @@ fn replica_acknowledgement_works_on_each_master_of_a_cluster() {
     let locks = LockClient::with_options(&[url.as_str()], options).unwrap();
     // Each replica acknowledges what it has before the test starts.
     for i in 0..3 {
-        common::wait_until(Duration::from_secs(20), || {
-            redis::cmd("WAIT")
-                .arg(1)
-                .arg(100)
-                .query::<i64>(&mut cluster.nodes[i].conn())
-                .is_ok_and(|n| n == 1)
-        });
+        let key = key_on(&cluster, i);
+        cluster.nodes[i].wait_acknowledged(1, &format!("{{{key}}}:acked"));
     }
     runtime.block_on(async {
         for i in 0..3 {

@@ -26,15 +26,7 @@ fn replicate_through(master: &Server, replica: &Server, proxy: &Proxy) {
         let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
         info.contains("master_link_status:up")
     });
-    let mut m = master.conn();
-    wait_until(Duration::from_secs(20), || {
-        redis::cmd("WAIT")
-            .arg(1)
-            .arg(100)
-            .query::<i64>(&mut m)
-            .unwrap()
-            == 1
-    });
+    master.wait_acknowledged(1, "test:acked");
 }
 
 /// The replica becomes a master, as a failover makes it.

@@ -234,3 +234,79 @@ fn a_wait_rides_through_a_sentinel_failover() {
     );
     runtime.block_on(async { assert!(guard.release().await.unwrap()) });
 }
+
+/// Issue 23, item 4, behind Sentinel: with replica acknowledgement a grant
+/// is returned only once the master's replica has it, so after a failover
+/// to that replica nobody else is granted it; with the replica cut off
+/// (stopped for a second: a proxy would not do, Sentinel points a replica
+/// that follows another address back at the master) the grant is refused
+/// and released.
+#[test]
+fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
+    if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
+        return;
+    }
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let sentinel = SentinelProcess::start(&master);
+    wait_until(Duration::from_secs(30), || {
+        sentinel.conn().is_some_and(|mut c| {
+            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                .arg("replicas")
+                .arg("m")
+                .query(&mut c)
+                .unwrap_or_default();
+            !replicas.is_empty()
+        })
+    });
+    master.wait_acknowledged(1, "test:acked");
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+    let options =
+        redis_lock_client::Options::default().wait_replicas(1, Duration::from_millis(300));
+    let locks = LockClient::with_options(&[url.as_str()], options).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let guard = runtime.block_on(async {
+        let got = locks.try_acquire("s:ack", Duration::from_secs(60)).await;
+        let guard = got.unwrap().expect("free");
+        assert_eq!(
+            common::fence(&mut replica.conn(), "s:ack"),
+            Some(guard.fence()),
+            "on the replica when returned"
+        );
+        replica.signal("STOP");
+        let refused = locks.try_acquire("s:cut", Duration::from_secs(60)).await;
+        replica.signal("CONT");
+        assert!(
+            matches!(refused, Err(redis_lock_client::Error::NotReplicated { .. })),
+            "{refused:?}"
+        );
+        guard
+    });
+    assert_eq!(common::fence(&mut master.conn(), "s:cut"), None, "released");
+    // Sentinel fails over to the replica.
+    let mut c = sentinel.conn().unwrap();
+    wait_until(Duration::from_secs(30), || {
+        redis::cmd("SENTINEL")
+            .arg("failover")
+            .arg("m")
+            .query::<()>(&mut c)
+            .is_ok()
+    });
+    wait_until(Duration::from_secs(30), || {
+        sentinel.master_port() == Some(replica.port)
+    });
+    let other = LockClient::new(&[url.as_str()]).unwrap();
+    runtime.block_on(async {
+        assert!(
+            other
+                .try_acquire("s:ack", Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none(),
+            "a second holder after the failover"
+        );
+    });
+    assert!(guard.is_valid());
+    std::mem::forget(guard);
+}

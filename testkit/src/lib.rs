@@ -920,6 +920,23 @@ impl Server {
     }
 
     /// Makes this server a replica of `master` and waits for the initial sync.
+    /// Waits until `replicas` replicas acknowledge a write made here to
+    /// `key` (a scratch key; in a cluster one of this master's slots).
+    /// `WAIT` on a connection that wrote nothing answers at once, and after
+    /// a full sync a master sends the stream only from the replica's first
+    /// ACK, up to a second later: this is the check that it streams.
+    pub fn wait_acknowledged(&self, replicas: i64, key: &str) {
+        let mut c = self.conn();
+        wait_until(Duration::from_secs(20), || {
+            let _: i64 = redis::cmd("INCR").arg(key).query(&mut c).unwrap();
+            redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(100)
+                .query::<i64>(&mut c)
+                .is_ok_and(|n| n >= replicas)
+        });
+    }
+
     pub fn replicate_from(&self, master: &Server) {
         let mut c = self.conn();
         let _: () = redis::cmd("REPLICAOF")
