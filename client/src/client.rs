@@ -16,6 +16,7 @@ use crate::group::Group;
 use crate::guard::{Lease, LockGuard};
 use crate::node::{LockInfo, Node, NodeSettings};
 pub use crate::options::Options;
+use crate::settle::{Settle, SETTLE};
 
 /// A handle on one lock node or a Redlock group; cheap to clone.
 #[derive(Clone)]
@@ -1172,41 +1173,6 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
     }
 }
 
-tokio::task_local! {
-    /// The acquisition being run (see [`Settle`]), for the tasks that run
-    /// its ACQUIREs on connections of their own (`Node::acquire_waiting`).
-    pub(crate) static SETTLE: Arc<Settle>;
-}
-
-/// Whether an acquisition is over, shared with the tasks that run its BLOCK
-/// waits. A grant that reaches such a task when its own caller is gone (a
-/// wait given up on while the acquisition goes on, or one that outlived its
-/// patience) is released only once the acquisition is over: while it goes
-/// on, a later ACQUIRE of it with the same token may count that very grant,
-/// and releasing it would take a vote from under it. A grant left so is
-/// noted, and released with the token if the acquisition ends without a
-/// guard.
-#[derive(Debug, Default)]
-pub(crate) struct Settle {
-    /// The acquisition ended (with any result) or was dropped.
-    over: std::sync::atomic::AtomicBool,
-    /// A task left a late grant in place while the acquisition went on.
-    left_a_grant: std::sync::atomic::AtomicBool,
-}
-
-impl Settle {
-    /// A late grant reached a task: whether to release it now (the
-    /// acquisition is over) or leave it (noted) to the acquisition.
-    pub(crate) fn release_late_grant(&self) -> bool {
-        if self.over.load(AtomicOrdering::SeqCst) {
-            return true;
-        }
-        self.left_a_grant.store(true, AtomicOrdering::SeqCst);
-        // Ended meanwhile: it may not have seen the note.
-        self.over.load(AtomicOrdering::SeqCst)
-    }
-}
-
 /// A token made for one acquisition that has not reached a [`LockGuard`]
 /// yet. Dropped armed (the acquisition's future was dropped at an await,
 /// or it failed, or it ended "not granted" after a late grant was left),
@@ -1229,8 +1195,7 @@ impl Unclaimed {
     /// nothing to undo, nor does "not granted" unless a late grant was left
     /// in place; an error may have come after a grant.
     fn finish(mut self, granted: &Result<Option<LockGuard>>) {
-        self.settle.over.store(true, AtomicOrdering::SeqCst);
-        let left = self.settle.left_a_grant.load(AtomicOrdering::SeqCst);
+        let left = self.settle.end();
         self.armed = match granted {
             Ok(Some(_)) => false,
             Ok(None) => left,
@@ -1241,7 +1206,7 @@ impl Unclaimed {
 
 impl Drop for Unclaimed {
     fn drop(&mut self) {
-        self.settle.over.store(true, AtomicOrdering::SeqCst);
+        self.settle.end();
         if !self.armed {
             return;
         }

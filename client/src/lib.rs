@@ -186,6 +186,7 @@ mod group;
 mod guard;
 mod node;
 mod options;
+mod settle;
 
 /// Support for the `redis-lock` command; not part of the library's API.
 #[doc(hidden)]

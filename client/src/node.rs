@@ -549,7 +549,7 @@ impl Node {
         release.arg(key).arg(token);
         let acked = self.wait_replicas.map_or(Duration::ZERO, |(_, t)| t);
         // Outside an acquisition (none yet) a late grant is released.
-        let settle = crate::client::SETTLE.try_with(Arc::clone).ok();
+        let settle = crate::settle::SETTLE.try_with(Arc::clone).ok();
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(acquire_in_task(
             conn,
@@ -929,7 +929,7 @@ async fn acquire_in_task(
     patience: Duration,
     limit: Duration,
     spares: Arc<std::sync::Mutex<Vec<Conn>>>,
-    settle: Option<Arc<crate::client::Settle>>,
+    settle: Option<Arc<crate::settle::Settle>>,
     tx: tokio::sync::oneshot::Sender<Result<Option<i64>>>,
 ) {
     let Acquisition {
