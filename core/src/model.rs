@@ -415,13 +415,28 @@ impl Reference {
         self.lines.values().flatten().any(|w| w.client == client)
     }
 
-    fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
+    /// `told`: the waiters this command's key hands on to first. Usually
+    /// none (the timer settled the key already), but a hand-off a write
+    /// pause held back goes at the first command on its key after the
+    /// pause, if that comes before the node's timer runs.
+    fn acquire(
+        &mut self,
+        client: u8,
+        key: u8,
+        r: &Request,
+        now: i64,
+        told: &mut Vec<(u8, Told)>,
+    ) -> Told {
         if self.replica {
             return error(LockError::ReadOnlyReplica);
         }
-        let mut ignored = Vec::new();
-        self.settle(key, now, &mut ignored);
-        assert!(ignored.is_empty(), "the timer settled this key already");
+        let mut settled = Vec::new();
+        self.settle(key, now, &mut settled);
+        assert!(
+            settled.is_empty() || self.resume_pending,
+            "the timer settled this key already"
+        );
+        told.extend(settled);
         if self.wrongtype.contains(&key) {
             return error(LockError::WrongType);
         }
@@ -670,14 +685,17 @@ fn told_of(wake: &Wake<u8, u8>) -> Told {
 type Asked = HashMap<u8, (u8, Vec<u8>, Option<i64>)>;
 
 /// Each wake answers a client that was waiting, once, on the key it asked
-/// for; a grant is of a live lock it now holds, before its timeout. Grants
-/// are remembered for `Vanish`.
+/// for; a grant is of a live lock it now holds, before its timeout, unless
+/// the step was a RELEASE of that key with that same token (`released`),
+/// which may hand the key on (a hand-off a write pause held back) and then
+/// release what it handed on. Grants are remembered for `Vanish`.
 fn check_wakes(
     h: &Harness,
     asked: &mut Asked,
     granted: &mut HashMap<u8, (u8, i64, u64)>,
     wakes: &[Wake<u8, u8>],
     now: i64,
+    released: Option<(u8, &[u8])>,
 ) {
     for wake in wakes {
         let (key, token, timeout_at) = asked
@@ -690,6 +708,10 @@ fn check_wakes(
                 "granted after its timeout"
             );
             let held = h.stores.get(&key).and_then(|s| s.live(now));
+            if released == Some((key, &token[..])) {
+                granted.insert(wake.client, (key, fence, lease));
+                continue;
+            }
             let held = held.expect("the granted lock is live when granted");
             // (A later waiter with the same token may have renewed it since,
             // with MINFENCE: a fresh, larger fence.)
@@ -781,7 +803,7 @@ fn run(ops: &[Op]) {
                     // Refused by the parser, before the node is asked.
                     continue;
                 }
-                replies.0 = Some(model.acquire(client, key, &r, now));
+                replies.0 = Some(model.acquire(client, key, &r, now, &mut model_told));
                 let reply = h.acquire(client, key, &r, now);
                 if reply == Told::Blocked {
                     asked.insert(
@@ -1033,8 +1055,14 @@ fn run(ops: &[Op]) {
             }
             Op::Sweep { key } => {
                 let acts_alone = !model.replica && !model.writes_paused;
-                if model.live(key, now).is_none() && acts_alone {
-                    model.locks.remove(&key);
+                if model.live(key, now).is_none()
+                    && acts_alone
+                    && model.locks.remove(&key).is_some()
+                {
+                    // A lock it reclaims, it hands on: usually the timer
+                    // did already, but not a hand-off a write pause held
+                    // back, before the node's first run after it.
+                    model.settle(key, now, &mut model_told);
                 }
                 // The sweep runs with the timer's conditions.
                 let mut cond = h.cond(false);
@@ -1069,7 +1097,7 @@ fn run(ops: &[Op]) {
                     assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
                     let wakes = d.wakes;
                     compare(step, op, model_tick, &wakes);
-                    check_wakes(&h, &mut asked, &mut granted, &wakes, now);
+                    check_wakes(&h, &mut asked, &mut granted, &wakes, now, None);
                 }
             }
         }
@@ -1088,7 +1116,12 @@ fn run(ops: &[Op]) {
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
         compare(step, op, model_told, &wakes);
-        check_wakes(&h, &mut asked, &mut granted, &wakes, now);
+        let release = match *op {
+            Op::Release { key, token: t, .. } => Some((key, token(t))),
+            _ => None,
+        };
+        let released = release.as_ref().map(|(k, t)| (*k, &t[..]));
+        check_wakes(&h, &mut asked, &mut granted, &wakes, now, released);
 
         let mut live_fences = BTreeSet::new();
         for key in 0..KEYS {

@@ -791,14 +791,20 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     }
 
     /// SWAPDB moved whole databases: lines move with their keys (`rename`
-    /// must be a bijection), and every moved key is looked at now.
+    /// must be a bijection), so do grants waiting to be taken back (held
+    /// back by a write pause: before, they stayed on the old name, took
+    /// back nothing, and the undelivered grant was held for its whole
+    /// lease), and every moved key is looked at now.
     pub fn rename_keys(
         &mut self,
         rename: impl Fn(&K) -> K,
         moved: impl Fn(&K) -> bool,
         now_ms: i64,
     ) {
-        self.waiters.rename_keys(rename);
+        for (key, _, _) in &mut self.undelivered {
+            *key = rename(key);
+        }
+        self.waiters.rename_keys(&rename);
         self.keys_changed(moved, now_ms);
     }
 
