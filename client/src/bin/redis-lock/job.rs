@@ -296,10 +296,10 @@ pub fn become_subreaper() {
     sys::become_subreaper();
 }
 
-/// Whether any process is left in `group` (one that cannot be signalled
-/// for want of permission still counts).
-pub fn group_alive(group: libc::pid_t) -> bool {
-    sys::group_alive(group)
+/// Whether any process of the job is left: in `group` (one that cannot be
+/// signalled for want of permission still counts), or a member outside it.
+pub fn job_alive(group: libc::pid_t, members: &std::sync::Mutex<Members>) -> bool {
+    sys::group_alive(group) || members.lock().unwrap_or_else(|p| p.into_inner()).any()
 }
 
 /// Reports the job's stops and continues, the command's exit, then the
@@ -355,8 +355,7 @@ pub fn watch(
                 }
             }
             if leader_done {
-                let members_left = || members.lock().unwrap_or_else(|p| p.into_inner()).any();
-                if !group_alive(leader) && !members_left() {
+                if !job_alive(leader, &members) {
                     let _ = tx.send(ChildEvent::GroupEmpty);
                     return;
                 }

@@ -932,7 +932,7 @@ async fn run_under_lock(
                     // The job ends with the command: what it left in its
                     // group is stopped as a lost lock stops the job, but
                     // with the lock still held (renewed) until it is gone.
-                    if !lock_lost && (job::group_alive(group) || members.lock().unwrap_or_else(|p| p.into_inner()).any()) {
+                    if !lock_lost && job::job_alive(group, &members) {
                         let after = grace.unwrap_or(LEFTOVER_GRACE);
                         job::signal_job(group, &members, libc::SIGTERM);
                         job::signal_job(group, &members, libc::SIGCONT);
