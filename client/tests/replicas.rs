@@ -16,16 +16,7 @@ use redis_lock_client::{Error, LockClient, Options};
 /// `replica` follows `master` through `proxy` (so the link can be cut),
 /// and acknowledges what it has (the master counts it for WAIT).
 fn replicate_through(master: &Server, replica: &Server, proxy: &Proxy) {
-    let mut c = replica.conn();
-    let _: () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(proxy.port)
-        .query(&mut c)
-        .unwrap();
-    wait_until(Duration::from_secs(20), || {
-        let info: String = redis::cmd("INFO").arg("replication").query(&mut c).unwrap();
-        info.contains("master_link_status:up")
-    });
+    replica.replicate_from_port(proxy.port);
     master.wait_acknowledged(1, "test:acked");
 }
 
@@ -36,6 +27,27 @@ fn promote(replica: &Server) {
         .arg("ONE")
         .query(&mut replica.conn())
         .unwrap();
+}
+
+/// What `locks` gets for `key` after waiting in `master`'s line while
+/// another client held it, once that one releases (a hand-off by BLOCK).
+async fn handed_over(
+    locks: &LockClient,
+    master: &Server,
+    key: &str,
+    ttl: Duration,
+) -> redis_lock_client::Result<Option<redis_lock_client::LockGuard>> {
+    let holder = LockClient::new(&[master.url()]).unwrap();
+    let held = holder.try_acquire(key, ttl).await.unwrap().unwrap();
+    let waiting = {
+        let (locks, key) = (locks.clone(), key.to_string());
+        tokio::spawn(async move { locks.acquire(&key, ttl).wait(Duration::from_secs(10)).await })
+    };
+    wait_until(Duration::from_secs(10), || {
+        master.info_field("waiters") == 1
+    });
+    assert!(held.release().await.unwrap());
+    waiting.await.unwrap()
 }
 
 fn acknowledged(s: &Server) -> LockClient {
@@ -85,22 +97,10 @@ async fn a_grant_counts_once_the_replica_has_it_and_survives_a_failover() {
     assert!(guard.release().await.unwrap());
 
     // A grant handed over from the server's line (BLOCK), likewise.
-    let holder = LockClient::new(&[master.url()]).unwrap();
-    let held = holder.try_acquire("r:b", ttl).await.unwrap().unwrap();
-    let waiting = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("r:b", ttl)
-                .wait(Duration::from_secs(10))
-                .await
-        })
-    };
-    wait_until(Duration::from_secs(10), || {
-        master.info_field("waiters") == 1
-    });
-    assert!(held.release().await.unwrap());
-    let handed = waiting.await.unwrap().unwrap().expect("handed over");
+    let handed = handed_over(&locks, &master, "r:b", ttl)
+        .await
+        .unwrap()
+        .expect("handed over");
     assert_eq!(
         common::fence(&mut replica.conn(), "r:b"),
         Some(handed.fence())
@@ -144,22 +144,7 @@ async fn with_the_replica_link_cut_a_grant_is_refused_and_released() {
         "{refused:?}"
     );
     assert_eq!(common::fence(&mut master.conn(), "r:c"), None, "released");
-    let holder = LockClient::new(&[master.url()]).unwrap();
-    let held = holder.try_acquire("r:c", ttl).await.unwrap().unwrap();
-    let waiting = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("r:c", ttl)
-                .wait(Duration::from_secs(10))
-                .await
-        })
-    };
-    wait_until(Duration::from_secs(10), || {
-        master.info_field("waiters") == 1
-    });
-    assert!(held.release().await.unwrap());
-    let refused = waiting.await.unwrap();
+    let refused = handed_over(&locks, &master, "r:c", ttl).await;
     assert!(
         matches!(refused, Err(Error::NotReplicated { .. })),
         "a hand-off the replica never saw was kept: {refused:?}"
@@ -186,7 +171,8 @@ async fn with_the_replica_link_cut_a_grant_is_refused_and_released() {
     assert_eq!(common::fence(&mut master.conn(), "r:c"), None, "released");
 
     // Without the option the grant stands on the master alone...
-    let unacknowledged = holder.try_acquire("r:c", ttl).await.unwrap().expect("free");
+    let plain = LockClient::new(&[master.url()]).unwrap();
+    let unacknowledged = plain.try_acquire("r:c", ttl).await.unwrap().expect("free");
     // ...and a failover to the replica loses it: a second holder.
     master.kill9();
     promote(&replica);

@@ -65,6 +65,39 @@ impl SentinelProcess {
     }
 }
 
+impl SentinelProcess {
+    /// Waits until the sentinel knows a replica of `m` (it cannot fail
+    /// over before).
+    fn wait_knows_a_replica(&self) {
+        wait_until(Duration::from_secs(30), || {
+            self.conn().is_some_and(|mut c| {
+                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
+                    .arg("replicas")
+                    .arg("m")
+                    .query(&mut c)
+                    .unwrap_or_default();
+                !replicas.is_empty()
+            })
+        });
+    }
+
+    /// A manual failover to `replica`, once the sentinel reports it master
+    /// (NOGOODSLAVE until the sentinel has heard from the replica itself).
+    fn fail_over_to(&self, replica: &Server) {
+        let mut c = self.conn().unwrap();
+        wait_until(Duration::from_secs(30), || {
+            redis::cmd("SENTINEL")
+                .arg("failover")
+                .arg("m")
+                .query::<()>(&mut c)
+                .is_ok()
+        });
+        wait_until(Duration::from_secs(30), || {
+            self.master_port() == Some(replica.port)
+        });
+    }
+}
+
 impl Drop for SentinelProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -82,17 +115,7 @@ fn locks_follow_the_master_that_sentinel_reports() {
     let replica = Server::start();
     replica.replicate_from(&master);
     let sentinel = SentinelProcess::start(&master);
-    // The sentinel must know the replica before it can fail over to it.
-    wait_until(Duration::from_secs(30), || {
-        sentinel.conn().is_some_and(|mut c| {
-            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
-                .arg("replicas")
-                .arg("m")
-                .query(&mut c)
-                .unwrap_or_default();
-            !replicas.is_empty()
-        })
-    });
+    sentinel.wait_knows_a_replica();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
 
     // The command finds the master through the sentinel.
@@ -120,18 +143,7 @@ fn locks_follow_the_master_that_sentinel_reports() {
         f
     });
     // Fail over to the replica; the old master becomes a replica.
-    // (NOGOODSLAVE until the sentinel has heard from the replica itself.)
-    let mut c = sentinel.conn().unwrap();
-    wait_until(Duration::from_secs(30), || {
-        redis::cmd("SENTINEL")
-            .arg("failover")
-            .arg("m")
-            .query::<()>(&mut c)
-            .is_ok()
-    });
-    wait_until(Duration::from_secs(30), || {
-        sentinel.master_port() == Some(replica.port)
-    });
+    sentinel.fail_over_to(&replica);
     // Sentinel kills the demoted master's client connections while it
     // reconfigures it, so a query here may be cut: that is "not yet".
     wait_until(Duration::from_secs(30), || {
@@ -185,16 +197,7 @@ fn a_wait_rides_through_a_sentinel_failover() {
     let replica = Server::start();
     replica.replicate_from(&master);
     let sentinel = SentinelProcess::start(&master);
-    wait_until(Duration::from_secs(30), || {
-        sentinel.conn().is_some_and(|mut c| {
-            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
-                .arg("replicas")
-                .arg("m")
-                .query(&mut c)
-                .unwrap_or_default();
-            !replicas.is_empty()
-        })
-    });
+    sentinel.wait_knows_a_replica();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     // Another holder, on the master and (acknowledged) on the replica.
     let mut m = master.conn();
@@ -250,16 +253,7 @@ fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
     let replica = Server::start();
     replica.replicate_from(&master);
     let sentinel = SentinelProcess::start(&master);
-    wait_until(Duration::from_secs(30), || {
-        sentinel.conn().is_some_and(|mut c| {
-            let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
-                .arg("replicas")
-                .arg("m")
-                .query(&mut c)
-                .unwrap_or_default();
-            !replicas.is_empty()
-        })
-    });
+    sentinel.wait_knows_a_replica();
     master.wait_acknowledged(1, "test:acked");
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     let options =
@@ -284,18 +278,7 @@ fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
         guard
     });
     assert_eq!(common::fence(&mut master.conn(), "s:cut"), None, "released");
-    // Sentinel fails over to the replica.
-    let mut c = sentinel.conn().unwrap();
-    wait_until(Duration::from_secs(30), || {
-        redis::cmd("SENTINEL")
-            .arg("failover")
-            .arg("m")
-            .query::<()>(&mut c)
-            .is_ok()
-    });
-    wait_until(Duration::from_secs(30), || {
-        sentinel.master_port() == Some(replica.port)
-    });
+    sentinel.fail_over_to(&replica);
     let other = LockClient::new(&[url.as_str()]).unwrap();
     runtime.block_on(async {
         assert!(

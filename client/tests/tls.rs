@@ -4,7 +4,7 @@
 
 use redis_lock_testkit as common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::Server;
@@ -98,13 +98,16 @@ fn has_tls(binary: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("libssl"))
 }
 
-#[test]
-fn a_lock_over_tls_with_the_command_and_the_library() {
+/// A server with a TLS port, its certificates signed by a throwaway CA in a
+/// directory of its own (`name`), asking clients for certificates if
+/// `auth_clients`: the server, the directory and its `rediss://` URL. None
+/// (counted as skipped) where the test cannot run.
+fn tls_server(name: &str, auth_clients: bool) -> Option<(Server, PathBuf, String)> {
     if common::skip_unless(
         common::Needs::LocalProcess,
         "starts a TLS server with its own certificates",
     ) {
-        return;
+        return None;
     }
     let binary = common::server_binary();
     if !has_tls(&binary) {
@@ -112,9 +115,9 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
             common::Skip::ServerLacks,
             &format!("{binary} was built without TLS"),
         );
-        return;
+        return None;
     }
-    let dir = std::env::temp_dir().join(format!("redis-lock-tls-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("redis-lock-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     throwaway_ca(&dir);
     let tls_port = common::free_port();
@@ -124,9 +127,17 @@ fn a_lock_over_tls_with_the_command_and_the_library() {
         .config("tls-cert-file", &path("server.pem"))
         .config("tls-key-file", &path("server.key"))
         .config("tls-ca-cert-file", &path("ca.pem"))
-        .config("tls-auth-clients", "no")
+        .config("tls-auth-clients", if auth_clients { "yes" } else { "no" })
         .start();
-    let url = format!("rediss://127.0.0.1:{tls_port}/");
+    Some((s, dir, format!("rediss://127.0.0.1:{tls_port}/")))
+}
+
+#[test]
+fn a_lock_over_tls_with_the_command_and_the_library() {
+    let Some((s, dir, url)) = tls_server("tls", false) else {
+        return;
+    };
+    let path = |f: &str| dir.join(f).display().to_string();
 
     // The command, trusting the throwaway CA (OpenSSL reads SSL_CERT_FILE).
     let fence = common::fence_of_a_run(BIN, &url, "tls:k", &[("SSL_CERT_FILE", &path("ca.pem"))]);
@@ -218,34 +229,11 @@ fn client_certificate(dir: &Path) {
 /// certificate and a CA of their own.
 #[test]
 fn a_client_certificate_from_the_url() {
-    if common::skip_unless(
-        common::Needs::LocalProcess,
-        "starts a TLS server with its own certificates",
-    ) {
+    let Some((s, dir, base)) = tls_server("mtls", true) else {
         return;
-    }
-    let binary = common::server_binary();
-    if !has_tls(&binary) {
-        common::skip(
-            common::Skip::ServerLacks,
-            &format!("{binary} was built without TLS"),
-        );
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("redis-lock-mtls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    throwaway_ca(&dir);
+    };
     client_certificate(&dir);
-    let tls_port = common::free_port();
     let path = |f: &str| dir.join(f).display().to_string();
-    let s = Server::builder()
-        .config("tls-port", &tls_port.to_string())
-        .config("tls-cert-file", &path("server.pem"))
-        .config("tls-key-file", &path("server.key"))
-        .config("tls-ca-cert-file", &path("ca.pem"))
-        .config("tls-auth-clients", "yes")
-        .start();
-    let base = format!("rediss://127.0.0.1:{tls_port}/");
     let run = |url: &str| {
         Command::new(BIN)
             .args([

@@ -938,10 +938,16 @@ impl Server {
     }
 
     pub fn replicate_from(&self, master: &Server) {
+        self.replicate_from_port(master.port);
+    }
+
+    /// Replicates from whatever listens on 127.0.0.1:`port` (a master, or
+    /// a proxy in front of one), once the link is up.
+    pub fn replicate_from_port(&self, port: u16) {
         let mut c = self.conn();
         let _: () = redis::cmd("REPLICAOF")
             .arg("127.0.0.1")
-            .arg(master.port)
+            .arg(port)
             .query(&mut c)
             .unwrap();
         wait_until(Duration::from_secs(20), || {
