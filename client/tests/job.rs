@@ -691,7 +691,11 @@ fn a_daemon_the_command_started_is_part_of_the_job() {
         let key = format!("d{killed}");
         let daemon_pid = dir.join(format!("daemon-{killed}"));
         let script = format!(
-            "setsid -f sh -c 'echo $$ > {}; exec sleep 60'; sleep {}",
+            // The command exits only once the daemon has written its pid
+            // (on a loaded machine `setsid -f` may start it late, and
+            // redis-lock stops what is left when the command exits).
+            "setsid -f sh -c 'echo $$ > {0}.tmp; mv {0}.tmp {0}; exec sleep 60'; \
+             while [ ! -s {0} ]; do sleep 0.05; done; sleep {1}",
             daemon_pid.display(),
             if killed { 30 } else { 0 }
         );
