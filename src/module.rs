@@ -13,7 +13,8 @@ use redis_module::{redis_module, Context, RedisString, Status};
 use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::protocol::OPTIONS;
 use crate::redis::{
-    blocked, commands, datatype, engine, events, ffi, handoff, info, propagation, sweep, timer,
+    blocked, commands, datatype, engine, events, ffi, gate, handoff, info, propagation, sweep,
+    timer,
 };
 
 /// Where each option's value lives (the node's limits), in the order of
@@ -107,6 +108,7 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     ffi::set_module_options(ctx, options as c_int)
         .ok_or("RedisModule_SetModuleOptions is not available")?;
     datatype::register(ctx, events::on_unlink)?;
+    gate::register(ctx)?;
     commands::register(ctx)?;
     timer::init(ctx, handoff::run)?;
     blocked::init();

@@ -59,8 +59,42 @@ pub enum LockError {
     /// A waiter's user lost the right to write the key while it waited
     /// (ACL SETUSER): it is not granted the lock.
     NoPermission,
+    /// `LOCK.EXEC`: the token does not hold the lock now; nothing ran.
+    NotHeld(NotHeld),
+    /// `LOCK.FENCED`: `fence` is below the gate's `mark`; nothing ran.
+    StaleFence {
+        fence: i64,
+        mark: i64,
+    },
+    /// `LOCK.EXEC`/`LOCK.FENCED` was given no command to run where one is
+    /// needed (the guarding command's name).
+    MissingCommand(&'static str),
+    /// The inner command (lower case) may not run guarded, and why.
+    NotGuardable(String, &'static str),
+    /// A fence argument (`FENCE`, `LOCK.FENCED`'s) that is not a positive
+    /// integer within the clock bound.
+    BadFenceArg(String),
+    /// The server refused to run a guarded command (its ACL, maxmemory, a
+    /// read-only replica...): its error reply, code first.
+    InnerRefused(String),
+    /// The key is a fence gate, which has no holder (`LOCK.FENCE gate
+    /// token`, `LOCK.EXEC gate ...`).
+    GateHasNoHolder,
     /// A bug was caught at the module boundary instead of crashing Redis.
     Internal,
+}
+
+/// Why `LOCK.EXEC` found the token not holding the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotHeld {
+    /// Nobody holds it.
+    Free,
+    /// This token held it, and its lease has ended.
+    Ended,
+    /// Another token holds it.
+    OtherToken,
+    /// This token holds it under another grant: fence `held`, not `given`.
+    OtherGrant { held: i64, given: i64 },
 }
 
 impl fmt::Display for LockError {
@@ -141,6 +175,34 @@ impl fmt::Display for LockError {
             ),
             FencesExhausted => write!(f, "ERR fencing tokens exhausted on this node"),
             Redirect(to) => write!(f, "{to}"),
+            NotHeld(why) => match why {
+                self::NotHeld::Free => write!(f, "NOTHELD the lock is free: nothing ran"),
+                self::NotHeld::Ended => {
+                    write!(f, "NOTHELD the lease of this token has ended: nothing ran")
+                }
+                self::NotHeld::OtherToken => {
+                    write!(f, "NOTHELD another token holds the lock: nothing ran")
+                }
+                self::NotHeld::OtherGrant { held, given } => write!(
+                    f,
+                    "NOTHELD this token holds the lock under another grant (fence {held}, not {given}): nothing ran"
+                ),
+            },
+            StaleFence { fence, mark } => write!(
+                f,
+                "STALEFENCE fence {fence} is below the gate's mark {mark}: nothing ran"
+            ),
+            MissingCommand(cmd) => write!(f, "ERR {cmd} needs a command to run after its arguments"),
+            NotGuardable(name, why) => write!(f, "NOTGUARDABLE {name} cannot run guarded: {why}"),
+            BadFenceArg(v) => write!(
+                f,
+                "ERR invalid fence {v}: must be a positive integer at most 2^50 above the clock in µs"
+            ),
+            InnerRefused(text) => write!(f, "{text}"),
+            GateHasNoHolder => write!(
+                f,
+                "ERR the key is a fence gate: it has a mark, not a holder (LOCK.FENCE gate answers the mark)"
+            ),
             Internal => write!(f, "ERR internal error in the lock module (see the server log)"),
         }
     }

@@ -16,6 +16,8 @@
 //! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
+//! * `guarded` — `LOCK.EXEC` and `LOCK.FENCED`: their arguments, which
+//!   commands may run guarded, the gate's rule
 //! * `codec`   — the persisted form of a lock value, decoded and checked
 //! * `limits`  — every bound on input
 //! * `error`   — every error reply
@@ -32,6 +34,7 @@ pub mod error;
 mod fence;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod guarded;
 pub mod histogram;
 pub mod limits;
 mod lock;

@@ -28,8 +28,9 @@ use bitflags::bitflags;
 
 use crate::args;
 use crate::codec;
-use crate::error::LockError;
+use crate::error::{LockError, NotHeld};
 use crate::fence::{self, FenceCounter};
+use crate::guarded;
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
@@ -819,6 +820,59 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         now_ms: i64,
     ) -> Option<i64> {
         lock::fence(store, token, now_ms)
+    }
+
+    /// `LOCK.EXEC key token [FENCE fence]`: the grant's fence if `token`
+    /// holds the key's lock now (with exactly `fence`, when given), or why
+    /// not. Reads only: an ended lease is the sweep's and the timer's to
+    /// reclaim, so the guarded command changes nothing but its own effect.
+    pub fn check_holder(
+        &self,
+        store: &impl LockRead,
+        token: &[u8],
+        fence: Option<i64>,
+        now_ms: i64,
+    ) -> Result<i64, LockError> {
+        let why = match store.stored() {
+            None => NotHeld::Free,
+            Some(l) if l.token != token && l.is_live(now_ms) => NotHeld::OtherToken,
+            Some(l) if l.token != token => NotHeld::Free,
+            Some(l) if !l.is_live(now_ms) => NotHeld::Ended,
+            Some(l) => match fence {
+                Some(given) if given != l.fence => NotHeld::OtherGrant {
+                    held: l.fence,
+                    given,
+                },
+                _ => return Ok(l.fence),
+            },
+        };
+        Err(LockError::NotHeld(why))
+    }
+
+    /// `LOCK.FENCED gate fence`: the gate's new mark if `fence` passes its
+    /// current `mark` (None: no gate yet), or why not. A gate's marks are
+    /// not the node's: they come from whatever issued the fence (a Redlock
+    /// group, another node), so they do not raise the node's mark.
+    /// Gates are kept like locks: not on a replica, not where
+    /// maxmemory-policy may evict them, and no new one above maxmemory.
+    pub fn pass_gate(
+        &self,
+        mark: Option<i64>,
+        fence: i64,
+        cond: Conditions,
+        now_us: i64,
+    ) -> Result<i64, LockError> {
+        guarded::check_gate_fence(fence, now_us)?;
+        if cond.contains(Conditions::REPLICA) {
+            return Err(LockError::ReadOnlyReplica);
+        }
+        if cond.contains(Conditions::EVICTABLE) && !self.limits.allow_eviction {
+            return Err(LockError::EvictionUnsafe);
+        }
+        if mark.is_none() && cond.contains(Conditions::OOM) {
+            return Err(LockError::OutOfMemory);
+        }
+        guarded::pass(mark, fence)
     }
 
     /// `LOCK.INFO key`: the lock if it is held now, with how many wait for it.

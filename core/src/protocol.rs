@@ -15,11 +15,21 @@ pub mod command {
     pub const EXTEND: &str = "LOCK.EXTEND";
     pub const FENCE: &str = "LOCK.FENCE";
     pub const INFO: &str = "LOCK.INFO";
+    /// `LOCK.EXEC key token [FENCE fence] command [arg ...]`: runs the
+    /// command only while token holds key (with that grant's fence).
+    pub const EXEC: &str = "LOCK.EXEC";
+    /// `LOCK.FENCED gate fence [command [arg ...]]`: runs the command only
+    /// if fence is at least the gate's mark, and records it as the mark.
+    pub const FENCED: &str = "LOCK.FENCED";
+    /// Internal: the replicated and AOF form of a gate's mark.
+    pub const GATE: &str = "LOCK._GATE";
     /// Internal: the replicated and AOF form of a grant or renewal.
     pub const SET: &str = "LOCK._SET";
     /// `ACQUIRE`'s option words.
     pub const BLOCK: &str = "BLOCK";
     pub const MINFENCE: &str = "MINFENCE";
+    /// `EXEC`'s option word: the holder's grant must have this fence.
+    pub const FENCE_WORD: &str = "FENCE";
 }
 
 /// `LOCK.INFO`'s fields, in the order of its reply (a map on RESP3, a flat
@@ -54,6 +64,14 @@ pub mod code {
     pub const WRONG_TYPE: &str = "WRONGTYPE";
     /// The waiter's user lost the command or the key while it waited.
     pub const NO_PERMISSION: &str = "NOPERM";
+    /// `LOCK.EXEC`: the token does not hold the lock now (free, lease
+    /// ended, another token, or another grant): nothing ran.
+    pub const NOT_HELD: &str = "NOTHELD";
+    /// `LOCK.FENCED`: the fence is below the gate's mark: nothing ran.
+    pub const STALE_FENCE: &str = "STALEFENCE";
+    /// `LOCK.EXEC`/`LOCK.FENCED`: the inner command may not be guarded
+    /// (blocking, MULTI, pub/sub, admin, no-script, `LOCK.*`).
+    pub const NOT_GUARDABLE: &str = "NOTGUARDABLE";
 }
 
 /// The module's name (`MODULE LIST`), and the prefix of its options:
@@ -146,7 +164,7 @@ pub const OPTIONS: [OptionSpec; 5] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::LockError;
+    use crate::error::{LockError, NotHeld};
 
     #[test]
     fn codes_are_what_the_errors_start_with() {
@@ -160,6 +178,15 @@ mod tests {
         starts(LockError::OutOfMemory, code::OUT_OF_MEMORY);
         starts(LockError::WrongType, code::WRONG_TYPE);
         starts(LockError::NoPermission, code::NO_PERMISSION);
+        starts(LockError::NotHeld(NotHeld::Free), code::NOT_HELD);
+        starts(
+            LockError::StaleFence { fence: 1, mark: 2 },
+            code::STALE_FENCE,
+        );
+        starts(
+            LockError::NotGuardable("get".into(), "x"),
+            code::NOT_GUARDABLE,
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::ffi::{
     self, command_callback, context_flags, log_warning, may_write_key, ArgDoc, Argv, CommandFn,
     Ctx, Reply, Value,
 };
+use super::guarded;
 use super::keyspace::{LockKey, ReadKey};
 use super::node;
 use super::outputs::{self, Decided, Site, WaiterAcl};
@@ -90,9 +91,12 @@ const OW: u64 = raw::REDISMODULE_CMD_KEY_OW as u64;
 const ACCESS: u64 = raw::REDISMODULE_CMD_KEY_ACCESS as u64;
 const UPDATE: u64 = raw::REDISMODULE_CMD_KEY_UPDATE as u64;
 const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
+/// The key list depends on the arguments: the server asks the command
+/// (`getkeys-api`) instead of reading the key spec alone.
+const VARIABLE_FLAGS: u64 = raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 6] = [
+pub static COMMANDS: [Command; 9] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -138,7 +142,7 @@ pub static COMMANDS: [Command; 6] = [
         arity: -2,
         key_flags: RO | ACCESS,
         acl_categories: c"read fast",
-        summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil.",
+        summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil; on a fence gate (LOCK.FENCED), its mark.",
         args: &[
             LOCK_KEY,
             ArgDoc {
@@ -174,6 +178,53 @@ pub static COMMANDS: [Command; 6] = [
                 optional: true,
                 ..arg(c"granted-ms", INTEGER, c"When the holder was granted, in Unix milliseconds.")
             },
+        ],
+    },
+    Command {
+        name: c"lock.exec",
+        callback: command_callback!(guarded::exec),
+        // Not deny-oom: the inner command meets maxmemory as itself (a GET
+        // runs above it). getkeys-api: its keys are the inner command's too.
+        flags: c"write getkeys-api",
+        arity: -4,
+        key_flags: guarded::EXEC_KEY_FLAGS | VARIABLE_FLAGS,
+        acl_categories: c"write",
+        summary: c"Runs command only while token holds the lock (with that fence, when given), in one step; replies with the command's reply, or a NOTHELD error and runs nothing.",
+        args: &[
+            LOCK_KEY,
+            TOKEN,
+            option(c"FENCE", c"fence", c"The holder's grant must have exactly this fencing token."),
+            arg(c"command", STRING, c"The command to run, then its arguments."),
+        ],
+    },
+    Command {
+        name: c"lock.fenced",
+        callback: command_callback!(guarded::fenced),
+        flags: c"write getkeys-api",
+        arity: -3,
+        key_flags: guarded::GATE_KEY_FLAGS | VARIABLE_FLAGS,
+        acl_categories: c"write",
+        summary: c"Runs command only if fence is at least the gate's mark, and records fence as the mark, in one step; a lower fence gets a STALEFENCE error and runs nothing. Without a command it only checks and records.",
+        args: &[
+            arg(c"gate", KEY, c"The fence gate: the highest fence accepted."),
+            arg(c"fence", INTEGER, c"The writer's fencing token."),
+            ArgDoc {
+                optional: true,
+                ..arg(c"command", STRING, c"The command to run, then its arguments.")
+            },
+        ],
+    },
+    Command {
+        name: c"lock._gate",
+        callback: command_callback!(guarded::apply_gate),
+        flags: c"write",
+        arity: 3,
+        key_flags: RW | UPDATE,
+        acl_categories: c"write",
+        summary: c"Internal: the replicated and AOF form of a fence gate's mark. Refused from ordinary clients.",
+        args: &[
+            arg(c"gate", KEY, c"The fence gate."),
+            arg(c"mark", INTEGER, c"The highest fence accepted."),
         ],
     },
 ];
@@ -271,6 +322,9 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
+    if let Some(mark) = guarded::gate_fence(ctx, argv, token) {
+        return mark;
+    }
     let store = ReadKey::open(ctx, argv.key())?;
     let now_ms = node::mono_ms();
     Ok(
@@ -353,8 +407,10 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 /// the client and the test kit send: checked at registration, so a rename
 /// on one side fails the module's load in every test instead of drifting.
 fn check_names() -> Result<(), String> {
-    use protocol::command::{ACQUIRE, EXTEND, FENCE, INFO, RELEASE, SET};
-    let names = [ACQUIRE, RELEASE, EXTEND, FENCE, INFO, SET];
+    use protocol::command::{ACQUIRE, EXEC, EXTEND, FENCE, FENCED, GATE, INFO, RELEASE, SET};
+    let names = [
+        ACQUIRE, RELEASE, EXTEND, FENCE, INFO, SET, EXEC, FENCED, GATE,
+    ];
     for (c, name) in COMMANDS.iter().zip(names) {
         if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {
             return Err(format!("command {:?} is not the protocol's {name}", c.name));
@@ -394,7 +450,7 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
 /// no category: name them in ACL rules (README, Security).
 fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
     let mut categories = c.acl_categories.to_bytes().to_vec();
-    if lock_category && c.name != c"lock._set" {
+    if lock_category && !c.name.to_bytes().starts_with(b"lock._") {
         categories.extend_from_slice(b" lock");
     }
     let categories = std::ffi::CString::new(categories).unwrap_or_default();

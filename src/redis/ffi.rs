@@ -214,6 +214,11 @@ impl<'a> Argv<'a> {
     pub fn key_bytes(&self) -> &'a [u8] {
         self.bytes[1]
     }
+
+    /// Every argument, also those past [`MAX_ARGS`] (a guarded command's).
+    pub fn all(&self) -> &'a [RString] {
+        self.raw
+    }
 }
 
 /// The bytes of a Redis string, borrowed.
@@ -291,6 +296,10 @@ pub enum Reply {
     Ok,
     /// The client is blocked: the reply comes later, from `blocking`.
     Blocked,
+    /// A guarded command's reply, sent verbatim.
+    Call(CallReply),
+    /// A key-position request was answered (`KeyAtPos`): no reply.
+    KeysReported,
 }
 
 pub enum Value {
@@ -412,7 +421,12 @@ fn send(ctx: Ctx, reply: Reply) {
         Reply::Integer(n) => reply_integer(ctx, n),
         Reply::Null => reply_null(ctx),
         Reply::Ok => reply_simple_string(ctx, c"OK"),
-        Reply::Blocked => {}
+        Reply::Blocked | Reply::KeysReported => {}
+        Reply::Call(reply) => {
+            // SAFETY: ctx is a handle Redis gave the caller; the reply is
+            // alive (owned here) and Redis copies it.
+            unsafe { api!(RedisModule_ReplyWithCallReply)(ctx.0, reply.0.as_ptr()) };
+        }
         Reply::Map(fields) => {
             reply_map_header(ctx, fields.len());
             for (name, value) in fields {
@@ -853,6 +867,15 @@ pub fn replicate_key_command(ctx: Ctx, command: &CStr, name: RString) {
     // SAFETY: ctx and name are handles Redis gave the caller; the format
     // "s" names the one RedisModuleString that follows.
     unsafe { api!(RedisModule_Replicate)(ctx.0, command.as_ptr(), c"s".as_ptr(), name.0) };
+}
+
+/// Replicates `LOCK._GATE name mark`.
+pub fn replicate_gate(ctx: Ctx, name: RString, mark: i64) {
+    // SAFETY: ctx and name are handles Redis gave the caller; the format
+    // "sl" names a RedisModuleString and a long long.
+    unsafe {
+        api!(RedisModule_Replicate)(ctx.0, c"LOCK._GATE".as_ptr(), c"sl".as_ptr(), name.0, mark)
+    };
 }
 
 /// Replicates `LOCK._SET name token fence deadline-ms granted-ms`.
@@ -1364,4 +1387,191 @@ pub fn clock_us(clock: libc::clockid_t) -> i64 {
     // SAFETY: a valid clock id and a valid pointer: it cannot fail.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec * 1_000_000 + ts.tv_nsec / 1_000
+}
+
+// ---- guarded commands (LOCK.EXEC, LOCK.FENCED) ----
+
+/// Whether this call of a `getkeys-api` command only asks for its keys.
+pub fn is_keys_position_request(ctx: Ctx) -> bool {
+    match optional_api!(RedisModule_IsKeysPositionRequest) {
+        // SAFETY: ctx is a handle Redis gave the caller.
+        Some(is_request) => unsafe { is_request(ctx.0) != 0 },
+        None => false,
+    }
+}
+
+/// Reports the key at argv position `pos`, with key-spec `flags`
+/// (REDISMODULE_CMD_KEY_*), to a key-position request.
+pub fn report_key(ctx: Ctx, pos: usize, flags: u64) {
+    if let Some(key_at) = optional_api!(RedisModule_KeyAtPosWithFlags) {
+        // SAFETY: ctx is a handle Redis gave the caller (a key-position
+        // request; Redis ignores the call otherwise).
+        unsafe { key_at(ctx.0, pos as c_int, flags as c_int) };
+    }
+}
+
+/// The keys of the command `argv` (its name first), as the server finds
+/// them (its key specs or key callback): each key's position in `argv` and
+/// key-spec flags. Empty for an unknown command or a wrong argument count.
+pub fn command_keys(ctx: Ctx, argv: &[RString]) -> Vec<(usize, u64)> {
+    let Some(get_keys) = optional_api!(RedisModule_GetCommandKeysWithFlags) else {
+        return Vec::new();
+    };
+    let mut count: c_int = 0;
+    let mut flags: *mut c_int = std::ptr::null_mut();
+    // SAFETY: ctx is a handle Redis gave the caller; `argv` holds
+    // `argv.len()` strings Redis gave the caller (RString is the raw
+    // pointer), which it only reads; it returns arrays of `count` ints,
+    // allocated with its allocator, or NULL.
+    let positions = unsafe {
+        get_keys(
+            ctx.0,
+            argv.as_ptr() as *mut *mut raw::RedisModuleString,
+            argv.len() as c_int,
+            &mut count,
+            &mut flags,
+        )
+    };
+    if positions.is_null() {
+        return Vec::new();
+    }
+    let n = count.max(0) as usize;
+    // SAFETY: two arrays of `count` ints (flags may be NULL), freed below.
+    let keys = unsafe {
+        let pos = std::slice::from_raw_parts(positions, n);
+        pos.iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let f = if flags.is_null() { 0 } else { *flags.add(i) };
+                (p.max(0) as usize, f as u32 as u64)
+            })
+            .collect()
+    };
+    // SAFETY: allocated by Redis for the caller, freed once.
+    unsafe {
+        api!(RedisModule_Free)(positions.cast());
+        if !flags.is_null() {
+            api!(RedisModule_Free)(flags.cast());
+        }
+    }
+    keys
+}
+
+/// A reply of RM_Call, freed on drop.
+pub struct CallReply(NonNull<raw::RedisModuleCallReply>);
+
+impl Drop for CallReply {
+    fn drop(&mut self) {
+        // SAFETY: a reply RM_Call returned to this module, freed once.
+        unsafe { api!(RedisModule_FreeCallReply)(self.0.as_ptr()) };
+    }
+}
+
+/// The text of a string or error call reply (an error without its `-`).
+pub fn call_reply_string(reply: &CallReply) -> Option<String> {
+    call_reply_bytes(reply.0.as_ptr()).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// A call reply's string bytes, copied (None if it has none).
+fn call_reply_bytes(reply: *mut raw::RedisModuleCallReply) -> Option<Vec<u8>> {
+    let mut len = 0usize;
+    // SAFETY: `reply` is a live, non-NULL reply of the caller's RM_Call.
+    let ptr = unsafe { api!(RedisModule_CallReplyStringPtr)(reply, &mut len) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: Redis returned the reply's `len` bytes, alive with the reply.
+    Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec())
+}
+
+/// Runs the command `argv` (its name first) through RM_Call with the
+/// format flags `flags` (`C`, `S`, `M`, `!`, `0`, `E`). Err: it did not
+/// run (the call returned no reply); the errno RM_Call set says why.
+pub fn call(ctx: Ctx, argv: &[RString], flags: &str) -> Result<CallReply, c_int> {
+    let (Some(call), Some((name, args))) = (optional_api!(RedisModule_Call), argv.split_first())
+    else {
+        return Err(libc::ENOENT);
+    };
+    // SAFETY: a string Redis gave the caller, valid during this call.
+    let Ok(name) = std::ffi::CString::new(unsafe { string_bytes(*name) }) else {
+        return Err(libc::ENOENT);
+    };
+    let with_args = !args.is_empty();
+    let Ok(format) = std::ffi::CString::new(format!("{flags}{}", if with_args { "v" } else { "" }))
+    else {
+        return Err(libc::EINVAL);
+    };
+    // SAFETY: ctx is a handle Redis gave the caller; the name and format
+    // are NUL-terminated; "v" names a vector of RedisModuleString pointers
+    // Redis gave the caller (it takes its own references) and its length.
+    let reply = unsafe {
+        *libc::__errno_location() = 0;
+        if with_args {
+            call(
+                ctx.0,
+                name.as_ptr(),
+                format.as_ptr(),
+                args.as_ptr(),
+                args.len(),
+            )
+        } else {
+            call(ctx.0, name.as_ptr(), format.as_ptr())
+        }
+    };
+    match NonNull::new(reply) {
+        Some(reply) => Ok(CallReply(reply)),
+        // SAFETY: reading this thread's errno.
+        None => Err(unsafe { *libc::__errno_location() }),
+    }
+}
+
+/// Whether a call reply is an error reply.
+pub fn is_error_reply(reply: &CallReply) -> bool {
+    // SAFETY: a live reply (its owner).
+    let kind = unsafe { api!(RedisModule_CallReplyType)(reply.0.as_ptr()) };
+    kind as isize == raw::REDISMODULE_REPLY_ERROR
+}
+
+/// What `COMMAND INFO name` says of a command: its flag names, and whether
+/// it has subcommands. None for a command the server does not know.
+pub fn command_info(ctx: Ctx, name: &[u8]) -> Option<(Vec<Vec<u8>>, bool)> {
+    let call = optional_api!(RedisModule_Call)?;
+    // SAFETY: ctx is a handle Redis gave the caller; the format "cb" names
+    // a NUL-terminated string, then a buffer and its length (copied).
+    let reply = unsafe {
+        call(
+            ctx.0,
+            c"COMMAND".as_ptr(),
+            c"cb".as_ptr(),
+            c"INFO".as_ptr(),
+            name.as_ptr(),
+            name.len(),
+        )
+    };
+    let reply = CallReply(NonNull::new(reply)?);
+    // [info] or [nil]; info: [name, arity, flags, first, last, step,
+    // categories, tips, key specs, subcommands] (7.0+).
+    // SAFETY: a live reply; its elements live as long as it.
+    unsafe {
+        let info = api!(RedisModule_CallReplyArrayElement)(reply.0.as_ptr(), 0);
+        if info.is_null()
+            || api!(RedisModule_CallReplyType)(info) as isize != raw::REDISMODULE_REPLY_ARRAY
+        {
+            return None;
+        }
+        let flags = api!(RedisModule_CallReplyArrayElement)(info, 2);
+        let mut names = Vec::new();
+        if !flags.is_null() {
+            for i in 0..api!(RedisModule_CallReplyLength)(flags) {
+                let flag = api!(RedisModule_CallReplyArrayElement)(flags, i);
+                if let Some(text) = (!flag.is_null()).then(|| call_reply_bytes(flag)).flatten() {
+                    names.push(text);
+                }
+            }
+        }
+        let subcommands = api!(RedisModule_CallReplyArrayElement)(info, 9);
+        let container =
+            !subcommands.is_null() && api!(RedisModule_CallReplyLength)(subcommands) > 0;
+        Some((names, container))
+    }
 }

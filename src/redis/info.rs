@@ -27,6 +27,10 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             ("redirects", &STATS.redirects),
             ("sweep_keys", &STATS.sweep_keys),
             ("sweep_passes", &STATS.sweep_passes),
+            ("exec_ran", &STATS.exec_ran),
+            ("exec_notheld", &STATS.exec_notheld),
+            ("fenced_ran", &STATS.fenced_ran),
+            ("fenced_stale", &STATS.fenced_stale),
         ];
         for (name, counter) in counters {
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));

@@ -31,6 +31,8 @@ pub mod datatype;
 pub mod engine;
 pub mod events;
 pub mod ffi;
+pub mod gate;
+pub mod guarded;
 pub mod handoff;
 pub mod info;
 pub mod keyspace;

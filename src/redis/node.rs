@@ -125,6 +125,12 @@ pub struct Stats {
     /// touches can stay (`make bench`, the sweep at scale).
     pub sweep_keys: AtomicU64,
     pub sweep_passes: AtomicU64,
+    /// Guarded commands: `LOCK.EXEC` run and refused (token not holding),
+    /// `LOCK.FENCED` run (or only recorded) and refused (stale fence).
+    pub exec_ran: AtomicU64,
+    pub exec_notheld: AtomicU64,
+    pub fenced_ran: AtomicU64,
+    pub fenced_stale: AtomicU64,
     /// Lock values in the keyspace; a lease that ended still counts until
     /// its key is reclaimed.
     pub locks: AtomicI64,
@@ -144,6 +150,10 @@ pub static STATS: Stats = Stats {
     refused_evictable: AtomicU64::new(0),
     sweep_keys: AtomicU64::new(0),
     sweep_passes: AtomicU64::new(0),
+    exec_ran: AtomicU64::new(0),
+    exec_notheld: AtomicU64::new(0),
+    fenced_ran: AtomicU64::new(0),
+    fenced_stale: AtomicU64::new(0),
     redirects: AtomicU64::new(0),
     locks: AtomicI64::new(0),
 };

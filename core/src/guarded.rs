@@ -1,0 +1,314 @@
+//! Guarded commands: `LOCK.EXEC` (run a command while a token holds a lock)
+//! and `LOCK.FENCED` (run a command if a fence is at least a gate's mark).
+//! Their arguments, which inner commands may run guarded, and the gate's
+//! rule live here; the holder check is the node's
+//! ([`Node::check_holder`](crate::node::Node::check_holder)), the gate's
+//! decision too ([`Node::pass_gate`](crate::node::Node::pass_gate)).
+
+use bitflags::bitflags;
+
+use super::args::{parse_i64, parse_token};
+use super::error::{show_arg, LockError};
+use super::fence::within_clock_lead;
+use super::protocol::command;
+
+/// `LOCK.EXEC key token [FENCE fence] command [arg ...]`
+#[derive(Debug, PartialEq, Eq)]
+pub struct ExecArgs<'a> {
+    pub token: &'a [u8],
+    /// `FENCE fence`: the holder's grant must have exactly this fence.
+    pub fence: Option<i64>,
+    /// Where the inner command's name is in argv.
+    pub command_at: usize,
+}
+
+/// `LOCK.FENCED gate fence [command [arg ...]]`
+#[derive(Debug, PartialEq, Eq)]
+pub struct FencedArgs {
+    pub fence: i64,
+    /// Where the inner command's name is in argv; None: only check and
+    /// record the fence.
+    pub command_at: Option<usize>,
+}
+
+/// Where `LOCK.EXEC`'s inner command starts, from its first five arguments
+/// (`head`) alone: the `FENCE` word is the only option, and no Redis command
+/// is called FENCE.
+pub fn exec_command_at(head: &[&[u8]]) -> usize {
+    match head.get(3) {
+        Some(word) if word.eq_ignore_ascii_case(command::FENCE_WORD.as_bytes()) => 5,
+        _ => 3,
+    }
+}
+
+/// `LOCK.EXEC`'s arguments: `head` is argv's start (at least its first five
+/// arguments when there are that many), `argc` the whole count.
+pub fn parse_exec<'a>(head: &[&'a [u8]], argc: usize) -> Result<ExecArgs<'a>, LockError> {
+    if argc < 3 {
+        return Err(LockError::WrongArity("lock.exec"));
+    }
+    let token = parse_token(head[2])?;
+    let command_at = exec_command_at(head);
+    let fence = match command_at {
+        5 => Some(parse_fence(
+            head.get(4)
+                .copied()
+                .ok_or(LockError::MissingCommand(command::EXEC))?,
+        )?),
+        _ => None,
+    };
+    if argc <= command_at {
+        return Err(LockError::MissingCommand(command::EXEC));
+    }
+    Ok(ExecArgs {
+        token,
+        fence,
+        command_at,
+    })
+}
+
+/// `LOCK.FENCED`'s arguments (`head` as for [`parse_exec`]).
+pub fn parse_fenced(head: &[&[u8]], argc: usize) -> Result<FencedArgs, LockError> {
+    if argc < 3 {
+        return Err(LockError::WrongArity("lock.fenced"));
+    }
+    Ok(FencedArgs {
+        fence: parse_fence(head[2])?,
+        command_at: (argc > 3).then_some(3),
+    })
+}
+
+/// `LOCK._GATE gate mark` (internal): the mark, positive.
+pub fn parse_gate(argv: &[&[u8]]) -> Result<i64, LockError> {
+    if argv.len() != 3 {
+        return Err(LockError::WrongArity("lock._gate"));
+    }
+    match parse_i64(argv[2]) {
+        Ok(mark) if mark > 0 => Ok(mark),
+        _ => Err(LockError::BadInternalArgument("mark")),
+    }
+}
+
+/// A fence given to a guarded command: a positive integer. (The gate's
+/// clock bound is the node's, see [`check_gate_fence`].)
+fn parse_fence(arg: &[u8]) -> Result<i64, LockError> {
+    match parse_i64(arg) {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(LockError::BadFenceArg(show_arg(arg))),
+    }
+}
+
+/// A fence that would become a gate's mark must be within
+/// [`MAX_FENCE_LEAD`](crate::limits::MAX_FENCE_LEAD) of the clock, as
+/// MINFENCE's: one huge fence would otherwise close the gate for good.
+/// Every fence this module issues is the clock in µs or just above it.
+pub fn check_gate_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
+    if !within_clock_lead(fence, now_us) {
+        return Err(LockError::BadFenceArg(format!("'{fence}'")));
+    }
+    Ok(())
+}
+
+/// A gate's mark loaded from outside (an RDB, `RESTORE`, the master's or
+/// the AOF's `LOCK._GATE`): positive and within the clock bound that
+/// `LOCK.FENCED` applies to the fences it records.
+pub fn check_loaded_mark(mark: i64, now_us: i64) -> Result<(), LockError> {
+    if mark <= 0 {
+        return Err(LockError::BadFence("must be a positive integer"));
+    }
+    if !within_clock_lead(mark, now_us) {
+        return Err(LockError::BadFence("more than 2^50 above the clock"));
+    }
+    Ok(())
+}
+
+bitflags! {
+    /// The command flags the server reports for a command (`COMMAND INFO`)
+    /// that decide whether it may run guarded.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub struct CommandFlags: u8 {
+        const WRITE = 1 << 0;
+        const BLOCKING = 1 << 1;
+        const NOSCRIPT = 1 << 2;
+        const ADMIN = 1 << 3;
+        const PUBSUB = 1 << 4;
+        /// A container of subcommands (`CONFIG`, `CLIENT`): the flags that
+        /// count are its subcommand's.
+        const CONTAINER = 1 << 5;
+    }
+}
+
+impl CommandFlags {
+    /// The flag named as `COMMAND INFO` names it (others are ignored).
+    pub fn named(name: &[u8]) -> CommandFlags {
+        match name {
+            b"write" => CommandFlags::WRITE,
+            b"blocking" => CommandFlags::BLOCKING,
+            b"noscript" => CommandFlags::NOSCRIPT,
+            b"admin" => CommandFlags::ADMIN,
+            b"pubsub" => CommandFlags::PUBSUB,
+            _ => CommandFlags::empty(),
+        }
+    }
+}
+
+/// How a guardable command is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarded {
+    /// A plain command, run under a script's rules (min-replicas-to-write,
+    /// disk errors, a read-only replica), as the caller's user.
+    Command,
+    /// A script or function (`EVAL*`, `FCALL*`): the script engine applies
+    /// those rules to each command the script runs.
+    Script,
+}
+
+/// The commands that run a script: flagged no-script (a script may not
+/// start another), but running one whole under a guard is the way to guard
+/// several writes at once.
+const SCRIPT_COMMANDS: [&[u8]; 6] = [
+    b"eval",
+    b"evalsha",
+    b"eval_ro",
+    b"evalsha_ro",
+    b"fcall",
+    b"fcall_ro",
+];
+
+/// Whether the command `name` (any case; `container|sub` for a
+/// subcommand), with the server's `flags` for it, may run guarded, and how.
+/// Refused: `LOCK.*` (a guard inside a guard, or a lock changed under its
+/// own check), commands that block, change the connection's state or
+/// transaction (`MULTI`, `WATCH`, `SUBSCRIBE`: pub/sub and no-script), and
+/// admin commands.
+pub fn check_inner(name: &[u8], flags: CommandFlags) -> Result<Guarded, LockError> {
+    let lower = name.to_ascii_lowercase();
+    let refuse = |why| Err(LockError::NotGuardable(show_arg(&lower), why));
+    if lower.starts_with(b"lock.") {
+        return refuse("lock commands are not run guarded");
+    }
+    if SCRIPT_COMMANDS.contains(&lower.as_slice()) {
+        return Ok(Guarded::Script);
+    }
+    if flags.contains(CommandFlags::BLOCKING) {
+        return refuse("it may block");
+    }
+    if flags.contains(CommandFlags::PUBSUB) {
+        return refuse("pub/sub commands are not run guarded");
+    }
+    if flags.contains(CommandFlags::ADMIN) {
+        return refuse("admin commands are not run guarded");
+    }
+    if flags.contains(CommandFlags::NOSCRIPT) {
+        return refuse("it cannot run in a script or transaction (MULTI, WATCH, ...)");
+    }
+    Ok(Guarded::Command)
+}
+
+/// The gate's rule: `fence` passes if it is at least the gate's `mark`
+/// (None: a new gate), and is the mark from then on.
+pub fn pass(mark: Option<i64>, fence: i64) -> Result<i64, LockError> {
+    match mark {
+        Some(mark) if fence < mark => Err(LockError::StaleFence { fence, mark }),
+        Some(mark) => Ok(mark.max(fence)),
+        None => Ok(fence),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::LockError::*;
+
+    #[test]
+    fn exec_arguments() {
+        let a = parse_exec(&[b"lock.exec", b"k", b"t", b"SET", b"d"], 5).unwrap();
+        assert_eq!((a.token, a.fence, a.command_at), (&b"t"[..], None, 3));
+        let a = parse_exec(&[b"lock.exec", b"k", b"t", b"fence", b"7", b"SET"], 9).unwrap();
+        assert_eq!((a.fence, a.command_at), (Some(7), 5));
+        assert_eq!(
+            parse_exec(&[b"lock.exec", b"k", b"t"], 3),
+            Err(MissingCommand("LOCK.EXEC"))
+        );
+        assert_eq!(
+            parse_exec(&[b"lock.exec", b"k", b"t", b"FENCE", b"7"], 5),
+            Err(MissingCommand("LOCK.EXEC"))
+        );
+        assert_eq!(
+            parse_exec(&[b"lock.exec", b"k", b"t", b"FENCE"], 4),
+            Err(MissingCommand("LOCK.EXEC"))
+        );
+        assert!(matches!(
+            parse_exec(&[b"lock.exec", b"k", b"t", b"FENCE", b"0", b"GET"], 6),
+            Err(BadFenceArg(_))
+        ));
+        assert_eq!(
+            parse_exec(&[b"lock.exec", b"k", b"", b"GET", b"x"], 5),
+            Err(TokenEmpty)
+        );
+        assert_eq!(
+            parse_exec(&[b"lock.exec", b"k"], 2),
+            Err(WrongArity("lock.exec"))
+        );
+    }
+
+    #[test]
+    fn fenced_arguments() {
+        assert_eq!(
+            parse_fenced(&[b"lock.fenced", b"g", b"5"], 3),
+            Ok(FencedArgs {
+                fence: 5,
+                command_at: None
+            })
+        );
+        assert_eq!(
+            parse_fenced(&[b"lock.fenced", b"g", b"5", b"SET"], 6).map(|a| a.command_at),
+            Ok(Some(3))
+        );
+        for bad in [&b"-1"[..], b"0", b"x", b"1.5", b""] {
+            assert!(matches!(
+                parse_fenced(&[b"lock.fenced", b"g", bad], 3),
+                Err(BadFenceArg(_))
+            ));
+        }
+        assert!(check_gate_fence(i64::MAX, 1_700_000_000_000_000).is_err());
+        assert!(check_gate_fence(1, 1_700_000_000_000_000).is_ok());
+    }
+
+    #[test]
+    fn which_commands_run_guarded() {
+        let none = CommandFlags::empty();
+        assert_eq!(
+            check_inner(b"SET", CommandFlags::WRITE),
+            Ok(Guarded::Command)
+        );
+        assert_eq!(
+            check_inner(b"FCALL", CommandFlags::NOSCRIPT),
+            Ok(Guarded::Script)
+        );
+        assert_eq!(
+            check_inner(b"evalsha", CommandFlags::NOSCRIPT),
+            Ok(Guarded::Script)
+        );
+        for (name, flags) in [
+            (&b"LOCK.RELEASE"[..], none),
+            (b"lock.exec", none),
+            (b"BLPOP", CommandFlags::BLOCKING | CommandFlags::WRITE),
+            (b"multi", CommandFlags::NOSCRIPT),
+            (b"subscribe", CommandFlags::PUBSUB | CommandFlags::NOSCRIPT),
+            (b"publish", CommandFlags::PUBSUB),
+            (b"config|set", CommandFlags::ADMIN | CommandFlags::NOSCRIPT),
+        ] {
+            let refused = check_inner(name, flags).unwrap_err();
+            assert!(refused.to_string().starts_with("NOTGUARDABLE"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn the_gate_takes_fences_at_or_above_its_mark() {
+        assert_eq!(pass(None, 3), Ok(3));
+        assert_eq!(pass(Some(3), 3), Ok(3));
+        assert_eq!(pass(Some(3), 9), Ok(9));
+        assert_eq!(pass(Some(9), 3), Err(StaleFence { fence: 3, mark: 9 }));
+    }
+}

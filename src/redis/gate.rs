@@ -1,0 +1,205 @@
+//! The fence gate type (`lock_gate`): a key that holds the highest fence
+//! `LOCK.FENCED` accepted for the data it guards (its mark).
+//!
+//! ## RDB value, encoding version 1
+//! | field | RDB call   | meaning                                        |
+//! |-------|------------|------------------------------------------------|
+//! | mark  | SaveSigned | the highest fence accepted, > 0                |
+//!
+//! A mark that is not positive, or more than `core::limits::MAX_FENCE_LEAD`
+//! above the clock, is refused on load (RDB, `RESTORE`, diskless sync), as
+//! `LOCK.FENCED` refuses such a fence: one damaged or hostile value would
+//! otherwise close the gate for good. The AOF rewrite writes each gate as
+//! `LOCK._GATE key mark`, the form the master replicates. A gate has no
+//! Redis expiry of its own and is never evicted while the module refuses
+//! evicting policies (`lock.allow-eviction`).
+
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+
+use redis_module::raw;
+
+use super::ffi::{api, guard, log_warning, KeyRef, OpenKey, Write};
+use super::node;
+use crate::core::error::LockError;
+use crate::core::guarded;
+
+/// Native type names are exactly 9 characters.
+pub const TYPE_NAME: &std::ffi::CStr = c"lock_gate";
+const ENCODING_VERSION: c_int = 1;
+
+static GATE_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
+
+pub fn register(ctx: super::ffi::Ctx) -> Result<(), &'static str> {
+    let mut methods = raw::RedisModuleTypeMethods {
+        version: 4,
+        rdb_load: Some(rdb_load),
+        rdb_save: Some(rdb_save),
+        aof_rewrite: Some(aof_rewrite),
+        mem_usage: Some(mem_usage),
+        digest: Some(digest),
+        free: Some(free),
+        aux_load: None,
+        aux_save: None,
+        aux_save_triggers: 0,
+        free_effort: None,
+        unlink: None,
+        copy: None,
+        defrag: None,
+        mem_usage2: None,
+        free_effort2: None,
+        unlink2: None,
+        copy2: None,
+        aux_save2: None,
+    };
+    // SAFETY: the API table is filled in before any module code runs and
+    // never written again (see `ffi`).
+    let create = unsafe { raw::RedisModule_CreateDataType }
+        .ok_or("RedisModule_CreateDataType is not available")?;
+    // SAFETY: ctx is the load context Redis gave `module::start`; the name
+    // is 9 characters, NUL-terminated; Redis copies the methods, whose
+    // callbacks are the functions of this file.
+    let t = unsafe {
+        create(
+            ctx.as_ptr(),
+            TYPE_NAME.as_ptr(),
+            ENCODING_VERSION,
+            &mut methods,
+        )
+    };
+    if t.is_null() {
+        return Err("could not create the lock_gate data type");
+    }
+    GATE_TYPE.store(t, Relaxed);
+    Ok(())
+}
+
+/// Whether the open key holds a gate.
+pub fn is_gate(key: KeyRef<'_>) -> bool {
+    key.key_type() as isize == raw::REDISMODULE_KEYTYPE_MODULE
+        && key.module_type() == GATE_TYPE.load(Relaxed)
+}
+
+/// The gate's mark: None for an empty key, WRONGTYPE for a key that holds
+/// something else (a lock too).
+pub fn mark_of(key: KeyRef<'_>) -> Result<Option<i64>, LockError> {
+    if key.key_type() as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
+        return Ok(None);
+    }
+    if !is_gate(key) {
+        return Err(LockError::WrongType);
+    }
+    let value = key.module_value().cast::<i64>();
+    // SAFETY: a value of this type is a boxed i64 (`set_mark`, `rdb_load`),
+    // alive while its key is open and unchanged.
+    Ok((!value.is_null()).then(|| unsafe { *value }))
+}
+
+/// Sets the gate's mark at an open key: in place when it holds a gate,
+/// as a new gate otherwise (the caller checked the key is empty or a gate).
+pub fn set_mark(key: &OpenKey<Write>, mark: i64) {
+    if is_gate(key.key()) {
+        let value = key.key().module_value().cast::<i64>();
+        if !value.is_null() {
+            // SAFETY: a value of this type is a boxed i64 owned by the
+            // keyspace, which the open key lets this command change.
+            unsafe { *value = mark };
+            return;
+        }
+    }
+    let value = Box::into_raw(Box::new(mark));
+    // SAFETY: `key` is open for writing (its type) while borrowed here; the
+    // box goes to the keyspace, which frees it through this type's `free`.
+    unsafe {
+        api!(RedisModule_ModuleTypeSetValue)(
+            key.writable_ptr(),
+            GATE_TYPE.load(Relaxed),
+            value.cast(),
+        )
+    };
+}
+
+extern "C" fn free(value: *mut c_void) {
+    guard("free", (), || {
+        if !value.is_null() {
+            // SAFETY: Redis hands back a value of this type (a boxed i64)
+            // once, when it is done with it.
+            drop(unsafe { Box::from_raw(value.cast::<i64>()) });
+        }
+    })
+}
+
+/// # Safety
+/// `value` is a value of this type Redis passed to a callback.
+unsafe fn mark(value: *const c_void) -> i64 {
+    // SAFETY: the caller's contract: a boxed i64.
+    unsafe { *value.cast::<i64>() }
+}
+
+extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
+    guard("rdb_save", (), || {
+        // SAFETY: Redis passes a value of this type and this callback's IO.
+        unsafe { api!(RedisModule_SaveSigned)(rdb, mark(value)) };
+    })
+}
+
+extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_void {
+    guard("rdb_load", std::ptr::null_mut(), || {
+        if encver != ENCODING_VERSION {
+            log_warning(&format!(
+                "lock: refusing a gate of encoding version {encver} (this build knows {ENCODING_VERSION})"
+            ));
+            return std::ptr::null_mut();
+        }
+        let loaded = raw::load_signed(rdb)
+            .map_err(|_| "the data is truncated or damaged".to_string())
+            .and_then(|mark| {
+                guarded::check_loaded_mark(mark, node::conversion_now().wall_us)
+                    .map(|()| mark)
+                    .map_err(|e| format!("mark {mark}: {e}"))
+            });
+        match loaded {
+            Ok(mark) => Box::into_raw(Box::new(mark)).cast(),
+            Err(why) => {
+                log_warning(&format!("lock: refusing to load a gate: {why}"));
+                std::ptr::null_mut()
+            }
+        }
+    })
+}
+
+extern "C" fn aof_rewrite(
+    aof: *mut raw::RedisModuleIO,
+    key: *mut raw::RedisModuleString,
+    value: *mut c_void,
+) {
+    guard("aof_rewrite", (), || {
+        // SAFETY: `aof` and `key` are what Redis gave this callback, `value`
+        // a value of this type; the format "sl" names a RedisModuleString
+        // and a long long.
+        unsafe {
+            api!(RedisModule_EmitAOF)(
+                aof,
+                c"LOCK._GATE".as_ptr(),
+                c"sl".as_ptr(),
+                key,
+                mark(value),
+            )
+        };
+    })
+}
+
+extern "C" fn mem_usage(_value: *const c_void) -> usize {
+    std::mem::size_of::<i64>()
+}
+
+extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
+    guard("digest", (), || {
+        // SAFETY: `md` is the digest Redis gave this callback, `value` a
+        // value of this type.
+        unsafe {
+            api!(RedisModule_DigestAddLongLong)(md, mark(value));
+            api!(RedisModule_DigestEndSequence)(md);
+        }
+    })
+}

@@ -1,0 +1,244 @@
+//! `LOCK.EXEC` and `LOCK.FENCED`: a command run in the same step as the
+//! check that lets it run. The node decides (`Node::check_holder`,
+//! `Node::pass_gate`), the core says which commands may run guarded
+//! (`core::guarded`); here they are carried out: the inner command runs
+//! through RM_Call as the calling user (`C`: its ACL rules, commands and
+//! keys), under the rules a script's command meets (`S`: a read-only
+//! replica, min-replicas-to-write, a failed save) and maxmemory (`M`), its
+//! effect replicated and written to the AOF as itself (`!`: never this
+//! command, so a replica never re-checks against its own clock), its reply
+//! in the caller's protocol (`0`) and sent verbatim.
+//!
+//! Both commands declare `getkeys-api`: for ACL key patterns, cluster
+//! routing (all keys in one slot: `CROSSSLOT` otherwise, from Redis) and
+//! `COMMAND GETKEYS`, their keys are the lock's (or gate's) and the inner
+//! command's, as the server finds them.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::os::raw::c_int;
+use std::sync::atomic::Ordering::Relaxed;
+
+use redis_module::raw;
+
+use super::engine;
+use super::ffi::{self, Argv, CallReply, Ctx, OpenKey, RString, Read, Reply, Write};
+use super::gate;
+use super::keyspace::ReadKey;
+use super::node::{self, STATS};
+use crate::core::error::LockError;
+use crate::core::guarded::{self, CommandFlags, Guarded};
+use crate::core::protocol::command;
+
+/// The lock key's key-spec flags in `LOCK.EXEC`: read only.
+pub const EXEC_KEY_FLAGS: u64 =
+    (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as u64;
+/// The gate's key-spec flags in `LOCK.FENCED`: its mark is written.
+pub const GATE_KEY_FLAGS: u64 = (raw::REDISMODULE_CMD_KEY_RW
+    | raw::REDISMODULE_CMD_KEY_ACCESS
+    | raw::REDISMODULE_CMD_KEY_UPDATE
+    | raw::REDISMODULE_CMD_KEY_INSERT) as u64;
+
+thread_local! {
+    /// The server's flags of each command seen (`COMMAND INFO`, by lower
+    /// case name or `container|sub`). Only commands the server knows are
+    /// kept, so the map is bounded by the command table.
+    static FLAGS: RefCell<HashMap<Vec<u8>, CommandFlags>> = RefCell::new(HashMap::new());
+}
+
+/// The flags of the command `name` (lower case): None when the server does
+/// not know it.
+fn flags_of(ctx: Ctx, name: &[u8]) -> Option<CommandFlags> {
+    if let Some(flags) = FLAGS.with(|f| f.borrow().get(name).copied()) {
+        return Some(flags);
+    }
+    let (names, container) = ffi::command_info(ctx, name)?;
+    let mut flags = names
+        .iter()
+        .fold(CommandFlags::empty(), |f, n| f | CommandFlags::named(n));
+    flags.set(CommandFlags::CONTAINER, container);
+    FLAGS.with(|f| f.borrow_mut().insert(name.to_vec(), flags));
+    Some(flags)
+}
+
+/// How the inner command `inner` (its name first) may run, or why not.
+fn plan(ctx: Ctx, inner: &[RString]) -> Result<(Guarded, Vec<u8>), LockError> {
+    let mut name = ffi::string_copy(inner[0]).to_ascii_lowercase();
+    let mut flags = flags_of(ctx, &name).unwrap_or_default();
+    if flags.contains(CommandFlags::CONTAINER) && inner.len() > 1 {
+        let mut full = name.clone();
+        full.push(b'|');
+        full.extend(ffi::string_copy(inner[1]).to_ascii_lowercase());
+        if let Some(sub) = flags_of(ctx, &full) {
+            (name, flags) = (full, sub);
+        }
+    }
+    Ok((guarded::check_inner(&name, flags)?, name))
+}
+
+/// Runs the inner command as planned: its reply, or why it did not run.
+fn run(ctx: Ctx, inner: &[RString], how: Guarded, name: &[u8]) -> Result<CallReply, LockError> {
+    // A script's own commands meet the script rules (S) in the script
+    // engine; EVAL and FCALL themselves are no-script commands, which S
+    // refuses.
+    let flags = match how {
+        Guarded::Command => "CSM!0",
+        Guarded::Script => "CM!0",
+    };
+    ffi::call(ctx, inner, flags).map_err(|errno| refusal(ctx, inner, flags, errno, name))
+}
+
+/// Why RM_Call ran nothing, as the caller would have been told had it
+/// called the command directly.
+#[cold]
+fn refusal(ctx: Ctx, inner: &[RString], flags: &str, errno: c_int, name: &[u8]) -> LockError {
+    let shown = crate::core::error::show_arg(name);
+    if errno == libc::EACCES {
+        return LockError::InnerRefused(format!(
+            "NOPERM this user has no permissions to run the {shown} command or to access one of its keys"
+        ));
+    }
+    // The same call again with E (errors as replies) meets the same
+    // refusal before running (nothing ran in between) and says why in
+    // the server's own words.
+    match ffi::call(ctx, inner, &format!("{flags}E")) {
+        Ok(reply) if ffi::is_error_reply(&reply) => {
+            LockError::InnerRefused(ffi::call_reply_string(&reply).unwrap_or_default())
+        }
+        _ => LockError::InnerRefused(format!(
+            "ERR the server refused to run {shown} (errno {errno})"
+        )),
+    }
+}
+
+/// Answers a key-position request: the guarding key at argv[1], then the
+/// inner command's keys (from `command_at`).
+fn report_keys(ctx: Ctx, argv: &Argv, command_at: usize, key_flags: u64) {
+    let all = argv.all();
+    if all.len() > 1 {
+        ffi::report_key(ctx, 1, key_flags);
+    }
+    if let Some(inner) = all.get(command_at..).filter(|i| !i.is_empty()) {
+        for (pos, flags) in ffi::command_keys(ctx, inner) {
+            ffi::report_key(ctx, command_at + pos, flags);
+        }
+    }
+}
+
+/// `LOCK.EXEC key token [FENCE fence] command [arg ...]`
+pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    if ffi::is_keys_position_request(ctx) {
+        let at = guarded::exec_command_at(argv.bytes());
+        report_keys(ctx, argv, at, EXEC_KEY_FLAGS);
+        return Ok(Reply::KeysReported);
+    }
+    let a = guarded::parse_exec(argv.bytes(), argv.all().len())?;
+    let inner = &argv.all()[a.command_at..];
+    let (how, name) = plan(ctx, inner)?;
+    {
+        let store = ReadKey::open(ctx, argv.key())?;
+        let now_ms = node::mono_ms();
+        if let Err(e) = engine::with_engine(|n| n.check_holder(&store, a.token, a.fence, now_ms)) {
+            STATS.exec_notheld.fetch_add(1, Relaxed);
+            return Err(e);
+        }
+        // The lock's key is closed before the command runs: it may be one
+        // of the command's keys.
+    }
+    let reply = run(ctx, inner, how, &name)?;
+    STATS.exec_ran.fetch_add(1, Relaxed);
+    Ok(Reply::Call(reply))
+}
+
+/// `LOCK.FENCED gate fence [command [arg ...]]`: the mark is recorded
+/// after the command ran (it may have written the gate's key: a gate it
+/// deleted comes back with the mark; a key it turned into another type is
+/// left as it made it), or at once without a command. A command refused
+/// before running records nothing.
+pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    if ffi::is_keys_position_request(ctx) {
+        report_keys(ctx, argv, 3, GATE_KEY_FLAGS);
+        return Ok(Reply::KeysReported);
+    }
+    let a = guarded::parse_fenced(argv.bytes(), argv.all().len())?;
+    let inner = a.command_at.map(|at| &argv.all()[at..]);
+    let plan = inner.map(|i| plan(ctx, i)).transpose()?;
+    let now_us = node::conversion_now().wall_us;
+    let cond = engine::conditions(ctx, false);
+    let decide = |mark| engine::with_engine(|n| n.pass_gate(mark, a.fence, cond, now_us));
+    {
+        let key = OpenKey::<Read>::open(ctx, argv.key());
+        let mark = match &key {
+            Some(k) => gate::mark_of(k.key())?,
+            None => None,
+        };
+        if let Err(e) = decide(mark) {
+            if matches!(e, LockError::StaleFence { .. }) {
+                STATS.fenced_stale.fetch_add(1, Relaxed);
+            }
+            return Err(e);
+        }
+    }
+    let reply = match (inner, plan) {
+        (Some(inner), Some((how, name))) => Some(run(ctx, inner, how, &name)?),
+        _ => None,
+    };
+    record(ctx, argv.key(), a.fence);
+    STATS.fenced_ran.fetch_add(1, Relaxed);
+    Ok(match reply {
+        Some(reply) => Reply::Call(reply),
+        None => Reply::Ok,
+    })
+}
+
+/// Raises the gate at `name` to `fence` (a gate the command deleted comes
+/// back), replicated as `LOCK._GATE` after the command's own effect.
+fn record(ctx: Ctx, name: RString, fence: i64) {
+    let Some(key) = OpenKey::<Write>::open(ctx, name) else {
+        return;
+    };
+    let mark = match gate::mark_of(key.key()) {
+        Ok(mark) => mark,
+        // The command made the key something else: left as it is.
+        Err(_) => return,
+    };
+    if mark.is_some_and(|m| m >= fence) {
+        return;
+    }
+    gate::set_mark(&key, fence);
+    drop(key);
+    ffi::signal_modified_key(ctx, name);
+    ffi::replicate_gate(ctx, name, fence);
+}
+
+/// `LOCK._GATE gate mark`: a gate's mark from the master or the AOF. Never
+/// lowers a mark; a key of another type is refused.
+pub fn apply_gate(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
+    if ffi::context_flags(ctx) & trusted == 0 {
+        return Err(LockError::InternalCommand(command::GATE));
+    }
+    let mark = guarded::parse_gate(argv.bytes())?;
+    guarded::check_loaded_mark(mark, node::conversion_now().wall_us)?;
+    let key = OpenKey::<Write>::open(ctx, argv.key()).ok_or(LockError::Internal)?;
+    let current = gate::mark_of(key.key())?;
+    if current.is_none_or(|m| m < mark) {
+        gate::set_mark(&key, mark);
+    }
+    drop(key);
+    ffi::replicate_verbatim(ctx);
+    Ok(Reply::Ok)
+}
+
+/// `LOCK.FENCE` on a gate: its mark (a token has no meaning there). None
+/// when the key is not a gate.
+pub fn gate_fence(ctx: Ctx, argv: &Argv, token: Option<&[u8]>) -> Option<Result<Reply, LockError>> {
+    let key = OpenKey::<Read>::open(ctx, argv.key())?;
+    if !gate::is_gate(key.key()) {
+        return None;
+    }
+    if token.is_some() {
+        return Some(Err(LockError::GateHasNoHolder));
+    }
+    Some(gate::mark_of(key.key()).map(|m| m.map_or(Reply::Null, Reply::Integer)))
+}
