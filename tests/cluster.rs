@@ -313,3 +313,55 @@ fn cluster_failover_keeps_the_lock_and_fences_rise() {
     let next = acquire(&mut promoted, &key, "next", 60_000).unwrap();
     assert!(next > max_earlier, "{next} > {max_earlier}");
 }
+
+/// `LOCK.EXEC` and `LOCK.FENCED` declare their inner command's keys: in a
+/// cluster they must all hash to the lock's (or gate's) slot, `CROSSSLOT`
+/// otherwise, and nothing runs; a hash tag puts a lock and its data in one
+/// slot, and a cluster client routes the guarded command by the lock key.
+#[test]
+fn guarded_commands_keep_a_lock_and_its_data_in_one_slot() {
+    let cluster = Cluster::start(false);
+    let mut client = cluster.client();
+    let fence = cluster_acquire(&mut client, "{order:7}lock", "w", 60_000).unwrap();
+    let ok: String = redis::cmd("LOCK.EXEC")
+        .arg("{order:7}lock")
+        .arg("w")
+        .arg("SET")
+        .arg("{order:7}data")
+        .arg("paid")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let got: Option<String> = redis::cmd("GET")
+        .arg("{order:7}data")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(got.as_deref(), Some("paid"));
+    // Keys of two slots, on the lock's own node: CROSSSLOT from Redis.
+    let (key, slot) = key_on(&cluster.nodes[0], "plain:", 0, None);
+    let lock_node = &cluster.nodes[0];
+    acquire(&mut lock_node.conn(), &key, "w", 60_000).unwrap();
+    let other = (0..)
+        .map(|i| format!("other:{i}"))
+        .find(|k| key_slot(lock_node, k) != slot)
+        .unwrap();
+    let mut c = lock_node.conn();
+    let e = run_err(&mut c, &["LOCK.EXEC", &key, "w", "SET", &other, "x"]);
+    assert!(e.starts_with("CROSSSLOT"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", &key, "5", "SET", &other, "x"]);
+    assert!(e.starts_with("CROSSSLOT"), "{e}");
+    let e = run_err(
+        &mut c,
+        &[
+            "LOCK.FENCED",
+            "{gate}g",
+            &fence.to_string(),
+            "SET",
+            "{x}d",
+            "x",
+        ],
+    );
+    assert!(e.starts_with("CROSSSLOT") || e.starts_with("MOVED"), "{e}");
+    let exists: i64 = redis::cmd("EXISTS").arg(&other).query(&mut client).unwrap();
+    assert_eq!(exists, 0, "nothing ran");
+}

@@ -1,0 +1,543 @@
+//! Guarded commands: `LOCK.EXEC key token [FENCE f] command ...` runs the
+//! command only while token holds the lock, `LOCK.FENCED gate fence
+//! [command ...]` only if fence reaches the gate's mark. Each is checked
+//! the way it can fail: nothing runs when refused (the data is read back),
+//! the inner command meets its own ACL, maxmemory and replica rules, the
+//! reply is the command's own (errors and RESP3 included), replicas and the
+//! AOF see the inner command only, keys are declared (COMMAND GETKEYS), and
+//! the gate's mark persists, replicates and refuses damaged values.
+
+use redis_lock_testkit as common;
+
+use std::time::Duration;
+
+use common::*;
+
+fn exec(c: &mut Connection, args: &[&str]) -> redis::RedisResult<redis::Value> {
+    let mut all = vec!["LOCK.EXEC"];
+    all.extend(args);
+    let all: Vec<&[u8]> = all.iter().map(|a| a.as_bytes()).collect();
+    run(c, &all)
+}
+
+fn exec_err(c: &mut Connection, args: &[&str]) -> String {
+    let mut all = vec!["LOCK.EXEC"];
+    all.extend(args);
+    run_err(c, &all)
+}
+
+fn get(c: &mut Connection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(c).unwrap()
+}
+
+fn info_count(s: &Server, name: &str) -> i64 {
+    s.info_field(name)
+}
+
+fn config_set(c: &mut Connection, name: &str, value: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(c)
+        .unwrap();
+}
+
+#[test]
+fn exec_runs_the_command_only_while_the_token_holds_the_lock() {
+    let s = Server::start();
+    let mut c = s.conn();
+    // Free: nothing runs.
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "1"]);
+    assert!(e.starts_with("NOTHELD") && e.contains("free"), "{e}");
+    assert_eq!(get(&mut c, "d"), None);
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    // Held: the command's reply, verbatim.
+    assert_eq!(
+        exec(&mut c, &["k", "a", "SET", "d", "1"]).unwrap(),
+        redis::Value::Okay
+    );
+    assert_eq!(get(&mut c, "d").as_deref(), Some("1"));
+    let got = exec(&mut c, &["k", "a", "INCRBY", "d", "4"]).unwrap();
+    assert_eq!(got, redis::Value::Int(5));
+    // Exactly this grant.
+    let fs = f.to_string();
+    assert_eq!(
+        exec(&mut c, &["k", "a", "FENCE", &fs, "INCR", "d"]).unwrap(),
+        redis::Value::Int(6)
+    );
+    let e = exec_err(
+        &mut c,
+        &["k", "a", "fence", &(f - 1).to_string(), "INCR", "d"],
+    );
+    assert!(e.starts_with("NOTHELD") && e.contains(&fs), "{e}");
+    // Another token.
+    let e = exec_err(&mut c, &["k", "b", "INCR", "d"]);
+    assert!(
+        e.starts_with("NOTHELD") && e.contains("another token"),
+        "{e}"
+    );
+    assert_eq!(get(&mut c, "d").as_deref(), Some("6"));
+    // The command's own error is its reply (it ran, and changed nothing).
+    let e = exec_err(&mut c, &["k", "a", "LPUSH", "d", "x"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    // A lease that ended on the node's clock: nothing runs.
+    acquire(&mut c, "short", "a", 50).unwrap();
+    std::thread::sleep(Duration::from_millis(120));
+    let e = exec_err(&mut c, &["short", "a", "SET", "d", "late"]);
+    assert!(e.starts_with("NOTHELD"), "{e}");
+    assert_eq!(get(&mut c, "d").as_deref(), Some("6"));
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "late"]);
+    assert!(e.starts_with("NOTHELD"), "{e}");
+    assert_eq!(get(&mut c, "d").as_deref(), Some("6"));
+}
+
+#[test]
+fn exec_counts_what_ran_and_what_was_refused() {
+    if skip_unless(Needs::OwnServer, "counts INFO lock from zero") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    exec(&mut c, &["k", "a", "SET", "d", "1"]).unwrap();
+    exec(&mut c, &["k", "a", "GET", "d"]).unwrap();
+    exec_err(&mut c, &["k", "b", "SET", "d", "2"]);
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(9)
+        .query(&mut c)
+        .unwrap();
+    run_err(&mut c, &["LOCK.FENCED", "g", "3", "SET", "d", "3"]);
+    assert_eq!(info_count(&s, "exec_ran"), 2);
+    assert_eq!(info_count(&s, "exec_notheld"), 1);
+    assert_eq!(info_count(&s, "fenced_ran"), 1);
+    assert_eq!(info_count(&s, "fenced_stale"), 1);
+}
+
+#[test]
+fn bad_arguments_and_unguardable_commands_are_refused_before_anything_runs() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg("list")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    for (args, code) in [
+        (vec!["k", "a"], "ERR"),
+        (vec!["k", "a", "FENCE", "1"], "ERR"),
+        (vec!["k", "a", "FENCE", "x", "GET", "d"], "ERR"),
+        (vec!["k", "", "GET", "d"], "ERR"),
+        (vec!["k", "a", "NOSUCHCOMMAND", "d"], "ERR"),
+        (vec!["k", "a", "GET"], "ERR"),
+        (vec!["k", "a", "BLPOP", "list", "0"], "NOTGUARDABLE"),
+        (vec!["k", "a", "MULTI"], "NOTGUARDABLE"),
+        (vec!["k", "a", "EXEC"], "NOTGUARDABLE"),
+        (vec!["k", "a", "WATCH", "d"], "NOTGUARDABLE"),
+        (vec!["k", "a", "SUBSCRIBE", "ch"], "NOTGUARDABLE"),
+        (vec!["k", "a", "PUBLISH", "ch", "m"], "NOTGUARDABLE"),
+        (
+            vec!["k", "a", "CONFIG", "SET", "maxmemory", "1"],
+            "NOTGUARDABLE",
+        ),
+        (vec!["k", "a", "SHUTDOWN"], "NOTGUARDABLE"),
+        (vec!["k", "a", "lock.release", "k", "a"], "NOTGUARDABLE"),
+        (
+            vec!["k", "a", "LOCK.EXEC", "k", "a", "LPOP", "list"],
+            "NOTGUARDABLE",
+        ),
+    ] {
+        let e = exec_err(&mut c, &args);
+        assert!(e.starts_with(code), "{args:?}: {e}");
+    }
+    let len: i64 = redis::cmd("LLEN").arg("list").query(&mut c).unwrap();
+    assert_eq!(len, 1, "nothing popped");
+    let max: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(max[1], "0");
+    assert_eq!(fence(&mut c, "k").is_some(), true, "the lock is still held");
+    // A lock key that is not a lock.
+    let e = exec_err(&mut c, &["list", "a", "GET", "d"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+}
+
+#[test]
+fn the_reply_is_the_commands_own_in_resp3_too() {
+    let s = Server::start();
+    let mut c = s.conn3();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("h")
+        .arg("f")
+        .arg("v")
+        .query(&mut c)
+        .unwrap();
+    let direct = run(&mut c, &[b"HGETALL", b"h"]).unwrap();
+    let guarded = exec(&mut c, &["k", "a", "HGETALL", "h"]).unwrap();
+    assert!(matches!(direct, redis::Value::Map(_)), "{direct:?}");
+    assert_eq!(guarded, direct);
+    let mut c2 = s.conn();
+    let guarded2 = exec(&mut c2, &["k", "a", "HGETALL", "h"]).unwrap();
+    assert!(matches!(guarded2, redis::Value::Array(_)), "{guarded2:?}");
+}
+
+#[test]
+fn command_getkeys_sees_the_lock_key_and_the_inner_commands_keys() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("LOCK.EXEC")
+        .arg("lock")
+        .arg("tok")
+        .arg("FENCE")
+        .arg(5)
+        .arg("MSET")
+        .arg("a")
+        .arg("1")
+        .arg("b")
+        .arg("2")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["lock", "a", "b"]);
+    let keys: Vec<String> = redis::cmd("COMMAND")
+        .arg("GETKEYS")
+        .arg("LOCK.FENCED")
+        .arg("gate")
+        .arg(5)
+        .arg("EVAL")
+        .arg("return 1")
+        .arg(2)
+        .arg("x")
+        .arg("y")
+        .arg("arg")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(keys, ["gate", "x", "y"]);
+}
+
+fn set_user(admin: &mut Connection, name: &str, rules: &[&str]) {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw")
+        .arg(rules)
+        .query(admin)
+        .unwrap();
+}
+
+fn login(s: &Server, user: &str) -> Connection {
+    let mut c = s.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg(user)
+        .arg("pw")
+        .query(&mut c)
+        .unwrap();
+    c
+}
+
+#[test]
+fn the_inner_command_meets_the_callers_acl_as_if_called_directly() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    set_user(
+        &mut admin,
+        "app",
+        &[
+            "~app:*",
+            "%R~ro:*",
+            "+lock.acquire",
+            "+lock.exec",
+            "+lock.fenced",
+            "+get",
+            "+incr",
+        ],
+    );
+    let mut c = login(&s, "app");
+    acquire(&mut c, "app:lock", "a", 60_000).unwrap();
+    // Allowed command on an allowed key.
+    assert_eq!(
+        exec(&mut c, &["app:lock", "a", "INCR", "app:n"]).unwrap(),
+        redis::Value::Int(1)
+    );
+    // A command the user may not run.
+    let e = exec_err(&mut c, &["app:lock", "a", "SET", "app:n", "9"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    // A key outside its patterns, and a key it may only read.
+    let e = exec_err(&mut c, &["app:lock", "a", "INCR", "other"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    let e = exec_err(&mut c, &["app:lock", "a", "INCR", "ro:n"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    assert_eq!(
+        exec(&mut c, &["app:lock", "a", "GET", "ro:n"]).unwrap(),
+        redis::Value::Nil
+    );
+    // The same for the gate.
+    let e = run_err(&mut c, &["LOCK.FENCED", "app:gate", "5", "INCR", "other"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "ro:gate", "5"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+    assert_eq!(get(&mut admin, "app:n").as_deref(), Some("1"));
+    assert_eq!(get(&mut admin, "other"), None);
+    assert_eq!(fence(&mut admin, "app:gate"), None, "no gate made");
+    // Without the right to LOCK.EXEC itself.
+    set_user(&mut admin, "app2", &["~*", "+get", "+incr"]);
+    let mut c2 = login(&s, "app2");
+    let e = exec_err(&mut c2, &["app:lock", "a", "INCR", "app:n"]);
+    assert!(e.starts_with("NOPERM"), "{e}");
+}
+
+#[test]
+fn above_maxmemory_writes_are_refused_and_reads_run() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
+    config_set(&mut c, "maxmemory", "1");
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "w"]);
+    assert!(e.starts_with("OOM"), "{e}");
+    assert_eq!(
+        exec(&mut c, &["k", "a", "GET", "d"]).unwrap(),
+        redis::Value::BulkString(b"v".to_vec())
+    );
+    let e = run_err(&mut c, &["LOCK.FENCED", "newgate", "5"]);
+    assert!(e.starts_with("OOM"), "{e}");
+    config_set(&mut c, "maxmemory", "0");
+    assert_eq!(get(&mut c, "d").as_deref(), Some("v"));
+}
+
+#[test]
+fn a_function_guarded_as_a_whole_runs_its_writes_together() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let v = s.version();
+    let lib = "#!lua name=guardlib\n\
+        redis.register_function('transfer', function(keys, args)\n\
+          redis.call('DECRBY', keys[1], args[1])\n\
+          return redis.call('INCRBY', keys[2], args[1])\n\
+        end)";
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(lib)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("MSET")
+        .arg("{o}a")
+        .arg(10)
+        .arg("{o}b")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    acquire(&mut c, "{o}lock", "t", 60_000).unwrap();
+    let got = exec(
+        &mut c,
+        &[
+            "{o}lock", "t", "FCALL", "transfer", "2", "{o}a", "{o}b", "3",
+        ],
+    );
+    assert_eq!(got.unwrap(), redis::Value::Int(3), "{v}");
+    let e = exec_err(
+        &mut c,
+        &[
+            "{o}lock", "other", "FCALL", "transfer", "2", "{o}a", "{o}b", "3",
+        ],
+    );
+    assert!(e.starts_with("NOTHELD"), "{e}");
+    let got = exec(
+        &mut c,
+        &[
+            "{o}lock",
+            "t",
+            "EVAL",
+            "return redis.call('GET', KEYS[1])",
+            "1",
+            "{o}a",
+        ],
+    );
+    assert_eq!(got.unwrap(), redis::Value::BulkString(b"7".to_vec()));
+    assert_eq!(get(&mut c, "{o}b").as_deref(), Some("3"));
+}
+
+/// The commands the replica ran, from INFO commandstats: `name -> calls`.
+fn command_calls(c: &mut Connection) -> std::collections::HashMap<String, i64> {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            Some((name.to_string(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn replicas_and_the_aof_get_the_inner_commands_effect_only() {
+    let master = Server::builder()
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let mut r = replica.conn();
+    acquire(&mut m, "k", "a", 60_000).unwrap();
+    exec(&mut m, &["k", "a", "SET", "d", "1"]).unwrap();
+    exec(&mut m, &["k", "a", "GET", "d"]).unwrap();
+    let _: redis::Value = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(42)
+        .arg("INCR")
+        .arg("n")
+        .query(&mut m)
+        .unwrap();
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(get(&mut r, "d").as_deref(), Some("1"));
+    assert_eq!(get(&mut r, "n").as_deref(), Some("1"));
+    assert_eq!(
+        fence(&mut r, "g"),
+        Some(42),
+        "the replica has the gate's mark"
+    );
+    let calls = command_calls(&mut r);
+    assert!(calls.contains_key("set"), "{calls:?}");
+    assert!(!calls.contains_key("lock.exec"), "{calls:?}");
+    assert!(!calls.contains_key("lock.fenced"), "{calls:?}");
+    // The replica refuses guarded commands as it refuses writes.
+    let e = exec_err(&mut r, &["k", "a", "SET", "d", "2"]);
+    assert!(e.starts_with("READONLY"), "{e}");
+    let aof = std::fs::read(master.incr_aof()).unwrap();
+    let aof = String::from_utf8_lossy(&aof);
+    assert!(aof.contains("SET") || aof.contains("set"), "{aof}");
+    assert!(aof.contains("LOCK._GATE"), "{aof}");
+    assert!(!aof.to_ascii_uppercase().contains("LOCK.EXEC"), "{aof}");
+    assert!(!aof.to_ascii_uppercase().contains("LOCK.FENCED"), "{aof}");
+    assert!(!aof.contains("\r\nGET\r\n"), "{aof}");
+}
+
+#[test]
+fn a_gate_runs_fences_at_or_above_its_mark_and_refuses_lower_ones() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let fenced = |c: &mut Connection, args: &[&str]| -> redis::RedisResult<redis::Value> {
+        let mut all: Vec<&[u8]> = vec![b"LOCK.FENCED"];
+        all.extend(args.iter().map(|a| a.as_bytes()));
+        run(c, &all)
+    };
+    assert_eq!(fence(&mut c, "g"), None);
+    assert_eq!(
+        fenced(&mut c, &["g", "10", "SET", "d", "a"]).unwrap(),
+        redis::Value::Okay
+    );
+    assert_eq!(fence(&mut c, "g"), Some(10));
+    // The same holder writes again under its grant.
+    assert_eq!(
+        fenced(&mut c, &["g", "10", "APPEND", "d", "b"]).unwrap(),
+        redis::Value::Int(2)
+    );
+    // A stale holder: nothing runs, both numbers named.
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "9", "SET", "d", "stale"]);
+    assert!(
+        e.starts_with("STALEFENCE") && e.contains('9') && e.contains("10"),
+        "{e}"
+    );
+    assert_eq!(get(&mut c, "d").as_deref(), Some("ab"));
+    // Check and record only.
+    assert_eq!(fenced(&mut c, &["g", "20"]).unwrap(), redis::Value::Okay);
+    assert_eq!(fence(&mut c, "g"), Some(20));
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "19"]);
+    assert!(e.starts_with("STALEFENCE"), "{e}");
+    // A command refused before running records nothing.
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "30", "BLPOP", "x", "0"]);
+    assert!(e.starts_with("NOTGUARDABLE"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "30", "GET"]);
+    assert!(e.starts_with("ERR"), "{e}");
+    assert_eq!(fence(&mut c, "g"), Some(20));
+    // A command that deletes its own gate does not reset the mark.
+    fenced(&mut c, &["g", "25", "DEL", "g"]).unwrap();
+    assert_eq!(fence(&mut c, "g"), Some(25));
+    // The gate is not a lock, a lock not a gate; bad fences are refused.
+    let e = run_err(&mut c, &["LOCK.ACQUIRE", "g", "t", "1000"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCE", "g", "t"]);
+    assert!(e.starts_with("ERR") && e.contains("gate"), "{e}");
+    acquire(&mut c, "lk", "t", 60_000).unwrap();
+    let e = run_err(&mut c, &["LOCK.FENCED", "lk", "5"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+    for bad in ["0", "-1", "x", "9223372036854775807"] {
+        let e = run_err(&mut c, &["LOCK.FENCED", "g", bad]);
+        assert!(e.starts_with("ERR invalid fence"), "{bad}: {e}");
+    }
+    assert_eq!(fence(&mut c, "g"), Some(25));
+    let e = run_err(&mut c, &["LOCK._GATE", "g", "99"]);
+    assert!(e.contains("internal"), "{e}");
+    assert_eq!(fence(&mut c, "g"), Some(25));
+    let t: String = redis::cmd("TYPE").arg("g").query(&mut c).unwrap();
+    assert_eq!(t, "lock_gate");
+}
+
+#[test]
+fn a_gates_mark_survives_reload_rewrite_and_restore() {
+    let mut s = Server::builder()
+        .config("appendonly", "yes")
+        .config("aof-use-rdb-preamble", "no")
+        .start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(1234)
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(fence(&mut c, "g"), Some(1234));
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(fence(&mut c, "g"), Some(1234));
+    // DUMP and RESTORE, and a damaged payload refused.
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("g").query(&mut c).unwrap();
+    let _: () = redis::cmd("RESTORE")
+        .arg("g2")
+        .arg(0)
+        .arg(&dump)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(fence(&mut c, "g2"), Some(1234));
+    let e = redis::cmd("RESTORE")
+        .arg("g3")
+        .arg(0)
+        .arg(&dump[..dump.len() - 11])
+        .query::<()>(&mut c)
+        .unwrap_err();
+    assert!(error_text(&e).starts_with("ERR"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g2", "1233"]);
+    assert!(e.starts_with("STALEFENCE"), "{e}");
+}
+
+#[test]
+fn gates_are_refused_where_eviction_could_drop_them() {
+    let s = Server::start();
+    let mut c = s.conn();
+    config_set(&mut c, "maxmemory", "100mb");
+    config_set(&mut c, "maxmemory-policy", "allkeys-lru");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "5"]);
+    assert!(e.contains("maxmemory-policy"), "{e}");
+    assert_eq!(fence(&mut c, "g"), None);
+    config_set(&mut c, "maxmemory-policy", "noeviction");
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(5)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(fence(&mut c, "g"), Some(5));
+}
