@@ -34,6 +34,8 @@ if [ "$mode" = test ]; then
   command -v tmux >/dev/null || apt_missing+=(tmux)
   have_pkg libfaketime || apt_missing+=(faketime)
   command -v openssl >/dev/null || apt_missing+=(openssl)
+  # The fenced-writes recipes run against a real PostgreSQL (server and psql).
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null || apt_missing+=(postgresql)
   command -v python3 >/dev/null || apt_missing+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || apt_missing+=(python3-pip)
   command -v node >/dev/null || apt_missing+=(nodejs)

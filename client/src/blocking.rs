@@ -231,6 +231,24 @@ impl LockGuard {
         wait_on(&self.runtime, self.guard().extend(ttl))
     }
 
+    /// Runs `cmd` on the lock's node only while this grant holds the lock
+    /// (see [`crate::LockGuard::exec`]).
+    pub fn exec<T: redis::FromRedisValue + Send>(&self, cmd: &redis::Cmd) -> Result<T> {
+        wait_on(&self.runtime, self.guard().exec(cmd))
+    }
+
+    /// Runs `cmd` on `conn` behind the fence gate `gate` (see
+    /// [`crate::Lease::fenced_cmd`]): `cmd`'s reply, or
+    /// [`Error::StaleFence`] when a later holder has written.
+    pub fn fenced<T: redis::FromRedisValue>(
+        &self,
+        conn: &mut impl redis::ConnectionLike,
+        gate: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        Ok(self.guard().fenced_cmd(gate, cmd).query(conn)?)
+    }
+
     /// Stops renewing and releases (see [`crate::LockGuard::release`]).
     pub fn release(mut self) -> Result<bool> {
         let guard = self.inner.take().expect("present until released");

@@ -27,6 +27,20 @@ pub enum Error {
         /// How many were asked for.
         wanted: u32,
     },
+    /// A guarded command (`LOCK.EXEC`, [`LockGuard::exec`](crate::LockGuard::exec))
+    /// found that this grant no longer holds the lock (the lease ended, it
+    /// was released, or another holder has it): nothing ran. The server's
+    /// reason is given.
+    NotHeld(String),
+    /// A gate write (`LOCK.FENCED`, [`Lease::fenced`](crate::Lease::fenced))
+    /// carried a fence below the gate's mark: a later holder has written,
+    /// so this holder is stale. Nothing ran.
+    StaleFence {
+        /// This holder's fence.
+        fence: i64,
+        /// The highest fence the gate has accepted.
+        mark: i64,
+    },
 }
 
 impl fmt::Display for Error {
@@ -45,6 +59,11 @@ impl fmt::Display for Error {
             } => write!(
                 f,
                 "the grant reached {acknowledged} of the {wanted} replicas asked for in time, so it was released (a failover could have lost it)"
+            ),
+            Error::NotHeld(why) => write!(f, "the lock is not held: {why}"),
+            Error::StaleFence { fence, mark } => write!(
+                f,
+                "stale fence {fence}: the gate has accepted {mark}, so a later holder has written; nothing ran"
             ),
         }
     }
@@ -123,8 +142,22 @@ impl std::error::Error for Error {
 }
 
 impl From<redis::RedisError> for Error {
+    /// A guarded command's refusals (`NOTHELD`, `STALEFENCE`) are their
+    /// own variants; everything else is [`Error::Redis`].
     fn from(e: redis::RedisError) -> Self {
-        Error::Redis(e)
+        match e.code() {
+            Some(code::NOT_HELD) => Error::NotHeld(e.detail().unwrap_or_default().to_string()),
+            Some(code::STALE_FENCE) => {
+                match e
+                    .detail()
+                    .and_then(redis_lock_core::error::parse_stale_fence)
+                {
+                    Some((fence, mark)) => Error::StaleFence { fence, mark },
+                    None => Error::Redis(e),
+                }
+            }
+            _ => Error::Redis(e),
+        }
     }
 }
 

@@ -8,6 +8,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use redis_lock_core::protocol::command;
+
 use crate::clock::boot_now;
 use crate::error::Result;
 use crate::group::Group;
@@ -225,6 +227,54 @@ impl Lease {
     fn deadline(&self) -> Deadline {
         self.term().valid_until
     }
+
+    /// `cmd` guarded by this grant on the lock's own node: `LOCK.EXEC key
+    /// token FENCE fence cmd...`, which runs `cmd` only while this grant
+    /// holds the lock there. [`LockGuard::exec`] sends it; build it here
+    /// to send it yourself (in a pipeline, say).
+    pub fn exec_cmd(&self, cmd: &redis::Cmd) -> redis::Cmd {
+        let mut guarded = redis::cmd(command::EXEC);
+        guarded
+            .arg(self.key())
+            .arg(self.token())
+            .arg(command::FENCE_WORD)
+            .arg(self.fence());
+        append_args(&mut guarded, cmd);
+        guarded
+    }
+
+    /// `cmd` behind the fence gate `gate`: `LOCK.FENCED gate fence cmd...`,
+    /// which runs `cmd` only if this grant's fence is at least the highest
+    /// the gate has accepted, and records it. For data on any Redis node
+    /// with the module (not necessarily the lock's: a Redlock group's lock
+    /// guards data elsewhere this way). Keep `gate` in the same cluster
+    /// slot as `cmd`'s keys (a hash tag).
+    pub fn fenced_cmd(&self, gate: &str, cmd: &redis::Cmd) -> redis::Cmd {
+        let mut guarded = redis::cmd(command::FENCED);
+        guarded.arg(gate).arg(self.fence());
+        append_args(&mut guarded, cmd);
+        guarded
+    }
+
+    /// Sends [`fenced_cmd`](Self::fenced_cmd) on `conn`: `cmd`'s reply, or
+    /// [`Error::StaleFence`](crate::Error::StaleFence) when a later holder
+    /// has written (nothing ran). Sent once: a write is never repeated.
+    pub async fn fenced<T, C>(&self, conn: &mut C, gate: &str, cmd: &redis::Cmd) -> Result<T>
+    where
+        T: redis::FromRedisValue,
+        C: redis::aio::ConnectionLike + Send,
+    {
+        Ok(self.fenced_cmd(gate, cmd).query_async(conn).await?)
+    }
+}
+
+/// Appends every argument of `cmd` (its name first) to `to`.
+fn append_args(to: &mut redis::Cmd, cmd: &redis::Cmd) {
+    for arg in cmd.args_iter() {
+        if let redis::Arg::Simple(bytes) = arg {
+            to.arg(bytes);
+        }
+    }
 }
 
 /// Hears of each change of a lease's validity: [`Lease::validity_watch`].
@@ -318,6 +368,30 @@ impl LockGuard {
                 Ok(false)
             }
         }
+    }
+
+    /// Runs `cmd` on the lock's node only while this grant holds the lock
+    /// there, checked and run in one step by the server (`LOCK.EXEC ...
+    /// FENCE fence`): `cmd`'s reply, or [`Error::NotHeld`](crate::Error::NotHeld)
+    /// when the lease has ended or another holder has the lock (nothing
+    /// ran). For locks on one node (a Sentinel or cluster URL counts as
+    /// one); a Redlock group's lock guards its data with a fence gate
+    /// instead ([`Lease::fenced`]). Sent once, never retried: the reply of
+    /// a write that timed out is unknown (`Error::Timeout`); the wait for
+    /// it lasts the lease's validity, and at least the node timeout.
+    pub async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let [node] = self.group.nodes.as_slice() else {
+            return Err(crate::Error::Config(format!(
+                "exec runs on the lock's node: this lock is held on a group of {} nodes; use a fence gate (Lease::fenced) for their data",
+                self.group.nodes.len()
+            )));
+        };
+        let lease = &self.lease;
+        let limit = lease
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+            .max(self.group.node_timeout(lease.ttl()));
+        node.send_once(lease.exec_cmd(cmd), limit).await
     }
 
     /// Stops renewing, then releases on every node. True if the lock was

@@ -411,6 +411,16 @@ impl Node {
         result
     }
 
+    /// Sends `cmd` once within `limit`, never again after a broken
+    /// connection (a guarded write must not run twice).
+    pub async fn send_once<T: redis::FromRedisValue>(
+        &self,
+        cmd: redis::Cmd,
+        limit: Duration,
+    ) -> Result<T> {
+        self.run_once(&cmd, limit).await
+    }
+
     async fn run_once<T: redis::FromRedisValue>(
         &self,
         cmd: &redis::Cmd,

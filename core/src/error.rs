@@ -210,6 +210,17 @@ impl fmt::Display for LockError {
 
 impl std::error::Error for LockError {}
 
+/// The fence and the mark of a `STALEFENCE` error's detail (the message
+/// after its code), as [`LockError::StaleFence`] writes it: a client reads
+/// the numbers back from here, not from a copy of the wording.
+pub fn parse_stale_fence(detail: &str) -> Option<(i64, i64)> {
+    let rest = detail.trim_start().strip_prefix("fence ")?;
+    let (fence, rest) = rest.split_once(' ')?;
+    let rest = rest.strip_prefix("is below the gate's mark ")?;
+    let mark = rest.split(':').next()?;
+    Some((fence.parse().ok()?, mark.trim().parse().ok()?))
+}
+
 /// How a user-supplied argument is shown inside an error: quoted when it is
 /// short printable ASCII, otherwise only its length, so that binary or huge
 /// input never ends up in an error line.
@@ -224,6 +235,14 @@ pub fn show_arg(arg: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stale_fence_reads_back_from_its_message() {
+        let text = LockError::StaleFence { fence: 7, mark: 12 }.to_string();
+        let detail = text.split_once(' ').unwrap().1;
+        assert_eq!(parse_stale_fence(detail), Some((7, 12)));
+        assert_eq!(parse_stale_fence("something else"), None);
+    }
 
     #[test]
     fn every_error_starts_with_its_code() {

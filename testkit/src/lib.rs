@@ -41,6 +41,7 @@ pub use redis::{Connection, Value};
 use redis_lock_core::protocol::{command, info_field};
 
 pub mod cluster;
+pub mod postgres;
 pub mod proxy;
 
 static NEXT_DIR: AtomicUsize = AtomicUsize::new(0);
