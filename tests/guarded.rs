@@ -541,3 +541,55 @@ fn gates_are_refused_where_eviction_could_drop_them() {
         .unwrap();
     assert_eq!(fence(&mut c, "g"), Some(5));
 }
+
+/// `CLIENT PAUSE WRITE` (as a failover does) holds a guarded write back
+/// like any write; the check is made when it runs, so a lease that ended
+/// during the pause stops it.
+#[test]
+fn a_guarded_write_held_back_by_a_pause_is_checked_when_it_runs() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 400).unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query(&mut c)
+        .unwrap();
+    let mut writer = s.conn();
+    let sent = std::thread::spawn(move || {
+        let r = exec(&mut writer, &["k", "a", "SET", "d", "late"]);
+        r.map_err(|e| error_text(&e))
+    });
+    let got = sent.join().unwrap();
+    match got {
+        Err(e) => assert!(e.starts_with("NOTHELD"), "{e}"),
+        Ok(v) => panic!("a write paused past its lease ran: {v:?}"),
+    }
+    assert_eq!(get(&mut c, "d"), None);
+}
+
+/// The inner command may touch the lock's own key: the lock is closed
+/// before it runs, and a delete frees the lock as any DEL does.
+#[test]
+fn a_guarded_command_that_deletes_its_own_lock_frees_it() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    assert_eq!(
+        exec(&mut c, &["k", "a", "DEL", "k"]).unwrap(),
+        redis::Value::Int(1)
+    );
+    assert_eq!(fence(&mut c, "k"), None);
+    let next = acquire(&mut c, "k", "b", 60_000).unwrap();
+    assert!(next > f);
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "x"]);
+    assert!(e.starts_with("NOTHELD"), "{e}");
+    // Overwritten by the inner command: the key is no lock any more.
+    assert_eq!(
+        exec(&mut c, &["k", "b", "SET", "k", "plain"]).unwrap(),
+        redis::Value::Okay
+    );
+    let e = run_err(&mut c, &["LOCK.ACQUIRE", "k", "c", "1000"]);
+    assert!(e.starts_with("WRONGTYPE"), "{e}");
+}

@@ -182,12 +182,16 @@ const SCRIPT_COMMANDS: [&[u8]; 6] = [
 /// transaction (`MULTI`, `WATCH`, `SUBSCRIBE`: pub/sub and no-script), and
 /// admin commands.
 pub fn check_inner(name: &[u8], flags: CommandFlags) -> Result<Guarded, LockError> {
-    let lower = name.to_ascii_lowercase();
-    let refuse = |why| Err(LockError::NotGuardable(show_arg(&lower), why));
-    if lower.starts_with(b"lock.") {
+    let refuse = |why| {
+        Err(LockError::NotGuardable(
+            show_arg(&name.to_ascii_lowercase()),
+            why,
+        ))
+    };
+    if name.len() >= 5 && name[..5].eq_ignore_ascii_case(b"lock.") {
         return refuse("lock commands are not run guarded");
     }
-    if SCRIPT_COMMANDS.contains(&lower.as_slice()) {
+    if SCRIPT_COMMANDS.iter().any(|s| s.eq_ignore_ascii_case(name)) {
         return Ok(Guarded::Script);
     }
     if flags.contains(CommandFlags::BLOCKING) {

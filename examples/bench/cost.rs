@@ -210,7 +210,7 @@ pub fn throughput(server: &Server, shas: &Shas, row: Row, pipeline: usize, n: us
 /// Nanoseconds the server's main thread has run on a CPU: the first field of
 /// /proc/PID/schedstat, exact to the nanosecond where tick-sampled user and
 /// system times (INFO cpu, getrusage) are not.
-fn server_cpu_ns(server: &Server) -> u64 {
+pub fn server_cpu_ns(server: &Server) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{}/schedstat", server.pid()))
         .expect("/proc/PID/schedstat (Linux with schedstats)");
     stat.split_whitespace()

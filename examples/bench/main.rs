@@ -8,6 +8,7 @@
 mod charts;
 mod contention;
 mod cost;
+mod guarded;
 mod host;
 mod load;
 mod scale;
@@ -27,7 +28,8 @@ struct Options {
     smoke: bool,
     seconds: f64,
     out: String,
-    /// Run one section only: cost, memory, scaling, host, contention or sweep.
+    /// Run one section only: cost, guarded, memory, scaling, host,
+    /// contention or sweep.
     only: Option<String>,
 }
 
@@ -131,6 +133,10 @@ fn main() {
     let save = |doc: &String| std::fs::write(&o.out, doc).expect("write the report");
     if o.runs("cost") {
         cost_section(&mut doc, &o);
+        save(&doc);
+    }
+    if o.runs("guarded") {
+        guarded::section(&mut doc, &o);
         save(&doc);
     }
     if o.runs("memory") {

@@ -1484,39 +1484,45 @@ fn call_reply_bytes(reply: *mut raw::RedisModuleCallReply) -> Option<Vec<u8>> {
     Some(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) }.to_vec())
 }
 
+/// The bytes of a string Redis gave the caller, valid during its callback.
+pub fn string_bytes_of<'a>(s: RString) -> &'a [u8] {
+    // SAFETY: a string Redis gave the caller, alive for its callback (the
+    // module never keeps one past it, see the file doc).
+    unsafe { string_bytes(s) }
+}
+
 /// Runs the command `argv` (its name first) through RM_Call with the
-/// format flags `flags` (`C`, `S`, `M`, `!`, `0`, `E`). Err: it did not
-/// run (the call returned no reply); the errno RM_Call set says why.
-pub fn call(ctx: Ctx, argv: &[RString], flags: &str) -> Result<CallReply, c_int> {
+/// format `format`: flags (`C`, `S`, `M`, `!`, `0`, `E`), then `v` for the
+/// arguments. Err: it did not run (the call returned no reply); the errno
+/// RM_Call set says why.
+pub fn call(ctx: Ctx, argv: &[RString], format: &CStr) -> Result<CallReply, c_int> {
     let (Some(call), Some((name, args))) = (optional_api!(RedisModule_Call), argv.split_first())
     else {
         return Err(libc::ENOENT);
     };
-    // SAFETY: a string Redis gave the caller, valid during this call.
-    let Ok(name) = std::ffi::CString::new(unsafe { string_bytes(*name) }) else {
+    debug_assert!(format.to_bytes().ends_with(b"v"));
+    // A Redis string is NUL-terminated (an sds): its bytes serve as the
+    // C name unless a NUL inside would cut it short, naming another
+    // command.
+    let bytes = string_bytes_of(*name);
+    if bytes.is_empty() || bytes.contains(&0) {
         return Err(libc::ENOENT);
-    };
-    let with_args = !args.is_empty();
-    let Ok(format) = std::ffi::CString::new(format!("{flags}{}", if with_args { "v" } else { "" }))
-    else {
-        return Err(libc::EINVAL);
-    };
-    // SAFETY: ctx is a handle Redis gave the caller; the name and format
-    // are NUL-terminated; "v" names a vector of RedisModuleString pointers
-    // Redis gave the caller (it takes its own references) and its length.
+    }
+    // SAFETY: ctx is a handle Redis gave the caller; the name points at a
+    // NUL-terminated string alive for the call (checked free of inner NULs
+    // above), the format is NUL-terminated and ends with "v": a vector of
+    // RedisModuleString pointers Redis gave the caller (it takes its own
+    // references) and its length. A vector of length 0 is fine: Redis adds
+    // no argument.
     let reply = unsafe {
         *libc::__errno_location() = 0;
-        if with_args {
-            call(
-                ctx.0,
-                name.as_ptr(),
-                format.as_ptr(),
-                args.as_ptr(),
-                args.len(),
-            )
-        } else {
-            call(ctx.0, name.as_ptr(), format.as_ptr())
-        }
+        call(
+            ctx.0,
+            bytes.as_ptr().cast(),
+            format.as_ptr(),
+            args.as_ptr(),
+            args.len(),
+        )
     };
     match NonNull::new(reply) {
         Some(reply) => Ok(CallReply(reply)),

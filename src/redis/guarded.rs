@@ -16,6 +16,8 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::CStr;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::os::raw::c_int;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -43,7 +45,31 @@ thread_local! {
     /// The server's flags of each command seen (`COMMAND INFO`, by lower
     /// case name or `container|sub`). Only commands the server knows are
     /// kept, so the map is bounded by the command table.
-    static FLAGS: RefCell<HashMap<Vec<u8>, CommandFlags>> = RefCell::new(HashMap::new());
+    static FLAGS: RefCell<HashMap<Box<[u8]>, CommandFlags, BuildHasherDefault<Fnv>>> =
+        RefCell::new(HashMap::default());
+}
+
+/// FNV-1a: command names are short and not chosen to collide (an unknown
+/// name is never stored), so a cheap hash beats SipHash on every call.
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 {
+            0xcbf2_9ce4_8422_2325
+        } else {
+            self.0
+        };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
 }
 
 /// The flags of the command `name` (lower case): None when the server does
@@ -57,42 +83,81 @@ fn flags_of(ctx: Ctx, name: &[u8]) -> Option<CommandFlags> {
         .iter()
         .fold(CommandFlags::empty(), |f, n| f | CommandFlags::named(n));
     flags.set(CommandFlags::CONTAINER, container);
-    FLAGS.with(|f| f.borrow_mut().insert(name.to_vec(), flags));
+    FLAGS.with(|f| f.borrow_mut().insert(name.into(), flags));
     Some(flags)
 }
 
+/// A command name in lower case, on the stack (names and `container|sub`
+/// pairs are short; a longer one is no command the server knows).
+struct LowerName {
+    buf: [u8; 64],
+    len: usize,
+}
+
+impl LowerName {
+    fn new(parts: &[&[u8]]) -> Option<LowerName> {
+        let mut name = LowerName {
+            buf: [0; 64],
+            len: 0,
+        };
+        for (i, part) in parts.iter().enumerate() {
+            let sep = usize::from(i > 0);
+            let end = name.len + sep + part.len();
+            if end > name.buf.len() {
+                return None;
+            }
+            if sep == 1 {
+                name.buf[name.len] = b'|';
+            }
+            for (to, from) in name.buf[name.len + sep..end].iter_mut().zip(*part) {
+                *to = from.to_ascii_lowercase();
+            }
+            name.len = end;
+        }
+        Some(name)
+    }
+
+    fn get(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// How the inner command `inner` (its name first) may run, or why not.
-fn plan(ctx: Ctx, inner: &[RString]) -> Result<(Guarded, Vec<u8>), LockError> {
-    let mut name = ffi::string_copy(inner[0]).to_ascii_lowercase();
-    let mut flags = flags_of(ctx, &name).unwrap_or_default();
+fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
+    let name = ffi::string_bytes_of(inner[0]);
+    let Some(lower) = LowerName::new(&[name]) else {
+        // No command has such a name: RM_Call says so.
+        return guarded::check_inner(name, CommandFlags::empty());
+    };
+    let flags = flags_of(ctx, lower.get()).unwrap_or_default();
     if flags.contains(CommandFlags::CONTAINER) && inner.len() > 1 {
-        let mut full = name.clone();
-        full.push(b'|');
-        full.extend(ffi::string_copy(inner[1]).to_ascii_lowercase());
-        if let Some(sub) = flags_of(ctx, &full) {
-            (name, flags) = (full, sub);
+        let sub = ffi::string_bytes_of(inner[1]);
+        if let Some(full) = LowerName::new(&[name, sub]) {
+            if let Some(sub_flags) = flags_of(ctx, full.get()) {
+                return guarded::check_inner(full.get(), sub_flags);
+            }
         }
     }
-    Ok((guarded::check_inner(&name, flags)?, name))
+    guarded::check_inner(lower.get(), flags)
 }
 
 /// Runs the inner command as planned: its reply, or why it did not run.
-fn run(ctx: Ctx, inner: &[RString], how: Guarded, name: &[u8]) -> Result<CallReply, LockError> {
+fn run(ctx: Ctx, inner: &[RString], how: Guarded) -> Result<CallReply, LockError> {
     // A script's own commands meet the script rules (S) in the script
     // engine; EVAL and FCALL themselves are no-script commands, which S
     // refuses.
-    let flags = match how {
-        Guarded::Command => "CSM!0",
-        Guarded::Script => "CM!0",
+    let flags: &CStr = match how {
+        Guarded::Command => c"CSM!0v",
+        Guarded::Script => c"CM!0v",
     };
-    ffi::call(ctx, inner, flags).map_err(|errno| refusal(ctx, inner, flags, errno, name))
+    ffi::call(ctx, inner, flags).map_err(|errno| refusal(ctx, inner, how, errno))
 }
 
 /// Why RM_Call ran nothing, as the caller would have been told had it
 /// called the command directly.
 #[cold]
-fn refusal(ctx: Ctx, inner: &[RString], flags: &str, errno: c_int, name: &[u8]) -> LockError {
-    let shown = crate::core::error::show_arg(name);
+fn refusal(ctx: Ctx, inner: &[RString], how: Guarded, errno: c_int) -> LockError {
+    let shown = crate::core::error::show_arg(ffi::string_bytes_of(inner[0]));
     if errno == libc::EACCES {
         return LockError::InnerRefused(format!(
             "NOPERM this user has no permissions to run the {shown} command or to access one of its keys"
@@ -101,7 +166,11 @@ fn refusal(ctx: Ctx, inner: &[RString], flags: &str, errno: c_int, name: &[u8]) 
     // The same call again with E (errors as replies) meets the same
     // refusal before running (nothing ran in between) and says why in
     // the server's own words.
-    match ffi::call(ctx, inner, &format!("{flags}E")) {
+    let flags: &CStr = match how {
+        Guarded::Command => c"CSM!0Ev",
+        Guarded::Script => c"CM!0Ev",
+    };
+    match ffi::call(ctx, inner, flags) {
         Ok(reply) if ffi::is_error_reply(&reply) => {
             LockError::InnerRefused(ffi::call_reply_string(&reply).unwrap_or_default())
         }
@@ -134,7 +203,7 @@ pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     }
     let a = guarded::parse_exec(argv.bytes(), argv.all().len())?;
     let inner = &argv.all()[a.command_at..];
-    let (how, name) = plan(ctx, inner)?;
+    let how = plan(ctx, inner)?;
     {
         let store = ReadKey::open(ctx, argv.key())?;
         let now_ms = node::mono_ms();
@@ -145,7 +214,7 @@ pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         // The lock's key is closed before the command runs: it may be one
         // of the command's keys.
     }
-    let reply = run(ctx, inner, how, &name)?;
+    let reply = run(ctx, inner, how)?;
     STATS.exec_ran.fetch_add(1, Relaxed);
     Ok(Reply::Call(reply))
 }
@@ -180,7 +249,7 @@ pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         }
     }
     let reply = match (inner, plan) {
-        (Some(inner), Some((how, name))) => Some(run(ctx, inner, how, &name)?),
+        (Some(inner), Some(how)) => Some(run(ctx, inner, how)?),
         _ => None,
     };
     record(ctx, argv.key(), a.fence);
