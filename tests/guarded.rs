@@ -593,3 +593,62 @@ fn a_guarded_command_that_deletes_its_own_lock_frees_it() {
     let e = run_err(&mut c, &["LOCK.ACQUIRE", "k", "c", "1000"]);
     assert!(e.starts_with("WRONGTYPE"), "{e}");
 }
+
+/// Found by attacking the commands: a script that runs `LOCK.EXEC` of
+/// `EVAL` made the server assert (a script cannot start another), and a
+/// chain of nested guards made the key callback recurse once per three
+/// arguments (a stack overflow for a long one). Both are refused now, and
+/// a guard inside `MULTI` or a script still works.
+#[test]
+fn guards_inside_scripts_transactions_and_chains_keep_the_server_up() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "t", 60_000).unwrap();
+    for inner in ["EVAL", "FCALL"] {
+        let e = redis::cmd("EVAL")
+            .arg(format!(
+                "return redis.call('LOCK.EXEC', KEYS[1], ARGV[1], '{inner}', 'return 1', '0')"
+            ))
+            .arg(1)
+            .arg("k")
+            .arg("t")
+            .query::<redis::Value>(&mut c)
+            .unwrap_err();
+        assert!(error_text(&e).contains("NOTGUARDABLE"), "{e}");
+    }
+    let ok: String = redis::cmd("EVAL")
+        .arg("return redis.call('LOCK.EXEC', KEYS[1], ARGV[1], 'SET', 'x', '1')")
+        .arg(1)
+        .arg("k")
+        .arg("t")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let (n, m): (i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("LOCK.EXEC")
+        .arg("k")
+        .arg("t")
+        .arg("INCR")
+        .arg("n")
+        .cmd("LOCK.EXEC")
+        .arg("k")
+        .arg("t")
+        .arg("EVAL")
+        .arg("return redis.call('INCR', 'n')")
+        .arg(0)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!((n, m), (1, 2));
+    // COMMAND GETKEYS of a long chain of nested guards.
+    let mut cmd = redis::cmd("COMMAND");
+    cmd.arg("GETKEYS");
+    for _ in 0..200_000 {
+        cmd.arg("LOCK.EXEC").arg("k").arg("t");
+    }
+    cmd.arg("GET").arg("x");
+    let keys: Vec<String> = cmd.query(&mut c).unwrap();
+    assert_eq!(keys, ["k"]);
+    let pong: String = redis::cmd("PING").query(&mut c).unwrap();
+    assert_eq!(pong, "PONG");
+}

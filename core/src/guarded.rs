@@ -31,6 +31,18 @@ pub struct FencedArgs {
     pub command_at: Option<usize>,
 }
 
+/// Whether `name` (any case) runs a script or function.
+pub fn is_script_command(name: &[u8]) -> bool {
+    SCRIPT_COMMANDS.iter().any(|s| s.eq_ignore_ascii_case(name))
+}
+
+/// Whether `name` is one of this module's commands (any case): a guarded
+/// command never runs one, and its key callback does not descend into one
+/// (a chain of nested guards would recurse once per three arguments).
+pub fn is_lock_command(name: &[u8]) -> bool {
+    name.len() >= 5 && name[..5].eq_ignore_ascii_case(b"lock.")
+}
+
 /// Where `LOCK.EXEC`'s inner command starts, from its first five arguments
 /// (`head`) alone: the `FENCE` word is the only option, and no Redis command
 /// is called FENCE.
@@ -180,18 +192,26 @@ const SCRIPT_COMMANDS: [&[u8]; 6] = [
 /// Refused: `LOCK.*` (a guard inside a guard, or a lock changed under its
 /// own check), commands that block, change the connection's state or
 /// transaction (`MULTI`, `WATCH`, `SUBSCRIBE`: pub/sub and no-script), and
-/// admin commands.
-pub fn check_inner(name: &[u8], flags: CommandFlags) -> Result<Guarded, LockError> {
+/// admin commands. `in_script`: the guard itself was called from a script
+/// or function, which cannot start another (the server asserts on it).
+pub fn check_inner(
+    name: &[u8],
+    flags: CommandFlags,
+    in_script: bool,
+) -> Result<Guarded, LockError> {
     let refuse = |why| {
         Err(LockError::NotGuardable(
             show_arg(&name.to_ascii_lowercase()),
             why,
         ))
     };
-    if name.len() >= 5 && name[..5].eq_ignore_ascii_case(b"lock.") {
+    if is_lock_command(name) {
         return refuse("lock commands are not run guarded");
     }
-    if SCRIPT_COMMANDS.iter().any(|s| s.eq_ignore_ascii_case(name)) {
+    if is_script_command(name) {
+        if in_script {
+            return refuse("a script or function cannot run another");
+        }
         return Ok(Guarded::Script);
     }
     if flags.contains(CommandFlags::BLOCKING) {
@@ -303,7 +323,7 @@ mod tests {
             (b"publish", CommandFlags::PUBSUB),
             (b"config|set", CommandFlags::ADMIN | CommandFlags::NOSCRIPT),
         ] {
-            let refused = check_inner(name, flags).unwrap_err();
+            let refused = check_inner(name, flags, false).unwrap_err();
             assert!(refused.to_string().starts_with("NOTGUARDABLE"), "{refused}");
         }
     }

@@ -125,20 +125,23 @@ impl LowerName {
 /// How the inner command `inner` (its name first) may run, or why not.
 fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
     let name = ffi::string_bytes_of(inner[0]);
+    // Asked only for a script command (the flags cost a little to read).
+    let in_script = guarded::is_script_command(name)
+        && ffi::context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LUA != 0;
     let Some(lower) = LowerName::new(&[name]) else {
         // No command has such a name: RM_Call says so.
-        return guarded::check_inner(name, CommandFlags::empty());
+        return guarded::check_inner(name, CommandFlags::empty(), in_script);
     };
     let flags = flags_of(ctx, lower.get()).unwrap_or_default();
     if flags.contains(CommandFlags::CONTAINER) && inner.len() > 1 {
         let sub = ffi::string_bytes_of(inner[1]);
         if let Some(full) = LowerName::new(&[name, sub]) {
             if let Some(sub_flags) = flags_of(ctx, full.get()) {
-                return guarded::check_inner(full.get(), sub_flags);
+                return guarded::check_inner(full.get(), sub_flags, in_script);
             }
         }
     }
-    guarded::check_inner(lower.get(), flags)
+    guarded::check_inner(lower.get(), flags, in_script)
 }
 
 /// Runs the inner command as planned: its reply, or why it did not run.
@@ -187,7 +190,14 @@ fn report_keys(ctx: Ctx, argv: &Argv, command_at: usize, key_flags: u64) {
     if all.len() > 1 {
         ffi::report_key(ctx, 1, key_flags);
     }
-    if let Some(inner) = all.get(command_at..).filter(|i| !i.is_empty()) {
+    // Not into a nested guard (refused when run anyway): each level would
+    // recurse through the server once more, and a long chain of them
+    // would exhaust the stack.
+    let inner = all.get(command_at..).filter(|i| {
+        i.first()
+            .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(*name)))
+    });
+    if let Some(inner) = inner {
         for (pos, flags) in ffi::command_keys(ctx, inner) {
             ffi::report_key(ctx, command_at + pos, flags);
         }
