@@ -303,17 +303,23 @@ mod tests {
     fn which_commands_run_guarded() {
         let none = CommandFlags::empty();
         assert_eq!(
-            check_inner(b"SET", CommandFlags::WRITE),
+            check_inner(b"SET", CommandFlags::WRITE, false),
             Ok(Guarded::Command)
         );
         assert_eq!(
-            check_inner(b"FCALL", CommandFlags::NOSCRIPT),
+            check_inner(b"SET", CommandFlags::WRITE, true),
+            Ok(Guarded::Command)
+        );
+        assert_eq!(
+            check_inner(b"FCALL", CommandFlags::NOSCRIPT, false),
             Ok(Guarded::Script)
         );
         assert_eq!(
-            check_inner(b"evalsha", CommandFlags::NOSCRIPT),
+            check_inner(b"evalsha", CommandFlags::NOSCRIPT, false),
             Ok(Guarded::Script)
         );
+        // A script cannot start another.
+        assert!(check_inner(b"EVAL", CommandFlags::NOSCRIPT, true).is_err());
         for (name, flags) in [
             (&b"LOCK.RELEASE"[..], none),
             (b"lock.exec", none),
