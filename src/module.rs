@@ -19,8 +19,9 @@ use crate::redis::{
 
 /// Where each option's value lives (the node's limits), in the order of
 /// `protocol::OPTIONS`, which owns their names, bounds and defaults.
-const TARGETS: [Target; 5] = [
+const TARGETS: [Target; 6] = [
     Target::Numeric(&engine::RESTART_DELAY_MS),
+    Target::Numeric(&engine::LOCK_DELAY_MS),
     Target::Numeric(&engine::MAX_TTL_MS),
     Target::Numeric(&engine::MAX_WAITERS_PER_KEY),
     Target::Numeric(&engine::MAX_TOKEN_LEN),

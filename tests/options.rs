@@ -57,6 +57,7 @@ fn every_option_is_listed_with_its_default() {
     pairs.sort();
     let expected = [
         ("lock.allow-eviction", "no"),
+        ("lock.lock-delay-ms", "0"),
         ("lock.max-token-len", "512"),
         ("lock.max-ttl-ms", "604800000"),
         ("lock.max-waiters-per-key", "100000"),
@@ -107,6 +108,7 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.max-token-len", &["0", "513", "x"]),
         ("lock.max-waiters-per-key", &["0", "100000001", "-5"]),
         ("lock.restart-delay-ms", &["-1", "316224000001", "1e3"]),
+        ("lock.lock-delay-ms", &["-1", "316224000001", "x"]),
         ("lock.allow-eviction", &["maybe", "2"]),
     ];
     for (name, values) in cases {
@@ -129,6 +131,8 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.max-token-len", "512"),
         ("lock.max-waiters-per-key", "1"),
         ("lock.restart-delay-ms", "0"),
+        ("lock.lock-delay-ms", "316224000000"),
+        ("lock.lock-delay-ms", "0"),
     ] {
         config_set(&mut c, name, value).unwrap();
         assert_eq!(config_get(&mut c, name), value);

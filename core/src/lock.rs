@@ -52,6 +52,24 @@ impl Lock<'_> {
     pub fn remaining_ms(&self, now_ms: i64) -> i64 {
         self.deadline_ms.saturating_sub(now_ms).max(0)
     }
+
+    /// Until when its key grants nothing: the end of the lease and, since
+    /// a lock still stored after its lease is one nobody released,
+    /// `lock_delay_ms` more (lock-delay).
+    pub fn grants_held_until(&self, lock_delay_ms: i64) -> i64 {
+        self.deadline_ms.saturating_add(lock_delay_ms)
+    }
+}
+
+/// When a lease that ended unreleased stops holding its key back
+/// (lock-delay), if it still does at `now_ms`. A released or deleted lock
+/// leaves no value behind, so it holds nothing back.
+pub fn delayed_until(store: &impl LockRead, lock_delay_ms: i64, now_ms: i64) -> Option<i64> {
+    store
+        .stored()
+        .filter(|l| !l.is_live(now_ms))
+        .map(|l| l.grants_held_until(lock_delay_ms))
+        .filter(|&until| until > now_ms)
 }
 
 /// Why a lock leaves its key.
@@ -146,12 +164,14 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
 /// `min_fence` when nothing above it was issued here, so Redlock's second
 /// phase gives the granting nodes one token. A contended or refused ACQUIRE
 /// changes nothing, the mark included.
+#[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
 pub fn acquire(
     store: &mut impl Ledger,
     fences: &mut impl FenceSource,
     token: &[u8],
     ttl_ms: i64,
     min_fence: i64,
+    lock_delay_ms: i64,
     now: Now,
 ) -> Result<Acquired, LockError> {
     let now_ms = now.mono_ms();
@@ -171,6 +191,7 @@ pub fn acquire(
             Ok(Acquired::Renewed(fence))
         }
         Some(_) => Ok(Acquired::Contended),
+        None if delayed_until(store, lock_delay_ms, now_ms).is_some() => Ok(Acquired::Contended),
         None => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;
             let replaces_ended = store.stored().is_some();
@@ -201,9 +222,13 @@ pub fn release(store: &mut impl Ledger, token: &[u8], now_ms: i64) -> bool {
     held
 }
 
-/// Removes the lock if its lease has ended (an expiration). True if it did.
-pub fn reclaim(store: &mut impl Ledger, now_ms: i64) -> bool {
-    let ended = store.stored().is_some_and(|l| !l.is_live(now_ms));
+/// Removes the lock if its lease has ended and its lock-delay passed (an
+/// expiration): kept until then, it holds the key back across restarts
+/// too. True if it did.
+pub fn reclaim(store: &mut impl Ledger, lock_delay_ms: i64, now_ms: i64) -> bool {
+    let ended = store
+        .stored()
+        .is_some_and(|l| now_ms >= l.grants_held_until(lock_delay_ms));
     if ended {
         store.remove(Removal::Ended);
     }
@@ -359,7 +384,7 @@ pub mod tests {
     #[test]
     fn first_acquire_grants_with_a_clock_fence_and_absolute_deadline() {
         let (mut store, mut fences) = fixture();
-        let got = acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0)));
+        let got = acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
         assert_eq!(deadline_of(&store), T0 + 100);
     }
@@ -367,13 +392,14 @@ pub mod tests {
     #[test]
     fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert_eq!(store.lock.as_ref().unwrap().granted_ms, Some(T0));
         acquire(
             &mut store,
             &mut fences,
             b"a",
             100,
+            0,
             0,
             Now::same(us(T0 + 50)),
         )
@@ -385,6 +411,7 @@ pub mod tests {
             b"a",
             100,
             us(T0) + 9,
+            0,
             Now::same(us(T0 + 70)),
         );
         assert_eq!(
@@ -404,6 +431,7 @@ pub mod tests {
             b"b",
             100,
             0,
+            0,
             Now::same(us(T0 + 90)),
         )
         .unwrap();
@@ -413,13 +441,14 @@ pub mod tests {
     #[test]
     fn same_token_gets_same_fence_and_a_fresh_lease() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         let lease = store.lock.as_ref().unwrap().lease;
         let again = acquire(
             &mut store,
             &mut fences,
             b"a",
             500,
+            0,
             0,
             Now::same(us(T0 + 50)),
         );
@@ -432,12 +461,13 @@ pub mod tests {
     #[test]
     fn other_token_is_contended_until_the_instant_the_lease_ends() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         let busy = acquire(
             &mut store,
             &mut fences,
             b"b",
             100,
+            0,
             0,
             Now::same(us(T0 + 99)),
         );
@@ -448,6 +478,7 @@ pub mod tests {
             b"b",
             100,
             0,
+            0,
             Now::same(us(T0 + 100)),
         );
         assert_eq!(free, Ok(Acquired::Granted(us(T0 + 100))));
@@ -456,7 +487,7 @@ pub mod tests {
     #[test]
     fn release_only_by_the_live_holder() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert!(!release(&mut store, b"b", T0 + 1));
         assert!(store.lock.is_some());
         assert!(release(&mut store, b"a", T0 + 1));
@@ -467,14 +498,14 @@ pub mod tests {
     #[test]
     fn release_after_expiry_is_zero() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert!(!release(&mut store, b"a", T0 + 100));
     }
 
     #[test]
     fn extend_renews_the_holder_and_never_revives() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert_eq!(extend(&mut store, b"b", 1000, T0 + 10), Ok(false));
         assert_eq!(extend(&mut store, b"a", 1000, T0 + 10), Ok(true));
         assert_eq!(deadline_of(&store), T0 + 1010);
@@ -486,7 +517,7 @@ pub mod tests {
     fn fence_reads_the_live_holder_only() {
         let (mut store, mut fences) = fixture();
         assert_eq!(fence(&store, None, T0), None);
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert_eq!(fence(&store, None, T0), Some(us(T0)));
         assert_eq!(fence(&store, Some(b"a"), T0), Some(us(T0)));
         assert_eq!(fence(&store, Some(b"b"), T0), None);
@@ -500,7 +531,7 @@ pub mod tests {
         for i in 0..10 {
             let now = T0 + (i / 3) * 1000;
             let Ok(Acquired::Granted(f)) =
-                acquire(&mut store, &mut fences, b"x", 10, 0, Now::same(us(now)))
+                acquire(&mut store, &mut fences, b"x", 10, 0, 0, Now::same(us(now)))
             else {
                 panic!("expected a grant");
             };
@@ -519,6 +550,7 @@ pub mod tests {
             b"a",
             i64::MAX,
             0,
+            0,
             Now::same(us(T0)),
         );
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
@@ -529,10 +561,19 @@ pub mod tests {
     #[test]
     fn take_back_removes_only_the_very_lease_it_granted() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         let granted = store.lock.clone().unwrap();
         // The same token renews on another connection before the take-back.
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0 + 1))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            100,
+            0,
+            0,
+            Now::same(us(T0 + 1)),
+        )
+        .unwrap();
         assert!(!take_back(&mut store, granted.fence, granted.lease, T0 + 2));
         assert!(store.lock.is_some(), "the renewed lease stays");
         let renewed = store.lock.clone().unwrap();
@@ -544,18 +585,18 @@ pub mod tests {
     fn min_fence_raises_a_grant_and_every_later_one() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         let n = us(T0) + 5_000_000;
-        let got = acquire(&mut store, &mut fences, b"a", 100, n, Now::same(us(T0)));
+        let got = acquire(&mut store, &mut fences, b"a", 100, n, 0, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(n)));
         assert!(fences.hwm() >= n);
         release(&mut store, b"a", T0);
-        let next = acquire(&mut store, &mut fences, b"b", 100, 0, Now::same(us(T0)));
+        let next = acquire(&mut store, &mut fences, b"b", 100, 0, 0, Now::same(us(T0)));
         assert_eq!(next, Ok(Acquired::Granted(n + 1)));
     }
 
     #[test]
     fn min_fence_below_the_next_token_changes_nothing_about_it() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let got = acquire(&mut store, &mut fences, b"a", 100, 3, Now::same(us(T0)));
+        let got = acquire(&mut store, &mut fences, b"a", 100, 3, 0, Now::same(us(T0)));
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
     }
 
@@ -563,7 +604,7 @@ pub mod tests {
     fn min_fence_raises_the_holders_own_token_and_renews() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         let Ok(Acquired::Granted(first)) =
-            acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0)))
+            acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0)))
         else {
             panic!()
         };
@@ -574,6 +615,7 @@ pub mod tests {
             b"a",
             500,
             t,
+            0,
             Now::same(us(T0 + 50)),
         );
         assert_eq!(got, Ok(Acquired::Renewed(t)));
@@ -590,6 +632,7 @@ pub mod tests {
             b"a",
             100,
             t - 7,
+            0,
             Now::same(us(T0 + 60)),
         );
         assert_eq!(again, Ok(Acquired::Renewed(t)));
@@ -598,7 +641,7 @@ pub mod tests {
     #[test]
     fn a_contended_or_refused_min_fence_changes_nothing() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         let (before_slot, before_hwm) = (store.lock.clone(), fences.hwm());
         let busy = acquire(
             &mut store,
@@ -606,6 +649,7 @@ pub mod tests {
             b"b",
             100,
             i64::MAX / 2,
+            0,
             Now::same(us(T0)),
         );
         assert_eq!(busy, Ok(Acquired::Contended));
@@ -615,6 +659,7 @@ pub mod tests {
             b"a",
             100,
             i64::MAX,
+            0,
             Now::same(us(T0)),
         );
         assert!(matches!(huge, Err(LockError::BadFence(_))));
@@ -631,18 +676,18 @@ pub mod tests {
         let mut fences = FenceCounter::default();
         let (mut a, mut b) = (MemStore::default(), MemStore::default());
         let Ok(Acquired::Granted(fa)) =
-            acquire(&mut a, &mut fences, b"A", 60_000, 0, Now::same(us(T0)))
+            acquire(&mut a, &mut fences, b"A", 60_000, 0, 0, Now::same(us(T0)))
         else {
             panic!()
         };
         let Ok(Acquired::Granted(fb)) =
-            acquire(&mut b, &mut fences, b"B", 60_000, 0, Now::same(us(T0)))
+            acquire(&mut b, &mut fences, b"B", 60_000, 0, 0, Now::same(us(T0)))
         else {
             panic!()
         };
         assert!(fb > fa);
         let Ok(Acquired::Renewed(raised)) =
-            acquire(&mut a, &mut fences, b"A", 60_000, fb, Now::same(us(T0)))
+            acquire(&mut a, &mut fences, b"A", 60_000, fb, 0, Now::same(us(T0)))
         else {
             panic!()
         };
@@ -654,20 +699,29 @@ pub mod tests {
     #[test]
     fn an_ended_lock_is_reclaimed_once_and_a_live_one_never() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
-        assert!(!reclaim(&mut store, T0 + 99));
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        assert!(!reclaim(&mut store, 0, T0 + 99));
         assert!(store.lock.is_some());
-        assert!(reclaim(&mut store, T0 + 100));
-        assert!(!reclaim(&mut store, T0 + 100));
+        assert!(reclaim(&mut store, 0, T0 + 100));
+        assert!(!reclaim(&mut store, 0, T0 + 100));
         assert_eq!(store.removed, vec![Removal::Ended]);
     }
 
     #[test]
     fn the_store_is_told_why_a_lock_leaves() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, Now::same(us(T0))).unwrap();
+        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
         assert!(release(&mut store, b"a", T0 + 1));
-        acquire(&mut store, &mut fences, b"b", 100, 0, Now::same(us(T0 + 2))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            100,
+            0,
+            0,
+            Now::same(us(T0 + 2)),
+        )
+        .unwrap();
         let held = store.lock.clone().unwrap();
         assert!(take_back(&mut store, held.fence, held.lease, T0 + 3));
         assert_eq!(store.removed, vec![Removal::Released, Removal::TakenBack]);
@@ -683,7 +737,7 @@ pub mod tests {
             wall_us: (mono_ms + wall_step_ms) * 1000,
         };
         let Ok(Acquired::Granted(f1)) =
-            acquire(&mut store, &mut fences, b"a", 20_000, 0, at(T0, 0))
+            acquire(&mut store, &mut fences, b"a", 20_000, 0, 0, at(T0, 0))
         else {
             panic!()
         };
@@ -693,6 +747,7 @@ pub mod tests {
             &mut fences,
             b"b",
             20_000,
+            0,
             0,
             at(T0 + 1, 3_600_000),
         );
@@ -705,6 +760,7 @@ pub mod tests {
             &mut fences,
             b"b",
             100,
+            0,
             0,
             at(T0 + 20_000, -3_600_000),
         ) else {

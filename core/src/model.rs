@@ -51,6 +51,8 @@ const MAX_TTL: [i64; 2] = [1000, 15];
 const DELAY: [i64; 2] = [0, 30];
 /// The two values `lock.max-token-len` takes (tokens are 1 or 2 bytes).
 const MAX_TOKEN: [usize; 2] = [512, 1];
+/// The two values `lock.lock-delay-ms` takes.
+const LOCK_DELAY: [i64; 2] = [0, 40];
 /// The two values `lock.max-waiters-per-key` takes (six clients: the
 /// default never fills a line, 2 often does).
 const MAX_LINE: [usize; 2] = [10_000, 2];
@@ -111,6 +113,8 @@ enum Op {
         delay: usize,
         max_token: usize,
         max_line: usize,
+        /// `lock.lock-delay-ms`, as an index of LOCK_DELAY.
+        lock_delay: usize,
     },
     /// Used memory crosses maxmemory (OOM), or an `allkeys-*` policy is
     /// set or cleared (locks evictable), for every call from now on.
@@ -157,8 +161,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
         1 => (0..2usize, 0..2usize, 0..2usize)
-            .prop_flat_map(|(max_ttl, delay, max_token)| (0..2usize).prop_map(move |max_line|
-                Op::Config { max_ttl, delay, max_token, max_line })),
+            .prop_flat_map(|(max_ttl, delay, max_token)| (0..2usize, 0..2usize).prop_map(
+                move |(max_line, lock_delay)|
+                    Op::Config { max_ttl, delay, max_token, max_line, lock_delay })),
         1 => prop_oneof![3 => Just((false, false)), 1 => Just((true, false)), 1 => Just((false, true))]
             .prop_map(|(oom, evictable)| Op::Memory { oom, evictable }),
         1 => Just(Op::Demote),
@@ -218,6 +223,8 @@ struct Reference {
     lines: BTreeMap<u8, Vec<RefWaiter>>,
     max_ttl: i64,
     delay: i64,
+    /// `lock.lock-delay-ms`.
+    lock_delay: i64,
     serving_since: i64,
     replica: bool,
     wrongtype: BTreeSet<u8>,
@@ -255,6 +262,25 @@ impl Reference {
 
     fn live(&self, key: u8, now: i64) -> Option<&Held> {
         self.locks.get(&key).filter(|h| now < h.deadline_ms)
+    }
+
+    /// A lease that ended unreleased still holds its key back (lock-delay).
+    fn delayed(&self, key: u8, now: i64) -> bool {
+        self.locks
+            .get(&key)
+            .is_some_and(|h| h.deadline_ms <= now && now < h.deadline_ms + self.lock_delay)
+    }
+
+    /// A command that touches a lock whose lease and lock-delay have both
+    /// passed reclaims it (the node's release and extend do).
+    fn reclaim_touched(&mut self, key: u8, now: i64) {
+        if self
+            .locks
+            .get(&key)
+            .is_some_and(|h| now >= h.deadline_ms + self.lock_delay)
+        {
+            self.locks.remove(&key);
+        }
     }
 
     fn paused(&self, now: i64) -> i64 {
@@ -346,6 +372,7 @@ impl Reference {
             let renews = match self.live(key, now) {
                 Some(h) if h.token != front.token => return,
                 Some(_) => true,
+                None if self.delayed(key, now) => return,
                 None if self.paused(now) > 0 => return,
                 None => false,
             };
@@ -454,6 +481,10 @@ impl Reference {
             None if self.refuse_new_holder(&r.token).is_some() => {
                 error(self.refuse_new_holder(&r.token).unwrap())
             }
+            None if self.delayed(key, now) => match r.block {
+                Some(timeout) => self.enqueue(client, key, r, timeout, now),
+                None => Told::Nil,
+            },
             None => match (self.paused(now), r.block) {
                 (0, _) => Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now)),
                 (_, Some(timeout)) => self.enqueue(client, key, r, timeout, now),
@@ -833,6 +864,8 @@ fn run(ops: &[Op]) {
                         if released {
                             model.locks.remove(&key);
                             model.settle(key, now, &mut model_told);
+                        } else {
+                            model.reclaim_touched(key, now);
                         }
                         Told::Released(released)
                     }
@@ -872,6 +905,8 @@ fn run(ops: &[Op]) {
                             let l = model.locks.get_mut(&key).unwrap();
                             l.deadline_ms = now + ttl;
                             l.lease = lease;
+                        } else {
+                            model.reclaim_touched(key, now);
                         }
                         Told::Extended(held)
                     }
@@ -986,7 +1021,9 @@ fn run(ops: &[Op]) {
                 delay,
                 max_token,
                 max_line,
+                lock_delay,
             } => {
+                model.lock_delay = LOCK_DELAY[lock_delay];
                 model.max_ttl = MAX_TTL[max_ttl];
                 model.delay = DELAY[delay];
                 model.max_token_len = MAX_TOKEN[max_token];
@@ -996,6 +1033,7 @@ fn run(ops: &[Op]) {
                     restart_delay_ms: DELAY[delay],
                     max_token_len: MAX_TOKEN[max_token],
                     max_waiters_per_key: MAX_LINE[max_line],
+                    lock_delay_ms: LOCK_DELAY[lock_delay],
                     ..Limits::default()
                 };
                 h.node.set_limits(limits, now);
@@ -1056,6 +1094,7 @@ fn run(ops: &[Op]) {
             Op::Sweep { key } => {
                 let acts_alone = !model.replica && !model.writes_paused;
                 if model.live(key, now).is_none()
+                    && !model.delayed(key, now)
                     && acts_alone
                     && model.locks.remove(&key).is_some()
                 {
@@ -1071,7 +1110,10 @@ fn run(ops: &[Op]) {
                 let reclaimed = h.with_store(key, |node, store, denied| {
                     let admit = &mut |c: u8| !denied.contains(&c);
                     store.is_ok_and(|s| {
-                        let ended = s.stored().is_some_and(|l| !l.is_live(now));
+                        let delay = node.limits().lock_delay_ms;
+                        let ended = s
+                            .stored()
+                            .is_some_and(|l| now >= l.grants_held_until(delay));
                         let reclaimed = node.reclaim(&key, s, cond, admit, at);
                         assert_eq!(reclaimed, ended && acts_alone);
                         reclaimed
@@ -1151,8 +1193,11 @@ fn run(ops: &[Op]) {
             }
             // After a pause the node looks again within RETRY_MS.
             let resumed = !model.resume_pending || now > resumed_at + RETRY_MS;
-            let grantable =
-                !h.replica && !h.writes_paused && resumed && h.node.grants_paused_ms(now) == 0;
+            let grantable = !h.replica
+                && !h.writes_paused
+                && resumed
+                && h.node.grants_paused_ms(now) == 0
+                && !model.delayed(key, now);
             if h.node.waiting_on(&key) > 0 && grantable {
                 assert!(
                     engine_lock.is_some(),

@@ -34,7 +34,7 @@ use crate::guarded;
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
-use crate::waiters::{Outcome, Request, Turn, Waiters, Wake};
+use crate::waiters::{HeldBack, Outcome, Request, Turn, Waiters, Wake};
 
 /// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
 /// again this soon.
@@ -55,13 +55,17 @@ pub struct Limits {
     pub restart_delay_ms: i64,
     /// `lock.allow-eviction`: grant while maxmemory-policy can evict locks.
     pub allow_eviction: bool,
+    /// `lock.lock-delay-ms`: after a lease ends without a release, no grant
+    /// of its key for this long.
+    pub lock_delay_ms: i64,
 }
 
 impl Default for Limits {
     /// Every option at its default (`protocol::OPTIONS`).
     fn default() -> Self {
         use crate::protocol::{
-            ALLOW_EVICTION, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS, MAX_WAITERS_PER_KEY, RESTART_DELAY_MS,
+            ALLOW_EVICTION, LOCK_DELAY_MS, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS, MAX_WAITERS_PER_KEY,
+            RESTART_DELAY_MS,
         };
         Limits {
             max_ttl_ms: MAX_TTL_MS.default_value(),
@@ -69,6 +73,7 @@ impl Default for Limits {
             max_waiters_per_key: MAX_WAITERS_PER_KEY.default_value() as usize,
             restart_delay_ms: RESTART_DELAY_MS.default_value(),
             allow_eviction: ALLOW_EVICTION.default_value() != 0,
+            lock_delay_ms: LOCK_DELAY_MS.default_value(),
         }
     }
 }
@@ -379,12 +384,21 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             Some(held) => Some(held.deadline_ms),
             None => {
                 self.limits.check_new_holder(req.token, cond)?;
-                match self.grants_paused_ms(now_ms) {
-                    0 => None,
-                    paused if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) => {
+                // A lease that ended unreleased holds the key back first
+                // (lock-delay): a waiter is looked at again when it ends,
+                // an ACQUIRE without BLOCK is refused as while it was held.
+                match (
+                    lock::delayed_until(store, self.limits.lock_delay_ms, now_ms),
+                    self.grants_paused_ms(now_ms),
+                ) {
+                    (Some(until), _) => Some(until),
+                    (None, 0) => None,
+                    (None, paused)
+                        if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) =>
+                    {
                         Some(now_ms.saturating_add(paused))
                     }
-                    paused => return Err(LockError::GrantsPaused(paused)),
+                    (None, paused) => return Err(LockError::GrantsPaused(paused)),
                 }
             }
         };
@@ -422,6 +436,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             req.token,
             req.ttl_ms,
             req.min_fence,
+            self.limits.lock_delay_ms,
             now,
         )?;
         Ok(match acquired {
@@ -478,7 +493,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 .push_back(Output::Event(key.clone(), Event::Release));
         }
         // An ended lease still stored is reclaimed when touched.
-        if released || lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms) {
+        let delay = self.limits.lock_delay_ms;
+        if released || lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(released)
@@ -502,12 +518,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.settle_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
         let extended = lock::extend(&mut self.ledger(key, store, now_ms), token, ttl_ms, now_ms)?;
+        let delay = self.limits.lock_delay_ms;
         if extended {
             self.outputs.push_back(Output::Count(Stat::Extend));
             self.outputs
                 .push_back(Output::Event(key.clone(), Event::Extend));
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
-        } else if lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms) {
+        } else if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)
@@ -717,9 +734,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             leases: &mut self.leases,
             now_ms: now.mono_ms(),
         };
+        let held_back = HeldBack {
+            grants_paused_ms: paused,
+            lock_delay_ms: limits.lock_delay_ms,
+        };
         let wakes =
             self.waiters
-                .settle_checked(key, &mut ledger, &mut self.fences, now, paused, admit);
+                .settle_checked(key, &mut ledger, &mut self.fences, now, held_back, admit);
         for wake in wakes {
             push_wake(&mut self.outputs, wake);
         }
@@ -740,7 +761,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             return false; // the master reclaims; or later
         }
         let now_ms = now.mono_ms();
-        let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), now_ms);
+        let delay = self.limits.lock_delay_ms;
+        let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
         if reclaimed {
             self.settle_in_command(key, store, cond, admission, now);
         }

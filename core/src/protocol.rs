@@ -122,6 +122,15 @@ pub const RESTART_DELAY_MS: OptionSpec = OptionSpec::Numeric {
     max: MAX_DURATION_MS,
 };
 
+/// `lock.lock-delay-ms`: after a lease ends without a release (its holder
+/// died or stalled), the key grants nothing for this long (0: off).
+pub const LOCK_DELAY_MS: OptionSpec = OptionSpec::Numeric {
+    name: "lock-delay-ms",
+    default: 0,
+    min: 0,
+    max: MAX_DURATION_MS,
+};
+
 /// `lock.max-ttl-ms`: the longest lease.
 pub const MAX_TTL_MS: OptionSpec = OptionSpec::Numeric {
     name: "max-ttl-ms",
@@ -153,8 +162,9 @@ pub const ALLOW_EVICTION: OptionSpec = OptionSpec::Bool {
 };
 
 /// Every option, in the order `CONFIG GET lock.*` documents them.
-pub const OPTIONS: [OptionSpec; 5] = [
+pub const OPTIONS: [OptionSpec; 6] = [
     RESTART_DELAY_MS,
+    LOCK_DELAY_MS,
     MAX_TTL_MS,
     MAX_WAITERS_PER_KEY,
     MAX_TOKEN_LEN_OPTION,

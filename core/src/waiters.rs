@@ -54,6 +54,16 @@ pub struct Wake<K, C> {
     pub waited_us: i64,
 }
 
+/// What holds new grants back while a key is otherwise free.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeldBack {
+    /// `lock.restart-delay-ms` still running: no new grants for this long.
+    pub grants_paused_ms: i64,
+    /// `lock.lock-delay-ms`: a lease that ended unreleased holds its key
+    /// back this long after its end.
+    pub lock_delay_ms: i64,
+}
+
 /// The waiter whose turn it is, as `settle_checked`'s `admit` sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Turn<'a, C> {
@@ -282,7 +292,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         now: Now,
         grants_paused_ms: i64,
     ) -> Vec<Wake<K, C>> {
-        self.settle_checked(key, store, fences, now, grants_paused_ms, |_| Ok(()))
+        let held_back = HeldBack {
+            grants_paused_ms,
+            lock_delay_ms: 0,
+        };
+        self.settle_checked(key, store, fences, now, held_back, |_| Ok(()))
     }
 
     /// [`settle`](Self::settle), where `admit` says whether the waiter whose
@@ -296,7 +310,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         store: &mut impl Ledger,
         fences: &mut impl FenceSource,
         now: Now,
-        grants_paused_ms: i64,
+        held_back: HeldBack,
         mut admit: impl FnMut(Turn<'_, C>) -> Result<(), LockError>,
     ) -> Vec<Wake<K, C>> {
         let (now_ms, now_us) = (now.mono_ms(), now.mono_us);
@@ -314,11 +328,19 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                     break;
                 }
                 Some(_) => true,
-                None if grants_paused_ms > 0 => {
-                    self.reschedule(key, now_ms.saturating_add(grants_paused_ms));
-                    break;
+                None => {
+                    let delayed = lock::delayed_until(store, held_back.lock_delay_ms, now_ms);
+                    if let Some(until) = delayed {
+                        self.reschedule(key, until);
+                        break;
+                    }
+                    if held_back.grants_paused_ms > 0 {
+                        let until = now_ms.saturating_add(held_back.grants_paused_ms);
+                        self.reschedule(key, until);
+                        break;
+                    }
+                    false
                 }
-                None => false,
             };
             let turn = Turn {
                 client: w.client,
@@ -331,7 +353,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 continue;
             }
             let w = &self.waiters[&id];
-            let acquired = lock::acquire(store, fences, &w.token, w.ttl_ms, w.min_fence, now);
+            let acquired = lock::acquire(
+                store,
+                fences,
+                &w.token,
+                w.ttl_ms,
+                w.min_fence,
+                held_back.lock_delay_ms,
+                now,
+            );
             let outcome = match acquired {
                 Ok(Acquired::Granted(fence)) => Outcome::Granted {
                     fence,
@@ -466,7 +496,7 @@ mod tests {
     }
 
     fn held_by(store: &mut MemStore, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
-        lock::acquire(store, fences, token, until_ms - T0, 0, Now::same(us(T0))).unwrap();
+        lock::acquire(store, fences, token, until_ms - T0, 0, 0, Now::same(us(T0))).unwrap();
     }
 
     fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
@@ -574,7 +604,7 @@ mod tests {
             &mut store,
             &mut fences,
             Now::same(us(T0 + 100)),
-            0,
+            HeldBack::default(),
             |t| {
                 if t.client == 1 {
                     Err(LockError::NoPermission)

@@ -188,6 +188,10 @@ pub static RESTART_DELAY_MS: NumericOption = NumericOption {
     get: |l| l.restart_delay_ms,
     set: |l, v| l.restart_delay_ms = v,
 };
+pub static LOCK_DELAY_MS: NumericOption = NumericOption {
+    get: |l| l.lock_delay_ms,
+    set: |l, v| l.lock_delay_ms = v,
+};
 pub static MAX_TTL_MS: NumericOption = NumericOption {
     get: |l| l.max_ttl_ms,
     set: |l, v| l.max_ttl_ms = v,
