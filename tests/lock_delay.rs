@@ -30,12 +30,13 @@ fn a_lease_that_ends_unreleased_holds_the_key_back_for_the_delay() {
     let s = Server::start();
     let mut c = s.conn();
     config_set(&mut c, "600");
+    // The server's deadline is at least `ended` (the request left after
+    // `sent`), so before `ended` + 500 ms the delay is surely running.
+    let sent = Instant::now();
     let first = acquire(&mut c, "job", "a", 100).unwrap();
-    let ended = Instant::now() + Duration::from_millis(100);
-    wait_until(Duration::from_secs(5), || Instant::now() > ended);
-    sleep(Duration::from_millis(20));
-    // Ended: nobody holds it, and nobody is granted it.
-    assert_eq!(fence(&mut c, "job"), None, "the lease has ended");
+    let ended = sent + Duration::from_millis(100);
+    // Ended (as the server sees it): nobody holds it, nobody is granted it.
+    wait_until(Duration::from_secs(5), || fence(&mut c, "job").is_none());
     assert_eq!(extend(&mut c, "job", "a", 1000), 0, "never revived");
     if Instant::now() < ended + Duration::from_millis(500) {
         assert_eq!(acquire(&mut c, "job", "b", 1000), None, "held back");
