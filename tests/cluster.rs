@@ -365,3 +365,50 @@ fn guarded_commands_keep_a_lock_and_its_data_in_one_slot() {
     let exists: i64 = redis::cmd("EXISTS").arg(&other).query(&mut client).unwrap();
     assert_eq!(exists, 0, "nothing ran");
 }
+
+/// `LOCK.ACQUIREALL` and `LOCK.RELEASEALL` declare every key: in a
+/// cluster they must share a slot (`CROSSSLOT` from Redis otherwise).
+#[test]
+fn multi_key_locks_keep_their_keys_in_one_slot() {
+    let cluster = Cluster::start(false);
+    let mut client = cluster.client();
+    let granted: i64 = redis::cmd("LOCK.ACQUIREALL")
+        .arg(2)
+        .arg("{stock}a")
+        .arg("{stock}b")
+        .arg("w")
+        .arg(60_000)
+        .query(&mut client)
+        .unwrap();
+    assert!(granted > 0);
+    let (key, slot) = key_on(&cluster.nodes[0], "plain:", 0, None);
+    let node = &cluster.nodes[0];
+    let other = (0..)
+        .map(|i| format!("other:{i}"))
+        .find(|k| key_slot(node, k) != slot)
+        .unwrap();
+    let e = run_err(
+        &mut node.conn(),
+        &["LOCK.ACQUIREALL", "2", &key, &other, "w", "100"],
+    );
+    assert!(e.starts_with("CROSSSLOT"), "{e}");
+    assert_eq!(fence(&mut node.conn(), &key), None, "nothing ran");
+    // A key served elsewhere: MOVED, as for any command.
+    let away = (0..)
+        .map(|i| format!("away:{i}"))
+        .find(|k| key_slot(node, k) > MASTER_RANGES[0].1)
+        .unwrap();
+    let e = run_err(
+        &mut node.conn(),
+        &["LOCK.ACQUIREALL", "1", &away, "w", "100"],
+    );
+    assert!(e.starts_with("MOVED"), "{e}");
+    let released: i64 = redis::cmd("LOCK.RELEASEALL")
+        .arg(2)
+        .arg("{stock}a")
+        .arg("{stock}b")
+        .arg("w")
+        .query(&mut client)
+        .unwrap();
+    assert_eq!(released, 2);
+}

@@ -226,6 +226,86 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
     })
 }
 
+/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [MINFENCE n]`
+#[derive(Debug, PartialEq, Eq)]
+pub struct AcquireAllArgs<'a> {
+    /// The keys, distinct, in argv from index 2.
+    pub keys: std::ops::Range<usize>,
+    pub token: &'a [u8],
+    pub ttl_ms: i64,
+    pub min_fence: i64,
+}
+
+/// numkeys: from 1 up to what argv holds.
+fn parse_numkeys(arg: &[u8], room: usize) -> Result<usize, LockError> {
+    match parse_i64(arg) {
+        Ok(n) if n >= 1 && (n as u64) <= room as u64 => Ok(n as usize),
+        Ok(n) if n >= 1 => Err(LockError::NumKeysTooLarge(show_arg(arg))),
+        _ => Err(LockError::BadNumKeys(show_arg(arg))),
+    }
+}
+
+/// No key named twice (each would be opened and granted twice).
+fn check_distinct(keys: &[&[u8]]) -> Result<(), LockError> {
+    let mut seen = std::collections::HashSet::with_capacity(keys.len());
+    for key in keys {
+        if !seen.insert(*key) {
+            return Err(LockError::DuplicateKey(show_arg(key)));
+        }
+    }
+    Ok(())
+}
+
+/// `argv` is the whole argument vector (not cut at `MAX_ARGS`).
+pub fn parse_acquire_all<'a>(
+    argv: &[&'a [u8]],
+    max_ttl_ms: i64,
+) -> Result<AcquireAllArgs<'a>, LockError> {
+    if argv.len() < 5 {
+        return Err(LockError::WrongArity("lock.acquireall"));
+    }
+    let n = parse_numkeys(argv[1], argv.len() - 4)?;
+    let keys = 2..2 + n;
+    check_distinct(&argv[keys.clone()])?;
+    let token = parse_token(argv[keys.end])?;
+    let ttl_ms = parse_ttl(argv[keys.end + 1], max_ttl_ms)?;
+    let mut min_fence = 0;
+    let mut options = argv[keys.end + 2..].iter();
+    while let Some(option) = options.next() {
+        if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
+            let n = options.next().ok_or(LockError::MissingMinFence)?;
+            min_fence = parse_min_fence(n)?;
+        } else if option.eq_ignore_ascii_case(b"BLOCK") || option.eq_ignore_ascii_case(b"SHARED") {
+            return Err(LockError::NotYet(show_arg(option), "lock.acquireall"));
+        } else {
+            return Err(LockError::UnknownOption(show_arg(option)));
+        }
+    }
+    Ok(AcquireAllArgs {
+        keys,
+        token,
+        ttl_ms,
+        min_fence,
+    })
+}
+
+/// `LOCK.RELEASEALL numkeys key [key ...] token`: the keys' range and the
+/// token.
+pub fn parse_release_all<'a>(
+    argv: &[&'a [u8]],
+) -> Result<(std::ops::Range<usize>, &'a [u8]), LockError> {
+    if argv.len() < 4 {
+        return Err(LockError::WrongArity("lock.releaseall"));
+    }
+    let n = parse_numkeys(argv[1], argv.len() - 3)?;
+    if argv.len() != n + 3 {
+        return Err(LockError::WrongArity("lock.releaseall"));
+    }
+    let keys = 2..2 + n;
+    check_distinct(&argv[keys.clone()])?;
+    Ok((keys.clone(), parse_token(argv[keys.end])?))
+}
+
 /// MINFENCE's n: a positive integer (the node checks its upper bound).
 pub fn parse_min_fence(arg: &[u8]) -> Result<i64, LockError> {
     match parse_i64(arg) {

@@ -77,6 +77,14 @@ pub enum LockError {
     /// The server refused to run a guarded command (its ACL, maxmemory, a
     /// read-only replica...): its error reply, code first.
     InnerRefused(String),
+    /// numkeys is not a positive integer.
+    BadNumKeys(String),
+    /// numkeys is more than the keys given.
+    NumKeysTooLarge(String),
+    /// A multi-key command named a key twice.
+    DuplicateKey(String),
+    /// An option this build does not support on this command yet.
+    NotYet(String, &'static str),
     /// The key is a fence gate, which has no holder (`LOCK.FENCE gate
     /// token`, `LOCK.EXEC gate ...`).
     GateHasNoHolder,
@@ -199,6 +207,16 @@ impl fmt::Display for LockError {
                 "ERR invalid fence {v}: must be a positive integer at most 2^50 above the clock in µs"
             ),
             InnerRefused(text) => write!(f, "{text}"),
+            BadNumKeys(v) => write!(f, "ERR invalid numkeys {v}: must be a positive integer"),
+            NumKeysTooLarge(v) => write!(
+                f,
+                "ERR invalid numkeys {v}: more than the keys given (the token, and for ACQUIREALL the ttl-ms, follow them)"
+            ),
+            DuplicateKey(k) => write!(f, "ERR key {k} is named twice"),
+            NotYet(option, cmd) => write!(
+                f,
+                "ERR option {option} is not supported by {cmd} in this build (it will come with multi-key waiting and shared locks)"
+            ),
             GateHasNoHolder => write!(
                 f,
                 "ERR the key is a fence gate: it has a mark, not a holder (LOCK.FENCE gate answers the mark)"

@@ -201,8 +201,23 @@ pub fn acquire(
     }
 }
 
+/// Grants a free key to `token` with a `fence` drawn already (one fence
+/// for several keys: `LOCK.ACQUIREALL`). The caller checked the key free.
+pub(crate) fn grant_with_fence(
+    store: &mut impl Ledger,
+    token: &[u8],
+    fence: i64,
+    ttl_ms: i64,
+    now_ms: i64,
+) -> Result<(), LockError> {
+    let deadline_ms = deadline(now_ms, ttl_ms)?;
+    let replaces_ended = store.stored().is_some();
+    store.put(token, fence, deadline_ms, Some(now_ms), replaces_ended);
+    Ok(())
+}
+
 /// A token never issued before, at least `min_fence` (0: no floor).
-fn fresh_fence(
+pub(crate) fn fresh_fence(
     fences: &mut impl FenceSource,
     min_fence: i64,
     now_us: i64,

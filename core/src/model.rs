@@ -142,6 +142,30 @@ enum Op {
     Advance {
         ms: i64,
     },
+    /// `LOCK.ACQUIREALL` of the keys in `keys` (a bit set, two keys or
+    /// more), in ascending order or reversed.
+    AcquireAll {
+        client: u8,
+        keys: u8,
+        reversed: bool,
+        token: u8,
+        ttl: i64,
+    },
+    /// `LOCK.RELEASEALL` of the keys in `keys`.
+    ReleaseAll {
+        client: u8,
+        keys: u8,
+        token: u8,
+    },
+}
+
+/// The keys of a bit set, ascending (or reversed).
+fn keys_of(set: u8, reversed: bool) -> Vec<u8> {
+    let mut keys: Vec<u8> = (0..KEYS).filter(|k| set & (1 << k) != 0).collect();
+    if reversed {
+        keys.reverse();
+    }
+    keys
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -173,6 +197,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
             .prop_map(|ms| Op::ClockStep { ms }),
         6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
+        3 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64)
+            .prop_map(|(client, keys, reversed, token, ttl)|
+                Op::AcquireAll { client, keys, reversed, token, ttl }),
+        1 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], 0..4u8)
+            .prop_map(|(client, keys, token)| Op::ReleaseAll { client, keys, token }),
     ]
 }
 
@@ -189,6 +218,8 @@ enum Told {
     Blocked,
     Released(bool),
     Extended(bool),
+    /// `LOCK.RELEASEALL`: how many keys it released.
+    ReleasedAll(i64),
     Error(String),
 }
 
@@ -493,6 +524,75 @@ impl Reference {
         }
     }
 
+    /// `LOCK.ACQUIREALL` without BLOCK: every key or none.
+    fn acquire_all(
+        &mut self,
+        keys: &[u8],
+        token: &[u8],
+        ttl: i64,
+        now: i64,
+        told: &mut Vec<(u8, Told)>,
+    ) -> Told {
+        if self.replica {
+            return error(LockError::ReadOnlyReplica);
+        }
+        for &key in keys {
+            let mut settled = Vec::new();
+            self.settle(key, now, &mut settled);
+            assert!(
+                settled.is_empty() || self.resume_pending,
+                "the timer settled this key already"
+            );
+            told.extend(settled);
+        }
+        let held: Vec<Option<(bool, i64)>> = keys
+            .iter()
+            .map(|&k| self.live(k, now).map(|h| (h.token == token, h.fence)))
+            .collect();
+        if let Some(Some((true, fence))) = held.first().copied() {
+            if held.iter().all(|h| *h == Some((true, fence))) {
+                for &key in keys {
+                    self.leases += 1;
+                    let lease = self.leases;
+                    let h = self.locks.get_mut(&key).unwrap();
+                    h.deadline_ms = now + ttl;
+                    h.lease = lease;
+                }
+                return Told::Fence(fence);
+            }
+        }
+        let busy = keys.iter().any(|&k| {
+            self.live(k, now).is_some()
+                || self.delayed(k, now)
+                || self.lines.get(&k).is_some_and(|l| !l.is_empty())
+        });
+        if busy {
+            return Told::Nil;
+        }
+        if let Some(err) = self.refuse_new_holder(token) {
+            return error(err);
+        }
+        if self.paused(now) > 0 {
+            return error(LockError::GrantsPaused(self.paused(now)));
+        }
+        let fence = self.fresh_fence(0, now);
+        for &key in keys {
+            self.leases += 1;
+            self.grants += 1;
+            let lease = self.leases;
+            self.locks.insert(
+                key,
+                Held {
+                    token: token.to_vec(),
+                    fence,
+                    deadline_ms: now + ttl,
+                    lease,
+                },
+            );
+        }
+        Told::Fence(fence)
+    }
+
     fn enqueue(&mut self, client: u8, key: u8, r: &Request, timeout: i64, now: i64) -> Told {
         // A full line refuses; a lower limit leaves those already in line.
         if self.lines.get(&key).map_or(0, Vec::len) >= self.max_line {
@@ -576,6 +676,24 @@ impl Harness {
             denied,
         };
         keys.with_key(&key, |store, _, _| f(node, store, denied))
+    }
+
+    /// Opens several keys at once (a multi-key command), then puts them
+    /// back.
+    fn with_stores<R>(
+        &mut self,
+        keys: &[u8],
+        f: impl FnOnce(&mut Node<u8, u8>, &mut [MemStore], &BTreeSet<u8>) -> R,
+    ) -> R {
+        let mut stores: Vec<MemStore> = keys
+            .iter()
+            .map(|k| self.stores.remove(k).unwrap_or_default())
+            .collect();
+        let r = f(&mut self.node, &mut stores, &self.denied);
+        for (k, s) in keys.iter().zip(stores) {
+            self.stores.insert(*k, s);
+        }
+        r
     }
 
     fn acquire(&mut self, client: u8, key: u8, r: &Request, now: i64) -> Told {
@@ -726,7 +844,7 @@ fn check_wakes(
     granted: &mut HashMap<u8, (u8, i64, u64)>,
     wakes: &[Wake<u8, u8>],
     now: i64,
-    released: Option<(u8, &[u8])>,
+    released: &[(u8, Vec<u8>)],
 ) {
     for wake in wakes {
         let (key, token, timeout_at) = asked
@@ -739,7 +857,7 @@ fn check_wakes(
                 "granted after its timeout"
             );
             let held = h.stores.get(&key).and_then(|s| s.live(now));
-            if released == Some((key, &token[..])) {
+            if released.iter().any(|(k, t)| *k == key && t == &token) {
                 granted.insert(wake.client, (key, fence, lease));
                 continue;
             }
@@ -782,6 +900,8 @@ fn run(ops: &[Op]) {
     let mut fences_seen: BTreeSet<i64> = BTreeSet::new();
     // When the last pause of writes ended.
     let mut resumed_at = i64::MIN;
+    // The fence of each ACQUIREALL grant, and its keys.
+    let mut multi_grants: HashMap<i64, Vec<u8>> = HashMap::new();
 
     for (step, op) in ops.iter().enumerate() {
         let hwm_before = h.node.fence_hwm();
@@ -794,6 +914,8 @@ fn run(ops: &[Op]) {
         let client_write = matches!(
             op,
             Op::Acquire { .. }
+                | Op::AcquireAll { .. }
+                | Op::ReleaseAll { .. }
                 | Op::Release { .. }
                 | Op::Extend { .. }
                 | Op::Delete { .. }
@@ -804,8 +926,11 @@ fn run(ops: &[Op]) {
         if client_write && model.writes_paused {
             continue;
         }
-        if let Op::Acquire { client, .. } | Op::Release { client, .. } | Op::Extend { client, .. } =
-            *op
+        if let Op::Acquire { client, .. }
+        | Op::Release { client, .. }
+        | Op::Extend { client, .. }
+        | Op::AcquireAll { client, .. }
+        | Op::ReleaseAll { client, .. } = *op
         {
             if model.waiting(client) || model.denied.contains(&client) {
                 continue; // a blocked client sends nothing; Redis refuses a denied one
@@ -847,6 +972,92 @@ fn run(ops: &[Op]) {
                     );
                 }
                 replies.1 = Some(reply);
+            }
+            Op::AcquireAll {
+                keys: set,
+                reversed,
+                token: t,
+                ttl,
+                ..
+            } => {
+                let keys = keys_of(set, reversed);
+                let unusable = keys
+                    .iter()
+                    .any(|k| model.gone.contains(k) || model.wrongtype.contains(k));
+                if unusable || ttl > model.max_ttl {
+                    continue;
+                }
+                let token = token(t);
+                replies.0 = Some(model.acquire_all(&keys, &token, ttl, now, &mut model_told));
+                let cond = h.cond(false);
+                let at = h.at(now);
+                let out = h.with_stores(&keys, |node, stores, denied| {
+                    let mut admits: Vec<_> =
+                        keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
+                    node.acquire_all(&keys, Ok(stores), &token, ttl, 0, cond, &mut admits, at)
+                });
+                replies.1 = Some(match out {
+                    Ok(Some(f)) => {
+                        multi_grants.entry(f).or_default().extend(&keys);
+                        Told::Fence(f)
+                    }
+                    Ok(None) => Told::Nil,
+                    Err(e) => error(e),
+                });
+            }
+            Op::ReleaseAll {
+                keys: set,
+                token: t,
+                ..
+            } => {
+                let keys = keys_of(set, false);
+                let unusable = keys
+                    .iter()
+                    .any(|k| model.gone.contains(k) || model.wrongtype.contains(k));
+                if unusable {
+                    continue;
+                }
+                let token = token(t);
+                replies.0 = Some(if model.replica {
+                    error(LockError::ReadOnlyReplica)
+                } else {
+                    let mut n = 0;
+                    for &key in &keys {
+                        model.settle(key, now, &mut model_told);
+                        if model.live(key, now).is_some_and(|l| l.token == token) {
+                            model.locks.remove(&key);
+                            model.settle(key, now, &mut model_told);
+                            n += 1;
+                        } else {
+                            model.reclaim_touched(key, now);
+                        }
+                    }
+                    Told::ReleasedAll(n)
+                });
+                let cond = h.cond(false);
+                let at = h.at(now);
+                let mut n = 0;
+                let mut refused = None;
+                for &key in &keys {
+                    let out = h.with_store(key, |node, store, denied| {
+                        node.release(
+                            &key,
+                            store,
+                            &token,
+                            cond,
+                            &mut |c: u8| !denied.contains(&c),
+                            at,
+                        )
+                    });
+                    match out {
+                        Ok(released) => n += i64::from(released),
+                        Err(e) => {
+                            refused = Some(e);
+                            break;
+                        }
+                    }
+                }
+                replies.1 = Some(refused.map_or(Told::ReleasedAll(n), error));
             }
             Op::Release { key, token: t, .. } => {
                 if model.gone.contains(&key) {
@@ -1139,7 +1350,7 @@ fn run(ops: &[Op]) {
                     assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
                     let wakes = d.wakes;
                     compare(step, op, model_tick, &wakes);
-                    check_wakes(&h, &mut asked, &mut granted, &wakes, now, None);
+                    check_wakes(&h, &mut asked, &mut granted, &wakes, now, &[]);
                 }
             }
         }
@@ -1158,12 +1369,15 @@ fn run(ops: &[Op]) {
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
         compare(step, op, model_told, &wakes);
-        let release = match *op {
-            Op::Release { key, token: t, .. } => Some((key, token(t))),
-            _ => None,
+        let released: Vec<(u8, Vec<u8>)> = match *op {
+            Op::Release { key, token: t, .. } => vec![(key, token(t))],
+            Op::ReleaseAll { keys, token: t, .. } => keys_of(keys, false)
+                .into_iter()
+                .map(|k| (k, token(t)))
+                .collect(),
+            _ => Vec::new(),
         };
-        let released = release.as_ref().map(|(k, t)| (*k, &t[..]));
-        check_wakes(&h, &mut asked, &mut granted, &wakes, now, released);
+        check_wakes(&h, &mut asked, &mut granted, &wakes, now, &released);
 
         let mut live_fences = BTreeSet::new();
         for key in 0..KEYS {
@@ -1177,8 +1391,10 @@ fn run(ops: &[Op]) {
                 .map(|h| (h.token.clone(), h.fence, h.deadline_ms));
             assert_eq!(engine_lock, model_lock, "step {step} {op:?}: lock {key}");
             if let Some((_, fence, _)) = engine_lock {
+                // One fence per grant; the keys of one ACQUIREALL share it.
+                let together = multi_grants.get(&fence).is_some_and(|ks| ks.contains(&key));
                 assert!(
-                    live_fences.insert(fence),
+                    live_fences.insert(fence) || together,
                     "step {step}: two locks hold fence {fence}"
                 );
                 // A fence not held before this step was drawn in it: above

@@ -451,6 +451,120 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         })
     }
 
+    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [MINFENCE n]` (without
+    /// BLOCK): every key of `keys` (distinct; `stores[i]` and
+    /// `admissions[i]` are `keys[i]`'s) to
+    /// `token` with one fence, or none. Nil (None) and nothing changed when
+    /// any key is held by another token, is held back by lock-delay, or has
+    /// waiters (no barging past a line). The same token holding every key
+    /// under one fence (a retry after a lost reply) renews them all and
+    /// gets that fence again; holding only some of them is not that, and is
+    /// nil. Hand-offs due on the keys run first, as for every command.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
+    pub fn acquire_all<S: LockStore, A: Admission<C>>(
+        &mut self,
+        keys: &[K],
+        stores: Result<&mut [S], LockError>,
+        token: &[u8],
+        ttl_ms: i64,
+        min_fence: i64,
+        cond: Conditions,
+        admissions: &mut [A],
+        now: Now,
+    ) -> Result<Option<i64>, LockError> {
+        let decided = self.decide_acquire_all(
+            keys, stores, token, ttl_ms, min_fence, cond, admissions, now,
+        );
+        let (stat, event) = match &decided {
+            Ok(Some((_, false))) => (Stat::Grant, Some(Event::Acquire)),
+            Ok(Some((_, true))) => (Stat::Extend, Some(Event::Extend)),
+            Ok(None) => (Stat::Contended, None),
+            Err(LockError::EvictionUnsafe) => (Stat::RefusedEvictable, None),
+            Err(_) => return decided.map(|d| d.map(|(fence, _)| fence)),
+        };
+        match event {
+            Some(event) => {
+                for key in keys {
+                    self.outputs.push_back(Output::Count(stat));
+                    self.outputs.push_back(Output::Event(key.clone(), event));
+                }
+            }
+            None => self.outputs.push_back(Output::Count(stat)),
+        }
+        decided.map(|d| d.map(|(fence, _)| fence))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decide_acquire_all<S: LockStore, A: Admission<C>>(
+        &mut self,
+        keys: &[K],
+        stores: Result<&mut [S], LockError>,
+        token: &[u8],
+        ttl_ms: i64,
+        min_fence: i64,
+        cond: Conditions,
+        admissions: &mut [A],
+        now: Now,
+    ) -> Result<Option<(i64, bool)>, LockError> {
+        self.limits.check_ttl(ttl_ms)?;
+        if min_fence > 0 && fence::check_min_fence(min_fence, now.wall_us).is_err() {
+            return Err(LockError::MinFenceTooLarge(format!("'{min_fence}'")));
+        }
+        refuse_on_replica(cond)?;
+        let stores = stores?;
+        debug_assert_eq!(keys.len(), stores.len());
+        debug_assert_eq!(keys.len(), admissions.len());
+        // Each key's line is served with its own key's admission (a
+        // waiter's ACL is about the key it waits on).
+        for ((key, store), admission) in keys.iter().zip(stores.iter_mut()).zip(admissions) {
+            self.settle_in_command(key, store, cond, admission, now);
+        }
+        let now_ms = now.mono_ms();
+        // A retry by the holder of every key under one fence.
+        let held: Vec<Option<(bool, i64)>> = stores
+            .iter()
+            .map(|s| s.live(now_ms).map(|l| (l.token == token, l.fence)))
+            .collect();
+        if let Some(Some((true, fence))) = held.first().copied() {
+            if held.iter().all(|h| *h == Some((true, fence))) {
+                let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
+                for (key, store) in keys.iter().zip(stores.iter_mut()) {
+                    let mut ledger = self.ledger(key, store, now_ms);
+                    crate::lock::Ledger::renew(&mut ledger, deadline_ms);
+                    self.waiters.schedule(key, deadline_ms);
+                }
+                return Ok(Some((fence, true)));
+            }
+        }
+        let delay = self.limits.lock_delay_ms;
+        let busy = keys.iter().zip(stores.iter()).any(|(key, store)| {
+            store.live(now_ms).is_some()
+                || lock::delayed_until(store, delay, now_ms).is_some()
+                || self.waiters.waiting_on(key) > 0
+        });
+        if busy {
+            return Ok(None);
+        }
+        self.limits.check_new_holder(token, cond)?;
+        match self.grants_paused_ms(now_ms) {
+            0 => {}
+            paused => return Err(LockError::GrantsPaused(paused)),
+        }
+        // Drawn once, checked (and the deadline too) before any key changes.
+        lock::deadline(now_ms, ttl_ms)?;
+        let fence = lock::fresh_fence(&mut self.fences, min_fence, now.wall_us)?;
+        for (key, store) in keys.iter().zip(stores.iter_mut()) {
+            lock::grant_with_fence(
+                &mut self.ledger(key, store, now_ms),
+                token,
+                fence,
+                ttl_ms,
+                now_ms,
+            )?;
+        }
+        Ok(Some((fence, false)))
+    }
+
     /// Queues a client the glue blocked on a [`WaitTicket`].
     pub fn enqueue(&mut self, ticket: WaitTicket<K>, client: C) -> Result<(), LockError> {
         let request = Request {

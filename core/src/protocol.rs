@@ -15,6 +15,11 @@ pub mod command {
     pub const EXTEND: &str = "LOCK.EXTEND";
     pub const FENCE: &str = "LOCK.FENCE";
     pub const INFO: &str = "LOCK.INFO";
+    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [MINFENCE n]`: every
+    /// key with one fence, or none.
+    pub const ACQUIRE_ALL: &str = "LOCK.ACQUIREALL";
+    /// `LOCK.RELEASEALL numkeys key ... token`: how many it released.
+    pub const RELEASE_ALL: &str = "LOCK.RELEASEALL";
     /// `LOCK.EXEC key token [FENCE fence] command [arg ...]`: runs the
     /// command only while token holds key (with that grant's fence).
     pub const EXEC: &str = "LOCK.EXEC";

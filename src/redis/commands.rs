@@ -13,7 +13,7 @@ use super::datatype;
 use super::engine;
 use super::ffi::{
     self, command_callback, context_flags, log_warning, may_write_key, ArgDoc, Argv, CommandFn,
-    Ctx, Reply, Value,
+    Ctx, KeyPlace, Reply, Value,
 };
 use super::guarded;
 use super::keyspace::{LockKey, ReadKey};
@@ -32,8 +32,10 @@ pub struct Command {
     pub flags: &'static CStr,
     /// Redis arity: N exactly, or -N for at least N (the name counts).
     pub arity: c_int,
-    /// Key-spec flags for the key at argv[1] (ACL key permissions).
+    /// Key-spec flags for its keys (ACL key permissions).
     key_flags: u64,
+    /// Where its keys are: argv[1], or `numkeys key [key ...]`.
+    keys: KeyPlace,
     /// ACL categories, where the server lets modules set them (7.2+,
     /// Valkey 8); the user-facing commands are also in `@lock` where
     /// modules may add categories (7.4+).
@@ -59,6 +61,7 @@ const fn arg(
         kind,
         token: None,
         optional: false,
+        multiple: false,
         summary,
     }
 }
@@ -69,6 +72,7 @@ const fn option(token: &'static CStr, name: &'static CStr, summary: &'static CSt
         kind: INTEGER,
         token: Some(token),
         optional: true,
+        multiple: false,
         summary,
     }
 }
@@ -94,9 +98,11 @@ const DELETE: u64 = raw::REDISMODULE_CMD_KEY_DELETE as u64;
 /// The key list depends on the arguments: the server asks the command
 /// (`getkeys-api`) instead of reading the key spec alone.
 const VARIABLE_FLAGS: u64 = raw::REDISMODULE_CMD_KEY_VARIABLE_FLAGS as u64;
+const ACQUIRE_ALL_KEY_FLAGS: u64 = RW | ACCESS | UPDATE;
+const RELEASE_ALL_KEY_FLAGS: u64 = RW | DELETE;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 9] = [
+pub static COMMANDS: [Command; 11] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -105,6 +111,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write blocking",
         arity: -4,
         key_flags: RW | ACCESS | UPDATE,
+        keys: KeyPlace::First,
         acl_categories: c"write blocking",
         summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
         args: &[
@@ -121,6 +128,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write fast",
         arity: 3,
         key_flags: RW | DELETE,
+        keys: KeyPlace::First,
         acl_categories: c"write fast",
         summary: c"Frees the lock if token holds it; replies 1 if it did, 0 otherwise.",
         args: &[LOCK_KEY, TOKEN],
@@ -131,6 +139,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write fast",
         arity: 4,
         key_flags: RW | UPDATE,
+        keys: KeyPlace::First,
         acl_categories: c"write fast",
         summary: c"Resets the lease of the lock to ttl-ms from now if token holds it; replies 1 if it did, 0 otherwise.",
         args: &[LOCK_KEY, TOKEN, TTL],
@@ -141,6 +150,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"readonly fast",
         arity: -2,
         key_flags: RO | ACCESS,
+        keys: KeyPlace::First,
         acl_categories: c"read fast",
         summary: c"Replies with the holder's fencing token (only if it is token, when given), or nil; on a fence gate (LOCK.FENCED), its mark.",
         args: &[
@@ -157,6 +167,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"readonly fast",
         arity: 2,
         key_flags: RO | ACCESS,
+        keys: KeyPlace::First,
         acl_categories: c"read fast",
         summary: c"Replies with token, fence, ttl, waiters and granted (Unix ms) of a held lock, or nil.",
         args: &[LOCK_KEY],
@@ -167,6 +178,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write",
         arity: -5,
         key_flags: OW | UPDATE,
+        keys: KeyPlace::First,
         acl_categories: c"write",
         summary: c"Internal: the replicated and AOF form of a grant or renewal. Refused from ordinary clients.",
         args: &[
@@ -188,6 +200,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write getkeys-api",
         arity: -4,
         key_flags: guarded::EXEC_KEY_FLAGS | VARIABLE_FLAGS,
+        keys: KeyPlace::First,
         acl_categories: c"write",
         summary: c"Runs command only while token holds the lock (with that fence, when given), in one step; replies with the command's reply, or a NOTHELD error and runs nothing.",
         args: &[
@@ -203,6 +216,7 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write getkeys-api",
         arity: -3,
         key_flags: guarded::GATE_KEY_FLAGS | VARIABLE_FLAGS,
+        keys: KeyPlace::First,
         acl_categories: c"write",
         summary: c"Runs command only if fence is at least the gate's mark, and records fence as the mark, in one step; a lower fence gets a STALEFENCE error and runs nothing. Without a command it only checks and records.",
         args: &[
@@ -220,11 +234,53 @@ pub static COMMANDS: [Command; 9] = [
         flags: c"write",
         arity: 3,
         key_flags: RW | UPDATE,
+        keys: KeyPlace::First,
         acl_categories: c"write",
         summary: c"Internal: the replicated and AOF form of a fence gate's mark. Refused from ordinary clients.",
         args: &[
             arg(c"gate", KEY, c"The fence gate."),
             arg(c"mark", INTEGER, c"The highest fence accepted."),
+        ],
+    },
+    Command {
+        name: c"lock.acquireall",
+        callback: command_callback!(acquire_all),
+        // getkeys-api: Redis 7.0 routes a cluster command by its legacy
+        // key range, which a numkeys spec has none of (no MOVED, no
+        // CROSSSLOT); the key callback serves every server alike.
+        flags: c"write getkeys-api",
+        arity: -5,
+        key_flags: ACQUIRE_ALL_KEY_FLAGS | VARIABLE_FLAGS,
+        keys: KeyPlace::NumKeys,
+        acl_categories: c"write",
+        summary: c"Takes every key for token with one fencing token, or none: replies with the fencing token, or nil (nothing changed) when any key is held, held back, or has waiters.",
+        args: &[
+            arg(c"numkeys", INTEGER, c"How many keys follow."),
+            ArgDoc {
+                multiple: true,
+                ..LOCK_KEY
+            },
+            TOKEN,
+            TTL,
+            option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
+        ],
+    },
+    Command {
+        name: c"lock.releaseall",
+        callback: command_callback!(release_all),
+        flags: c"write fast getkeys-api",
+        arity: -4,
+        key_flags: RELEASE_ALL_KEY_FLAGS | VARIABLE_FLAGS,
+        keys: KeyPlace::NumKeys,
+        acl_categories: c"write fast",
+        summary: c"Frees each key token holds; replies with how many it freed.",
+        args: &[
+            arg(c"numkeys", INTEGER, c"How many keys follow."),
+            ArgDoc {
+                multiple: true,
+                ..LOCK_KEY
+            },
+            TOKEN,
         ],
     },
 ];
@@ -273,6 +329,118 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             return blocked::block(ctx, ticket);
         }
     })
+}
+
+/// Answers a key-position request of a `numkeys key [key ...]` command:
+/// the keys numkeys names (as far as argv goes; the command itself refuses
+/// a bad count).
+fn report_numkeys(ctx: Ctx, argv: &Argv, flags: u64) -> Reply {
+    let argc = argv.all().len();
+    let n = argv
+        .bytes()
+        .get(1)
+        .and_then(|b| args::parse_i64(b).ok())
+        .filter(|&n| n > 0)
+        .map_or(0, |n| {
+            (n as u64).min(argc.saturating_sub(2) as u64) as usize
+        });
+    for pos in 2..2 + n {
+        ffi::report_key(ctx, pos, flags);
+    }
+    Reply::KeysReported
+}
+
+/// Every argument's bytes (a multi-key command's argv is not cut at
+/// `ffi::MAX_ARGS`).
+fn all_bytes<'a>(argv: &Argv<'a>) -> Vec<&'a [u8]> {
+    argv.all()
+        .iter()
+        .map(|s| ffi::string_bytes_of(*s))
+        .collect()
+}
+
+/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [MINFENCE n]`: the
+/// keys are opened together (a key of another type refuses the command
+/// before anything changes) and decided in one entry of the node.
+fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    if ffi::is_keys_position_request(ctx) {
+        return Ok(report_numkeys(ctx, argv, ACQUIRE_ALL_KEY_FLAGS));
+    }
+    let bytes = all_bytes(argv);
+    let a = args::parse_acquire_all(&bytes, engine::limits().max_ttl_ms)?;
+    let names = &argv.all()[a.keys.clone()];
+    let keys: Vec<_> = bytes[a.keys.clone()]
+        .iter()
+        .map(|k| engine::key_of(ctx, k))
+        .collect();
+    let opened: Result<Vec<LockKey>, LockError> =
+        names.iter().map(|n| LockKey::open(ctx, *n)).collect();
+    let mut stores = opened;
+    let now = node::now();
+    let (decided, out) = outputs::decide(|n| {
+        let cond = engine::conditions(ctx, false);
+        let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
+        let stores = stores
+            .as_mut()
+            .map(|s| s.as_mut_slice())
+            .map_err(|e| e.clone());
+        n.acquire_all(
+            &keys,
+            stores,
+            a.token,
+            a.ttl_ms,
+            a.min_fence,
+            cond,
+            &mut acls,
+            now,
+        )
+    });
+    match &stores {
+        Ok(stores) => outputs::carry_out(
+            ctx,
+            out,
+            Site::Keys {
+                keys: &keys,
+                names,
+                stores,
+            },
+        ),
+        Err(_) => outputs::carry_out(ctx, out, Site::Background),
+    }
+    Ok(match decided? {
+        Some(fence) => Reply::Integer(fence),
+        None => Reply::Null,
+    })
+}
+
+/// `LOCK.RELEASEALL numkeys key [key ...] token`: each key released as by
+/// `LOCK.RELEASE` (its next waiter handed it at once); every key is opened
+/// first, so a key of another type refuses the command before anything
+/// changes. How many it released.
+fn release_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    if ffi::is_keys_position_request(ctx) {
+        return Ok(report_numkeys(ctx, argv, RELEASE_ALL_KEY_FLAGS));
+    }
+    let bytes = all_bytes(argv);
+    let (range, token) = args::parse_release_all(&bytes)?;
+    let names = &argv.all()[range.clone()];
+    let mut stores: Vec<LockKey> = names
+        .iter()
+        .map(|n| LockKey::open(ctx, *n))
+        .collect::<Result<_, _>>()?;
+    let now = node::now();
+    let mut released = 0;
+    for ((store, &name), key_bytes) in stores.iter_mut().zip(names).zip(&bytes[range]) {
+        let key = engine::key_of(ctx, key_bytes);
+        let (done, out) = outputs::decide(|n| {
+            let cond = engine::conditions(ctx, false);
+            let mut acl = WaiterAcl { ctx, name };
+            n.release(&key, Ok(store), token, cond, &mut acl, now)
+        });
+        outputs::carry_out(ctx, out, Site::Command { name, store });
+        released += i64::from(done?);
+    }
+    Ok(Reply::Integer(released))
 }
 
 /// Inside MULTI/EXEC and Lua, BLOCK answers at once, as BLPOP does there.
@@ -464,5 +632,5 @@ fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
 }
 
 fn set_command_info(ctx: Ctx, c: &Command) -> Result<(), &'static str> {
-    ffi::set_command_info(ctx, c.name, c.summary, c.arity, c.key_flags, c.args)
+    ffi::set_command_info(ctx, c.name, c.summary, c.arity, c.key_flags, c.keys, c.args)
 }

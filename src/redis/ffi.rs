@@ -1287,17 +1287,30 @@ pub struct ArgDoc {
     /// The word that introduces it (`BLOCK`), if any.
     pub token: Option<&'static CStr>,
     pub optional: bool,
+    /// Given one or more times (`key [key ...]`).
+    pub multiple: bool,
     pub summary: &'static CStr,
 }
 
-/// Declares the command `name`'s arity, its one key at argv[1] (with
-/// `key_flags`), summary and arguments (COMMAND INFO, COMMAND DOCS).
+/// Where a command's keys are.
+#[derive(Clone, Copy)]
+pub enum KeyPlace {
+    /// One key, at argv[1].
+    First,
+    /// `numkeys key [key ...]`: the count at argv[1], the keys after it.
+    NumKeys,
+}
+
+/// Declares the command `name`'s arity, its keys (with `key_flags`),
+/// summary and arguments (COMMAND INFO, COMMAND DOCS).
+#[allow(clippy::too_many_arguments)] // one input per part of the info
 pub fn set_command_info(
     ctx: Ctx,
     name: &CStr,
     summary: &CStr,
     arity: c_int,
     key_flags: u64,
+    keys: KeyPlace,
     args: &[ArgDoc],
 ) -> Result<(), &'static str> {
     let (Some(_), Some(set_info)) = (
@@ -1323,10 +1336,22 @@ pub fn set_command_info(
     key_specs[0].begin_search_type =
         raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
     key_specs[0].bs.index.pos = 1;
-    key_specs[0].find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-    key_specs[0].fk.range.lastkey = 0;
-    key_specs[0].fk.range.keystep = 1;
-    key_specs[0].fk.range.limit = 0;
+    match keys {
+        KeyPlace::First => {
+            key_specs[0].find_keys_type =
+                raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
+            key_specs[0].fk.range.lastkey = 0;
+            key_specs[0].fk.range.keystep = 1;
+            key_specs[0].fk.range.limit = 0;
+        }
+        KeyPlace::NumKeys => {
+            key_specs[0].find_keys_type =
+                raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+            key_specs[0].fk.keynum.keynumidx = 0;
+            key_specs[0].fk.keynum.firstkey = 1;
+            key_specs[0].fk.keynum.keystep = 1;
+        }
+    }
     // The array ends with an all-zero entry; Redis copies it.
     let mut raw_args: Vec<raw::RedisModuleCommandArg> = args
         .iter()
@@ -1343,7 +1368,10 @@ pub fn set_command_info(
             raw_arg.token = a.token.map_or(std::ptr::null(), CStr::as_ptr);
             raw_arg.summary = a.summary.as_ptr();
             if a.optional {
-                raw_arg.flags = raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+                raw_arg.flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL as c_int;
+            }
+            if a.multiple {
+                raw_arg.flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE as c_int;
             }
             raw_arg
         })

@@ -92,6 +92,13 @@ pub enum Site<'a> {
     /// A command on its key `name` (in its client's db), open as `store`:
     /// every output of a command is about that key.
     Command { name: RString, store: &'a LockKey },
+    /// A command on several keys (each in its client's db), `names[i]`
+    /// open as `stores[i]`: every output is about one of them.
+    Keys {
+        keys: &'a [Key],
+        names: &'a [RString],
+        stores: &'a [LockKey],
+    },
     /// The timer or the sweep, on its own context: each output's key is
     /// opened in its db, selected on that context.
     Background,
@@ -112,6 +119,11 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
             }
             Output::Changed(key) => match &site {
                 Site::Command { store, .. } => store.replicate(now()),
+                Site::Keys { keys, stores, .. } => {
+                    if let Some(i) = keys.iter().position(|k| *k == key) {
+                        stores[i].replicate(now());
+                    }
+                }
                 Site::Background => {
                     node::in_db(ctx, &key, |name| {
                         if let Ok(read) = ReadKey::open(ctx, name) {
@@ -124,6 +136,11 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                 let event = event.name();
                 match &site {
                     Site::Command { name, .. } => notify_lock_event(ctx, event, *name),
+                    Site::Keys { keys, names, .. } => {
+                        if let Some(i) = keys.iter().position(|k| *k == key) {
+                            notify_lock_event(ctx, event, names[i]);
+                        }
+                    }
                     Site::Background => {
                         node::in_db(ctx, &key, |name| notify_lock_event(ctx, event, name));
                     }
