@@ -188,3 +188,42 @@ fn acl_key_patterns_apply_to_every_key() {
     assert_eq!(fence(&mut admin, "app:c"), None);
     assert_eq!(release_all(&mut c, &["app:a", "app:b"], "t"), 2);
 }
+
+/// Redlock's second phase over several keys: a holder of every key asking
+/// MINFENCE above its fence gets one fresh fence on every key, and the
+/// node's next grant is above it.
+#[test]
+fn minfence_raises_a_holders_fence_on_every_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = acquire_all(&mut c, &["a", "b"], "t", 60_000).unwrap();
+    let want = f + 1_000_000;
+    let raised: i64 = redis::cmd("LOCK.ACQUIREALL")
+        .arg(2)
+        .arg("a")
+        .arg("b")
+        .arg("t")
+        .arg(60_000)
+        .arg("MINFENCE")
+        .arg(want)
+        .query(&mut c)
+        .unwrap();
+    assert!(raised >= want, "{raised} >= {want}");
+    assert_eq!(fence(&mut c, "a"), Some(raised));
+    assert_eq!(fence(&mut c, "b"), Some(raised));
+    assert!(acquire(&mut c, "other", "u", 1000).unwrap() > raised);
+}
+
+/// Thousands of keys in one command: granted and released whole, in time
+/// linear in the keys (a scan per output made it quadratic).
+#[test]
+fn many_keys_in_one_command() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let keys: Vec<String> = (0..20_000).map(|i| format!("{{many}}k{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let f = acquire_all(&mut c, &refs, "t", 60_000).unwrap();
+    assert_eq!(fence(&mut c, "{many}k19999"), Some(f));
+    assert_eq!(release_all(&mut c, &refs, "t"), 20_000);
+    assert_eq!(s.info_field("locks"), 0);
+}

@@ -121,14 +121,18 @@ pub fn check_gate_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
     Ok(())
 }
 
-/// A gate's mark loaded from outside (an RDB, `RESTORE`, the master's or
-/// the AOF's `LOCK._GATE`): positive and within the clock bound that
-/// `LOCK.FENCED` applies to the fences it records.
-pub fn check_loaded_mark(mark: i64, now_us: i64) -> Result<(), LockError> {
+/// A gate's mark from outside: positive always; from a user (`RESTORE`,
+/// `trusted` false) also within the clock bound `LOCK.FENCED` applies. From
+/// this node's own data or its master (an RDB or AOF being loaded, a full
+/// sync, `LOCK._GATE` from the link) it was accepted under that bound on
+/// the node that recorded it, against that node's clock: refusing it here
+/// for this clock (a replica behind, a clock stepped back before a
+/// restart) would drop the gate, or stop the load.
+pub fn check_loaded_mark(mark: i64, trusted: bool, now_us: i64) -> Result<(), LockError> {
     if mark <= 0 {
         return Err(LockError::BadFence("must be a positive integer"));
     }
-    if !within_clock_lead(mark, now_us) {
+    if !trusted && !within_clock_lead(mark, now_us) {
         return Err(LockError::BadFence("more than 2^50 above the clock"));
     }
     Ok(())
@@ -147,6 +151,8 @@ bitflags! {
         /// A container of subcommands (`CONFIG`, `CLIENT`): the flags that
         /// count are its subcommand's.
         const CONTAINER = 1 << 5;
+        /// A command of a module.
+        const MODULE = 1 << 6;
     }
 }
 
@@ -159,6 +165,7 @@ impl CommandFlags {
             b"noscript" => CommandFlags::NOSCRIPT,
             b"admin" => CommandFlags::ADMIN,
             b"pubsub" => CommandFlags::PUBSUB,
+            b"module" => CommandFlags::MODULE,
             _ => CommandFlags::empty(),
         }
     }
@@ -225,6 +232,14 @@ pub fn check_inner(
     }
     if flags.contains(CommandFlags::NOSCRIPT) {
         return refuse("it cannot run in a script or transaction (MULTI, WATCH, ...)");
+    }
+    // A module command may block its caller without declaring it, which
+    // makes the server abort when it runs inside another command; a script
+    // that calls it is answered an error instead.
+    if flags.contains(CommandFlags::MODULE) {
+        return refuse(
+            "commands of other modules run guarded only from a script or function (EVAL, FCALL)",
+        );
     }
     Ok(Guarded::Command)
 }
@@ -328,6 +343,7 @@ mod tests {
             (b"subscribe", CommandFlags::PUBSUB | CommandFlags::NOSCRIPT),
             (b"publish", CommandFlags::PUBSUB),
             (b"config|set", CommandFlags::ADMIN | CommandFlags::NOSCRIPT),
+            (b"json.set", CommandFlags::MODULE | CommandFlags::WRITE),
         ] {
             let refused = check_inner(name, flags, false).unwrap_err();
             assert!(refused.to_string().starts_with("NOTGUARDABLE"), "{refused}");

@@ -150,6 +150,8 @@ enum Op {
         reversed: bool,
         token: u8,
         ttl: i64,
+        /// MINFENCE as an offset from the node's mark (None: no MINFENCE).
+        min_fence: Option<i8>,
     },
     /// `LOCK.RELEASEALL` of the keys in `keys`.
     ReleaseAll {
@@ -197,9 +199,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
             .prop_map(|ms| Op::ClockStep { ms }),
         6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
-        3 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64)
-            .prop_map(|(client, keys, reversed, token, ttl)|
-                Op::AcquireAll { client, keys, reversed, token, ttl }),
+        3 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64,
+              prop::option::weighted(0.2, -3..4i8))
+            .prop_map(|(client, keys, reversed, token, ttl, min_fence)|
+                Op::AcquireAll { client, keys, reversed, token, ttl, min_fence }),
         1 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], 0..4u8)
             .prop_map(|(client, keys, token)| Op::ReleaseAll { client, keys, token }),
     ]
@@ -530,6 +533,7 @@ impl Reference {
         keys: &[u8],
         token: &[u8],
         ttl: i64,
+        min_fence: i64,
         now: i64,
         told: &mut Vec<(u8, Told)>,
     ) -> Told {
@@ -551,12 +555,21 @@ impl Reference {
             .collect();
         if let Some(Some((true, fence))) = held.first().copied() {
             if held.iter().all(|h| *h == Some((true, fence))) {
+                // A raised holder: one fresh fence above the mark and
+                // MINFENCE, not moved to the clock.
+                let fence = if min_fence > fence {
+                    self.hwm = (self.hwm + 1).max(min_fence);
+                    self.hwm
+                } else {
+                    fence
+                };
                 for &key in keys {
                     self.leases += 1;
                     let lease = self.leases;
                     let h = self.locks.get_mut(&key).unwrap();
                     h.deadline_ms = now + ttl;
                     h.lease = lease;
+                    h.fence = fence;
                 }
                 return Told::Fence(fence);
             }
@@ -575,7 +588,7 @@ impl Reference {
         if self.paused(now) > 0 {
             return error(LockError::GrantsPaused(self.paused(now)));
         }
-        let fence = self.fresh_fence(0, now);
+        let fence = self.fresh_fence(min_fence, now);
         for &key in keys {
             self.leases += 1;
             self.grants += 1;
@@ -978,8 +991,10 @@ fn run(ops: &[Op]) {
                 reversed,
                 token: t,
                 ttl,
+                min_fence,
                 ..
             } => {
+                let min_fence = min_fence.map_or(0, |d| (model.hwm + d as i64).max(1));
                 let keys = keys_of(set, reversed);
                 let unusable = keys
                     .iter()
@@ -988,13 +1003,23 @@ fn run(ops: &[Op]) {
                     continue;
                 }
                 let token = token(t);
-                replies.0 = Some(model.acquire_all(&keys, &token, ttl, now, &mut model_told));
+                replies.0 =
+                    Some(model.acquire_all(&keys, &token, ttl, min_fence, now, &mut model_told));
                 let cond = h.cond(false);
                 let at = h.at(now);
                 let out = h.with_stores(&keys, |node, stores, denied| {
                     let mut admits: Vec<_> =
                         keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
-                    node.acquire_all(&keys, Ok(stores), &token, ttl, 0, cond, &mut admits, at)
+                    node.acquire_all(
+                        &keys,
+                        Ok(stores),
+                        &token,
+                        ttl,
+                        min_fence,
+                        cond,
+                        &mut admits,
+                        at,
+                    )
                 });
                 replies.1 = Some(match out {
                     Ok(Some(f)) => {

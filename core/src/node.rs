@@ -29,7 +29,7 @@ use bitflags::bitflags;
 use crate::args;
 use crate::codec;
 use crate::error::{LockError, NotHeld};
-use crate::fence::{self, FenceCounter};
+use crate::fence::{self, FenceCounter, FenceSource};
 use crate::guarded;
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
@@ -528,12 +528,35 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         if let Some(Some((true, fence))) = held.first().copied() {
             if held.iter().all(|h| *h == Some((true, fence))) {
                 let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
+                // MINFENCE above the held fence (Redlock's second phase over
+                // several keys): one fresh fence for every key, above the
+                // mark and min_fence, as a single key's holder gets.
+                let raised = match min_fence > fence {
+                    true => {
+                        self.fences.raise(min_fence - 1, now.wall_us)?;
+                        Some(self.fences.next_fence(0)?)
+                    }
+                    false => None,
+                };
                 for (key, store) in keys.iter().zip(stores.iter_mut()) {
                     let mut ledger = self.ledger(key, store, now_ms);
-                    crate::lock::Ledger::renew(&mut ledger, deadline_ms);
+                    match raised {
+                        Some(new_fence) => {
+                            let granted = ledger.stored().and_then(|l| l.granted_ms);
+                            crate::lock::Ledger::put(
+                                &mut ledger,
+                                token,
+                                new_fence,
+                                deadline_ms,
+                                granted,
+                                false,
+                            );
+                        }
+                        None => crate::lock::Ledger::renew(&mut ledger, deadline_ms),
+                    }
                     self.waiters.schedule(key, deadline_ms);
                 }
-                return Ok(Some((fence, true)));
+                return Ok(Some((raised.unwrap_or(fence), true)));
             }
         }
         let delay = self.limits.lock_delay_ms;

@@ -268,11 +268,12 @@ pub static COMMANDS: [Command; 11] = [
     Command {
         name: c"lock.releaseall",
         callback: command_callback!(release_all),
-        flags: c"write fast getkeys-api",
+        // Not fast: it takes any number of keys.
+        flags: c"write getkeys-api",
         arity: -4,
         key_flags: RELEASE_ALL_KEY_FLAGS | VARIABLE_FLAGS,
         keys: KeyPlace::NumKeys,
-        acl_categories: c"write fast",
+        acl_categories: c"write",
         summary: c"Frees each key token holds; replies with how many it freed.",
         args: &[
             arg(c"numkeys", INTEGER, c"How many keys follow."),

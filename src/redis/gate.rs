@@ -6,10 +6,13 @@
 //! |-------|------------|------------------------------------------------|
 //! | mark  | SaveSigned | the highest fence accepted, > 0                |
 //!
-//! A mark that is not positive, or more than `core::limits::MAX_FENCE_LEAD`
-//! above the clock, is refused on load (RDB, `RESTORE`, diskless sync), as
-//! `LOCK.FENCED` refuses such a fence: one damaged or hostile value would
-//! otherwise close the gate for good. The AOF rewrite writes each gate as
+//! A mark that is not positive is refused on load; a `RESTORE`d one also
+//! when it is more than `core::limits::MAX_FENCE_LEAD` above the clock, as
+//! `LOCK.FENCED` refuses such a fence (one hostile value would otherwise
+//! close the gate for good). This node's own data and its master's (an
+//! RDB or AOF loading, a full sync, `LOCK._GATE` from the link) carry
+//! marks accepted under that bound where they were recorded, and are not
+//! judged again by this clock. The AOF rewrite writes each gate as
 //! `LOCK._GATE key mark`, the form the master replicates. A gate has no
 //! Redis expiry of its own and is never evicted while the module refuses
 //! evicting policies (`lock.allow-eviction`).
@@ -19,7 +22,7 @@ use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
 
 use redis_module::raw;
 
-use super::ffi::{api, guard, log_warning, KeyRef, OpenKey, Write};
+use super::ffi::{api, context_flags, guard, log_warning, Ctx, KeyRef, OpenKey, Write};
 use super::node;
 use crate::core::error::LockError;
 use crate::core::guarded;
@@ -30,7 +33,7 @@ const ENCODING_VERSION: c_int = 1;
 
 static GATE_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
 
-pub fn register(ctx: super::ffi::Ctx) -> Result<(), &'static str> {
+pub fn register(ctx: Ctx) -> Result<(), &'static str> {
     let mut methods = raw::RedisModuleTypeMethods {
         version: 4,
         rdb_load: Some(rdb_load),
@@ -151,10 +154,16 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
             ));
             return std::ptr::null_mut();
         }
+        // RESTORE runs outside loading: only a user's value meets the clock
+        // bound (see `check_loaded_mark`).
+        let loading = raw::REDISMODULE_CTX_FLAGS_LOADING | raw::REDISMODULE_CTX_FLAGS_ASYNC_LOADING;
+        // SAFETY: `rdb` is the IO context Redis gave this callback.
+        let io_ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(rdb)) };
+        let trusted = context_flags(io_ctx) & loading != 0;
         let loaded = raw::load_signed(rdb)
             .map_err(|_| "the data is truncated or damaged".to_string())
             .and_then(|mark| {
-                guarded::check_loaded_mark(mark, node::conversion_now().wall_us)
+                guarded::check_loaded_mark(mark, trusted, node::conversion_now().wall_us)
                     .map(|()| mark)
                     .map_err(|e| format!("mark {mark}: {e}"))
             });

@@ -41,6 +41,10 @@ pub const GATE_KEY_FLAGS: u64 = (raw::REDISMODULE_CMD_KEY_RW
     | raw::REDISMODULE_CMD_KEY_UPDATE
     | raw::REDISMODULE_CMD_KEY_INSERT) as u64;
 
+/// Above this many arguments an inner command's keys are not reported to
+/// a key-position request (see `report_keys`).
+const MAX_INNER_ARGS_FOR_KEYS: usize = 256;
+
 thread_local! {
     /// The server's flags of each command seen (`COMMAND INFO`, by lower
     /// case name or `container|sub`). Only commands the server knows are
@@ -193,9 +197,13 @@ fn report_keys(ctx: Ctx, argv: &Argv, command_at: usize, key_flags: u64) {
     // Not into a nested guard (refused when run anyway): each level would
     // recurse through the server once more, and a long chain of them
     // would exhaust the stack.
+    // Nor past 256 arguments: Redis 7.0's RM_GetCommandKeysWithFlags
+    // leaks its key buffer beyond that. RM_Call checks the inner command's
+    // ACL and cluster slots itself, so nothing goes unchecked.
     let inner = all.get(command_at..).filter(|i| {
-        i.first()
-            .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(*name)))
+        i.len() <= MAX_INNER_ARGS_FOR_KEYS
+            && i.first()
+                .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(*name)))
     });
     if let Some(inner) = inner {
         for (pos, flags) in ffi::command_keys(ctx, inner) {
@@ -298,13 +306,17 @@ pub fn apply_gate(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand(command::GATE));
     }
     let mark = guarded::parse_gate(argv.bytes())?;
-    guarded::check_loaded_mark(mark, node::conversion_now().wall_us)?;
+    guarded::check_loaded_mark(mark, true, node::conversion_now().wall_us)?;
     let key = OpenKey::<Write>::open(ctx, argv.key()).ok_or(LockError::Internal)?;
     let current = gate::mark_of(key.key())?;
-    if current.is_none_or(|m| m < mark) {
+    let raised = current.is_none_or(|m| m < mark);
+    if raised {
         gate::set_mark(&key, mark);
     }
     drop(key);
+    if raised {
+        ffi::signal_modified_key(ctx, argv.key());
+    }
     ffi::replicate_verbatim(ctx);
     Ok(Reply::Ok)
 }

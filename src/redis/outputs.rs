@@ -7,7 +7,7 @@
 //! Also whether a waiter's user may still take the lock when its turn
 //! comes (asked of ACL).
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, TryLockError};
 
 use super::blocked;
@@ -111,6 +111,12 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
     // nil reads no clock).
     let mut now = None;
     let mut now = || *now.get_or_insert_with(node::conversion_now);
+    // A multi-key command's outputs name its keys: found by a map, not a
+    // scan per output (thousands of keys would cost their square).
+    let index: HashMap<&Key, usize> = match &site {
+        Site::Keys { keys, .. } => keys.iter().enumerate().map(|(i, k)| (k, i)).collect(),
+        _ => HashMap::new(),
+    };
     for output in decided.outputs.drain(..) {
         match output {
             Output::Wake(wake) => {
@@ -119,8 +125,8 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
             }
             Output::Changed(key) => match &site {
                 Site::Command { store, .. } => store.replicate(now()),
-                Site::Keys { keys, stores, .. } => {
-                    if let Some(i) = keys.iter().position(|k| *k == key) {
+                Site::Keys { stores, .. } => {
+                    if let Some(&i) = index.get(&key) {
                         stores[i].replicate(now());
                     }
                 }
@@ -136,8 +142,8 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                 let event = event.name();
                 match &site {
                     Site::Command { name, .. } => notify_lock_event(ctx, event, *name),
-                    Site::Keys { keys, names, .. } => {
-                        if let Some(i) = keys.iter().position(|k| *k == key) {
+                    Site::Keys { names, .. } => {
+                        if let Some(&i) = index.get(&key) {
                             notify_lock_event(ctx, event, names[i]);
                         }
                     }
