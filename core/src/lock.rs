@@ -180,9 +180,7 @@ pub fn acquire(
         Some(held) if held.token == token => {
             if min_fence > held.fence {
                 let granted_ms = held.granted_ms;
-                fences.raise(min_fence - 1, now.wall_us)?;
-                // Above the mark; not moved to the clock (see above).
-                let fence = fences.next_fence(0)?;
+                let fence = raised_fence(fences, min_fence, now.wall_us)?;
                 store.put(token, fence, deadline_ms, granted_ms, false);
                 return Ok(Acquired::Renewed(fence));
             }
@@ -214,6 +212,17 @@ pub(crate) fn grant_with_fence(
     let replaces_ended = store.stored().is_some();
     store.put(token, fence, deadline_ms, Some(now_ms), replaces_ended);
     Ok(())
+}
+
+/// The fresh token of a holder that asked MINFENCE above its own: above
+/// the mark and `min_fence`, not moved to the clock (see [`acquire`]).
+pub(crate) fn raised_fence(
+    fences: &mut impl FenceSource,
+    min_fence: i64,
+    now_us: i64,
+) -> Result<i64, LockError> {
+    fences.raise(min_fence - 1, now_us)?;
+    fences.next_fence(0)
 }
 
 /// A token never issued before, at least `min_fence` (0: no floor).

@@ -29,7 +29,7 @@ use bitflags::bitflags;
 use crate::args;
 use crate::codec;
 use crate::error::{LockError, NotHeld};
-use crate::fence::{self, FenceCounter, FenceSource};
+use crate::fence::{self, FenceCounter};
 use crate::guarded;
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
@@ -371,9 +371,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         now: Now,
     ) -> Result<Acquire<K>, LockError> {
         self.limits.check_ttl(req.ttl_ms)?;
-        if req.min_fence > 0 && fence::check_min_fence(req.min_fence, now.wall_us).is_err() {
-            return Err(LockError::MinFenceTooLarge(format!("'{}'", req.min_fence)));
-        }
+        check_requested_min_fence(req.min_fence, now)?;
         let store = self.open_in_command(key, store, cond, now)?;
         self.settle_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
@@ -507,9 +505,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         now: Now,
     ) -> Result<Option<(i64, bool)>, LockError> {
         self.limits.check_ttl(ttl_ms)?;
-        if min_fence > 0 && fence::check_min_fence(min_fence, now.wall_us).is_err() {
-            return Err(LockError::MinFenceTooLarge(format!("'{min_fence}'")));
-        }
+        check_requested_min_fence(min_fence, now)?;
         refuse_on_replica(cond)?;
         let stores = stores?;
         debug_assert_eq!(keys.len(), stores.len());
@@ -532,10 +528,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 // several keys): one fresh fence for every key, above the
                 // mark and min_fence, as a single key's holder gets.
                 let raised = match min_fence > fence {
-                    true => {
-                        self.fences.raise(min_fence - 1, now.wall_us)?;
-                        Some(self.fences.next_fence(0)?)
-                    }
+                    true => Some(lock::raised_fence(
+                        &mut self.fences,
+                        min_fence,
+                        now.wall_us,
+                    )?),
                     false => None,
                 };
                 for (key, store) in keys.iter().zip(stores.iter_mut()) {
@@ -1176,6 +1173,14 @@ fn acts_alone(cond: Conditions) -> bool {
 
 /// A replica never changes a lock on its own (also with `replica-read-only
 /// no`): its master's effects are its only writes.
+/// An ACQUIRE's (or ACQUIREALL's) MINFENCE n (0: none) within its bound.
+fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> {
+    if min_fence > 0 && fence::check_min_fence(min_fence, now.wall_us).is_err() {
+        return Err(LockError::MinFenceTooLarge(format!("'{min_fence}'")));
+    }
+    Ok(())
+}
+
 fn refuse_on_replica(cond: Conditions) -> Result<(), LockError> {
     if cond.contains(Conditions::REPLICA) {
         return Err(LockError::ReadOnlyReplica);
