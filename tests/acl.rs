@@ -19,34 +19,11 @@ const LOCK_COMMANDS: [&str; 5] = [
     "+lock.info",
 ];
 
-/// Creates (or resets) `name` with password `pw` and `rules`.
-fn set_user(admin: &mut Connection, name: &str, rules: &[&str]) {
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(name)
-        .arg("reset")
-        .arg("on")
-        .arg(">pw")
-        .arg(rules)
-        .query(admin)
-        .unwrap();
-}
-
 /// The application user README recommends.
 fn set_app_user(admin: &mut Connection, name: &str) {
     let mut rules = vec!["~app:*"];
     rules.extend(LOCK_COMMANDS);
     set_user(admin, name, &rules);
-}
-
-fn login(s: &Server, user: &str) -> Connection {
-    let mut c = s.conn();
-    let _: () = redis::cmd("AUTH")
-        .arg(user)
-        .arg("pw")
-        .query(&mut c)
-        .unwrap();
-    c
 }
 
 /// A RESP3 connection logged in as `user`.

@@ -222,28 +222,6 @@ fn command_getkeys_sees_the_lock_key_and_the_inner_commands_keys() {
     assert_eq!(keys, ["gate", "x", "y"]);
 }
 
-fn set_user(admin: &mut Connection, name: &str, rules: &[&str]) {
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(name)
-        .arg("reset")
-        .arg("on")
-        .arg(">pw")
-        .arg(rules)
-        .query(admin)
-        .unwrap();
-}
-
-fn login(s: &Server, user: &str) -> Connection {
-    let mut c = s.conn();
-    let _: () = redis::cmd("AUTH")
-        .arg(user)
-        .arg("pw")
-        .query(&mut c)
-        .unwrap();
-    c
-}
-
 #[test]
 fn the_inner_command_meets_the_callers_acl_as_if_called_directly() {
     let s = Server::start();

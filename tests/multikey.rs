@@ -162,23 +162,12 @@ fn a_replica_gets_every_key() {
 fn acl_key_patterns_apply_to_every_key() {
     let s = Server::start();
     let mut admin = s.conn();
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("app")
-        .arg("reset")
-        .arg("on")
-        .arg(">pw")
-        .arg("~app:*")
-        .arg("+lock.acquireall")
-        .arg("+lock.releaseall")
-        .query(&mut admin)
-        .unwrap();
-    let mut c = s.conn();
-    let _: () = redis::cmd("AUTH")
-        .arg("app")
-        .arg("pw")
-        .query(&mut c)
-        .unwrap();
+    set_user(
+        &mut admin,
+        "app",
+        &["~app:*", "+lock.acquireall", "+lock.releaseall"],
+    );
+    let mut c = login(&s, "app");
     assert!(acquire_all(&mut c, &["app:a", "app:b"], "t", 60_000).is_some());
     let e = run_err(
         &mut c,

@@ -1074,6 +1074,30 @@ pub fn run(c: &mut Connection, args: &[&[u8]]) -> redis::RedisResult<Value> {
     cmd.query(c)
 }
 
+/// Creates (or resets) the ACL user `name` with password `pw` and `rules`.
+pub fn set_user(admin: &mut Connection, name: &str, rules: &[&str]) {
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg(name)
+        .arg("reset")
+        .arg("on")
+        .arg(">pw")
+        .arg(rules)
+        .query(admin)
+        .unwrap();
+}
+
+/// A RESP2 connection to `s` logged in as `user` (password `pw`).
+pub fn login(s: &Server, user: &str) -> Connection {
+    let mut c = s.conn();
+    let _: () = redis::cmd("AUTH")
+        .arg(user)
+        .arg("pw")
+        .query(&mut c)
+        .unwrap();
+    c
+}
+
 /// Runs a command that must fail; returns the error text (code first).
 pub fn run_err(c: &mut Connection, args: &[&str]) -> String {
     let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
