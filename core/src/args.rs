@@ -233,6 +233,8 @@ pub struct AcquireAllArgs<'a> {
     pub keys: std::ops::Range<usize>,
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// `BLOCK timeout-ms` (0: no limit): wait in every key's line.
+    pub block_ms: Option<i64>,
     pub min_fence: i64,
 }
 
@@ -270,12 +272,16 @@ pub fn parse_acquire_all<'a>(
     let token = parse_token(argv[keys.end])?;
     let ttl_ms = parse_ttl(argv[keys.end + 1], max_ttl_ms)?;
     let mut min_fence = 0;
+    let mut block_ms = None;
     let mut options = argv[keys.end + 2..].iter();
     while let Some(option) = options.next() {
         if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
             let n = options.next().ok_or(LockError::MissingMinFence)?;
             min_fence = parse_min_fence(n)?;
-        } else if option.eq_ignore_ascii_case(b"BLOCK") || option.eq_ignore_ascii_case(b"SHARED") {
+        } else if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
+            let timeout = options.next().ok_or(LockError::MissingTimeout)?;
+            block_ms = Some(parse_timeout(timeout)?);
+        } else if option.eq_ignore_ascii_case(b"SHARED") {
             return Err(LockError::NotYet(show_arg(option), "lock.acquireall"));
         } else {
             return Err(LockError::UnknownOption(show_arg(option)));
@@ -285,6 +291,7 @@ pub fn parse_acquire_all<'a>(
         keys,
         token,
         ttl_ms,
+        block_ms,
         min_fence,
     })
 }

@@ -215,7 +215,7 @@ impl fmt::Display for LockError {
             DuplicateKey(k) => write!(f, "ERR key {k} is named twice"),
             NotYet(option, cmd) => write!(
                 f,
-                "ERR option {option} is not supported by {cmd} in this build (it will come with multi-key waiting and shared locks)"
+                "ERR option {option} is not supported by {cmd} in this build (it will come with shared locks)"
             ),
             GateHasNoHolder => write!(
                 f,

@@ -10,7 +10,9 @@
 //! never at or after its timeout, and no waiter left in line while its lock
 //! is free and grants are allowed.
 //!
-//! The history covers MINFENCE, restart-delay and its runtime changes, a
+//! The history covers LOCK.ACQUIREALL (all keys or none, and with BLOCK a
+//! waiter standing in several lines at once, granted every key with one
+//! fence), MINFENCE, restart-delay and its runtime changes, a
 //! lower max-ttl-ms, max-token-len or max-waiters-per-key while clients
 //! wait, memory above
 //! maxmemory and an evicting policy (new holders refused, hand-offs
@@ -150,6 +152,8 @@ enum Op {
         reversed: bool,
         token: u8,
         ttl: i64,
+        /// BLOCK timeout-ms (None: no BLOCK).
+        block: Option<i64>,
         /// MINFENCE as an offset from the node's mark (None: no MINFENCE).
         min_fence: Option<i8>,
     },
@@ -199,10 +203,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
             .prop_map(|ms| Op::ClockStep { ms }),
         6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
-        3 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64,
-              prop::option::weighted(0.2, -3..4i8))
-            .prop_map(|(client, keys, reversed, token, ttl, min_fence)|
-                Op::AcquireAll { client, keys, reversed, token, ttl, min_fence }),
+        4 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64,
+              prop::option::weighted(0.6, 0..30i64), prop::option::weighted(0.2, -3..4i8))
+            .prop_map(|(client, keys, reversed, token, ttl, block, min_fence)|
+                Op::AcquireAll { client, keys, reversed, token, ttl, block, min_fence }),
         1 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], 0..4u8)
             .prop_map(|(client, keys, token)| Op::ReleaseAll { client, keys, token }),
     ]
@@ -242,6 +246,10 @@ struct Held {
 
 #[derive(Debug, Clone)]
 struct RefWaiter {
+    /// Arrival order (a multi-key waiter stands in several lines).
+    id: u64,
+    /// Every key it waits for, in the order named (one for LOCK.ACQUIRE).
+    keys: Vec<u8>,
     client: u8,
     token: Vec<u8>,
     ttl: i64,
@@ -279,6 +287,10 @@ struct Reference {
     /// A pause ended, and the node has not run its timer since: what it
     /// held back waits for that run (within `RETRY_MS`).
     resume_pending: bool,
+    /// Waiters so far (their ids).
+    arrivals: u64,
+    /// Multi-key waiters a settle found first in a line, to look at.
+    marked: BTreeSet<u64>,
 }
 
 impl Reference {
@@ -392,7 +404,7 @@ impl Reference {
                 return;
             };
             let answer = |this: &mut Self, told: &mut Vec<(u8, Told)>, t: Told| {
-                this.lines.get_mut(&key).unwrap().remove(0);
+                this.remove_waiter(front.id);
                 told.push((front.client, t));
             };
             if let Some(err) = &fail_all {
@@ -402,6 +414,10 @@ impl Reference {
             if front.timeout_at.is_some_and(|t| t <= now) {
                 answer(self, told, Told::Nil);
                 continue;
+            }
+            if front.keys.len() > 1 {
+                self.marked.insert(front.id); // see settle_groups
+                return;
             }
             let renews = match self.live(key, now) {
                 Some(h) if h.token != front.token => return,
@@ -432,6 +448,171 @@ impl Reference {
         }
     }
 
+    fn has_line(&self, key: u8) -> bool {
+        self.lines.get(&key).is_some_and(|l| !l.is_empty())
+    }
+
+    fn remove_waiter(&mut self, id: u64) {
+        self.marked.remove(&id);
+        for line in self.lines.values_mut() {
+            line.retain(|w| w.id != id);
+        }
+        self.lines.retain(|_, l| !l.is_empty());
+    }
+
+    fn first_everywhere(&self, w: &RefWaiter) -> bool {
+        w.keys.iter().all(|k| {
+            self.lines
+                .get(k)
+                .and_then(|l| l.first())
+                .is_some_and(|f| f.id == w.id)
+        })
+    }
+
+    /// `token` holds every key of `keys` by one grant: its fence.
+    fn held_by_one_grant(&self, keys: &[u8], token: &[u8], now: i64) -> Option<i64> {
+        let held: Vec<Option<(bool, i64)>> = keys
+            .iter()
+            .map(|&k| self.live(k, now).map(|h| (h.token == token, h.fence)))
+            .collect();
+        match held.first().copied() {
+            Some(Some((true, fence))) if held.iter().all(|h| *h == Some((true, fence))) => {
+                Some(fence)
+            }
+            _ => None,
+        }
+    }
+
+    /// Every key of `keys` to `token` with one fence (all free).
+    fn grant_all(&mut self, keys: &[u8], token: &[u8], ttl: i64, min_fence: i64, now: i64) -> i64 {
+        let fence = self.fresh_fence(min_fence, now);
+        for &key in keys {
+            self.leases += 1;
+            self.grants += 1;
+            let lease = self.leases;
+            self.locks.insert(
+                key,
+                Held {
+                    token: token.to_vec(),
+                    fence,
+                    deadline_ms: now + ttl,
+                    lease,
+                },
+            );
+        }
+        fence
+    }
+
+    /// Renews every key `token` holds by the grant `fence` (raised above
+    /// MINFENCE if asked).
+    fn renew_all(&mut self, keys: &[u8], fence: i64, ttl: i64, min_fence: i64, now: i64) -> i64 {
+        // A raised holder: one fresh fence above the mark and MINFENCE,
+        // not moved to the clock.
+        let fence = if min_fence > fence {
+            self.hwm = (self.hwm + 1).max(min_fence);
+            self.hwm
+        } else {
+            fence
+        };
+        for &key in keys {
+            self.leases += 1;
+            let lease = self.leases;
+            let h = self.locks.get_mut(&key).unwrap();
+            h.deadline_ms = now + ttl;
+            h.lease = lease;
+            h.fence = fence;
+        }
+        fence
+    }
+
+    /// The marked multi-key waiters, in arrival order: one first in every
+    /// line whose keys are all free for it (held by nobody else, not held
+    /// back) is granted them all. Answering one marks the multi-key
+    /// waiters that arrived after it and are now first where it was.
+    fn settle_groups(&mut self, now: i64, told: &mut Vec<(u8, Told)>) {
+        let mut work = std::mem::take(&mut self.marked);
+        while let Some(id) = work.pop_first() {
+            let Some(g) = self.lines.values().flatten().find(|w| w.id == id).cloned() else {
+                continue;
+            };
+            if self.settle_group(&g, now, told) {
+                for k in &g.keys {
+                    let front = self.lines.get(k).and_then(|l| l.first());
+                    if let Some(f) = front.filter(|f| f.keys.len() > 1 && f.id > id) {
+                        work.insert(f.id);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One multi-key waiter looked at; true if it was answered.
+    fn settle_group(&mut self, g: &RefWaiter, now: i64, told: &mut Vec<(u8, Told)>) -> bool {
+        let mut answer = |this: &mut Self, t: Told| {
+            this.remove_waiter(g.id);
+            told.push((g.client, t));
+            true
+        };
+        if let Some(&k) = g.keys.iter().find(|k| self.gone.contains(k)) {
+            return answer(self, error(LockError::Redirect(redirect_of(k))));
+        }
+        if g.keys.iter().any(|k| self.wrongtype.contains(k)) {
+            return answer(self, error(LockError::WrongType));
+        }
+        if g.timeout_at.is_some_and(|t| t <= now) {
+            return answer(self, Told::Nil);
+        }
+        if !self.first_everywhere(g) {
+            return false;
+        }
+        let renews = self.held_by_one_grant(&g.keys, &g.token, now);
+        if renews.is_none() {
+            let held = g
+                .keys
+                .iter()
+                .any(|&k| self.live(k, now).is_some() || self.delayed(k, now));
+            if held || self.paused(now) > 0 {
+                return false;
+            }
+        }
+        let refused = if g.ttl > self.max_ttl {
+            Some(LockError::TtlTooLarge(format!("'{}'", g.ttl), self.max_ttl))
+        } else if let Some(err) = renews
+            .is_none()
+            .then(|| self.refuse_new_holder(&g.token))
+            .flatten()
+        {
+            Some(err)
+        } else if self.denied.contains(&g.client) {
+            Some(LockError::NoPermission)
+        } else {
+            None
+        };
+        let t = match (refused, renews) {
+            (Some(err), _) => error(err),
+            (None, Some(fence)) => {
+                Told::Fence(self.renew_all(&g.keys, fence, g.ttl, g.min_fence, now))
+            }
+            (None, None) => Told::Fence(self.grant_all(&g.keys, &g.token, g.ttl, g.min_fence, now)),
+        };
+        answer(self, t)
+    }
+
+    /// The key's line has a multi-key waiter first that cannot be granted
+    /// now (another of its keys is held, held back, or has others first).
+    fn group_waits(&self, key: u8, now: i64) -> bool {
+        let Some(g) = self.lines.get(&key).and_then(|l| l.first()) else {
+            return false;
+        };
+        g.keys.len() > 1
+            && (!self.first_everywhere(g)
+                || g.keys.iter().any(|&k| {
+                    self.live(k, now).is_some_and(|h| h.token != g.token) || self.delayed(k, now)
+                })
+                || (self.held_by_one_grant(&g.keys, &g.token, now).is_none()
+                    && g.keys.iter().any(|&k| self.live(k, now).is_some())))
+    }
+
     /// The timer at `now`: take-backs, timeouts, then every key; the keys
     /// taken back. `node_ran`: the node's timer ran now (after a pause,
     /// what it held back goes at that run).
@@ -455,18 +636,31 @@ impl Reference {
                 }
             }
         }
-        for line in self.lines.values_mut() {
-            line.retain(|w| {
-                let out = w.timeout_at.is_some_and(|t| t <= now);
-                if out {
-                    told.push((w.client, Told::Nil));
-                }
-                !out
-            });
+        let mut timed_out: Vec<(u64, u8)> = self
+            .lines
+            .values()
+            .flatten()
+            .filter(|w| w.timeout_at.is_some_and(|t| t <= now))
+            .map(|w| (w.id, w.client))
+            .collect();
+        timed_out.sort();
+        timed_out.dedup();
+        for (id, client) in timed_out {
+            self.remove_waiter(id);
+            told.push((client, Told::Nil));
         }
         if !held_back {
-            for key in 0..KEYS {
-                self.settle(key, now, told);
+            // Until nothing more is answered (an answered multi-key waiter
+            // lets the lines behind it move).
+            loop {
+                let before = told.len();
+                for key in 0..KEYS {
+                    self.settle(key, now, told);
+                }
+                self.settle_groups(now, told);
+                if told.len() == before {
+                    break;
+                }
             }
         }
         taken_back
@@ -508,7 +702,7 @@ impl Reference {
             Some(_) => match r.block {
                 Some(timeout) => match self.refuse_new_holder(&r.token) {
                     Some(err) => error(err),
-                    None => self.enqueue(client, key, r, timeout, now),
+                    None => self.enqueue(client, &[key], r, timeout, now),
                 },
                 None => Told::Nil,
             },
@@ -516,24 +710,28 @@ impl Reference {
                 error(self.refuse_new_holder(&r.token).unwrap())
             }
             None if self.delayed(key, now) => match r.block {
-                Some(timeout) => self.enqueue(client, key, r, timeout, now),
+                Some(timeout) => self.enqueue(client, &[key], r, timeout, now),
                 None => Told::Nil,
             },
             None => match (self.paused(now), r.block) {
+                (0, Some(timeout)) if self.has_line(key) => {
+                    self.enqueue(client, &[key], r, timeout, now)
+                }
+                (0, None) if self.has_line(key) => Told::Nil,
                 (0, _) => Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now)),
-                (_, Some(timeout)) => self.enqueue(client, key, r, timeout, now),
+                (_, Some(timeout)) => self.enqueue(client, &[key], r, timeout, now),
                 (paused, None) => error(LockError::GrantsPaused(paused)),
             },
         }
     }
 
-    /// `LOCK.ACQUIREALL` without BLOCK: every key or none.
+    /// `LOCK.ACQUIREALL`: every key or none; with BLOCK, a place in every
+    /// key's line.
     fn acquire_all(
         &mut self,
+        client: u8,
         keys: &[u8],
-        token: &[u8],
-        ttl: i64,
-        min_fence: i64,
+        r: &Request,
         now: i64,
         told: &mut Vec<(u8, Told)>,
     ) -> Told {
@@ -549,75 +747,48 @@ impl Reference {
             );
             told.extend(settled);
         }
-        let held: Vec<Option<(bool, i64)>> = keys
-            .iter()
-            .map(|&k| self.live(k, now).map(|h| (h.token == token, h.fence)))
-            .collect();
-        if let Some(Some((true, fence))) = held.first().copied() {
-            if held.iter().all(|h| *h == Some((true, fence))) {
-                // A raised holder: one fresh fence above the mark and
-                // MINFENCE, not moved to the clock.
-                let fence = if min_fence > fence {
-                    self.hwm = (self.hwm + 1).max(min_fence);
-                    self.hwm
-                } else {
-                    fence
-                };
-                for &key in keys {
-                    self.leases += 1;
-                    let lease = self.leases;
-                    let h = self.locks.get_mut(&key).unwrap();
-                    h.deadline_ms = now + ttl;
-                    h.lease = lease;
-                    h.fence = fence;
-                }
-                return Told::Fence(fence);
-            }
+        if let Some(fence) = self.held_by_one_grant(keys, &r.token, now) {
+            return Told::Fence(self.renew_all(keys, fence, r.ttl, r.min_fence, now));
         }
-        let busy = keys.iter().any(|&k| {
-            self.live(k, now).is_some()
-                || self.delayed(k, now)
-                || self.lines.get(&k).is_some_and(|l| !l.is_empty())
-        });
-        if busy {
+        let busy = keys
+            .iter()
+            .any(|&k| self.live(k, now).is_some() || self.delayed(k, now) || self.has_line(k));
+        if busy && r.block.is_none() {
             return Told::Nil;
         }
-        if let Some(err) = self.refuse_new_holder(token) {
+        if let Some(err) = self.refuse_new_holder(&r.token) {
             return error(err);
         }
-        if self.paused(now) > 0 {
-            return error(LockError::GrantsPaused(self.paused(now)));
+        if busy || self.paused(now) > 0 {
+            return match r.block {
+                Some(timeout) => self.enqueue(client, keys, r, timeout, now),
+                None => error(LockError::GrantsPaused(self.paused(now))),
+            };
         }
-        let fence = self.fresh_fence(min_fence, now);
-        for &key in keys {
-            self.leases += 1;
-            self.grants += 1;
-            let lease = self.leases;
-            self.locks.insert(
-                key,
-                Held {
-                    token: token.to_vec(),
-                    fence,
-                    deadline_ms: now + ttl,
-                    lease,
-                },
-            );
-        }
-        Told::Fence(fence)
+        Told::Fence(self.grant_all(keys, &r.token, r.ttl, r.min_fence, now))
     }
 
-    fn enqueue(&mut self, client: u8, key: u8, r: &Request, timeout: i64, now: i64) -> Told {
+    fn enqueue(&mut self, client: u8, keys: &[u8], r: &Request, timeout: i64, now: i64) -> Told {
         // A full line refuses; a lower limit leaves those already in line.
-        if self.lines.get(&key).map_or(0, Vec::len) >= self.max_line {
+        if keys
+            .iter()
+            .any(|k| self.lines.get(k).map_or(0, Vec::len) >= self.max_line)
+        {
             return error(LockError::TooManyWaiters(self.max_line as i64));
         }
-        self.lines.entry(key).or_default().push(RefWaiter {
+        self.arrivals += 1;
+        let w = RefWaiter {
+            id: self.arrivals,
+            keys: keys.to_vec(),
             client,
             token: r.token.clone(),
             ttl: r.ttl,
             min_fence: r.min_fence,
             timeout_at: (timeout > 0).then_some(now + timeout),
-        });
+        };
+        for &key in keys {
+            self.lines.entry(key).or_default().push(w.clone());
+        }
         Told::Blocked
     }
 }
@@ -833,6 +1004,31 @@ impl<'a> Keyspace<u8, u8> for ModelKeys<'a> {
         self.stores.insert(*key, store);
         out
     }
+
+    fn with_keys<R>(
+        &mut self,
+        keys: &[u8],
+        f: impl FnOnce(Result<&mut [MemStore], LockError>, Served, &mut [NotDenied<'a>]) -> R,
+    ) -> R {
+        let served = match keys.iter().find(|k| self.gone.contains(k)) {
+            Some(k) => Served::Elsewhere(redirect_of(*k)),
+            None => Served::Here,
+        };
+        let mut stores: Vec<MemStore> = keys
+            .iter()
+            .map(|k| self.stores.remove(k).unwrap_or_default())
+            .collect();
+        let mut admits: Vec<NotDenied<'a>> = keys.iter().map(|_| NotDenied(self.denied)).collect();
+        let open = match keys.iter().any(|k| self.wrongtype.contains(k)) {
+            true => Err(LockError::WrongType),
+            false => Ok(&mut stores[..]),
+        };
+        let out = f(open, served, &mut admits);
+        for (k, s) in keys.iter().zip(stores) {
+            self.stores.insert(*k, s);
+        }
+        out
+    }
 }
 
 fn told_of(wake: &Wake<u8, u8>) -> Told {
@@ -843,8 +1039,12 @@ fn told_of(wake: &Wake<u8, u8>) -> Told {
     }
 }
 
-/// The waits the history has open: client -> (key, token, timeout_at).
-type Asked = HashMap<u8, (u8, Vec<u8>, Option<i64>)>;
+/// The waits the history has open: client -> (keys, token, timeout_at).
+type Asked = HashMap<u8, (Vec<u8>, Vec<u8>, Option<i64>)>;
+
+/// The grants by hand-off that may still vanish: client -> (key, fence,
+/// lease) of every key it was granted.
+type Granted = HashMap<u8, Vec<(u8, i64, u64)>>;
 
 /// Each wake answers a client that was waiting, once, on the key it asked
 /// for; a grant is of a live lock it now holds, before its timeout, unless
@@ -854,32 +1054,38 @@ type Asked = HashMap<u8, (u8, Vec<u8>, Option<i64>)>;
 fn check_wakes(
     h: &Harness,
     asked: &mut Asked,
-    granted: &mut HashMap<u8, (u8, i64, u64)>,
+    granted: &mut Granted,
     wakes: &[Wake<u8, u8>],
     now: i64,
     released: &[(u8, Vec<u8>)],
 ) {
     for wake in wakes {
-        let (key, token, timeout_at) = asked
+        let (keys, token, timeout_at) = asked
             .remove(&wake.client)
             .expect("woken once, while waiting");
-        assert_eq!(wake.key, key, "granted only its own key");
+        assert_eq!(wake.key, keys[0], "granted only its own key");
         if let Outcome::Granted { fence, lease, .. } = wake.outcome {
             assert!(
                 timeout_at.is_none_or(|t| now < t),
                 "granted after its timeout"
             );
-            let held = h.stores.get(&key).and_then(|s| s.live(now));
-            if released.iter().any(|(k, t)| *k == key && t == &token) {
-                granted.insert(wake.client, (key, fence, lease));
-                continue;
+            let also: Vec<u8> = wake.also.iter().map(|(k, _)| *k).collect();
+            assert_eq!(also, keys[1..], "granted every key it asked for");
+            let leases = std::iter::once(lease).chain(wake.also.iter().map(|(_, l)| *l));
+            let mut grants = Vec::new();
+            for (&key, lease) in keys.iter().zip(leases) {
+                grants.push((key, fence, lease));
+                let held = h.stores.get(&key).and_then(|s| s.live(now));
+                if released.iter().any(|(k, t)| *k == key && t == &token) {
+                    continue;
+                }
+                let held = held.expect("the granted lock is live when granted");
+                // (A later waiter with the same token may have renewed it
+                // since, with MINFENCE: a fresh, larger fence.)
+                assert_eq!(held.token, &token[..]);
+                assert!(held.fence >= fence);
             }
-            let held = held.expect("the granted lock is live when granted");
-            // (A later waiter with the same token may have renewed it since,
-            // with MINFENCE: a fresh, larger fence.)
-            assert_eq!(held.token, &token[..]);
-            assert!(held.fence >= fence);
-            granted.insert(wake.client, (key, fence, lease));
+            granted.insert(wake.client, grants);
         }
     }
 }
@@ -908,7 +1114,7 @@ fn run(ops: &[Op]) {
     };
     let mut asked: Asked = HashMap::new();
     // client -> its last grant by hand-off, while it may still vanish.
-    let mut granted: HashMap<u8, (u8, i64, u64)> = HashMap::new();
+    let mut granted: Granted = HashMap::new();
     // Every fence a lock has held, to check that none is ever reused.
     let mut fences_seen: BTreeSet<i64> = BTreeSet::new();
     // When the last pause of writes ended.
@@ -918,6 +1124,8 @@ fn run(ops: &[Op]) {
 
     for (step, op) in ops.iter().enumerate() {
         let hwm_before = h.node.fence_hwm();
+        // Wakes of the timer runs inside an Advance.
+        let mut tick_wakes: Vec<Wake<u8, u8>> = Vec::new();
         let mut model_told: Vec<(u8, Told)> = Vec::new();
         let mut replies: (Option<Told>, Option<Told>) = (None, None);
         let mut expected_expiry: Option<u8> = None;
@@ -978,7 +1186,7 @@ fn run(ops: &[Op]) {
                     asked.insert(
                         client,
                         (
-                            key,
+                            vec![key],
                             r.token.clone(),
                             block.filter(|t| *t > 0).map(|t| now + t),
                         ),
@@ -987,12 +1195,13 @@ fn run(ops: &[Op]) {
                 replies.1 = Some(reply);
             }
             Op::AcquireAll {
+                client,
                 keys: set,
                 reversed,
                 token: t,
                 ttl,
+                block,
                 min_fence,
-                ..
             } => {
                 let min_fence = min_fence.map_or(0, |d| (model.hwm + d as i64).max(1));
                 let keys = keys_of(set, reversed);
@@ -1002,31 +1211,38 @@ fn run(ops: &[Op]) {
                 if unusable || ttl > model.max_ttl {
                     continue;
                 }
-                let token = token(t);
-                replies.0 =
-                    Some(model.acquire_all(&keys, &token, ttl, min_fence, now, &mut model_told));
-                let cond = h.cond(false);
+                let r = Request {
+                    token: token(t),
+                    ttl,
+                    block,
+                    min_fence,
+                };
+                replies.0 = Some(model.acquire_all(client, &keys, &r, now, &mut model_told));
+                let cond = h.cond(block.is_some());
                 let at = h.at(now);
                 let out = h.with_stores(&keys, |node, stores, denied| {
                     let mut admits: Vec<_> =
                         keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
-                    node.acquire_all(
-                        &keys,
-                        Ok(stores),
-                        &token,
-                        ttl,
+                    let req = AcquireRequest {
+                        token: &r.token,
+                        ttl_ms: ttl,
+                        block_ms: block,
                         min_fence,
-                        cond,
-                        &mut admits,
-                        at,
-                    )
+                    };
+                    node.acquire_all(&keys, Ok(stores), req, cond, &mut admits, at)
                 });
                 replies.1 = Some(match out {
-                    Ok(Some(f)) => {
+                    Ok(Acquire::Granted(f) | Acquire::Renewed(f)) => {
                         multi_grants.entry(f).or_default().extend(&keys);
                         Told::Fence(f)
                     }
-                    Ok(None) => Told::Nil,
+                    Ok(Acquire::Contended) => Told::Nil,
+                    Ok(Acquire::Wait(ticket)) => {
+                        h.node.enqueue(ticket, client).unwrap();
+                        let timeout_at = block.filter(|t| *t > 0).map(|t| now + t);
+                        asked.insert(client, (keys.clone(), r.token.clone(), timeout_at));
+                        Told::Blocked
+                    }
                     Err(e) => error(e),
                 });
             }
@@ -1200,6 +1416,9 @@ fn run(ops: &[Op]) {
                 let (w0, w1) = (model.lines.remove(&0), model.lines.remove(&1));
                 w1.map(|l| model.lines.insert(0, l));
                 w0.map(|l| model.lines.insert(1, l));
+                for w in model.lines.values_mut().flatten() {
+                    w.keys = w.keys.iter().map(swap).collect();
+                }
                 for set in [&mut model.wrongtype, &mut h.wrongtype] {
                     *set = set.iter().map(swap).collect();
                 }
@@ -1209,10 +1428,10 @@ fn run(ops: &[Op]) {
                 let (r0, r1) = (h.replicated.remove(&0), h.replicated.remove(&1));
                 r1.map(|r| h.replicated.insert(0, r));
                 r0.map(|r| h.replicated.insert(1, r));
-                for (key, _, _) in asked.values_mut() {
-                    *key = swap(key);
+                for (keys, _, _) in asked.values_mut() {
+                    *keys = keys.iter().map(swap).collect();
                 }
-                for (key, _, _) in granted.values_mut() {
+                for (key, _, _) in granted.values_mut().flatten() {
                     *key = swap(key);
                 }
                 for (key, _, _) in &mut model.take_backs {
@@ -1242,11 +1461,13 @@ fn run(ops: &[Op]) {
                 granted.remove(&client);
             }
             Op::Vanish { client } => {
-                let Some((key, fence, lease)) = granted.remove(&client) else {
+                let Some(grants) = granted.remove(&client) else {
                     continue;
                 };
-                model.take_backs.push((key, fence, lease));
-                h.node.undelivered(key, fence, lease, now);
+                for (key, fence, lease) in grants {
+                    model.take_backs.push((key, fence, lease));
+                    h.node.undelivered(key, fence, lease, now);
+                }
             }
             Op::Deny { client } => {
                 model.denied.insert(client);
@@ -1299,6 +1520,7 @@ fn run(ops: &[Op]) {
                     );
                 }
                 model_left.sort();
+                model_left.dedup(); // a multi-key waiter is in several lines
                 engine_left.sort();
                 assert_eq!(
                     model_left, engine_left,
@@ -1376,6 +1598,7 @@ fn run(ops: &[Op]) {
                     let wakes = d.wakes;
                     compare(step, op, model_tick, &wakes);
                     check_wakes(&h, &mut asked, &mut granted, &wakes, now, &[]);
+                    tick_wakes.extend(wakes);
                 }
             }
         }
@@ -1391,6 +1614,12 @@ fn run(ops: &[Op]) {
             );
         }
         let wakes = d.wakes;
+        for wake in wakes.iter().chain(&tick_wakes) {
+            if let (Outcome::Granted { fence, .. }, false) = (&wake.outcome, wake.also.is_empty()) {
+                let keys = std::iter::once(wake.key).chain(wake.also.iter().map(|(k, _)| *k));
+                multi_grants.entry(*fence).or_default().extend(keys);
+            }
+        }
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
         compare(step, op, model_told, &wakes);
@@ -1439,7 +1668,7 @@ fn run(ops: &[Op]) {
                 && resumed
                 && h.node.grants_paused_ms(now) == 0
                 && !model.delayed(key, now);
-            if h.node.waiting_on(&key) > 0 && grantable {
+            if h.node.waiting_on(&key) > 0 && grantable && !model.group_waits(key, now) {
                 assert!(
                     engine_lock.is_some(),
                     "step {step} {op:?}: a waiter is stranded on a free lock {key}"

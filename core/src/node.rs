@@ -21,7 +21,7 @@
 //! in as a [`LockStore`], time as a [`Now`] (leases on the monotonic clock,
 //! fences on the wall clock), and the glue executes what comes out.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::Hash;
 
 use bitflags::bitflags;
@@ -34,7 +34,7 @@ use crate::guarded;
 use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
-use crate::waiters::{HeldBack, Outcome, Request, Turn, Waiters, Wake};
+use crate::waiters::{Group, HeldBack, Outcome, Request, Turn, WaiterId, Waiters, Wake};
 
 /// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
 /// again this soon.
@@ -174,6 +174,16 @@ pub trait Keyspace<K, C> {
         key: &K,
         f: impl FnOnce(Result<&mut Self::Store, LockError>, Served, &mut Self::Admit) -> R,
     ) -> R;
+
+    /// Runs `f` with every key of `keys` (distinct, one multi-key waiter's,
+    /// so in one db and one slot) opened for writing, the `i`th store and
+    /// admission being `keys[i]`'s: Err when any key cannot be opened,
+    /// `Elsewhere` when any key left this node.
+    fn with_keys<R>(
+        &mut self,
+        keys: &[K],
+        f: impl FnOnce(Result<&mut [Self::Store], LockError>, Served, &mut [Self::Admit]) -> R,
+    ) -> R;
 }
 
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`, parsed.
@@ -206,6 +216,8 @@ pub enum Acquire<K> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct WaitTicket<K> {
     key: K,
+    /// A multi-key waiter's other keys.
+    also: Box<[K]>,
     token: Box<[u8]>,
     ttl_ms: i64,
     timeout_ms: i64,
@@ -222,6 +234,9 @@ pub struct WaitTicket<K> {
 struct TimerWork<K> {
     take_backs: Vec<(K, i64, u64)>,
     settle: Vec<K>,
+    /// What is due by this instant is handed on (now, or the end of a
+    /// hold); None: nothing is (the node does not act alone).
+    due_by: Option<i64>,
 }
 
 impl<K> Default for TimerWork<K> {
@@ -229,9 +244,14 @@ impl<K> Default for TimerWork<K> {
         TimerWork {
             take_backs: Vec::new(),
             settle: Vec::new(),
+            due_by: None,
         }
     }
 }
+
+/// How many times one timer run goes round (settling the keys, then the
+/// multi-key waiters) while answering a waiter made more due at once.
+const MAX_TIMER_ROUNDS: usize = 64;
 
 /// A loaded or restored lock as the node takes it: its times on this
 /// node's monotonic clock, capped as every lease entering the node is, and
@@ -390,6 +410,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                     self.grants_paused_ms(now_ms),
                 ) {
                     (Some(until), _) => Some(until),
+                    // A multi-key waiter first in line, waiting for its
+                    // other keys: nobody passes it.
+                    (None, 0) if self.waiters.waiting_on(key) > 0 => Some(now_ms),
                     (None, 0) => None,
                     (None, paused)
                         if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) =>
@@ -410,6 +433,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                     }
                     Ok(Acquire::Wait(WaitTicket {
                         key: key.clone(),
+                        also: Box::default(),
                         token: req.token.into(),
                         ttl_ms: req.ttl_ms,
                         timeout_ms,
@@ -449,36 +473,34 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         })
     }
 
-    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [MINFENCE n]` (without
-    /// BLOCK): every key of `keys` (distinct; `stores[i]` and
-    /// `admissions[i]` are `keys[i]`'s) to
-    /// `token` with one fence, or none. Nil (None) and nothing changed when
-    /// any key is held by another token, is held back by lock-delay, or has
-    /// waiters (no barging past a line). The same token holding every key
-    /// under one fence (a retry after a lost reply) renews them all and
-    /// gets that fence again; holding only some of them is not that, and is
-    /// nil. Hand-offs due on the keys run first, as for every command.
-    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
+    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [BLOCK timeout-ms]
+    /// [MINFENCE n]`: every key of `keys` (distinct; `stores[i]` and
+    /// `admissions[i]` are `keys[i]`'s) to the request's token with one
+    /// fence, or none. Contended (nil) and nothing changed when any key is
+    /// held by another token, is held back by lock-delay, or has waiters
+    /// (no barging past a line); with BLOCK the client waits in every
+    /// key's line instead, holding none of them
+    /// (the `waiters` module says how it is served). The
+    /// same token holding every key under one fence (a retry after a lost
+    /// reply) renews them all and gets that fence again; holding only some
+    /// of them is not that. Hand-offs due on the keys run first, as for
+    /// every command.
     pub fn acquire_all<S: LockStore, A: Admission<C>>(
         &mut self,
         keys: &[K],
         stores: Result<&mut [S], LockError>,
-        token: &[u8],
-        ttl_ms: i64,
-        min_fence: i64,
+        req: AcquireRequest<'_>,
         cond: Conditions,
         admissions: &mut [A],
         now: Now,
-    ) -> Result<Option<i64>, LockError> {
-        let decided = self.decide_acquire_all(
-            keys, stores, token, ttl_ms, min_fence, cond, admissions, now,
-        );
+    ) -> Result<Acquire<K>, LockError> {
+        let decided = self.decide_acquire_all(keys, stores, req, cond, admissions, now);
         let (stat, event) = match &decided {
-            Ok(Some((_, false))) => (Stat::Grant, Some(Event::Acquire)),
-            Ok(Some((_, true))) => (Stat::Extend, Some(Event::Extend)),
-            Ok(None) => (Stat::Contended, None),
+            Ok(Acquire::Granted(_)) => (Stat::Grant, Some(Event::Acquire)),
+            Ok(Acquire::Renewed(_)) => (Stat::Extend, Some(Event::Extend)),
+            Ok(Acquire::Contended) => (Stat::Contended, None),
             Err(LockError::EvictionUnsafe) => (Stat::RefusedEvictable, None),
-            Err(_) => return decided.map(|d| d.map(|(fence, _)| fence)),
+            Ok(Acquire::Wait(_)) | Err(_) => return decided,
         };
         match event {
             Some(event) => {
@@ -489,23 +511,20 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             }
             None => self.outputs.push_back(Output::Count(stat)),
         }
-        decided.map(|d| d.map(|(fence, _)| fence))
+        decided
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn decide_acquire_all<S: LockStore, A: Admission<C>>(
         &mut self,
         keys: &[K],
         stores: Result<&mut [S], LockError>,
-        token: &[u8],
-        ttl_ms: i64,
-        min_fence: i64,
+        req: AcquireRequest<'_>,
         cond: Conditions,
         admissions: &mut [A],
         now: Now,
-    ) -> Result<Option<(i64, bool)>, LockError> {
-        self.limits.check_ttl(ttl_ms)?;
-        check_requested_min_fence(min_fence, now)?;
+    ) -> Result<Acquire<K>, LockError> {
+        self.limits.check_ttl(req.ttl_ms)?;
+        check_requested_min_fence(req.min_fence, now)?;
         refuse_on_replica(cond)?;
         let stores = stores?;
         debug_assert_eq!(keys.len(), stores.len());
@@ -516,45 +535,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.settle_in_command(key, store, cond, admission, now);
         }
         let now_ms = now.mono_ms();
-        // A retry by the holder of every key under one fence.
-        let held: Vec<Option<(bool, i64)>> = stores
-            .iter()
-            .map(|s| s.live(now_ms).map(|l| (l.token == token, l.fence)))
-            .collect();
-        if let Some(Some((true, fence))) = held.first().copied() {
-            if held.iter().all(|h| *h == Some((true, fence))) {
-                let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
-                // MINFENCE above the held fence (Redlock's second phase over
-                // several keys): one fresh fence for every key, above the
-                // mark and min_fence, as a single key's holder gets.
-                let raised = match min_fence > fence {
-                    true => Some(lock::raised_fence(
-                        &mut self.fences,
-                        min_fence,
-                        now.wall_us,
-                    )?),
-                    false => None,
-                };
-                for (key, store) in keys.iter().zip(stores.iter_mut()) {
-                    let mut ledger = self.ledger(key, store, now_ms);
-                    match raised {
-                        Some(new_fence) => {
-                            let granted = ledger.stored().and_then(|l| l.granted_ms);
-                            crate::lock::Ledger::put(
-                                &mut ledger,
-                                token,
-                                new_fence,
-                                deadline_ms,
-                                granted,
-                                false,
-                            );
-                        }
-                        None => crate::lock::Ledger::renew(&mut ledger, deadline_ms),
-                    }
-                    self.waiters.schedule(key, deadline_ms);
-                }
-                return Ok(Some((raised.unwrap_or(fence), true)));
-            }
+        if let Some(fence) = held_by_one_grant(stores, req.token, now_ms) {
+            let fence = self.renew_all(
+                keys,
+                stores,
+                req.token,
+                fence,
+                req.ttl_ms,
+                req.min_fence,
+                now,
+            )?;
+            return Ok(Acquire::Renewed(fence));
         }
         let delay = self.limits.lock_delay_ms;
         let busy = keys.iter().zip(stores.iter()).any(|(key, store)| {
@@ -562,15 +553,51 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 || lock::delayed_until(store, delay, now_ms).is_some()
                 || self.waiters.waiting_on(key) > 0
         });
-        if busy {
-            return Ok(None);
+        let block = req
+            .block_ms
+            .filter(|_| cond.contains(Conditions::MAY_BLOCK));
+        if busy && block.is_none() {
+            return Ok(Acquire::Contended);
         }
-        self.limits.check_new_holder(token, cond)?;
-        match self.grants_paused_ms(now_ms) {
-            0 => {}
-            paused => return Err(LockError::GrantsPaused(paused)),
+        self.limits.check_new_holder(req.token, cond)?;
+        let paused = self.grants_paused_ms(now_ms);
+        if busy || paused > 0 {
+            let Some(timeout_ms) = block else {
+                return Err(LockError::GrantsPaused(paused));
+            };
+            let max = self.limits.max_waiters_per_key;
+            if keys.iter().any(|k| self.waiters.waiting_on(k) >= max) {
+                return Err(LockError::TooManyWaiters(max as i64));
+            }
+            // Each key is looked at now: its line says when next.
+            return Ok(Acquire::Wait(WaitTicket {
+                key: keys[0].clone(),
+                also: keys[1..].into(),
+                token: req.token.into(),
+                ttl_ms: req.ttl_ms,
+                timeout_ms,
+                min_fence: req.min_fence,
+                since_us: now.mono_us,
+                check_at_ms: now_ms,
+            }));
         }
-        // Drawn once, checked (and the deadline too) before any key changes.
+        let fence = self.grant_all(keys, stores, req.token, req.ttl_ms, req.min_fence, now)?;
+        Ok(Acquire::Granted(fence))
+    }
+
+    /// New holders of every key (all free, the grant allowed): one fence,
+    /// drawn once and checked (and the deadline too) before any key
+    /// changes.
+    fn grant_all<S: LockStore>(
+        &mut self,
+        keys: &[K],
+        stores: &mut [S],
+        token: &[u8],
+        ttl_ms: i64,
+        min_fence: i64,
+        now: Now,
+    ) -> Result<i64, LockError> {
+        let now_ms = now.mono_ms();
         lock::deadline(now_ms, ttl_ms)?;
         let fence = lock::fresh_fence(&mut self.fences, min_fence, now.wall_us)?;
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
@@ -582,7 +609,46 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 now_ms,
             )?;
         }
-        Ok(Some((fence, false)))
+        Ok(fence)
+    }
+
+    /// `token` holds every key under one grant (`fence`): each lease
+    /// renewed; with MINFENCE above the held fence (Redlock's second phase
+    /// over several keys), one fresh fence for every key, above the mark
+    /// and `min_fence`, as a single key's holder gets.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
+    fn renew_all<S: LockStore>(
+        &mut self,
+        keys: &[K],
+        stores: &mut [S],
+        token: &[u8],
+        fence: i64,
+        ttl_ms: i64,
+        min_fence: i64,
+        now: Now,
+    ) -> Result<i64, LockError> {
+        let now_ms = now.mono_ms();
+        let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
+        let raised = match min_fence > fence {
+            true => Some(lock::raised_fence(
+                &mut self.fences,
+                min_fence,
+                now.wall_us,
+            )?),
+            false => None,
+        };
+        for (key, store) in keys.iter().zip(stores.iter_mut()) {
+            let mut ledger = self.ledger(key, store, now_ms);
+            match raised {
+                Some(new_fence) => {
+                    let granted = ledger.stored().and_then(|l| l.granted_ms);
+                    lock::Ledger::put(&mut ledger, token, new_fence, deadline_ms, granted, false);
+                }
+                None => lock::Ledger::renew(&mut ledger, deadline_ms),
+            }
+            self.waiters.schedule(key, deadline_ms);
+        }
+        Ok(raised.unwrap_or(fence))
     }
 
     /// Queues a client the glue blocked on a [`WaitTicket`].
@@ -594,8 +660,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             min_fence: ticket.min_fence,
         };
         self.waiters
-            .enqueue(
+            .enqueue_all(
                 ticket.key,
+                ticket.also,
                 client,
                 request,
                 ticket.since_us,
@@ -707,11 +774,163 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 self.outputs.push_back(Output::Event(key, Event::Release));
             }
         }
-        for key in &work.settle {
-            keys.with_key(key, |store, served, admit| {
-                self.settle(key, store, served, cond, admit, now)
-            });
+        let Some(due_by) = work.due_by else {
+            return;
+        };
+        // Rounds, each the due keys in key order, then the multi-key
+        // waiters marked in arrival order. Answering a waiter has the
+        // lines it stood first in looked at again: in this round if they
+        // come later in its order, else in the next; until nothing more is
+        // due. (So the order in which one run draws fences is fixed by the
+        // keys and the lines, whatever made each key due.)
+        // (What came due by `due_by` goes in the first round; a key held
+        // now is looked at again when its lease ends, not in this run.)
+        let mut this_round: BTreeSet<K> = work.settle.into_iter().collect();
+        let mut next_round: BTreeSet<K> = BTreeSet::new();
+        let mut groups_by = due_by;
+        for _ in 0..MAX_TIMER_ROUNDS {
+            while let Some(key) = this_round.pop_first() {
+                keys.with_key(&key, |store, served, admit| {
+                    self.settle(&key, store, served, cond, admit, now)
+                });
+                for due in self.waiters.due_keys(now_ms) {
+                    match due > key {
+                        true => this_round.insert(due),
+                        false => next_round.insert(due),
+                    };
+                }
+            }
+            let mut groups: BTreeSet<WaiterId> =
+                self.waiters.groups_due(groups_by).into_iter().collect();
+            groups_by = now_ms;
+            while let Some(id) = groups.pop_first() {
+                let Some(group) = self.waiters.group(id) else {
+                    continue;
+                };
+                let group_keys = group.keys.clone();
+                let answered = keys.with_keys(&group_keys, |stores, served, admits| {
+                    self.settle_group(id, group, stores, served, cond, admits, now)
+                });
+                if answered {
+                    let behind = self.waiters.groups_first_in(&group_keys);
+                    groups.extend(behind.into_iter().filter(|&next| next > id));
+                }
+            }
+            next_round.extend(self.waiters.due_keys(now_ms));
+            let groups_due = self.waiters.next_wakeup().is_some_and(|at| at <= now_ms);
+            if next_round.is_empty() && !groups_due {
+                return;
+            }
+            this_round = std::mem::take(&mut next_round);
         }
+        // Rounds enough for any line but a pathological one: what is left
+        // goes to the next run.
+        for key in &this_round {
+            self.waiters.schedule(key, now_ms);
+        }
+    }
+
+    /// Looks at a multi-key waiter (`group`, waiter `id`) with all its keys
+    /// open: granted every key with one fence when it is first in every
+    /// line and every key is free for it (or renewed when it holds them
+    /// all under one grant already); otherwise each key that holds it back
+    /// is looked at again when that ends, and a key where it is not first
+    /// yet brings it back when its turn comes there. Failed when a key
+    /// left this node or holds another type, or when it may not take them
+    /// now (the limits, its ACL on every key). True if it was answered.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
+    fn settle_group<S: LockStore, A: Admission<C>>(
+        &mut self,
+        id: WaiterId,
+        group: Group<K, C>,
+        stores: Result<&mut [S], LockError>,
+        served: Served,
+        cond: Conditions,
+        admissions: &mut [A],
+        now: Now,
+    ) -> bool {
+        let now_ms = now.mono_ms();
+        let stores = match (served, stores) {
+            (Served::Elsewhere(redirect), _) => {
+                return self.answer(id, Outcome::Failed(LockError::Redirect(redirect)), now);
+            }
+            (Served::Here, Err(err)) => return self.answer(id, Outcome::Failed(err), now),
+            (Served::Here, Ok(stores)) => stores,
+        };
+        if group.timeout_at_ms.is_some_and(|at| at <= now_ms) {
+            return self.answer(id, Outcome::TimedOut, now);
+        }
+        if !group.first_everywhere {
+            return false;
+        }
+        let token = &*group.token;
+        let renews = held_by_one_grant(stores, token, now_ms);
+        if renews.is_none() {
+            // Held (by anyone: a key this token holds apart from the
+            // others is held too) or held back by lock-delay.
+            let delay = self.limits.lock_delay_ms;
+            let mut held = false;
+            for (key, store) in group.keys.iter().zip(stores.iter()) {
+                let until = match store.live(now_ms) {
+                    Some(l) => Some(l.deadline_ms),
+                    None => lock::delayed_until(store, delay, now_ms),
+                };
+                if let Some(until) = until {
+                    self.waiters.schedule(key, until);
+                    held = true;
+                }
+            }
+            if held {
+                return false;
+            }
+            let paused = self.grants_paused_ms(now_ms);
+            if paused > 0 {
+                self.waiters
+                    .schedule(&group.keys[0], now_ms.saturating_add(paused));
+                return false;
+            }
+        }
+        let limits = self.limits;
+        let admitted = limits.check_ttl(group.ttl_ms).and_then(|()| {
+            if renews.is_none() {
+                limits.check_new_holder(token, cond)?;
+            }
+            match admissions.iter_mut().all(|a| a.may_take(group.client)) {
+                true => Ok(()),
+                false => Err(LockError::NoPermission),
+            }
+        });
+        let (ttl_ms, min_fence) = (group.ttl_ms, group.min_fence);
+        let taken = admitted.and_then(|()| match renews {
+            Some(fence) => {
+                self.renew_all(&group.keys, stores, token, fence, ttl_ms, min_fence, now)
+            }
+            None => self.grant_all(&group.keys, stores, token, ttl_ms, min_fence, now),
+        });
+        let fence = match taken {
+            Ok(fence) => fence,
+            Err(err) => return self.answer(id, Outcome::Failed(err), now),
+        };
+        let mut leases = stores.iter().map(|s| s.stored().map_or(0, |l| l.lease));
+        let lease = leases.next().unwrap_or(0);
+        let also = group.keys[1..].iter().cloned().zip(leases).collect();
+        let outcome = Outcome::Granted {
+            fence,
+            lease,
+            renewed: renews.is_some(),
+        };
+        if let Some(wake) = self.waiters.answer(id, outcome, also, now.mono_us) {
+            push_wake(&mut self.outputs, wake);
+        }
+        true
+    }
+
+    /// A multi-key waiter's answer, when it is not a grant.
+    fn answer(&mut self, id: WaiterId, outcome: Outcome, now: Now) -> bool {
+        if let Some(wake) = self.waiters.answer(id, outcome, Vec::new(), now.mono_us) {
+            push_wake(&mut self.outputs, wake);
+        }
+        true
     }
 
     /// When to look again at what is held back while the node does not
@@ -755,6 +974,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             for key in &due {
                 self.waiters.schedule(key, retry_at);
             }
+            self.waiters.defer_groups(retry_at);
             if cond.contains(Conditions::REPLICA) {
                 self.undelivered.clear();
                 self.undelivered_at_ms = None;
@@ -766,6 +986,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         let mut work = TimerWork {
             take_backs: Vec::new(),
             settle: due,
+            due_by: Some(due_by),
         };
         if take_backs_due {
             work.take_backs = std::mem::take(&mut self.undelivered);
@@ -1181,6 +1402,23 @@ fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> 
     Ok(())
 }
 
+/// The fence of the one grant by which `token` holds every key live now,
+/// if it does.
+fn held_by_one_grant<S: LockRead>(stores: &[S], token: &[u8], now_ms: i64) -> Option<i64> {
+    let fence = stores
+        .first()?
+        .live(now_ms)
+        .filter(|l| l.token == token)?
+        .fence;
+    stores
+        .iter()
+        .all(|s| {
+            s.live(now_ms)
+                .is_some_and(|l| l.token == token && l.fence == fence)
+        })
+        .then_some(fence)
+}
+
 fn refuse_on_replica(cond: Conditions) -> Result<(), LockError> {
     if cond.contains(Conditions::REPLICA) {
         return Err(LockError::ReadOnlyReplica);
@@ -1267,6 +1505,14 @@ mod tests {
             f: impl FnOnce(Result<&mut MemStore, LockError>, Served, &mut AdmitAll) -> R,
         ) -> R {
             f(Ok(self.store), self.served.clone(), &mut AdmitAll)
+        }
+
+        fn with_keys<R>(
+            &mut self,
+            _keys: &[&'static str],
+            _f: impl FnOnce(Result<&mut [MemStore], LockError>, Served, &mut [AdmitAll]) -> R,
+        ) -> R {
+            unreachable!("one key, no multi-key waiters")
         }
     }
 
@@ -1496,6 +1742,23 @@ mod tests {
                 Served::Here,
                 &mut AdmitAll,
             )
+        }
+
+        fn with_keys<R>(
+            &mut self,
+            keys: &[&'static str],
+            f: impl FnOnce(Result<&mut [MemStore], LockError>, Served, &mut [AdmitAll]) -> R,
+        ) -> R {
+            let mut stores: Vec<MemStore> = keys
+                .iter()
+                .map(|k| self.0.remove(k).unwrap_or_default())
+                .collect();
+            let mut admits: Vec<AdmitAll> = keys.iter().map(|_| AdmitAll).collect();
+            let out = f(Ok(&mut stores), Served::Here, &mut admits);
+            for (k, s) in keys.iter().zip(stores) {
+                self.0.insert(k, s);
+            }
+            out
         }
     }
 

@@ -91,17 +91,24 @@ pub enum Stat {
 
 /// The counters and event of one waiter's outcome, then the wake itself.
 pub(crate) fn push_wake<K: Clone, C>(out: &mut VecDeque<Output<K, C>>, wake: Wake<K, C>) {
+    // A multi-key waiter's grant counts on every key, and is handed off
+    // once.
+    let keys = || std::iter::once(&wake.key).chain(wake.also.iter().map(|(k, _)| k));
     match &wake.outcome {
         Outcome::Granted { renewed: true, .. } => {
-            out.push_back(Output::Count(Stat::Extend));
-            out.push_back(Output::Event(wake.key.clone(), Event::Extend));
+            for key in keys() {
+                out.push_back(Output::Count(Stat::Extend));
+                out.push_back(Output::Event(key.clone(), Event::Extend));
+            }
         }
         Outcome::Granted { renewed: false, .. } => {
-            out.push_back(Output::Count(Stat::Grant));
             out.push_back(Output::Count(Stat::Handoff {
                 waited_us: wake.waited_us,
             }));
-            out.push_back(Output::Event(wake.key.clone(), Event::Handoff));
+            for key in keys() {
+                out.push_back(Output::Count(Stat::Grant));
+                out.push_back(Output::Event(key.clone(), Event::Handoff));
+            }
         }
         Outcome::TimedOut => out.push_back(Output::Count(Stat::BlockTimeout)),
         Outcome::Failed(LockError::Redirect(_)) => out.push_back(Output::Count(Stat::Redirect)),

@@ -15,6 +15,14 @@
 //! * a waiter is granted only the key it asked for, only while that lock is
 //!   free (or held by its own token), in FIFO order, and never at or after
 //!   its timeout;
+//! * a multi-key waiter (`LOCK.ACQUIREALL ... BLOCK`) stands in the line of
+//!   each of its keys and holds none of them while it waits. A settle that
+//!   finds it first in a line stops there and marks it due ([`Waiters::groups_due`]):
+//!   the node, which can open every one of its keys, grants them all at once
+//!   when it is first in every line and every key is free for it. Lines
+//!   are joined in one step, so every line orders any two waiters alike:
+//!   the earliest waiter is first in all of its lines, and nobody waits on
+//!   a cycle;
 //! * a key with waiters always has a pending check no later than the moment
 //!   its lock can next be handed on.
 
@@ -52,6 +60,9 @@ pub struct Wake<K, C> {
     pub key: K,
     pub outcome: Outcome,
     pub waited_us: i64,
+    /// A multi-key waiter's grant: its other keys, each with its lease id
+    /// (the outcome's lease is `key`'s). Empty otherwise.
+    pub also: Vec<(K, u64)>,
 }
 
 /// What holds new grants back while a key is otherwise free.
@@ -86,6 +97,8 @@ pub struct Request<'a> {
 
 struct Waiter<K, C> {
     key: K,
+    /// A multi-key waiter's other keys: it is in their lines too.
+    also: Box<[K]>,
     client: C,
     token: Box<[u8]>,
     ttl_ms: i64,
@@ -112,6 +125,24 @@ pub struct Waiters<K, C> {
     timeouts: BTreeSet<(i64, WaiterId)>,
     /// (when, key): keys to settle at that time.
     checks: BTreeSet<(i64, K)>,
+    /// Multi-key waiters a settle found first in a line, for the node to
+    /// look at (in arrival order) once it is `groups_at_ms`.
+    groups: BTreeSet<WaiterId>,
+    groups_at_ms: Option<i64>,
+}
+
+/// A multi-key waiter, as the node looks at it.
+#[derive(Debug, Clone)]
+pub struct Group<K, C> {
+    /// Every key it waits for, in the order it named them.
+    pub keys: Vec<K>,
+    pub client: C,
+    pub token: Box<[u8]>,
+    pub ttl_ms: i64,
+    pub min_fence: i64,
+    pub timeout_at_ms: Option<i64>,
+    /// It is first in the line of every one of its keys.
+    pub first_everywhere: bool,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Waiters<K, C> {
@@ -123,6 +154,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Waiters<K, C> {
             queues: HashMap::new(),
             timeouts: BTreeSet::new(),
             checks: BTreeSet::new(),
+            groups: BTreeSet::new(),
+            groups_at_ms: None,
         }
     }
 }
@@ -133,6 +166,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     /// someone else) until `held_until_ms`, or free but not grantable: the
     /// key is checked again then. Refused, changing nothing, when the line
     /// is full or the client is already queued.
+    #[cfg(test)]
     pub fn enqueue(
         &mut self,
         key: K,
@@ -142,31 +176,66 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         held_until_ms: i64,
         max_per_key: usize,
     ) -> Result<WaiterId, LockError> {
+        let also = Box::default();
+        self.enqueue_all(
+            key,
+            also,
+            client,
+            request,
+            now_us,
+            held_until_ms,
+            max_per_key,
+        )
+    }
+
+    /// [`enqueue`](Self::enqueue) in the lines of `key` and of every key of
+    /// `also` at once (a multi-key waiter; distinct keys), each checked
+    /// again at `check_at_ms`.
+    #[allow(clippy::too_many_arguments)] // enqueue's, and the other keys
+    pub fn enqueue_all(
+        &mut self,
+        key: K,
+        also: Box<[K]>,
+        client: C,
+        request: Request<'_>,
+        now_us: i64,
+        check_at_ms: i64,
+        max_per_key: usize,
+    ) -> Result<WaiterId, LockError> {
         if self.by_client.contains_key(&client) {
             return Err(LockError::Internal);
         }
-        if self.waiting_on(&key) >= max_per_key {
+        if std::iter::once(&key)
+            .chain(also.iter())
+            .any(|k| self.waiting_on(k) >= max_per_key)
+        {
             return Err(LockError::TooManyWaiters(max_per_key as i64));
         }
         let id = self.next_id;
         self.next_id += 1;
         let timeout_at_ms =
             (request.timeout_ms > 0).then(|| lock::ms(now_us).saturating_add(request.timeout_ms));
-        let queue = self.queues.entry(key.clone()).or_insert_with(|| KeyQueue {
-            order: VecDeque::new(),
-            live: 0,
-            check_at_ms: None,
-        });
-        queue.order.push_back(id);
-        queue.live += 1;
+        for k in std::iter::once(&key).chain(also.iter()) {
+            let queue = self.queues.entry(k.clone()).or_insert_with(|| KeyQueue {
+                order: VecDeque::new(),
+                live: 0,
+                check_at_ms: None,
+            });
+            queue.order.push_back(id);
+            queue.live += 1;
+        }
         if let Some(at) = timeout_at_ms {
             self.timeouts.insert((at, id));
         }
         self.by_client.insert(client, id);
+        let keys: Vec<K> = std::iter::once(key.clone())
+            .chain(also.iter().cloned())
+            .collect();
         self.waiters.insert(
             id,
             Waiter {
-                key: key.clone(),
+                key,
+                also,
                 client,
                 token: request.token.into(),
                 ttl_ms: request.ttl_ms,
@@ -175,7 +244,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 since_us: now_us,
             },
         );
-        self.schedule(&key, held_until_ms);
+        for k in &keys {
+            self.schedule(k, check_at_ms);
+        }
         Ok(id)
     }
 
@@ -187,16 +258,96 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         self.remove_and_recheck(id, now_ms).map(|w| w.key)
     }
 
-    /// Removes a waiter; if it was first in line, the next one may be
-    /// served now (it may hold the lock's token already): check the key.
+    /// Removes a waiter; in each line it was first in, the next one may be
+    /// served now (it may hold the lock's token already): check that key.
     fn remove_and_recheck(&mut self, id: WaiterId, now_ms: i64) -> Option<Waiter<K, C>> {
-        let key = self.waiters.get(&id)?.key.clone();
-        let was_first = self.front(&key) == Some(id);
+        let keys = self.keys_of(id)?;
+        let first_in: Vec<K> = keys
+            .into_iter()
+            .filter(|k| self.front(k) == Some(id))
+            .collect();
         let w = self.remove(id);
-        if was_first {
-            self.schedule(&key, now_ms);
+        for key in &first_in {
+            self.schedule(key, now_ms);
         }
         w
+    }
+
+    /// Every key a waiter waits for, its first key first.
+    fn keys_of(&self, id: WaiterId) -> Option<Vec<K>> {
+        let w = self.waiters.get(&id)?;
+        Some(
+            std::iter::once(&w.key)
+                .chain(w.also.iter())
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Marks a multi-key waiter for the node to look at by `at_ms`.
+    fn mark_group(&mut self, id: WaiterId, at_ms: i64) {
+        self.groups.insert(id);
+        self.groups_at_ms = Some(self.groups_at_ms.map_or(at_ms, |t| t.min(at_ms)));
+    }
+
+    /// The multi-key waiters marked for a look by `now_ms`, in arrival
+    /// order (taken: a look that finds one still waiting has its keys
+    /// checked again when that can change).
+    pub fn groups_due(&mut self, now_ms: i64) -> Vec<WaiterId> {
+        match self.groups_at_ms {
+            Some(at) if at <= now_ms => {
+                self.groups_at_ms = None;
+                std::mem::take(&mut self.groups).into_iter().collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Holds the marked multi-key waiters back until `at_ms` (the node does
+    /// not act alone now).
+    pub fn defer_groups(&mut self, at_ms: i64) {
+        if !self.groups.is_empty() {
+            self.groups_at_ms = Some(at_ms);
+        }
+    }
+
+    /// The multi-key waiters first in the line of any of `keys`.
+    pub fn groups_first_in(&mut self, keys: &[K]) -> Vec<WaiterId> {
+        let fronts: Vec<WaiterId> = keys.iter().filter_map(|k| self.front(k)).collect();
+        fronts
+            .into_iter()
+            .filter(|id| self.waiters.get(id).is_some_and(|w| !w.also.is_empty()))
+            .collect()
+    }
+
+    /// A multi-key waiter still waiting, as the node looks at it.
+    pub fn group(&mut self, id: WaiterId) -> Option<Group<K, C>> {
+        let keys = self.keys_of(id)?;
+        let first_everywhere = keys.iter().all(|k| self.front(k) == Some(id));
+        let w = &self.waiters[&id];
+        Some(Group {
+            keys,
+            client: w.client,
+            token: w.token.clone(),
+            ttl_ms: w.ttl_ms,
+            min_fence: w.min_fence,
+            timeout_at_ms: w.timeout_at_ms,
+            first_everywhere,
+        })
+    }
+
+    /// Answers a waiter (the node's decision for a multi-key waiter); a
+    /// grant's `also`: its other keys' lease ids.
+    pub fn answer(
+        &mut self,
+        id: WaiterId,
+        outcome: Outcome,
+        also: Vec<(K, u64)>,
+        now_us: i64,
+    ) -> Option<Wake<K, C>> {
+        let mut wake = self.finish(id, outcome, now_us)?;
+        wake.also = also;
+        Some(wake)
     }
 
     pub fn waiting_on(&self, key: &K) -> usize {
@@ -216,10 +367,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn next_wakeup(&self) -> Option<i64> {
         let timeout = self.timeouts.first().map(|(at, _)| *at);
         let check = self.checks.first().map(|(at, _)| *at);
-        match (timeout, check) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [timeout, check, self.groups_at_ms]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Have `key` settled at `at_ms` at the latest (no-op without waiters).
@@ -321,6 +472,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
                 continue;
             }
+            if !w.also.is_empty() {
+                // A multi-key waiter: the node decides it over all its
+                // keys; the line waits behind it.
+                self.mark_group(id, now_ms);
+                break;
+            }
             let renews = match store.live(now_ms) {
                 Some(held) if held.token != &*w.token => {
                     let until = held.deadline_ms;
@@ -404,6 +561,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             .collect();
         for w in self.waiters.values_mut() {
             w.key = f(&w.key);
+            for k in w.also.iter_mut() {
+                *k = f(k);
+            }
         }
     }
 
@@ -429,26 +589,34 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             key: w.key,
             outcome,
             waited_us: now_us.saturating_sub(w.since_us).max(0),
+            also: Vec::new(),
         })
     }
 
     fn remove(&mut self, id: WaiterId) -> Option<Waiter<K, C>> {
         let w = self.waiters.remove(&id)?;
         self.by_client.remove(&w.client);
+        self.groups.remove(&id);
         if let Some(at) = w.timeout_at_ms {
             self.timeouts.remove(&(at, id));
         }
-        if let Some(queue) = self.queues.get_mut(&w.key) {
+        for key in std::iter::once(&w.key).chain(w.also.iter()) {
+            let Some(queue) = self.queues.get_mut(key) else {
+                continue;
+            };
             queue.live -= 1;
             if queue.live == 0 {
                 if let Some(at) = queue.check_at_ms {
-                    self.checks.remove(&(at, w.key.clone()));
+                    self.checks.remove(&(at, key.clone()));
                 }
-                self.queues.remove(&w.key);
+                self.queues.remove(key);
             } else if queue.order.len() > 2 * queue.live + 16 {
                 let waiters = &self.waiters;
                 queue.order.retain(|id| waiters.contains_key(id));
             }
+        }
+        if self.groups.is_empty() {
+            self.groups_at_ms = None;
         }
         self.release_memory();
         Some(w)
