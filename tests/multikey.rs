@@ -1,7 +1,8 @@
 //! `LOCK.ACQUIREALL numkeys key ... token ttl-ms [MINFENCE n]`: every key
 //! with one fence, or none (nothing changed); `LOCK.RELEASEALL numkeys key
 //! ... token`: how many it released. Each key is then an ordinary lock.
-//! (BLOCK and SHARED are refused in this build.)
+//! With BLOCK the caller waits in every key's line, holding none of them.
+//! (SHARED is refused in this build.)
 
 use redis_lock_testkit as common;
 
@@ -99,7 +100,11 @@ fn bad_input_is_refused_and_changes_nothing() {
         (vec!["LOCK.ACQUIREALL", "1", "a", "t", "0"], "ttl-ms"),
         (vec!["LOCK.ACQUIREALL", "1", "a", "", "100"], "token"),
         (
-            vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "BLOCK", "5"],
+            vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "BLOCK", "-1"],
+            "invalid timeout-ms",
+        ),
+        (
+            vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "BLOCK"],
             "BLOCK",
         ),
         (
@@ -215,4 +220,133 @@ fn many_keys_in_one_command() {
     assert_eq!(fence(&mut c, "{many}k19999"), Some(f));
     assert_eq!(release_all(&mut c, &refs, "t"), 20_000);
     assert_eq!(s.info_field("locks"), 0);
+}
+
+/// A blocked multi-key waiter holds nothing while it waits, nobody passes
+/// it on a key it waits for, and it is granted every key with one fence the
+/// moment the last one frees.
+#[test]
+fn a_blocked_acquireall_holds_nothing_then_gets_every_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "b", "holder", 60_000).unwrap();
+    let mut waiter = RawConn::connect(&s);
+    waiter.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "b",
+        "w",
+        "60000",
+        "BLOCK",
+        "10000",
+    ]);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") >= 1
+    });
+    assert_eq!(fence(&mut c, "a"), None, "holds nothing while it waits");
+    // No barging past it on the free key, BLOCK or not.
+    assert_eq!(acquire(&mut c, "a", "x", 1000), None);
+    assert_eq!(acquire_all(&mut c, &["a", "z"], "x", 1000), None);
+    let mut behind = RawConn::block_acquire(&s, "a", "y", 60_000, 10_000);
+    assert_eq!(release(&mut c, "b", "holder"), 1);
+    let Some(Resp::Int(f)) = waiter.read_within(std::time::Duration::from_secs(5)) else {
+        panic!("the waiter was not granted");
+    };
+    assert_eq!(holder_and_fence(&mut c, "a"), Some(("w".into(), f)));
+    assert_eq!(holder_and_fence(&mut c, "b"), Some(("w".into(), f)));
+    // The single waiter behind it on a is next.
+    assert_eq!(release_all(&mut c, &["a", "b"], "w"), 2);
+    let Some(Resp::Int(g)) = behind.read_within(std::time::Duration::from_secs(5)) else {
+        panic!("the next in line was not granted");
+    };
+    assert!(g > f);
+}
+
+/// A multi-key waiter whose timeout passes gets nil and leaves every line;
+/// one that disconnects leaves them too: the keys it waited for are free
+/// for the next caller at once.
+#[test]
+fn a_multi_key_waiter_that_times_out_or_goes_leaves_every_line() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "b", "holder", 60_000).unwrap();
+    let mut waiter = RawConn::connect(&s);
+    waiter.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "b",
+        "w",
+        "60000",
+        "BLOCK",
+        "100",
+    ]);
+    assert!(matches!(
+        waiter.read_within(std::time::Duration::from_secs(5)),
+        Some(Resp::Nil)
+    ));
+    assert_eq!(s.info_field("waiters"), 0);
+    assert!(acquire(&mut c, "a", "x", 60_000).is_some(), "a is free");
+    let gone = RawConn::connect(&s);
+    let mut gone = gone;
+    gone.send(&["LOCK.ACQUIREALL", "2", "c", "b", "w", "60000", "BLOCK", "0"]);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") == 1
+    });
+    drop(gone);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") == 0
+    });
+    assert!(acquire(&mut c, "c", "x", 60_000).is_some(), "c is free");
+}
+
+/// Two groups of clients take the same three keys in opposite orders,
+/// each grant held for a moment: nobody waits out its BLOCK timeout (no
+/// deadlock), no two clients ever hold a key at once, every client is
+/// served, and the keys of one grant share its fence.
+#[test]
+fn opposite_orders_never_deadlock_or_overlap() {
+    let s = Server::start();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let mut c = s.conn();
+            std::thread::spawn(move || {
+                let keys: Vec<&str> = match i % 2 {
+                    0 => vec!["k1", "k2", "k3"],
+                    _ => vec!["k3", "k2", "k1"],
+                };
+                let token = format!("t{i}");
+                let mut grants = 0;
+                while std::time::Instant::now() < deadline {
+                    let f: Option<i64> = redis::cmd("LOCK.ACQUIREALL")
+                        .arg(3)
+                        .arg(&keys)
+                        .arg(&token)
+                        .arg(60_000)
+                        .arg("BLOCK")
+                        .arg(10_000)
+                        .query(&mut c)
+                        .unwrap();
+                    let f = f.expect("granted before its BLOCK timeout");
+                    for k in &keys {
+                        assert_eq!(
+                            holder_and_fence(&mut c, k),
+                            Some((token.clone(), f)),
+                            "{k} is all mine"
+                        );
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                    assert_eq!(release_all(&mut c, &keys, &token), 3);
+                    grants += 1;
+                }
+                grants
+            })
+        })
+        .collect();
+    for t in threads {
+        let grants = t.join().unwrap();
+        assert!(grants > 0, "every client is served");
+    }
 }

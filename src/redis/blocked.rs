@@ -119,8 +119,9 @@ pub fn defers_unblocks() -> bool {
 /// What a blocked client is unblocked with.
 struct Delivery {
     outcome: Outcome,
-    /// For a grant: the key, so an undelivered grant can be taken back.
-    key: Option<Key>,
+    /// For a grant: its keys (one, or a multi-key waiter's) with their
+    /// lease ids, so an undelivered grant can be taken back.
+    granted: Vec<(Key, u64)>,
     delivered: bool,
 }
 
@@ -142,22 +143,23 @@ pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     let client = NEXT_CLIENT.fetch_add(1, Relaxed);
     locked(&WAITING).insert(client, handle);
     if let Err(err) = engine::with_engine(|n| n.enqueue(ticket, client)) {
-        answer(client, Outcome::Failed(err), None);
+        answer(client, Outcome::Failed(err), Vec::new());
     }
     engine::rearm_timer();
     Ok(Reply::Blocked)
 }
 
 /// Gives the waiter `client` its one outcome (on Redis 7.0, from the
-/// before-sleep event: see the file doc). `key`: for a grant.
-pub fn answer(client: Client, outcome: Outcome, key: Option<Key>) {
+/// before-sleep event: see the file doc). `granted`: a grant's keys and
+/// lease ids.
+pub fn answer(client: Client, outcome: Outcome, granted: Vec<(Key, u64)>) {
     let Some(handle) = take_handle(client) else {
         log_warning("lock: an outcome for a waiter that has no handle (ignored)");
         return;
     };
     let delivery = Box::new(Delivery {
         outcome,
-        key,
+        granted,
         delivered: false,
     });
     if defers_unblocks() {
@@ -304,9 +306,12 @@ fn leave(client: Client) -> bool {
 /// A grant whose client never received it goes to the node (from the
 /// timer: this may run where the engine cannot be entered).
 fn report_if_undelivered(delivery: Delivery) {
-    if let (Outcome::Granted { fence, lease, .. }, Some(key), false) =
-        (delivery.outcome, delivery.key, delivery.delivered)
-    {
-        timer::queue(|inbox| inbox.undelivered.push((key, fence, lease)));
+    if let (Outcome::Granted { fence, .. }, false) = (delivery.outcome, delivery.delivered) {
+        timer::queue(|inbox| {
+            let grants = delivery.granted.into_iter();
+            inbox
+                .undelivered
+                .extend(grants.map(|(key, lease)| (key, fence, lease)));
+        });
     }
 }

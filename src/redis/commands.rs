@@ -248,12 +248,12 @@ pub static COMMANDS: [Command; 11] = [
         // getkeys-api: Redis 7.0 routes a cluster command by its legacy
         // key range, which a numkeys spec has none of (no MOVED, no
         // CROSSSLOT); the key callback serves every server alike.
-        flags: c"write getkeys-api",
+        flags: c"write blocking getkeys-api",
         arity: -5,
         key_flags: ACQUIRE_ALL_KEY_FLAGS | VARIABLE_FLAGS,
         keys: KeyPlace::NumKeys,
-        acl_categories: c"write",
-        summary: c"Takes every key for token with one fencing token, or none: replies with the fencing token, or nil (nothing changed) when any key is held, held back, or has waiters.",
+        acl_categories: c"write blocking",
+        summary: c"Takes every key for token with one fencing token, or none: replies with the fencing token, or nil (nothing changed) when any key is held, held back, or has waiters. With BLOCK, waits in every key's line, holding none, up to timeout-ms (0: forever).",
         args: &[
             arg(c"numkeys", INTEGER, c"How many keys follow."),
             ArgDoc {
@@ -262,6 +262,7 @@ pub static COMMANDS: [Command; 11] = [
             },
             TOKEN,
             TTL,
+            option(c"BLOCK", c"timeout-ms", c"Wait in every key's line up to timeout-ms (0: no timeout) instead of answering nil."),
             option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
         ],
     },
@@ -360,9 +361,10 @@ fn all_bytes<'a>(argv: &Argv<'a>) -> Vec<&'a [u8]> {
         .collect()
 }
 
-/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [MINFENCE n]`: the
-/// keys are opened together (a key of another type refuses the command
-/// before anything changes) and decided in one entry of the node.
+/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [BLOCK timeout-ms]
+/// [MINFENCE n]`: the keys are opened together (a key of another type
+/// refuses the command before anything changes) and decided in one entry
+/// of the node; a client that must wait is blocked in every key's line.
 fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     if ffi::is_keys_position_request(ctx) {
         return Ok(report_numkeys(ctx, argv, ACQUIRE_ALL_KEY_FLAGS));
@@ -379,22 +381,19 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let mut stores = opened;
     let now = node::now();
     let (decided, out) = outputs::decide(|n| {
-        let cond = engine::conditions(ctx, false);
+        let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
         let stores = stores
             .as_mut()
             .map(|s| s.as_mut_slice())
             .map_err(|e| e.clone());
-        n.acquire_all(
-            &keys,
-            stores,
-            a.token,
-            a.ttl_ms,
-            a.min_fence,
-            cond,
-            &mut acls,
-            now,
-        )
+        let request = AcquireRequest {
+            token: a.token,
+            ttl_ms: a.ttl_ms,
+            block_ms: a.block_ms,
+            min_fence: a.min_fence,
+        };
+        n.acquire_all(&keys, stores, request, cond, &mut acls, now)
     });
     match &stores {
         Ok(stores) => outputs::carry_out(
@@ -409,8 +408,12 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Err(_) => outputs::carry_out(ctx, out, Site::Background),
     }
     Ok(match decided? {
-        Some(fence) => Reply::Integer(fence),
-        None => Reply::Null,
+        Acquire::Granted(fence) | Acquire::Renewed(fence) => Reply::Integer(fence),
+        Acquire::Contended => Reply::Null,
+        Acquire::Wait(ticket) => {
+            drop(stores);
+            return blocked::block(ctx, ticket);
+        }
     })
 }
 

@@ -78,6 +78,37 @@ impl Keyspace<Key, Client> for Keys {
         let store = store.as_mut().map_err(|e| e.clone());
         f(store, served, &mut WaiterAcl { ctx, name })
     }
+
+    fn with_keys<R>(
+        &mut self,
+        keys: &[Key],
+        f: impl FnOnce(Result<&mut [LockKey], LockError>, Served, &mut [WaiterAcl]) -> R,
+    ) -> R {
+        let ctx = self.ctx;
+        let owned: Vec<ffi::OwnedString> = keys
+            .iter()
+            .map(|k| ffi::OwnedString::new(ctx, &k.1))
+            .collect();
+        let names: Vec<RString> = owned.iter().map(|n| n.get()).collect();
+        let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
+        // One waiter's keys share a db (and a slot).
+        if keys.first().is_none_or(|k| !ffi::select_db(ctx, k.0)) {
+            return f(Err(LockError::Internal), Served::Here, &mut acls);
+        }
+        let served = keys
+            .iter()
+            .zip(&names)
+            .map(|(key, &name)| self.cluster.served(ctx, name, key))
+            .find(|s| *s != Served::Here)
+            .unwrap_or(Served::Here);
+        let mut stores: Result<Vec<LockKey>, LockError> =
+            names.iter().map(|&name| LockKey::open(ctx, name)).collect();
+        let stores = stores
+            .as_mut()
+            .map(|s| s.as_mut_slice())
+            .map_err(|e| e.clone());
+        f(stores, served, &mut acls)
+    }
 }
 
 /// This node's view of the cluster, read at most once per timer run and

@@ -16,10 +16,10 @@ use super::ffi::{notify_lock_event, Ctx, RString};
 use super::keyspace::{self, LockKey, ReadKey};
 use super::node::{self, count, STATS};
 use super::timer;
-use crate::core::node::is_grant;
 use crate::core::node::{Admission, Node};
 use crate::core::output::{Output, Stat};
 use crate::core::LockRead;
+use crate::core::Outcome;
 
 /// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
 /// (asked of ACL when its turn comes).
@@ -120,8 +120,16 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
     for output in decided.outputs.drain(..) {
         match output {
             Output::Wake(wake) => {
-                let key = is_grant(&wake).then_some(wake.key);
-                blocked::answer(wake.client, wake.outcome, key);
+                let wake = *wake;
+                // A grant's keys and leases, so an undelivered one can be
+                // taken back.
+                let granted = match wake.outcome {
+                    Outcome::Granted { lease, .. } => std::iter::once((wake.key, lease))
+                        .chain(wake.also)
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                blocked::answer(wake.client, wake.outcome, granted);
             }
             Output::Changed(key) => match &site {
                 Site::Command { store, .. } => store.replicate(now()),
