@@ -213,8 +213,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         }
         let id = self.next_id;
         self.next_id += 1;
+        // From the next whole ms: a waiter is never answered before its
+        // timeout-ms has fully passed (the floor could be up to 1 ms early).
+        let arrived_ms = now_us.saturating_add(999).div_euclid(1000);
         let timeout_at_ms =
-            (request.timeout_ms > 0).then(|| lock::ms(now_us).saturating_add(request.timeout_ms));
+            (request.timeout_ms > 0).then(|| arrived_ms.saturating_add(request.timeout_ms));
         for k in std::iter::once(&key).chain(also.iter()) {
             let queue = self.queues.entry(k.clone()).or_insert_with(|| KeyQueue {
                 order: VecDeque::new(),
