@@ -93,6 +93,15 @@ impl LockClient {
             inner: self.inner.acquire(key, ttl),
         }
     }
+
+    /// Every key of `keys` for `ttl`, or none, with one fencing token; see
+    /// [`crate::LockClient::acquire_all`].
+    pub fn acquire_all<'a, S: AsRef<str>>(&'a self, keys: &[S], ttl: Duration) -> Acquire<'a> {
+        Acquire {
+            client: self,
+            inner: self.inner.acquire_all(keys, ttl),
+        }
+    }
 }
 
 /// One blocking acquisition, made by [`LockClient::acquire`]; nothing
@@ -175,9 +184,14 @@ impl LockGuard {
         self.inner.as_ref().expect("present until released")
     }
 
-    /// The locked key.
+    /// The locked key (the first of several; see [`crate::Lease::key`]).
     pub fn key(&self) -> &str {
         self.guard().key()
+    }
+
+    /// Every key of the lock.
+    pub fn keys(&self) -> &crate::Keys {
+        self.guard().keys()
     }
 
     /// The token identifying this holder (see [`crate::Lease::token`]).

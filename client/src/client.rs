@@ -14,6 +14,7 @@ use crate::clock::{later_by, Sent};
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::guard::{Lease, LockGuard};
+use crate::keys::Keys;
 use crate::node::{LockInfo, Node, NodeSettings};
 pub use crate::options::Options;
 use crate::settle::{Settle, SETTLE};
@@ -28,7 +29,7 @@ pub(crate) struct Inner {
     /// The nodes, shared with every guard of this client.
     pub(crate) group: Arc<Group>,
     /// Redlock: keys whose ordering node recently refused this client, and when.
-    contended: std::sync::Mutex<HashMap<String, Instant>>,
+    contended: std::sync::Mutex<HashMap<Keys, Instant>>,
     /// Redlock: the largest token this client asked for in a first phase
     /// or was granted.
     highest_fence: AtomicI64,
@@ -399,10 +400,27 @@ impl LockClient {
     /// waiters take turns in arrival order; while that node does not answer
     /// (or with [`Options::queue`] off) it retries after random pauses until
     /// the wait has passed.
-    pub fn acquire<'a>(&'a self, key: &'a str, ttl: Duration) -> Acquire<'a> {
+    pub fn acquire<'a>(&'a self, key: &str, ttl: Duration) -> Acquire<'a> {
+        self.acquire_keys(Keys::from(key), ttl)
+    }
+
+    /// All of `keys` for `ttl`, or none: one lock over several keys with
+    /// one fencing token (`LOCK.ACQUIREALL`), as [`acquire`](Self::acquire)
+    /// takes one. A wait stands in every key's line at once in the server,
+    /// holding none of them until it gets them all, so callers that name
+    /// the same keys in different orders never deadlock. Renewal extends
+    /// every key, and the lock is lost when any key is. Refused at once
+    /// (an error) for no key or a key named twice. On Redis Cluster the
+    /// keys must share a slot (one hash tag); a Redlock group's waits are
+    /// ordered by the smallest key's ordering node.
+    pub fn acquire_all<'a, S: AsRef<str>>(&'a self, keys: &[S], ttl: Duration) -> Acquire<'a> {
+        self.acquire_keys(Keys::from(keys), ttl)
+    }
+
+    fn acquire_keys(&self, keys: Keys, ttl: Duration) -> Acquire<'_> {
         Acquire {
             client: self,
-            key,
+            keys,
             ttl,
             wait: Duration::ZERO,
             token: None,
@@ -414,7 +432,7 @@ impl LockClient {
     /// The one acquisition path: one node or Redlock, then the guard.
     async fn grant(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         wait: Duration,
@@ -423,13 +441,14 @@ impl LockClient {
         floor: bool,
     ) -> Result<Option<LockGuard>> {
         crate::clock::check_ttl(ttl)?;
+        keys.check()?;
         let start = Instant::now();
         let nodes = self.inner.group.nodes.len();
         let granted = if nodes == 1 {
-            self.acquire_single(key, token, ttl, wait).await
+            self.acquire_single(keys, token, ttl, wait).await
         } else {
             match self.check_distinct_nodes(self.node_timeout(ttl)).await {
-                Ok(_) => self.acquire_redlock(key, token, ttl, floor, wait).await,
+                Ok(_) => self.acquire_redlock(keys, token, ttl, floor, wait).await,
                 Err(e) => Err(e),
             }
         };
@@ -439,23 +458,35 @@ impl LockClient {
                 let validity_ms = valid_until
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64;
-                tracing::debug!(key, fence, nodes, elapsed_ms, validity_ms, "lock acquired");
+                tracing::debug!(
+                    key = &*keys.name(),
+                    fence,
+                    nodes,
+                    elapsed_ms,
+                    validity_ms,
+                    "lock acquired"
+                );
                 self.check_deployment(ttl);
                 Some((fence, valid_until))
             }
             Ok(None) => {
-                tracing::debug!(key, nodes, elapsed_ms, "lock not acquired: held by another");
+                tracing::debug!(
+                    key = &*keys.name(),
+                    nodes,
+                    elapsed_ms,
+                    "lock not acquired: held by another"
+                );
                 None
             }
             Err(e) => {
-                tracing::warn!(key, nodes, elapsed_ms, error = %e, "lock acquire failed");
+                tracing::warn!(key = &*keys.name(), nodes, elapsed_ms, error = %e, "lock acquire failed");
                 return Err(e);
             }
         };
         Ok(granted.map(|(fence, valid_until)| {
             LockGuard::new(
                 self.inner.group.clone(),
-                Lease::new(key, token, fence, ttl, valid_until),
+                Lease::new(keys, token, fence, ttl, valid_until),
                 renew,
             )
         }))
@@ -463,7 +494,7 @@ impl LockClient {
 
     async fn acquire_single(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         wait: Duration,
@@ -473,7 +504,7 @@ impl LockClient {
         // One ACQUIRE; the validity is measured from just before it.
         let acquire_now = || async {
             let start = Sent::now();
-            let fence = node.acquire(key, token, ttl, None, limit).await?;
+            let fence = node.acquire(keys, token, ttl, None, limit).await?;
             Ok(fence.map(|f| (f, start.valid_until(ttl))))
         };
         if wait.is_zero() {
@@ -487,11 +518,11 @@ impl LockClient {
         let mut pause = Duration::from_millis(50);
         let fence = loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match node.acquire_waiting(key, token, ttl, left, limit).await {
+            match node.acquire_waiting(keys, token, ttl, left, limit).await {
                 Ok(Some(fence)) => break fence,
                 Ok(None) => return Ok(None),
                 Err(e) if e.is_transient() && Instant::now() + pause < deadline => {
-                    tracing::debug!(key, error = %e, "the wait goes on after a node error");
+                    tracing::debug!(key = &*keys.name(), error = %e, "the wait goes on after a node error");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
@@ -518,7 +549,7 @@ impl LockClient {
     /// pauses instead.
     async fn acquire_redlock(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         floor: bool,
@@ -526,8 +557,8 @@ impl LockClient {
     ) -> Result<Option<(i64, Instant)>> {
         // A wait too long for an instant (--wait 10^15h) is for ever.
         let deadline = later_by(Instant::now(), wait);
-        let order =
-            (self.inner.group.options.queue && !wait.is_zero()).then(|| self.ordering_node(key));
+        let order = (self.inner.group.options.queue && !wait.is_zero())
+            .then(|| self.ordering_node(keys.ordering_key()));
         // Why the last round failed, if a majority could not be asked: a
         // wait that ends so is that error, not "held by another".
         let mut last_error: Option<Error> = None;
@@ -536,18 +567,21 @@ impl LockClient {
                 // Recently contended here: ask the ordering node alone first,
                 // so as not to take the other nodes from under the client
                 // that node has just handed the lock to.
-                Some(o) if self.recently_contended(key) => {
+                Some(o) if self.recently_contended(keys) => {
                     let limit = self.node_timeout(ttl);
                     match self.inner.group.nodes[o]
-                        .acquire(key, token, ttl, None, limit)
+                        .acquire(keys, token, ttl, None, limit)
                         .await
                     {
                         Ok(Some(_)) => {
-                            Some(self.take_others(key, token, ttl, floor, o, deadline).await)
+                            Some(self.take_others(keys, token, ttl, floor, o, deadline).await)
                         }
                         Ok(None) => {
-                            self.mark_contended(key);
-                            Some(self.wait_in_line(key, token, ttl, floor, o, deadline).await)
+                            self.mark_contended(keys);
+                            Some(
+                                self.wait_in_line(keys, token, ttl, floor, o, deadline)
+                                    .await,
+                            )
                         }
                         // Not answering: a round that need not include it.
                         Err(_) => None,
@@ -558,7 +592,7 @@ impl LockClient {
             let line = match line {
                 Some(line) => line,
                 None => match self
-                    .redlock_round(key, token, ttl, floor, order, None)
+                    .redlock_round(keys, token, ttl, floor, order, None)
                     .await
                 {
                     Ok(Round {
@@ -571,8 +605,9 @@ impl LockClient {
                     }) => {
                         last_error = None;
                         let o = order.expect("only the ordering node refuses a round");
-                        self.mark_contended(key);
-                        self.wait_in_line(key, token, ttl, floor, o, deadline).await
+                        self.mark_contended(keys);
+                        self.wait_in_line(keys, token, ttl, floor, o, deadline)
+                            .await
                     }
                     Ok(_) => {
                         last_error = None;
@@ -636,18 +671,18 @@ impl LockClient {
             .unwrap_or(0)
     }
 
-    /// Whether an attempt on `key` recently found its ordering node held.
-    fn recently_contended(&self, key: &str) -> bool {
+    /// Whether an attempt on `keys` recently found its ordering node held.
+    fn recently_contended(&self, keys: &Keys) -> bool {
         let seen = self
             .inner
             .contended
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        seen.get(key)
+        seen.get(keys)
             .is_some_and(|at| at.elapsed() < CONTENDED_MEMORY)
     }
 
-    fn mark_contended(&self, key: &str) {
+    fn mark_contended(&self, keys: &Keys) {
         let mut seen = self
             .inner
             .contended
@@ -657,7 +692,7 @@ impl LockClient {
             seen.retain(|_, at| at.elapsed() < CONTENDED_MEMORY);
         }
         if seen.len() < 4096 {
-            seen.insert(key.to_string(), Instant::now());
+            seen.insert(keys.clone(), Instant::now());
         }
     }
 
@@ -667,7 +702,7 @@ impl LockClient {
     /// the line if the node stops answering.
     async fn wait_in_line(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         floor: bool,
@@ -690,14 +725,14 @@ impl LockClient {
             }
         };
         tokio::select! {
-            reply = node.acquire_waiting(key, token, ttl, left, limit) => match reply {
+            reply = node.acquire_waiting(keys, token, ttl, left, limit) => match reply {
                 Ok(Some(_)) => {}
                 Ok(None) => return Line::Over(None),
                 Err(_) => return Line::Gone(None),
             },
             _ = watch => return Line::Gone(None),
         }
-        self.take_others(key, token, ttl, floor, o, deadline).await
+        self.take_others(keys, token, ttl, floor, o, deadline).await
     }
 
     /// Holding the ordering node: rounds on every node (renewing the
@@ -705,7 +740,7 @@ impl LockClient {
     /// ordering node meanwhile so the clients behind keep their places.
     async fn take_others(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         floor: bool,
@@ -721,7 +756,7 @@ impl LockClient {
         let mut pause = Duration::from_micros(500);
         loop {
             let result = self
-                .redlock_round(key, token, ttl, floor, Some(o), Some(o))
+                .redlock_round(keys, token, ttl, floor, Some(o), Some(o))
                 .await;
             match result {
                 Ok(Round {
@@ -735,7 +770,7 @@ impl LockClient {
                 // Our grant on the ordering node is gone (it expired, or
                 // the node restarted): back to the start.
                 Ok(_) | Err(_) => {
-                    self.inner.group.release_everywhere(key, token, ttl).await;
+                    self.inner.group.release_everywhere(keys, token, ttl).await;
                     return match result {
                         Err(e) if Instant::now() >= deadline => Line::Over(Some(e)),
                         Err(e) => Line::Gone(Some(e)),
@@ -745,7 +780,7 @@ impl LockClient {
             }
             let jittered = rand::thread_rng().gen_range(pause / 2..=pause);
             if Instant::now() + jittered >= deadline {
-                self.inner.group.release_everywhere(key, token, ttl).await;
+                self.inner.group.release_everywhere(keys, token, ttl).await;
                 return Line::Over(None);
             }
             tokio::time::sleep(jittered).await;
@@ -863,7 +898,7 @@ impl LockClient {
     /// Err only when a majority of nodes could not be asked at all.
     async fn redlock_round(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         floor: bool,
@@ -883,7 +918,7 @@ impl LockClient {
             false => None,
         };
         let start = Sent::now();
-        let replies = join_all(nodes.iter().map(|n| n.acquire(key, token, ttl, g, limit))).await;
+        let replies = join_all(nodes.iter().map(|n| n.acquire(keys, token, ttl, g, limit))).await;
         let granted: Vec<(usize, i64)> = replies
             .iter()
             .enumerate()
@@ -915,7 +950,7 @@ impl LockClient {
                     confirmed += join_all(
                         behind
                             .iter()
-                            .map(|&i| nodes[i].acquire(key, token, ttl, Some(t), limit)),
+                            .map(|&i| nodes[i].acquire(keys, token, ttl, Some(t), limit)),
                     )
                     .await
                     .into_iter()
@@ -930,7 +965,10 @@ impl LockClient {
                 });
             }
         }
-        self.inner.group.release_except(key, token, ttl, keep).await;
+        self.inner
+            .group
+            .release_except(keys, token, ttl, keep)
+            .await;
         let failed = replies.iter().filter(|r| r.is_err()).count();
         if failed > nodes.len() - quorum {
             // A refusal of the request (see refuses_the_request) is the
@@ -955,8 +993,8 @@ impl LockClient {
     #[doc(hidden)] // for the redis-lock command
     /// Releases `key` held by `token` (for scripts that kept the token):
     /// true if a majority of nodes (the node) released it.
-    pub async fn release_token(&self, key: &str, token: &str) -> Result<bool> {
-        Ok(self.release_token_count(key, token).await? >= self.quorum())
+    pub async fn release_token(&self, keys: impl Into<Keys>, token: &str) -> Result<bool> {
+        Ok(self.release_token_count(keys, token).await? >= self.quorum())
     }
 
     #[doc(hidden)] // for the redis-lock command
@@ -966,9 +1004,11 @@ impl LockClient {
     /// and those nodes are free now.
     /// Err when fewer than a majority answered (whether it was held is
     /// not known).
-    pub async fn release_token_count(&self, key: &str, token: &str) -> Result<usize> {
+    pub async fn release_token_count(&self, keys: impl Into<Keys>, token: &str) -> Result<usize> {
         let ttl = Duration::from_secs(5);
-        let outcome = self.inner.group.release_counted(key, token, ttl).await;
+        let keys = keys.into();
+        keys.check()?;
+        let outcome = self.inner.group.release_counted(&keys, token, ttl).await;
         let released = outcome.released;
         outcome.held(self.quorum()).map(|_| released)
     }
@@ -976,8 +1016,13 @@ impl LockClient {
     #[doc(hidden)] // for the redis-lock command
     /// Extends `key` held by `token` to `ttl` from now: true if a majority
     /// of nodes (the node) extended it.
-    pub async fn extend_token(&self, key: &str, token: &str, ttl: Duration) -> Result<bool> {
-        Ok(self.extend_token_until(key, token, ttl).await?.is_some())
+    pub async fn extend_token(
+        &self,
+        keys: impl Into<Keys>,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool> {
+        Ok(self.extend_token_until(keys, token, ttl).await?.is_some())
     }
 
     #[doc(hidden)] // for the redis-lock command
@@ -986,16 +1031,18 @@ impl LockClient {
     /// extend, the lock is lost and is released where it was extended.
     pub async fn extend_token_until(
         &self,
-        key: &str,
+        keys: impl Into<Keys>,
         token: &str,
         ttl: Duration,
     ) -> Result<Option<Instant>> {
+        let keys = keys.into();
+        keys.check()?;
         // Past any validity (a TTL too long for an instant is the nodes' to
         // refuse, not a panic here).
         let far = later_by(Instant::now(), ttl);
         self.inner
             .group
-            .extend_everywhere(key, token, ttl, far)
+            .extend_everywhere(&keys, token, ttl, far)
             .await
     }
 
@@ -1038,7 +1085,7 @@ impl LockClient {
 #[must_use = "an acquisition does nothing until it is awaited"]
 pub struct Acquire<'a> {
     client: &'a LockClient,
-    key: &'a str,
+    keys: Keys,
     ttl: Duration,
     wait: Duration,
     token: Option<String>,
@@ -1051,7 +1098,7 @@ pub struct Acquire<'a> {
 impl std::fmt::Debug for Acquire<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Acquire")
-            .field("key", &self.key)
+            .field("keys", &self.keys)
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("own_token", &self.token.is_some())
@@ -1146,7 +1193,7 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
             let settle = Arc::new(Settle::default());
             let unclaimed = floor.then(|| Unclaimed {
                 group: self.client.inner.group.clone(),
-                key: self.key.to_string(),
+                keys: self.keys.clone(),
                 token: token.clone(),
                 ttl: self.ttl,
                 settle: settle.clone(),
@@ -1156,7 +1203,7 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
                 .scope(
                     settle,
                     self.client.grant(
-                        self.key,
+                        &self.keys,
                         &token,
                         self.ttl,
                         self.wait,
@@ -1183,7 +1230,7 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
 /// task (see `Node::acquire_waiting`).
 struct Unclaimed {
     group: Arc<Group>,
-    key: String,
+    keys: Keys,
     token: String,
     ttl: Duration,
     settle: Arc<Settle>,
@@ -1211,17 +1258,17 @@ impl Drop for Unclaimed {
             return;
         }
         let group = self.group.clone();
-        let key = std::mem::take(&mut self.key);
+        let keys = self.keys.clone();
         let token = std::mem::take(&mut self.token);
         let ttl = self.ttl;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
-                    let released = group.release_everywhere(&key, &token, ttl).await;
+                    let released = group.release_everywhere(&keys, &token, ttl).await;
                     tokio::time::sleep(2 * group.node_timeout(ttl)).await;
-                    let later = group.release_everywhere(&key, &token, ttl).await;
+                    let later = group.release_everywhere(&keys, &token, ttl).await;
                     tracing::debug!(
-                        key,
+                        key = &*keys.name(),
                         released = released + later,
                         "released an acquisition that ended without a guard"
                     );
@@ -1230,7 +1277,7 @@ impl Drop for Unclaimed {
             // No runtime (dropped outside one): its connections are gone
             // with it, so fresh ones cannot overtake anything.
             Err(_) => {
-                std::thread::spawn(move || group.release_everywhere_blocking(&key, &token, ttl));
+                std::thread::spawn(move || group.release_everywhere_blocking(&keys, &token, ttl));
             }
         }
     }

@@ -130,3 +130,8 @@ fn suspended_for_tests() -> Duration {
         Duration::ZERO
     }
 }
+
+/// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
+pub(crate) fn millis(d: Duration) -> u64 {
+    (d.as_millis().min(u64::MAX as u128) as u64).max(1)
+}

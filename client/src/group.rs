@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use crate::clock::Sent;
 use crate::error::{Error, Result};
+use crate::keys::Keys;
 use crate::node::Node;
 use crate::options::Options;
 
@@ -31,10 +32,10 @@ impl Group {
         })
     }
 
-    /// LOCK.RELEASE on every node but `keep`.
+    /// LOCK.RELEASE (RELEASEALL) on every node but `keep`.
     pub(crate) async fn release_except(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         keep: Option<usize>,
@@ -45,21 +46,31 @@ impl Group {
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| Some(*i) != keep)
-                .map(|(_, n)| n.release(key, token, limit)),
+                .map(|(_, n)| n.release(keys, token, limit)),
         )
         .await;
     }
 
     /// LOCK.RELEASE on every node; how many released.
-    pub(crate) async fn release_everywhere(&self, key: &str, token: &str, ttl: Duration) -> usize {
-        self.release_counted(key, token, ttl).await.released
+    pub(crate) async fn release_everywhere(
+        &self,
+        keys: &Keys,
+        token: &str,
+        ttl: Duration,
+    ) -> usize {
+        self.release_counted(keys, token, ttl).await.released
     }
 
     /// LOCK.RELEASE on every node: how many released, and how many
     /// answered at all (released or not held), with the first error.
-    pub(crate) async fn release_counted(&self, key: &str, token: &str, ttl: Duration) -> Released {
+    pub(crate) async fn release_counted(
+        &self,
+        keys: &Keys,
+        token: &str,
+        ttl: Duration,
+    ) -> Released {
         let limit = self.node_timeout(ttl);
-        let replies = join_all(self.nodes.iter().map(|n| n.release(key, token, limit))).await;
+        let replies = join_all(self.nodes.iter().map(|n| n.release(keys, token, limit))).await;
         Released {
             released: replies.iter().filter(|r| matches!(r, Ok(true))).count(),
             answered: replies.iter().filter(|r| r.is_ok()).count(),
@@ -74,7 +85,7 @@ impl Group {
     /// crate's connection setup has no read timeout.
     pub(crate) fn release_everywhere_blocking(
         self: &Arc<Self>,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
     ) -> usize {
@@ -82,9 +93,9 @@ impl Group {
         let (tx, rx) = std::sync::mpsc::channel();
         for i in 0..self.nodes.len() {
             let (group, tx) = (Arc::clone(self), tx.clone());
-            let (key, token) = (key.to_string(), token.to_string());
+            let (keys, token) = (keys.clone(), token.to_string());
             std::thread::spawn(move || {
-                let _ = tx.send(group.nodes[i].release_blocking(&key, &token, limit));
+                let _ = tx.send(group.nodes[i].release_blocking(&keys, &token, limit));
             });
         }
         drop(tx);
@@ -105,7 +116,7 @@ impl Group {
     /// extended before both the TTL (less drift) and `valid_until` ran out.
     pub(crate) async fn extend_everywhere(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         valid_until: Instant,
@@ -113,7 +124,7 @@ impl Group {
         crate::clock::check_ttl(ttl)?;
         let limit = self.node_timeout(ttl);
         let start = Sent::now();
-        let replies = join_all(self.nodes.iter().map(|n| n.extend(key, token, ttl, limit))).await;
+        let replies = join_all(self.nodes.iter().map(|n| n.extend(keys, token, ttl, limit))).await;
         let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
         let now = Instant::now();
         if extended >= self.quorum() && now < valid_until && start.in_time(ttl) {
@@ -127,8 +138,10 @@ impl Group {
         // The lock is lost. Nodes that did extend would keep a new lease
         // for nobody, shutting out the next holder there for a whole TTL:
         // give it back.
-        if extended > 0 {
-            self.release_everywhere(key, token, ttl).await;
+        // A node that extended only some keys of a multi-key lock counts
+        // as not extended: give those back too.
+        if extended > 0 || keys.is_several() {
+            self.release_everywhere(keys, token, ttl).await;
         }
         Ok(None)
     }

@@ -13,6 +13,7 @@ use redis_lock_core::protocol::command;
 use crate::clock::boot_now;
 use crate::error::Result;
 use crate::group::Group;
+use crate::keys::Keys;
 
 /// What the holder needs while it works: cheap to clone and to pass to
 /// other tasks.
@@ -25,7 +26,7 @@ pub struct Lease {
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &self.key())
+            .field("keys", &self.keys())
             .field("fence", &self.fence())
             .field("ttl", &self.ttl())
             .field("valid", &self.is_valid())
@@ -35,7 +36,7 @@ impl std::fmt::Debug for Lease {
 }
 
 struct Shared {
-    key: String,
+    keys: Keys,
     token: String,
     fence: i64,
     /// The TTL of the last grant or extend and the validity it gave: set
@@ -132,7 +133,7 @@ impl Deadline {
 
 impl Lease {
     pub(crate) fn new(
-        key: &str,
+        keys: &Keys,
         token: &str,
         fence: i64,
         ttl: Duration,
@@ -140,7 +141,7 @@ impl Lease {
     ) -> Lease {
         Lease {
             shared: Arc::new(Shared {
-                key: key.into(),
+                keys: keys.clone(),
                 token: token.into(),
                 fence,
                 term: watch::Sender::new(Term {
@@ -154,9 +155,15 @@ impl Lease {
         }
     }
 
-    /// The locked key.
+    /// The locked key (the first one named, for a lock of several keys:
+    /// each has the same holder and fence).
     pub fn key(&self) -> &str {
-        &self.shared.key
+        self.shared.keys.first()
+    }
+
+    /// Every key of the lock (one, or several taken all or nothing).
+    pub fn keys(&self) -> &Keys {
+        &self.shared.keys
     }
 
     /// The token identifying this holder (the credential for release and extend).
@@ -231,7 +238,8 @@ impl Lease {
     /// `cmd` guarded by this grant on the lock's own node: `LOCK.EXEC key
     /// token FENCE fence cmd...`, which runs `cmd` only while this grant
     /// holds the lock there. [`LockGuard::exec`] sends it; build it here
-    /// to send it yourself (in a pipeline, say).
+    /// to send it yourself (in a pipeline, say). A lock of several keys is
+    /// checked on its first key (every key has the same holder and fence).
     pub fn exec_cmd(&self, cmd: &redis::Cmd) -> redis::Cmd {
         let mut guarded = redis::cmd(command::EXEC);
         guarded
@@ -353,7 +361,7 @@ impl LockGuard {
         }
         match self
             .group
-            .extend_everywhere(lease.key(), lease.token(), ttl, lease.valid_until())
+            .extend_everywhere(lease.keys(), lease.token(), ttl, lease.valid_until())
             .await?
         {
             // Lost meanwhile (the keeper gave up during this round trip):
@@ -408,10 +416,10 @@ impl LockGuard {
         let lease = &self.lease;
         let outcome = self
             .group
-            .release_counted(lease.key(), lease.token(), lease.ttl())
+            .release_counted(lease.keys(), lease.token(), lease.ttl())
             .await;
         tracing::debug!(
-            key = lease.key(),
+            key = &*lease.keys().name(),
             fence = lease.fence(),
             released = outcome.released,
             answered = outcome.answered,
@@ -442,9 +450,9 @@ impl Drop for LockGuard {
         let lease = &self.lease;
         let released =
             self.group
-                .release_everywhere_blocking(lease.key(), lease.token(), lease.ttl());
+                .release_everywhere_blocking(lease.keys(), lease.token(), lease.ttl());
         tracing::debug!(
-            key = lease.key(),
+            key = &*lease.keys().name(),
             fence = lease.fence(),
             released,
             "lock released on drop"
@@ -454,7 +462,12 @@ impl Drop for LockGuard {
 
 /// Fires `lost` and says why.
 fn lost(lease: &Lease, why: &str) {
-    tracing::warn!(key = lease.key(), fence = lease.fence(), why, "lock lost");
+    tracing::warn!(
+        key = &*lease.keys().name(),
+        fence = lease.fence(),
+        why,
+        "lock lost"
+    );
     lease.shared.lost.fire();
 }
 
@@ -502,12 +515,12 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
         if lease.term().since != term.since {
             continue; // extended meanwhile by hand: due later
         }
-        let renewal = group.extend_everywhere(lease.key(), lease.token(), ttl, valid_until);
+        let renewal = group.extend_everywhere(lease.keys(), lease.token(), ttl, valid_until);
         tokio::select! {
             result = renewal => match result {
                 Ok(Some(until)) => {
                     lease.set_term(ttl, until);
-                    tracing::trace!(key = lease.key(), fence = lease.fence(), "lock renewed");
+                    tracing::trace!(key = &*lease.keys().name(), fence = lease.fence(), "lock renewed");
                 }
                 Ok(None) => {
                     lost(&lease, "a renewal was refused");
@@ -522,7 +535,7 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
                     // A node call may take the node timeout twice: to
                     // connect, then to answer.
                     let attempt = retry + 2 * group.node_timeout(ttl);
-                    tracing::warn!(key = lease.key(), error = %e, "lock renewal failed");
+                    tracing::warn!(key = &*lease.keys().name(), error = %e, "lock renewal failed");
                     if Instant::now() + attempt >= lease.valid_until() {
                         lost(&lease, "renewals failed and no retry can finish within the validity");
                         return;
@@ -556,7 +569,7 @@ mod tests {
     fn a_suspend_longer_than_the_validity_ends_it() {
         let _one_at_a_time = PRETEND_SUSPEND.lock().unwrap_or_else(|p| p.into_inner());
         let lease = Lease::new(
-            "k",
+            &Keys::from("k"),
             "t",
             1,
             Duration::from_secs(30),
@@ -586,7 +599,7 @@ mod tests {
         SUSPENDED_MS.store(0, std::sync::atomic::Ordering::Relaxed);
         assert!(until <= Instant::now(), "valid after a 20 s suspend");
         assert!(elapsed >= Duration::from_secs(20), "{elapsed:?}");
-        let lease = Lease::new("k", "t", 1, Duration::from_secs(30), until);
+        let lease = Lease::new(&Keys::from("k"), "t", 1, Duration::from_secs(30), until);
         assert!(!lease.is_valid());
         let sent = Sent::now();
         let until = sent.plus(Duration::from_secs(10));
@@ -598,7 +611,7 @@ mod tests {
     #[tokio::test]
     async fn every_change_of_the_validity_is_heard_at_once() {
         let lease = Lease::new(
-            "k",
+            &Keys::from("k"),
             "t",
             1,
             Duration::from_secs(30),

@@ -9,7 +9,10 @@ use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use tokio::sync::Mutex;
 
+use crate::clock::millis;
 use crate::error::{Error, Result};
+use crate::keys::Keys;
+use futures_util::future::join_all;
 
 pub(crate) struct Node {
     /// The server to talk to (for a Sentinel node, the current master).
@@ -441,26 +444,23 @@ impl Node {
         result
     }
 
-    /// `LOCK.ACQUIRE key token ttl [MINFENCE n]`: the fence, or None if held
-    /// by another token. With replica acknowledgement the ACQUIRE and its
-    /// `WAIT` go on a connection of their own (WAIT blocks its connection).
+    /// `LOCK.ACQUIRE key token ttl [MINFENCE n]` (`LOCK.ACQUIREALL` for
+    /// several keys): the fence, or None if held by another token. With
+    /// replica acknowledgement the ACQUIRE and its `WAIT` go on a
+    /// connection of their own (WAIT blocks its connection).
     pub async fn acquire(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         min_fence: Option<i64>,
         limit: Duration,
     ) -> Result<Option<i64>> {
-        let mut cmd = redis::cmd(command::ACQUIRE);
-        cmd.arg(key).arg(token).arg(millis(ttl));
-        if let Some(n) = min_fence {
-            cmd.arg(command::MINFENCE).arg(n);
-        }
+        let cmd = keys.acquire_cmd(token, ttl, None, min_fence);
         if self.wait_replicas.is_none() {
             return self.run(cmd, limit).await;
         }
-        self.acquire_on_own(key, token, |_| cmd.clone(), Duration::ZERO, limit)
+        self.acquire_on_own(keys, token, |_| cmd.clone(), Duration::ZERO, limit)
             .await
     }
 
@@ -470,7 +470,7 @@ impl Node {
     /// a reply.
     pub async fn acquire_waiting(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         wait: Duration,
@@ -479,22 +479,17 @@ impl Node {
         let blocking = |wait: Duration| {
             // BLOCK 0 would wait forever: wait at least a millisecond.
             let block_ms = millis(wait).clamp(1, MAX_BLOCK_MS);
-            let mut cmd = redis::cmd(command::ACQUIRE);
-            cmd.arg(key)
-                .arg(token)
-                .arg(millis(ttl))
-                .arg(command::BLOCK)
-                .arg(block_ms);
-            cmd
+            keys.acquire_cmd(token, ttl, Some(block_ms as i64), None)
         };
-        self.acquire_on_own(key, token, blocking, wait, limit).await
+        self.acquire_on_own(keys, token, blocking, wait, limit)
+            .await
     }
 
     /// An ACQUIRE (`cmd(wait)`, made again for a retry with the wait left)
     /// on a connection of its own, see [`acquire_on_own_once`](Self::acquire_on_own_once).
     async fn acquire_on_own(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         cmd: impl Fn(Duration) -> redis::Cmd,
         wait: Duration,
@@ -502,7 +497,7 @@ impl Node {
     ) -> Result<Option<i64>> {
         let start = tokio::time::Instant::now();
         let (reply, was_spare) = self
-            .acquire_on_own_once(key, token, cmd(wait), wait, limit)
+            .acquire_on_own_once(keys, token, cmd(wait), wait, limit)
             .await;
         let dropped =
             matches!(&reply, Err(Error::Redis(e)) if e.is_io_error() || e.is_connection_dropped());
@@ -522,7 +517,7 @@ impl Node {
             self.spare.lock().unwrap_or_else(|p| p.into_inner()).clear();
             let left = wait.saturating_sub(start.elapsed());
             return self
-                .acquire_on_own_once(key, token, cmd(left), left, limit)
+                .acquire_on_own_once(keys, token, cmd(left), left, limit)
                 .await
                 .0;
         }
@@ -540,7 +535,7 @@ impl Node {
     /// no longer there to take, over the same connection.
     async fn acquire_on_own_once(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         cmd: redis::Cmd,
         wait: Duration,
@@ -555,8 +550,7 @@ impl Node {
                 Err(e) => return (Err(e), false),
             },
         };
-        let mut release = redis::cmd(command::RELEASE);
-        release.arg(key).arg(token);
+        let release = keys.release_cmd(token);
         let acked = self.wait_replicas.map_or(Duration::ZERO, |(_, t)| t);
         // Outside an acquisition (none yet) a late grant is released.
         let settle = crate::settle::SETTLE.try_with(Arc::clone).ok();
@@ -595,16 +589,17 @@ impl Node {
         Ok(secs * 1_000_000 + micros)
     }
 
-    pub async fn release(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
-        let mut cmd = redis::cmd(command::RELEASE);
-        cmd.arg(key).arg(token);
-        Ok(self.run::<i64>(cmd, limit).await? == 1)
+    /// `LOCK.RELEASE` (`LOCK.RELEASEALL` for several keys): whether the
+    /// token held anything here.
+    pub async fn release(&self, keys: &Keys, token: &str, limit: Duration) -> Result<bool> {
+        let cmd = keys.release_cmd(token);
+        Ok(Keys::released(self.run::<i64>(cmd, limit).await?))
     }
 
     /// `LOCK.RELEASE` over a fresh blocking connection, for a release that
     /// must finish without an async runtime (a guard dropped as its runtime
     /// shuts down, when the shared connection's task no longer runs).
-    pub fn release_blocking(&self, key: &str, token: &str, limit: Duration) -> Result<bool> {
+    pub fn release_blocking(&self, keys: &Keys, token: &str, limit: Duration) -> Result<bool> {
         if self
             .sentinel
             .as_ref()
@@ -614,11 +609,8 @@ impl Node {
         }
         if let Some(cluster) = &self.cluster {
             let mut conn = cluster.get_connection()?;
-            let released: i64 = redis::cmd(command::RELEASE)
-                .arg(key)
-                .arg(token)
-                .query(&mut conn)?;
-            return Ok(released == 1);
+            let released: i64 = keys.release_cmd(token).query(&mut conn)?;
+            return Ok(Keys::released(released));
         }
         let client = self
             .client
@@ -628,23 +620,26 @@ impl Node {
         let mut conn = client.get_connection_with_timeout(limit)?;
         conn.set_read_timeout(Some(limit))?;
         conn.set_write_timeout(Some(limit))?;
-        let released: i64 = redis::cmd(command::RELEASE)
-            .arg(key)
-            .arg(token)
-            .query(&mut conn)?;
-        Ok(released == 1)
+        let released: i64 = keys.release_cmd(token).query(&mut conn)?;
+        Ok(Keys::released(released))
     }
 
+    /// `LOCK.EXTEND` of every key (pipelined on the node's connection):
+    /// true when the token still held each one.
     pub async fn extend(
         &self,
-        key: &str,
+        keys: &Keys,
         token: &str,
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool> {
-        let mut cmd = redis::cmd(command::EXTEND);
-        cmd.arg(key).arg(token).arg(millis(ttl));
-        Ok(self.run::<i64>(cmd, limit).await? == 1)
+        let extends = keys.extend_cmds(token, ttl);
+        let replies = join_all(extends.into_iter().map(|cmd| self.run::<i64>(cmd, limit))).await;
+        let mut held = true;
+        for reply in replies {
+            held &= reply? == 1;
+        }
+        Ok(held)
     }
 
     pub async fn info(&self, key: &str, limit: Duration) -> Result<Option<LockInfo>> {
@@ -911,7 +906,6 @@ static RESTART_DELAY_OPTION: std::sync::LazyLock<String> = std::sync::LazyLock::
     )
 });
 
-/// Whole milliseconds, at least 1 (the module refuses a TTL of 0).
 /// How long an acquisition's task keeps listening for the server's answer
 /// after its caller stopped waiting for it (see [`acquire_in_task`]).
 const LATE_REPLY_LIMIT: Duration = Duration::from_secs(60);
@@ -1035,10 +1029,6 @@ fn keep_spare(conn: Conn, spares: &std::sync::Mutex<Vec<Conn>>) {
     if spare.len() < 2 {
         spare.push(conn);
     }
-}
-
-pub(crate) fn millis(d: Duration) -> u64 {
-    (d.as_millis().min(u64::MAX as u128) as u64).max(1)
 }
 
 async fn within<T>(limit: Duration, f: impl std::future::Future<Output = Result<T>>) -> Result<T> {

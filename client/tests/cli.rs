@@ -620,10 +620,14 @@ fn doctor_finds_unsafe_settings_and_json_output_is_parseable() {
     let line = text(&out.stdout);
     let validity_ms: u64 = line
         .strip_prefix("{\"key\":\"j\\\"son\",\"token\":\"a\\\"b\\\\c\",\"validity_ms\":")
-        .and_then(|rest| rest.trim_end().strip_suffix('}'))
+        .and_then(|rest| rest.split(',').next())
         .unwrap_or_else(|| panic!("extend --json printed {line}"))
         .parse()
         .unwrap();
+    assert!(
+        line.trim_end().ends_with(",\"keys\":[\"j\\\"son\"]}"),
+        "{line}"
+    );
     assert!((5_000..8_000).contains(&validity_ms), "{line}");
     let out = redis_lock(&[
         "extend", "--url", &urls[0], "--key", "j\"son", "--ttl", "0", "--token", "a\"b\\c",
@@ -1301,4 +1305,78 @@ fn refused_credentials_exit_77_and_say_so() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// Several `--key`s: one lock over all of them, with one fence; the
+/// command sees every key; a second run naming them in the other order
+/// waits its turn (no deadlock) and gets a larger fence.
+#[test]
+fn run_with_several_keys_holds_them_all_with_one_fence() {
+    let s = Server::start();
+    let url = s.url();
+    let out = redis_lock(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "{a}x",
+        "--key",
+        "{a}y",
+        "--ttl",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        "printf '%s|%s|%s' \"$REDIS_LOCK_KEY\" \"$REDIS_LOCK_KEYS\" \"$REDIS_LOCK_FENCE\"",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    let parts: Vec<&str> = printed.split('|').collect();
+    assert_eq!(parts[0], "{a}x");
+    assert_eq!(parts[1], "{a}x\n{a}y");
+    let first: i64 = parts[2].parse().unwrap();
+    assert_eq!(common::fence(&mut s.conn(), "{a}x"), None, "released after");
+    // Held by one run (sleeping) while another, naming the keys in the
+    // other order, waits in both lines.
+    let holder = std::process::Command::new(BIN)
+        .args([
+            "run", "--url", &url, "--key", "{a}x", "--key", "{a}y", "--ttl", "10s", "--", "sleep",
+            "1",
+        ])
+        .spawn()
+        .unwrap();
+    let mut c = s.conn();
+    common::wait_until(Duration::from_secs(10), || {
+        common::fence(&mut c, "{a}y").is_some()
+    });
+    let held = common::fence(&mut c, "{a}x").unwrap();
+    assert_eq!(common::fence(&mut c, "{a}y"), Some(held), "one fence");
+    assert!(held > first);
+    let out = redis_lock(&[
+        "run",
+        "--url",
+        &url,
+        "--key",
+        "{a}y",
+        "--key",
+        "{a}x",
+        "--ttl",
+        "10s",
+        "--wait",
+        "20s",
+        "--",
+        "sh",
+        "-c",
+        "printf %s \"$REDIS_LOCK_FENCE\"",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let after: i64 = text(&out.stdout).parse().unwrap();
+    assert!(after > held);
+    let mut holder = holder;
+    assert!(holder.wait().unwrap().success());
+    // A key named twice is a usage error.
+    let out = redis_lock(&[
+        "run", "--url", &url, "--key", "k", "--key", "k", "--ttl", "10s", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
 }

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_client::{drift, later_by, random_token, LockClient, Options};
+use redis_lock_client::{drift, later_by, random_token, Keys, LockClient, Options};
 use tokio::sync::mpsc;
 
 mod duration;
@@ -65,9 +65,11 @@ Examples:
   redis-lock release --key orders:42 --token \"$REDIS_LOCK_TOKEN\"
 
 The command gets REDIS_LOCK_FENCE (the fencing token: pass it to the resource
-you protect), REDIS_LOCK_TOKEN, REDIS_LOCK_KEY and REDIS_LOCK_VALIDITY_MS (the
-lock's validity when the command started; renewals extend it) in its
-environment. The job
+you protect), REDIS_LOCK_TOKEN, REDIS_LOCK_KEY (the first --key), REDIS_LOCK_KEYS
+(every --key, one per line) and REDIS_LOCK_VALIDITY_MS (the lock's validity
+when the command started; renewals extend it) in its environment. Several
+--key options make one lock over all of them, taken all or nothing with one
+fencing token (callers naming them in any order cannot deadlock). The job
 is every process the command starts (its process group, and descendants
 outside it: a shell's jobs, setsid children, daemons), and no
 process of it runs without the lock: the job ends with the command (what it
@@ -96,6 +98,24 @@ struct Cli {
     command: Command,
 }
 
+impl Nodes {
+    /// The lock's keys, as the client takes them.
+    fn lock_keys(&self) -> Keys {
+        Keys::from(&self.keys[..])
+    }
+}
+
+/// `REDIS_LOCK_KEYS`: every key of the lock, one per line.
+fn keys_env(keys: &Keys) -> String {
+    keys.as_slice().join("\n")
+}
+
+/// The keys as a JSON array.
+fn json_keys(keys: &Keys) -> String {
+    let items: Vec<String> = keys.as_slice().iter().map(|k| json_string(k)).collect();
+    format!("[{}]", items.join(","))
+}
+
 #[derive(Args)]
 struct Nodes {
     /// A lock node, as redis://[user:password@]host:port/[db]. Give it once for
@@ -103,9 +123,12 @@ struct Nodes {
     /// Default: $REDIS_LOCK_URL (comma-separated), else redis://127.0.0.1:6379/.
     #[arg(long = "url", value_name = "URL")]
     urls: Vec<String>,
-    /// The lock's key.
-    #[arg(long, value_name = "KEY")]
-    key: String,
+    /// The lock's key. Give it several times for one lock over every key
+    /// named, taken all or nothing with one fencing token (a wait stands in
+    /// every key's line at once; on Redis Cluster the keys must share a
+    /// slot: one hash tag).
+    #[arg(long = "key", value_name = "KEY", required = true)]
+    keys: Vec<String>,
     /// The --url nodes are distinct servers: use a Redlock group even where
     /// the nodes' user may not run INFO, by which they are told apart
     /// (without it such a group is refused: one server under two names
@@ -397,7 +420,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             warn_unsafe_group(&locks, ttl).await;
-            run_under_lock(&locks, &nodes.key, ttl, wait, grace, codes, &cmd).await
+            run_under_lock(&locks, &nodes.lock_keys(), ttl, wait, grace, codes, &cmd).await
         }
         Command::Acquire {
             nodes,
@@ -415,7 +438,8 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            let acquisition = locks.acquire(&nodes.key, ttl).wait(wait);
+            let keys = nodes.lock_keys();
+            let acquisition = locks.acquire_all(keys.as_slice(), ttl).wait(wait);
             // A given token may hold the lock already (a re-acquire keeps
             // its fence); without one the library makes a fresh one.
             let acquisition = match token {
@@ -431,16 +455,18 @@ async fn run(cli: Cli) -> ExitCode {
                         .saturating_duration_since(tokio::time::Instant::now());
                     if json {
                         println!(
-                            "{{\"key\":{},\"token\":{},\"fence\":{},\"validity_ms\":{}}}",
-                            json_string(&nodes.key),
+                            "{{\"key\":{},\"token\":{},\"fence\":{},\"validity_ms\":{},\"keys\":{}}}",
+                            json_string(keys.first()),
                             json_string(guard.token()),
                             guard.fence(),
-                            validity.as_millis()
+                            validity.as_millis(),
+                            json_keys(&keys)
                         );
                         std::mem::forget(guard);
                         return ExitCode::SUCCESS;
                     }
-                    println!("export REDIS_LOCK_KEY={}", shell_quote(&nodes.key));
+                    println!("export REDIS_LOCK_KEY={}", shell_quote(keys.first()));
+                    println!("export REDIS_LOCK_KEYS={}", shell_quote(&keys_env(&keys)));
                     println!("export REDIS_LOCK_TOKEN={}", shell_quote(guard.token()));
                     println!("export REDIS_LOCK_FENCE={}", guard.fence());
                     println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
@@ -448,7 +474,7 @@ async fn run(cli: Cli) -> ExitCode {
                     std::mem::forget(guard);
                     ExitCode::SUCCESS
                 }
-                Ok(None) => not_acquired(&nodes.key, wait, conflict_exit_code),
+                Ok(None) => not_acquired(&keys, wait, conflict_exit_code),
                 Err(e @ redis_lock_client::Error::NotReplicated { .. }) => {
                     fail(conflict_exit_code, &format!("not acquired: {e}"))
                 }
@@ -466,20 +492,20 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match locks.release_token_count(&nodes.key, &token).await {
+            match locks.release_token_count(nodes.lock_keys(), &token).await {
                 Ok(n) if n >= locks.quorum() => ExitCode::SUCCESS,
                 Ok(0) => fail(
                     exit::NOT_ACQUIRED,
                     &format!(
                         "{} was not held by this token (expired, or another holder)",
-                        nodes.key
+                        nodes.lock_keys()
                     ),
                 ),
                 Ok(n) => fail(
                     exit::NOT_ACQUIRED,
                     &format!(
                         "{} was held by this token on {n} of {} nodes only, not a majority: the lock was no longer held (lost, or a failed extend left its lease there); released on those {n}",
-                        nodes.key,
+                        nodes.lock_keys(),
                         locks.nodes()
                     ),
                 ),
@@ -505,17 +531,18 @@ async fn run(cli: Cli) -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            match locks.extend_token_until(&nodes.key, &token, ttl).await {
+            match locks.extend_token_until(nodes.lock_keys(), &token, ttl).await {
                 Ok(Some(valid_until)) => {
                     // The validity, not the TTL, is how long it is surely held.
                     let validity =
                         valid_until.saturating_duration_since(tokio::time::Instant::now());
                     if json {
                         println!(
-                            "{{\"key\":{},\"token\":{},\"validity_ms\":{}}}",
-                            json_string(&nodes.key),
+                            "{{\"key\":{},\"token\":{},\"validity_ms\":{},\"keys\":{}}}",
+                            json_string(nodes.lock_keys().first()),
                             json_string(&token),
-                            validity.as_millis()
+                            validity.as_millis(),
+                            json_keys(&nodes.lock_keys())
                         );
                     } else {
                         println!("export REDIS_LOCK_VALIDITY_MS={}", validity.as_millis());
@@ -526,7 +553,7 @@ async fn run(cli: Cli) -> ExitCode {
                     exit::NOT_ACQUIRED,
                     &format!(
                         "{} is not held by this token any more (released where it was extended): acquire it again",
-                        nodes.key
+                        nodes.lock_keys()
                     ),
                 ),
                 Err(e) => failed_call(e),
@@ -551,44 +578,52 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let mut failed = 0;
-            for (i, reply) in locks.info(&nodes.key).await.into_iter().enumerate() {
-                if json {
-                    match &reply {
-                        Ok(None) => println!("{{\"node\":{i},\"held\":false}}"),
+            let several = nodes.keys.len() > 1;
+            for key in &nodes.keys {
+                if several && !json {
+                    println!("{key}:");
+                }
+                for (i, reply) in locks.info(key).await.into_iter().enumerate() {
+                    if json {
+                        match &reply {
+                        Ok(None) => println!("{{\"node\":{i},\"held\":false,\"key\":{}}}", json_string(key)),
                         Ok(Some(info)) => println!(
-                            "{{\"node\":{i},\"held\":true,\"token\":{},\"fence\":{},\"ttl_ms\":{},\"waiters\":{}}}",
+                            "{{\"node\":{i},\"held\":true,\"token\":{},\"fence\":{},\"ttl_ms\":{},\"waiters\":{},\"key\":{}}}",
                             info.token
                                 .as_ref()
                                 .map(|t| json_string(&String::from_utf8_lossy(t)))
                                 .unwrap_or_else(|| "null".into()),
                             info.fence,
                             info.ttl_ms,
-                            info.waiters
+                            info.waiters,
+                            json_string(key)
                         ),
                         Err(e) => println!(
-                            "{{\"node\":{i},\"error\":{}}}",
-                            json_string(&e.to_string())
+                            "{{\"node\":{i},\"error\":{},\"key\":{}}}",
+                            json_string(&e.to_string()),
+                            json_string(key)
                         ),
                     }
-                    if reply.is_err() {
-                        failed += 1;
+                        if reply.is_err() {
+                            failed += 1;
+                        }
+                        continue;
                     }
-                    continue;
-                }
-                match reply {
-                    Ok(None) => println!("node {i}: free"),
-                    Ok(Some(info)) => println!(
-                        "node {i}: held token={} fence={} ttl={}ms waiters={}",
-                        info.token
-                            .map(|t| String::from_utf8_lossy(&t).into_owned())
-                            .unwrap_or_else(|| "(hidden)".into()),
-                        info.fence,
-                        info.ttl_ms,
-                        info.waiters
-                    ),
-                    Err(e) => {
-                        failed += 1;
-                        println!("node {i}: error: {e}")
+                    match reply {
+                        Ok(None) => println!("node {i}: free"),
+                        Ok(Some(info)) => println!(
+                            "node {i}: held token={} fence={} ttl={}ms waiters={}",
+                            info.token
+                                .map(|t| String::from_utf8_lossy(&t).into_owned())
+                                .unwrap_or_else(|| "(hidden)".into()),
+                            info.fence,
+                            info.ttl_ms,
+                            info.waiters
+                        ),
+                        Err(e) => {
+                            failed += 1;
+                            println!("node {i}: error: {e}")
+                        }
                     }
                 }
             }
@@ -759,7 +794,7 @@ async fn doctor(locks: &LockClient, ttl: Duration, json: bool) -> ExitCode {
     }
 }
 
-fn not_acquired(key: &str, wait: Duration, code: u8) -> ExitCode {
+fn not_acquired(key: &Keys, wait: Duration, code: u8) -> ExitCode {
     fail(
         code,
         &format!(
@@ -818,7 +853,7 @@ fn handle_signals_and(
 
 async fn run_under_lock(
     locks: &LockClient,
-    key: &str,
+    key: &Keys,
     ttl: Duration,
     wait: Duration,
     grace: Option<Duration>,
@@ -830,7 +865,7 @@ async fn run_under_lock(
     };
     let token = random_token();
     let acquired = tokio::select! {
-        result = locks.acquire(key, ttl).fresh_token(token.as_str()).wait(wait) => Ok(result),
+        result = locks.acquire_all(key.as_slice(), ttl).fresh_token(token.as_str()).wait(wait) => Ok(result),
         Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
@@ -842,7 +877,7 @@ async fn run_under_lock(
         Ok(Err(e)) => return failed_call(e),
         Err(sig) => {
             // Interrupted: give back whatever was granted meanwhile.
-            let _ = locks.release_token(key, &token).await;
+            let _ = locks.release_token(key.clone(), &token).await;
             return ExitCode::from(128 + sig as u8);
         }
     };
@@ -852,7 +887,8 @@ async fn run_under_lock(
         .args(&cmd[1..])
         .env("REDIS_LOCK_FENCE", guard.fence().to_string())
         .env("REDIS_LOCK_TOKEN", guard.token())
-        .env("REDIS_LOCK_KEY", key)
+        .env("REDIS_LOCK_KEY", key.first())
+        .env("REDIS_LOCK_KEYS", keys_env(key))
         // This lock's, as `acquire` exports it: never one the caller's
         // environment carried in from another lock.
         .env(
@@ -1131,7 +1167,7 @@ async fn resume_after_stop(
 /// The lock was lost while the job was stopped: the child is killed without
 /// running again.
 async fn lost_while_stopped(
-    key: &str,
+    key: &Keys,
     guard: redis_lock_client::LockGuard,
     group: libc::pid_t,
     members: &std::sync::Mutex<job::Members>,
