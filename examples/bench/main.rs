@@ -11,6 +11,7 @@ mod cost;
 mod guarded;
 mod host;
 mod load;
+mod multikey;
 mod scale;
 mod stats;
 mod svg;
@@ -29,7 +30,7 @@ struct Options {
     seconds: f64,
     out: String,
     /// Run one section only: cost, guarded, memory, scaling, host,
-    /// contention or sweep.
+    /// contention, sweep or multikey.
     only: Option<String>,
 }
 
@@ -157,6 +158,10 @@ fn main() {
     }
     if o.runs("sweep") {
         sweep::section(&mut doc, o.smoke);
+        save(&doc);
+    }
+    if o.runs("multikey") {
+        multikey::section(&mut doc, &o);
         save(&doc);
     }
     println!("{doc}");
