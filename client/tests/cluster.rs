@@ -146,3 +146,51 @@ fn replica_acknowledgement_works_on_each_master_of_a_cluster() {
         assert_eq!(common::fence(&mut cluster.nodes[0].conn(), &key), None);
     });
 }
+
+/// A lock over several keys of one slot (one hash tag) on every master of
+/// a cluster: granted with one fence on that slot's master, a second
+/// caller naming them in the other order waits there and is handed them.
+#[test]
+fn several_keys_of_one_slot_lock_on_its_master() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {
+        return;
+    }
+    let cluster = Cluster::start(false);
+    let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let locks = LockClient::new(&[url.as_str()]).unwrap();
+    runtime.block_on(async {
+        for i in 0..3 {
+            let tag = key_on(&cluster, i);
+            let keys = [format!("{{{tag}}}:a"), format!("{{{tag}}}:b")];
+            let guard = locks
+                .acquire_all(&keys, Duration::from_secs(10))
+                .await
+                .unwrap()
+                .expect("free");
+            for k in &keys {
+                assert_eq!(
+                    common::fence(&mut cluster.nodes[i].conn(), k),
+                    Some(guard.fence()),
+                    "{k} is held on master {i}"
+                );
+            }
+            let other = locks.clone();
+            let reversed = [keys[1].clone(), keys[0].clone()];
+            let waiter = tokio::spawn(async move {
+                other
+                    .acquire_all(&reversed, Duration::from_secs(10))
+                    .wait(Duration::from_secs(10))
+                    .await
+            });
+            common::wait_until(Duration::from_secs(5), || {
+                cluster.nodes[i].info_field("waiters") == 1
+            });
+            let first = guard.fence();
+            assert!(guard.release().await.unwrap());
+            let next = waiter.await.unwrap().unwrap().expect("handed on");
+            assert!(next.fence() > first);
+            assert!(next.release().await.unwrap());
+        }
+    });
+}
