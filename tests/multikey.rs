@@ -350,3 +350,153 @@ fn opposite_orders_never_deadlock_or_overlap() {
         assert!(grants > 0, "every client is served");
     }
 }
+
+/// A multi-key waiter whose user loses one of its keys (ACL SETUSER) while
+/// it waits is refused (NOPERM) when its turn comes, and takes nothing.
+#[test]
+fn a_waiter_that_loses_one_key_to_acl_is_refused_at_its_turn() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    set_user(
+        &mut admin,
+        "app",
+        &["~app:*", "+lock.acquireall", "+lock.releaseall"],
+    );
+    acquire(&mut admin, "app:b", "holder", 60_000).unwrap();
+    let mut waiter = RawConn::connect(&s);
+    waiter.send(&["AUTH", "app", "pw"]);
+    assert!(matches!(
+        waiter.read_within(std::time::Duration::from_secs(5)),
+        Some(Resp::Simple(_))
+    ));
+    waiter.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "app:a",
+        "app:b",
+        "w",
+        "60000",
+        "BLOCK",
+        "10000",
+    ]);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") == 1
+    });
+    set_user(
+        &mut admin,
+        "app",
+        &["~app:a", "+lock.acquireall", "+lock.releaseall"],
+    );
+    assert_eq!(release(&mut admin, "app:b", "holder"), 1);
+    let reply = waiter.read_within(std::time::Duration::from_secs(5));
+    assert!(
+        matches!(&reply, Some(Resp::Error(e)) if e.starts_with("NOPERM")),
+        "{reply:?}"
+    );
+    assert_eq!(fence(&mut admin, "app:a"), None);
+    assert_eq!(fence(&mut admin, "app:b"), None);
+}
+
+/// `lock.max-waiters-per-key` bounds each key's line for a multi-key
+/// waiter too (LINEFULL, nothing queued); CLIENT UNBLOCK answers one nil
+/// and it leaves every line.
+#[test]
+fn full_lines_refuse_and_client_unblock_leaves_every_line() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.max-waiters-per-key")
+        .arg(1)
+        .query(&mut c)
+        .unwrap();
+    acquire(&mut c, "b", "holder", 60_000).unwrap();
+    let _first = RawConn::block_acquire(&s, "b", "w1", 60_000, 10_000);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") == 1
+    });
+    let e = run_err(
+        &mut c,
+        &[
+            "LOCK.ACQUIREALL",
+            "2",
+            "a",
+            "b",
+            "w2",
+            "60000",
+            "BLOCK",
+            "1000",
+        ],
+    );
+    assert!(e.starts_with("LINEFULL"), "{e}");
+    assert_eq!(s.info_field("waiters"), 1);
+    let mut waiter = RawConn::connect(&s);
+    waiter.send(&["CLIENT", "ID"]);
+    let Some(Resp::Int(id)) = waiter.read_within(std::time::Duration::from_secs(5)) else {
+        panic!("no client id");
+    };
+    acquire(&mut c, "c", "holder", 60_000).unwrap();
+    waiter.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "c",
+        "w3",
+        "60000",
+        "BLOCK",
+        "0",
+    ]);
+    wait_until(std::time::Duration::from_secs(5), || {
+        s.info_field("waiters") == 2
+    });
+    let unblocked: i64 = redis::cmd("CLIENT")
+        .arg("UNBLOCK")
+        .arg(id)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(unblocked, 1);
+    assert!(matches!(
+        waiter.read_within(std::time::Duration::from_secs(5)),
+        Some(Resp::Nil)
+    ));
+    assert_eq!(s.info_field("waiters"), 1);
+    assert!(
+        acquire(&mut c, "a", "x", 1000).is_some(),
+        "a's line is empty"
+    );
+}
+
+/// A hand-off to a multi-key waiter reaches the replica as every key with
+/// the one fence.
+#[test]
+fn a_multi_key_hand_off_reaches_the_replica_whole() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    acquire(&mut m, "b", "holder", 60_000).unwrap();
+    let mut waiter = RawConn::connect(&master);
+    waiter.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "b",
+        "w",
+        "60000",
+        "BLOCK",
+        "10000",
+    ]);
+    wait_until(std::time::Duration::from_secs(5), || {
+        master.info_field("waiters") == 1
+    });
+    assert_eq!(release(&mut m, "b", "holder"), 1);
+    let Some(Resp::Int(f)) = waiter.read_within(std::time::Duration::from_secs(5)) else {
+        panic!("not granted");
+    };
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(n, 1);
+    let mut r = replica.conn();
+    assert_eq!(holder_and_fence(&mut r, "a"), Some(("w".into(), f)));
+    assert_eq!(holder_and_fence(&mut r, "b"), Some(("w".into(), f)));
+    assert_eq!(digest(&mut m), digest(&mut r));
+}
