@@ -238,119 +238,127 @@ pub fn grants(h: &History, v: &mut Verdict) -> Vec<Grant> {
     let mut out: Vec<Grant> = Vec::new();
     for ops in by_token.values_mut() {
         ops.sort_by_key(|op| op.send);
-        let home = ops[0].key.clone();
-        // A time before any fence this token is granted next was issued.
-        let mut floor = ops[0].send;
-        let mut cur: Option<usize> = None;
-        // The earliest a lease op of unknown outcome can have ended the lease.
-        let mut unknown_end = Us::MAX;
-        let mut after_grant = false;
-        for op in ops.iter() {
-            let just_granted = std::mem::take(&mut after_grant);
-            if op.key != home {
-                v.checked(Check::WrongKey);
-                if let Outcome::Int(f) = op.outcome {
-                    v.violations.push(Violation {
-                        about: vec![op.token.clone()],
-                        check: Check::WrongKey,
-                        excused_by: None,
-                        detail: format!(
-                            "{} asked for {home}, holds {} with fence {f}",
-                            op.token, op.key
-                        ),
-                    });
-                }
-                continue;
-            }
-            if cur.is_some() && !matches!(op.outcome, Outcome::Err(_)) {
-                v.checked(match op.kind {
-                    Kind::Fence if just_granted => Check::FenceAfterGrant,
-                    _ => Check::LostEarly,
+        // The keys its first command asked for (several for ACQUIREALL):
+        // each is followed on its own, as a grant of that key.
+        let homes: Vec<String> = ops
+            .iter()
+            .take_while(|op| op.send == ops[0].send)
+            .map(|op| op.key.clone())
+            .collect();
+        for op in ops.iter().filter(|op| !homes.contains(&op.key)) {
+            v.checked(Check::WrongKey);
+            if let Outcome::Int(f) = op.outcome {
+                v.violations.push(Violation {
+                    about: vec![op.token.clone()],
+                    check: Check::WrongKey,
+                    excused_by: None,
+                    detail: format!(
+                        "{} asked for {homes:?}, holds {} with fence {f}",
+                        op.token, op.key
+                    ),
                 });
-                if op.kind == Kind::Fence && !just_granted {
-                    v.checked(Check::FenceMismatch);
-                }
             }
-            match (op.kind, &op.outcome) {
-                (Kind::Acquire { ttl, block }, Outcome::Int(f)) => match cur {
-                    Some(c) if out[c].fence == *f => {
-                        out[c].renewed(op, ttl * 1000, unknown_end);
-                        unknown_end = Us::MAX;
-                        floor = op.reply;
+        }
+        for home in &homes {
+            // A time before any fence this token is granted next was issued.
+            let mut floor = ops[0].send;
+            let mut cur: Option<usize> = None;
+            // The earliest a lease op of unknown outcome can have ended the lease.
+            let mut unknown_end = Us::MAX;
+            let mut after_grant = false;
+            for op in ops.iter().filter(|op| op.key == *home) {
+                let just_granted = std::mem::take(&mut after_grant);
+                if cur.is_some() && !matches!(op.outcome, Outcome::Err(_)) {
+                    v.checked(match op.kind {
+                        Kind::Fence if just_granted => Check::FenceAfterGrant,
+                        _ => Check::LostEarly,
+                    });
+                    if op.kind == Kind::Fence && !just_granted {
+                        v.checked(Check::FenceMismatch);
                     }
-                    _ => {
-                        if let Some(c) = cur {
-                            // A renewal found the lease over and got a new grant.
+                }
+                match (op.kind, &op.outcome) {
+                    (Kind::Acquire { ttl, block }, Outcome::Int(f)) => match cur {
+                        Some(c) if out[c].fence == *f => {
+                            out[c].renewed(op, ttl * 1000, unknown_end);
+                            unknown_end = Us::MAX;
+                            floor = op.reply;
+                        }
+                        _ => {
+                            if let Some(c) = cur {
+                                // A renewal found the lease over and got a new grant.
+                                lost(h, v, &mut out[c], op, unknown_end, just_granted);
+                            }
+                            out.push(Grant::new(op, *f, ttl * 1000, floor, block.is_some()));
+                            cur = Some(out.len() - 1);
+                            unknown_end = Us::MAX;
+                            floor = op.reply;
+                            after_grant = true;
+                        }
+                    },
+                    (Kind::Acquire { .. }, Outcome::Nil)
+                    | (Kind::Extend { .. }, Outcome::Int(0)) => {
+                        if let Some(c) = cur.take() {
                             lost(h, v, &mut out[c], op, unknown_end, just_granted);
                         }
-                        out.push(Grant::new(op, *f, ttl * 1000, floor, block.is_some()));
-                        cur = Some(out.len() - 1);
-                        unknown_end = Us::MAX;
-                        floor = op.reply;
-                        after_grant = true;
                     }
-                },
-                (Kind::Acquire { .. }, Outcome::Nil) | (Kind::Extend { .. }, Outcome::Int(0)) => {
-                    if let Some(c) = cur.take() {
-                        lost(h, v, &mut out[c], op, unknown_end, just_granted);
+                    (Kind::Release, Outcome::Int(0)) | (Kind::Fence, Outcome::Nil) => {
+                        if let Some(c) = cur.take() {
+                            lost(h, v, &mut out[c], op, unknown_end, just_granted);
+                        }
                     }
-                }
-                (Kind::Release, Outcome::Int(0)) | (Kind::Fence, Outcome::Nil) => {
-                    if let Some(c) = cur.take() {
-                        lost(h, v, &mut out[c], op, unknown_end, just_granted);
+                    (
+                        Kind::Acquire { ttl, .. } | Kind::Extend { ttl },
+                        Outcome::Lost | Outcome::NoReply,
+                    ) => {
+                        unknown_end = unknown_end.min(op.send + ttl * 1000);
                     }
-                }
-                (
-                    Kind::Acquire { ttl, .. } | Kind::Extend { ttl },
-                    Outcome::Lost | Outcome::NoReply,
-                ) => {
-                    unknown_end = unknown_end.min(op.send + ttl * 1000);
-                }
-                (Kind::Extend { ttl }, Outcome::Int(_)) => {
-                    if let Some(c) = cur {
-                        out[c].renewed(op, ttl * 1000, unknown_end);
-                        unknown_end = Us::MAX;
-                        floor = op.reply;
-                    }
-                }
-                (Kind::Release, Outcome::Int(_) | Outcome::Lost | Outcome::NoReply) => {
-                    if let Some(c) = cur.take() {
-                        out[c].close(op.send, unknown_end);
-                    }
-                }
-                (Kind::Fence, Outcome::Int(f)) => {
-                    if let Some(c) = cur {
-                        if out[c].fence == *f {
+                    (Kind::Extend { ttl }, Outcome::Int(_)) => {
+                        if let Some(c) = cur {
+                            out[c].renewed(op, ttl * 1000, unknown_end);
+                            unknown_end = Us::MAX;
                             floor = op.reply;
-                        } else {
-                            let check = if just_granted {
-                                Check::FenceAfterGrant
+                        }
+                    }
+                    (Kind::Release, Outcome::Int(_) | Outcome::Lost | Outcome::NoReply) => {
+                        if let Some(c) = cur.take() {
+                            out[c].close(op.send, unknown_end);
+                        }
+                    }
+                    (Kind::Fence, Outcome::Int(f)) => {
+                        if let Some(c) = cur {
+                            if out[c].fence == *f {
+                                floor = op.reply;
                             } else {
-                                Check::FenceMismatch
-                            };
-                            let g = &out[c];
-                            v.violations.push(Violation {
-                                about: vec![op.token.clone()],
-                                check,
-                                excused_by: h.excuse(
-                                    check.excused_by(),
-                                    &g.key,
-                                    g.issued_after,
-                                    op.reply,
-                                ),
-                                detail: format!(
+                                let check = if just_granted {
+                                    Check::FenceAfterGrant
+                                } else {
+                                    Check::FenceMismatch
+                                };
+                                let g = &out[c];
+                                v.violations.push(Violation {
+                                    about: vec![op.token.clone()],
+                                    check,
+                                    excused_by: h.excuse(
+                                        check.excused_by(),
+                                        &g.key,
+                                        g.issued_after,
+                                        op.reply,
+                                    ),
+                                    detail: format!(
                                     "{} was granted fence {} but LOCK.FENCE said {f} at [{}, {}]",
                                     op.token, out[c].fence, op.send, op.reply
                                 ),
-                            });
+                                });
+                            }
                         }
                     }
+                    _ => {}
                 }
-                _ => {}
             }
-        }
-        if let Some(c) = cur {
-            out[c].close(Us::MAX, unknown_end);
+            if let Some(c) = cur {
+                out[c].close(Us::MAX, unknown_end);
+            }
         }
     }
     out
@@ -639,6 +647,9 @@ fn check_waiters(h: &History, v: &mut Verdict) {
             let (Kind::Acquire { block: Some(t), .. }, Outcome::Nil) = (w.kind, &w.outcome) else {
                 continue;
             };
+            // A waiter for several keys may wait on a free key for another
+            // one: only barging past it is checked.
+            let several = w.also > 0;
             if unblocked(w) || paused(w) {
                 continue;
             }
@@ -672,7 +683,13 @@ fn check_waiters(h: &History, v: &mut Verdict) {
             // waiter. W was first unless another waiter may have entered the
             // line before W (sent before W certainly had) and may still have
             // been in it (not yet answered when the release was sent).
-            for r in releases.get(&slot).into_iter().flatten().filter(inside) {
+            for r in releases
+                .get(&slot)
+                .into_iter()
+                .flatten()
+                .filter(inside)
+                .filter(|_| !several)
+            {
                 v.checked(Check::Stranded);
                 let ahead = ws
                     .iter()
@@ -714,6 +731,7 @@ fn op(
         send: at_ms.0 * 1000,
         reply: at_ms.1 * 1000,
         outcome,
+        also: 0,
     }
 }
 
@@ -1193,4 +1211,61 @@ fn checker_reports_a_holder_losing_its_lock_early() {
         ..Default::default()
     };
     assert!(check(&h).violations.is_empty());
+}
+
+/// A `LOCK.ACQUIREALL` is one op per key with one fence: its keys are
+/// followed as grants of one token (the shared fence is no reuse), a
+/// multi-key waiter may wait on a free key for another one (not stranded),
+/// but barging past it is still caught, and two holders of one of its
+/// keys still are.
+#[test]
+fn checker_follows_multi_key_grants_and_waiters() {
+    let all = |client, token: &str, key: &str, kind, at, outcome| Op {
+        also: 1,
+        ..op(client, token, key, kind, at, outcome)
+    };
+    let h = History {
+        ops: vec![
+            all(0, "a", "k", acq(1000), (0, 1), Outcome::Int(10)),
+            all(0, "a", "j", acq(1000), (0, 1), Outcome::Int(10)),
+            op(0, "a", "k", Kind::Fence, (2, 3), Outcome::Int(10)),
+            op(0, "a", "j", Kind::Fence, (3, 4), Outcome::Int(10)),
+            op(0, "a", "k", Kind::Release, (100, 101), Outcome::Int(1)),
+            op(0, "a", "j", Kind::Release, (101, 102), Outcome::Int(1)),
+            op(1, "b", "k", acq(1000), (200, 201), Outcome::Int(11)),
+        ],
+        ..Default::default()
+    };
+    let v = check(&h);
+    assert!(v.violations.is_empty(), "{:?}", v.violations);
+    // A waiter for k and j times out while k alone was released: fine.
+    let wait = Kind::Acquire {
+        ttl: 1000,
+        block: Some(1000),
+    };
+    let mut h = History {
+        ops: vec![
+            op(0, "h", "k", acq(5000), (0, 1), Outcome::Int(1)),
+            op(2, "g", "j", acq(5000), (0, 1), Outcome::Int(2)),
+            all(1, "w", "k", wait, (10, 1010), Outcome::Nil),
+            all(1, "w", "j", wait, (10, 1010), Outcome::Nil),
+            op(0, "h", "k", Kind::Release, (400, 401), Outcome::Int(1)),
+        ],
+        ..Default::default()
+    };
+    assert!(unexcused(&check(&h)).is_empty());
+    // Taking k without BLOCK past it is barging.
+    h.ops
+        .push(op(3, "x", "k", acq(100), (500, 501), Outcome::Int(7)));
+    assert_eq!(unexcused(&check(&h)), [Check::Barging]);
+    // One of its keys granted while another token holds it: two holders.
+    let h = History {
+        ops: vec![
+            op(0, "h", "k", acq(5000), (0, 1), Outcome::Int(1)),
+            all(1, "w", "k", acq(1000), (10, 11), Outcome::Int(2)),
+            all(1, "w", "j", acq(1000), (10, 11), Outcome::Int(2)),
+        ],
+        ..Default::default()
+    };
+    assert!(unexcused(&check(&h)).contains(&Check::Exclusion));
 }

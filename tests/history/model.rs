@@ -46,6 +46,10 @@ pub struct Op {
     pub send: Us,
     pub reply: Us,
     pub outcome: Outcome,
+    /// How many other keys the same command named: a `LOCK.ACQUIREALL` of
+    /// n keys is recorded as n ops, one per key, with the same times and
+    /// reply, each with `also` = n - 1. 0 for a one-key command.
+    pub also: usize,
 }
 
 /// A write to the fenced resource, in the order the resource saw them.

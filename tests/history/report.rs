@@ -31,10 +31,20 @@ impl Report<'_> {
             "LOCK.EXTEND",
             "LOCK.RELEASE",
             "LOCK.FENCE key token",
+            "LOCK.ACQUIREALL (2 or 3 keys)",
+            "LOCK.ACQUIREALL ... BLOCK",
         ];
-        let mut rows = [[0; 6]; 5];
+        let mut rows = [[0; 6]; 7];
+        // A multi-key command is recorded once per key: counted once.
+        let mut seen_all = std::collections::HashSet::new();
         for op in &self.history.ops {
             let row = match op.kind {
+                Kind::Acquire { block, .. } if op.also > 0 => {
+                    if !seen_all.insert((op.token.as_str(), op.send)) {
+                        continue;
+                    }
+                    5 + usize::from(block.is_some())
+                }
                 Kind::Acquire { block: None, .. } => 0,
                 Kind::Acquire { block: Some(_), .. } => 1,
                 Kind::Extend { .. } => 2,
@@ -193,7 +203,9 @@ impl Report<'_> {
         );
         s += &format!(
             "{CLIENTS} clients (threads) ran for {} s on keys {} with leases of {} ms: \
-             `LOCK.ACQUIRE` with and without `BLOCK` (timeouts {} ms), `LOCK.EXTEND` and \
+             `LOCK.ACQUIRE` with and without `BLOCK` (timeouts {} ms), and a quarter of the \
+             time `LOCK.ACQUIREALL` of two or three of the keys in a random order (held, \
+             extended and released key by key), `LOCK.EXTEND` and \
              same-token `LOCK.ACQUIRE` renewals (which may shorten the lease), `LOCK.RELEASE` \
              (or letting the lease run out), and after every grant `LOCK.FENCE key token`, \
              `LOCK.FENCE other-key token` and writes to a fenced resource, some after a pause \

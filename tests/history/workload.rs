@@ -143,6 +143,34 @@ impl Client {
             Kind::Release => vec!["LOCK.RELEASE".into(), key.into(), token.into()],
             Kind::Fence => vec!["LOCK.FENCE".into(), key.into(), token.into()],
         };
+        self.send(&[key], token, kind, args)
+    }
+
+    /// `LOCK.ACQUIREALL` of `keys` (distinct): recorded as one op per key.
+    fn call_all(
+        &mut self,
+        keys: &[&str],
+        token: &str,
+        ttl: i64,
+        block: Option<i64>,
+    ) -> Option<Outcome> {
+        let mut args: Vec<String> = vec!["LOCK.ACQUIREALL".into(), keys.len().to_string()];
+        args.extend(keys.iter().map(|k| k.to_string()));
+        args.extend([token.to_string(), ttl.to_string()]);
+        if let Some(t) = block {
+            args.extend(["BLOCK".into(), t.to_string()]);
+        }
+        self.send(keys, token, Kind::Acquire { ttl, block }, args)
+    }
+
+    /// Sends one command about `keys` and records it, once per key.
+    fn send(
+        &mut self,
+        keys: &[&str],
+        token: &str,
+        kind: Kind,
+        args: Vec<String>,
+    ) -> Option<Outcome> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let limit = match kind {
             Kind::Acquire { block: Some(t), .. } => READ_LIMIT + Duration::from_millis(t as u64),
@@ -171,16 +199,19 @@ impl Client {
             }
             _ => {}
         }
-        self.ops.push(Op {
-            client: self.id,
-            epoch,
-            key: key.into(),
-            token: token.into(),
-            kind,
-            send,
-            reply: reply_at,
-            outcome: outcome.clone(),
-        });
+        for key in keys {
+            self.ops.push(Op {
+                client: self.id,
+                epoch,
+                key: key.to_string(),
+                token: token.into(),
+                kind,
+                send,
+                reply: reply_at,
+                outcome: outcome.clone(),
+                also: keys.len() - 1,
+            });
+        }
         Some(outcome)
     }
 
@@ -192,6 +223,10 @@ impl Client {
         let mut n = 0;
         while !self.shared.stop.load(SeqCst) {
             n += 1;
+            if self.rng.gen_bool(0.25) {
+                self.run_all(n);
+                continue;
+            }
             let key = *KEYS.choose(&mut self.rng).unwrap();
             let token = format!("c{}.{n}", self.id);
             let ttl = *TTLS.choose(&mut self.rng).unwrap();
@@ -225,6 +260,77 @@ impl Client {
             }
         }
         self.ops
+    }
+
+    /// One all-or-nothing lock over two or three keys (named in a random
+    /// order), held as [`hold`](Self::hold) holds one, key by key.
+    fn run_all(&mut self, n: usize) {
+        let mut keys: Vec<&str> = KEYS.to_vec();
+        keys.shuffle(&mut self.rng);
+        keys.truncate(self.rng.gen_range(2..=KEYS.len()));
+        let token = format!("c{}.{n}", self.id);
+        let ttl = *TTLS.choose(&mut self.rng).unwrap();
+        let block = self
+            .rng
+            .gen_bool(0.5)
+            .then(|| *TIMEOUTS.choose(&mut self.rng).unwrap());
+        self.set_state(if block.is_some() { WAITING } else { IDLE });
+        let outcome = self.call_all(&keys, &token, ttl, block);
+        self.set_state(IDLE);
+        let waited = block.is_some() && matches!(outcome, Some(Outcome::Int(_)));
+        let fence = match outcome {
+            Some(Outcome::Int(f)) => Some(f),
+            // A retry with the same token renews what it got, or grants anew.
+            Some(Outcome::Lost) => match self.call_all(&keys, &token, ttl, None) {
+                Some(Outcome::Int(f)) => Some(f),
+                _ => None,
+            },
+            Some(Outcome::Nil) if block.is_none() => {
+                sleep(Duration::from_millis(self.rng.gen_range(0..5)));
+                None
+            }
+            _ => None,
+        };
+        let Some(fence) = fence else {
+            return;
+        };
+        self.set_state(HOLDING);
+        for key in &keys {
+            self.call(key, &token, Kind::Fence);
+        }
+        let mut held = keys.clone();
+        if waited && self.rng.gen_bool(0.7) {
+            held.retain(|key| {
+                self.call(key, &token, Kind::Extend { ttl }) != Some(Outcome::Int(0))
+            });
+        }
+        for _ in 0..self.rng.gen_range(1..=3) {
+            if held.len() < keys.len() || self.shared.stop.load(SeqCst) {
+                break; // one key lost: the lock is
+            }
+            let pause = if self.rng.gen_bool(0.1) {
+                ttl + self.rng.gen_range(0..ttl) // a GC pause past the lease
+            } else {
+                self.rng.gen_range(0..=ttl / 3)
+            };
+            sleep(Duration::from_millis(pause as u64));
+            let shared = self.shared.clone();
+            for key in &keys {
+                shared.store.write(key, &token, fence, || shared.now());
+            }
+            let ttl = *TTLS.choose(&mut self.rng).unwrap();
+            if self.rng.gen_bool(0.6) {
+                held.retain(|key| {
+                    self.call(key, &token, Kind::Extend { ttl }) != Some(Outcome::Int(0))
+                });
+            }
+        }
+        if self.rng.gen_bool(0.8) {
+            for key in &keys {
+                self.call(key, &token, Kind::Release);
+            }
+        }
+        self.set_state(IDLE);
     }
 
     /// Works as the holder: checks the grant, writes to the resource
