@@ -73,7 +73,7 @@ impl Check {
             Check::StaleWrite => "the fenced resource (keeps the highest fence per key, rejects lower ones) accepted no write by a holder after a write by a holder granted later",
             Check::StoreOrder => "the resource's accepted fences per key never decrease (a check of the harness itself)",
             Check::Barging => "no ACQUIRE without BLOCK was granted while a waiter was certainly in line for the key",
-            Check::Stranded => "a waiter certainly first in line when its key was released got the lock; every BLOCK was answered",
+            Check::Stranded => "a one-key waiter certainly first in line when its key was released got the lock (a multi-key waiter may wait for another of its keys); every BLOCK was answered",
             Check::NoReply => "every command got a reply or a closed connection within 10 s (beyond its BLOCK timeout)",
         }
     }
