@@ -343,10 +343,36 @@ impl Reference {
         self.hwm
     }
 
+    /// A holder's fence after a renewal asking MINFENCE `min_fence`: a
+    /// raised holder gets one above the mark and MINFENCE, not moved to
+    /// the clock; otherwise it keeps `held`.
+    fn raised_fence(&mut self, min_fence: i64, held: i64) -> i64 {
+        if min_fence <= held {
+            return held;
+        }
+        self.hwm = (self.hwm + 1).max(min_fence);
+        self.hwm
+    }
+
+    /// Why a waiter whose turn has come may not take its lock(s), if it
+    /// may not: the limits now (unless it renews) and its ACL.
+    fn refuse_turn(&self, w: &RefWaiter, renews: bool) -> Option<LockError> {
+        if w.ttl > self.max_ttl {
+            return Some(LockError::TtlTooLarge(format!("'{}'", w.ttl), self.max_ttl));
+        }
+        if let Some(err) = (!renews)
+            .then(|| self.refuse_new_holder(&w.token))
+            .flatten()
+        {
+            return Some(err);
+        }
+        self.denied
+            .contains(&w.client)
+            .then_some(LockError::NoPermission)
+    }
+
     /// Grants or renews; the lock is free or `token`'s.
     fn grant(&mut self, key: u8, token: &[u8], ttl: i64, min_fence: i64, now: i64) -> i64 {
-        self.leases += 1;
-        let lease = self.leases;
         if let Some(h) = self
             .locks
             .get(&key)
@@ -354,14 +380,9 @@ impl Reference {
             .cloned()
         {
             assert_eq!(h.token, token);
-            let fence = if min_fence > h.fence {
-                // A raised holder: above the mark and MINFENCE, not moved
-                // to the clock.
-                self.hwm = (self.hwm + 1).max(min_fence);
-                self.hwm
-            } else {
-                h.fence
-            };
+            self.leases += 1;
+            let lease = self.leases;
+            let fence = self.raised_fence(min_fence, h.fence);
             self.locks.insert(
                 key,
                 Held {
@@ -373,18 +394,7 @@ impl Reference {
             );
             return fence;
         }
-        self.grants += 1;
-        let fence = self.fresh_fence(min_fence, now);
-        self.locks.insert(
-            key,
-            Held {
-                token: token.to_vec(),
-                fence,
-                deadline_ms: now + ttl,
-                lease,
-            },
-        );
-        fence
+        self.grant_all(&[key], token, ttl, min_fence, now)
     }
 
     /// Hands `key` on as far as it goes now.
@@ -426,20 +436,8 @@ impl Reference {
                 None if self.paused(now) > 0 => return,
                 None => false,
             };
-            if front.ttl > self.max_ttl {
-                let err = LockError::TtlTooLarge(format!("'{}'", front.ttl), self.max_ttl);
+            if let Some(err) = self.refuse_turn(&front, renews) {
                 answer(self, told, error(err));
-                continue;
-            }
-            if let Some(err) = (!renews)
-                .then(|| self.refuse_new_holder(&front.token))
-                .flatten()
-            {
-                answer(self, told, error(err));
-                continue;
-            }
-            if self.denied.contains(&front.client) {
-                answer(self, told, error(LockError::NoPermission));
                 continue;
             }
             self.lines.get_mut(&key).unwrap().remove(0);
@@ -506,14 +504,7 @@ impl Reference {
     /// Renews every key `token` holds by the grant `fence` (raised above
     /// MINFENCE if asked).
     fn renew_all(&mut self, keys: &[u8], fence: i64, ttl: i64, min_fence: i64, now: i64) -> i64 {
-        // A raised holder: one fresh fence above the mark and MINFENCE,
-        // not moved to the clock.
-        let fence = if min_fence > fence {
-            self.hwm = (self.hwm + 1).max(min_fence);
-            self.hwm
-        } else {
-            fence
-        };
+        let fence = self.raised_fence(min_fence, fence);
         for &key in keys {
             self.leases += 1;
             let lease = self.leases;
@@ -575,19 +566,7 @@ impl Reference {
                 return false;
             }
         }
-        let refused = if g.ttl > self.max_ttl {
-            Some(LockError::TtlTooLarge(format!("'{}'", g.ttl), self.max_ttl))
-        } else if let Some(err) = renews
-            .is_none()
-            .then(|| self.refuse_new_holder(&g.token))
-            .flatten()
-        {
-            Some(err)
-        } else if self.denied.contains(&g.client) {
-            Some(LockError::NoPermission)
-        } else {
-            None
-        };
+        let refused = self.refuse_turn(g, renews.is_some());
         let t = match (refused, renews) {
             (Some(err), _) => error(err),
             (None, Some(fence)) => {

@@ -107,6 +107,28 @@ impl Limits {
         }
         Ok(())
     }
+
+    /// Whether a waiter whose turn has come may take its lock(s) now: the
+    /// limits in force at the hand-off (as a new ACQUIRE's), unless it
+    /// renews its own lock, and its ACL as it is now (`may_take`, on every
+    /// key it waits for). One rule for one-key and multi-key waiters.
+    pub fn check_turn(
+        &self,
+        ttl_ms: i64,
+        token: &[u8],
+        renews: bool,
+        cond: Conditions,
+        may_take: impl FnOnce() -> bool,
+    ) -> Result<(), LockError> {
+        self.check_ttl(ttl_ms)?;
+        if !renews {
+            self.check_new_holder(token, cond)?;
+        }
+        match may_take() {
+            true => Ok(()),
+            false => Err(LockError::NoPermission),
+        }
+    }
 }
 
 bitflags! {
@@ -890,16 +912,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 return false;
             }
         }
-        let limits = self.limits;
-        let admitted = limits.check_ttl(group.ttl_ms).and_then(|()| {
-            if renews.is_none() {
-                limits.check_new_holder(token, cond)?;
-            }
-            match admissions.iter_mut().all(|a| a.may_take(group.client)) {
-                true => Ok(()),
-                false => Err(LockError::NoPermission),
-            }
-        });
+        let admitted = self
+            .limits
+            .check_turn(group.ttl_ms, token, renews.is_some(), cond, || {
+                admissions.iter_mut().all(|a| a.may_take(group.client))
+            });
         let (ttl_ms, min_fence) = (group.ttl_ms, group.min_fence);
         let taken = admitted.and_then(|()| match renews {
             Some(fence) => {
@@ -1073,14 +1090,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         // A hand-off applies the limits in force when it grants (the same
         // checks as a new ACQUIRE's), and the waiter's ACL as it is now.
         let admit = |turn: Turn<'_, C>| -> Result<(), LockError> {
-            limits.check_ttl(turn.ttl_ms)?;
-            if !turn.renews {
-                limits.check_new_holder(turn.token, cond)?;
-            }
-            if !admission.may_take(turn.client) {
-                return Err(LockError::NoPermission);
-            }
-            Ok(())
+            limits.check_turn(turn.ttl_ms, turn.token, turn.renews, cond, || {
+                admission.may_take(turn.client)
+            })
         };
         let mut ledger = Recorder {
             store,
