@@ -70,18 +70,7 @@ impl Keys {
         block_ms: Option<i64>,
         min_fence: Option<i64>,
     ) -> redis::Cmd {
-        let mut cmd = match self.is_several() {
-            true => {
-                let mut cmd = redis::cmd(command::ACQUIRE_ALL);
-                cmd.arg(self.0.len()).arg(&self.0);
-                cmd
-            }
-            false => {
-                let mut cmd = redis::cmd(command::ACQUIRE);
-                cmd.arg(self.first());
-                cmd
-            }
-        };
+        let mut cmd = self.named(command::ACQUIRE, command::ACQUIRE_ALL);
         cmd.arg(token).arg(millis(ttl));
         if let Some(ms) = block_ms {
             cmd.arg(command::BLOCK).arg(ms);
@@ -95,20 +84,25 @@ impl Keys {
     /// `LOCK.RELEASE key token` or `LOCK.RELEASEALL numkeys key ... token`;
     /// its integer reply is how many keys it released ([`released`](Self::released)).
     pub(crate) fn release_cmd(&self, token: &str) -> redis::Cmd {
-        let mut cmd = match self.is_several() {
+        let mut cmd = self.named(command::RELEASE, command::RELEASE_ALL);
+        cmd.arg(token);
+        cmd
+    }
+
+    /// `one key` for one key, `all numkeys key ...` for several.
+    fn named(&self, one: &str, all: &str) -> redis::Cmd {
+        match self.is_several() {
             true => {
-                let mut cmd = redis::cmd(command::RELEASE_ALL);
+                let mut cmd = redis::cmd(all);
                 cmd.arg(self.0.len()).arg(&self.0);
                 cmd
             }
             false => {
-                let mut cmd = redis::cmd(command::RELEASE);
+                let mut cmd = redis::cmd(one);
                 cmd.arg(self.first());
                 cmd
             }
-        };
-        cmd.arg(token);
-        cmd
+        }
     }
 
     /// Whether a release's reply says the token held anything there.
