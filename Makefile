@@ -127,7 +127,7 @@ docker-build:
 
 # The module's and the client's integration suites with every test server a
 # container of redis-lock:test (--network host, bound to 127.0.0.1, data
-# dir mounted at /data; restart = docker start, kill -9 = docker kill,
+# dir mounted at its own path; restart = docker start, kill -9 = docker kill,
 # SIGSTOP = docker pause). Tests that need a local process (valgrind,
 # libfaketime, another binary, files started by hand) skip with a reason.
 docker-test: docker-image

@@ -373,6 +373,29 @@ fn restarting_a_running_server_leaves_no_second_one() {
     assert!(s.is_running());
 }
 
+/// A restart whose port another server took while this one was down (tests
+/// run in parallel and each picks a free port) moves to a new port: it
+/// never talks to the stranger as if it were itself (CI on docker lost a
+/// held lock that way: every query went to another test's empty server).
+#[test]
+fn a_restart_never_mistakes_another_server_on_its_port_for_itself() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts its server") {
+        return;
+    }
+    let mut s = Server::builder().config("appendonly", "yes").start();
+    let mut c = s.conn();
+    let f = acquire(&mut c, "k", "a", 60_000).unwrap();
+    let port = s.port;
+    s.kill9();
+    let stranger = Server::builder().port(port).start();
+    assert_eq!(stranger.port, port);
+    s.restart();
+    assert_ne!(s.port, port, "the restart took the stranger for itself");
+    let mut c = s.conn();
+    assert_eq!(holder_and_fence(&mut c, "k"), Some(("a".into(), f)));
+    assert_eq!(fence(&mut stranger.conn(), "k"), None);
+}
+
 // Regression tests of defects found by attacking the module (issue 8 and
 // later): each reproduces an attack or an unlucky schedule that broke
 // mutual exclusion or crashed the server before its fix.

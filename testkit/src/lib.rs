@@ -13,7 +13,9 @@
 //! * `REDIS_LOCK_MODULE` — the module (default `target/release/libredis_lock.so`)
 //! * `REDIS_LOCK_DOCKER_IMAGE` — run every test server as a container of
 //!   this image instead (`make docker-test`): `docker run --network host`,
-//!   bound to 127.0.0.1, its data directory mounted at `/data`, the module
+//!   bound to 127.0.0.1, its data directory mounted at its own path (the
+//!   container's working directory, so `CONFIG GET dir` tells test servers
+//!   apart when a restart finds its port taken), the module
 //!   the image's own (`/usr/local/lib/redis/modules/libredis_lock.so`).
 //!   Restart is `docker start` of the same container (a new container on the
 //!   same data directory when its arguments changed), kill -9 is `docker
@@ -346,9 +348,17 @@ pub struct Builder {
     with_module: bool,
     wrapper: Vec<String>,
     binary: String,
+    port: Option<u16>,
 }
 
 impl Builder {
+    /// Starts on this port rather than a free one (a test that takes
+    /// another server's port while it is down).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = Some(port);
+        self
+    }
+
     /// A server without the module: what a user would run instead (the
     /// benchmarks' baseline). Local servers only.
     pub fn without_module(mut self) -> Self {
@@ -415,7 +425,7 @@ impl Builder {
             child: None,
             container: None,
             external: false,
-            port: free_port(),
+            port: self.port.unwrap_or_else(free_port),
             dir: fresh_dir(),
             args: self.args,
             module_args: self.module_args,
@@ -437,6 +447,7 @@ impl Server {
             with_module: true,
             wrapper: vec![],
             binary: server_binary(),
+            port: None,
         }
         .config("save", "")
         .config("appendonly", "no")
@@ -531,7 +542,10 @@ impl Server {
     /// when its arguments are unchanged, else a new one on the same data
     /// directory.
     fn boot_container(&mut self, image: &str) -> Result<(), String> {
-        let args = self.server_args("/data", MODULE_IN_IMAGE);
+        // The data directory is mounted at its own path, so `CONFIG GET dir`
+        // names this server apart from any other test's (see `wait_ready`).
+        let dir = self.dir.display().to_string();
+        let args = self.server_args(&dir, MODULE_IN_IMAGE);
         if let Some(c) = &self.container {
             if c.args == args {
                 docker(&["start", &c.name])?;
@@ -543,7 +557,7 @@ impl Server {
         }
         // redis-lock-test-<pid>-<n>, as its data directory.
         let name = self.dir.file_name().unwrap().to_string_lossy().to_string();
-        let volume = format!("{}:/data", self.dir.display());
+        let volume = format!("{dir}:{dir}");
         let label = format!("redis-lock-test={}", std::process::id());
         let mut cmd: Vec<&str> = vec![
             "run",
@@ -556,6 +570,9 @@ impl Server {
             "host",
             "-v",
             &volume,
+            // The entry point hands the working directory to the redis user.
+            "-w",
+            &dir,
             image,
         ];
         cmd.extend(args.iter().map(|a| a.as_str()));
@@ -641,7 +658,7 @@ impl Server {
             }
             if let Ok(mut c) = self.try_conn() {
                 if let Ok(pong) = redis::cmd("PING").query::<String>(&mut c) {
-                    if pong == "PONG" {
+                    if pong == "PONG" && self.is_ours(&mut c) {
                         return true;
                     }
                 }
@@ -649,6 +666,23 @@ impl Server {
             sleep(Duration::from_millis(20));
         }
         false
+    }
+
+    /// Whether the server answering on this port is this one, not another
+    /// test's that took the port while this one was down (a restart whose
+    /// bind then fails would otherwise talk to a stranger): it serves this
+    /// data directory. A server that refuses `CONFIG` is taken at its word.
+    fn is_ours(&self, c: &mut Connection) -> bool {
+        let Ok(pair) = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("dir")
+            .query::<Vec<String>>(c)
+        else {
+            return true;
+        };
+        let want = self.dir.canonicalize().unwrap_or_else(|_| self.dir.clone());
+        pair.get(1)
+            .is_none_or(|dir| Path::new(dir) == want.as_path())
     }
 
     pub fn log(&self) -> String {
