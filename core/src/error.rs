@@ -85,6 +85,14 @@ pub enum LockError {
     DuplicateKey(String),
     /// An option this build does not support on this command yet.
     NotYet(String, &'static str),
+    /// A shared request names another limit than the key's holders were
+    /// granted with (None: no LIMIT).
+    LimitMismatch {
+        held: Option<u32>,
+        asked: Option<u32>,
+    },
+    /// A shared holder asked for its key exclusively.
+    NoUpgrade,
     /// The key is a fence gate, which has no holder (`LOCK.FENCE gate
     /// token`, `LOCK.EXEC gate ...`).
     GateHasNoHolder,
@@ -217,6 +225,22 @@ impl fmt::Display for LockError {
                 f,
                 "ERR option {option} is not supported by {cmd} in this build (it will come with shared locks)"
             ),
+            LimitMismatch { held, asked } => {
+                let show = |l: &Option<u32>| match l {
+                    Some(n) => format!("LIMIT {n}"),
+                    None => "no LIMIT".to_string(),
+                };
+                write!(
+                    f,
+                    "ERR the key's holders were granted with {}, this request has {}: a key keeps one limit until its last holder goes",
+                    show(held),
+                    show(asked)
+                )
+            }
+            NoUpgrade => write!(
+                f,
+                "ERR this token holds the key shared: there is no upgrade to exclusive (two holders upgrading would wait for each other for ever); release it and acquire again"
+            ),
             GateHasNoHolder => write!(
                 f,
                 "ERR the key is a fence gate: it has a mark, not a holder (LOCK.FENCE gate answers the mark)"
@@ -284,6 +308,11 @@ mod tests {
             LockError::BadInternalArgument("fence"),
             LockError::InternalCommand("LOCK._SET"),
             LockError::FencesExhausted,
+            LockError::LimitMismatch {
+                held: Some(3),
+                asked: None,
+            },
+            LockError::NoUpgrade,
             LockError::Internal,
         ];
         for e in all {

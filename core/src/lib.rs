@@ -52,5 +52,5 @@ mod waiters;
 // machine, the lines and the fence mark are private; these are the types
 // a caller passes in (a store) or gets back (a lock's view, a waiter's
 // outcome).
-pub use lock::{Lock, LockRead, LockStore, Removal};
+pub use lock::{Lock, LockRead, LockStore, Mode, Removal};
 pub use waiters::{Outcome, Wake};

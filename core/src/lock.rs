@@ -1,16 +1,26 @@
-//! The lock state machine. A lock is `key -> holder token + fencing token +
-//! deadline`. It is free when the key holds no lock or when its deadline has
-//! passed: expiry is decided here, by the deadline on the node's monotonic
-//! clock (see `time`), at the instant it passes; an ended lock still in the
-//! keyspace is reclaimed ([`reclaim`]) when a command touches it or the
-//! background sweep finds it.
+//! The lock state machine. A lock is `key -> holders`, each `token + fencing
+//! token + deadline`: one holder when exclusive (a plain `LOCK.ACQUIRE`),
+//! any number at once when shared (`SHARED`), at most the key's limit when
+//! it has one (`SHARED LIMIT n`, a counting semaphore with one leased
+//! permit per holder). A holder holds the key until its deadline passes:
+//! expiry is decided here, by the deadline on the node's monotonic clock
+//! (see `time`), at the instant it passes; an ended holder still in the
+//! keyspace is reclaimed ([`reclaim`]) when a command touches the key or
+//! the background sweep finds it.
 //!
 //! | command | free (or expired)        | held by `token`           | held by another |
 //! |---------|--------------------------|---------------------------|-----------------|
-//! | acquire | grant: new fence, lease  | same fence, lease reset   | contended (nil) |
-//! | release | 0                        | 1, lock removed           | 0               |
+//! | acquire | grant: new fence, lease  | same fence, lease reset   | contended (nil), or a new shared holder while it fits |
+//! | release | 0                        | 1, that holder removed    | 0               |
 //! | extend  | 0 (never revives)        | 1, lease = now + ttl      | 0               |
-//! | fence   | nil                      | fence                     | fence, or nil when a token is given |
+//! | fence   | nil                      | fence                     | fence (the newest holder's when shared), or nil when a token is given |
+//!
+//! Modes: the limit belongs to the key (a request naming another is
+//! refused, [`LockError::LimitMismatch`]) until its last holder goes. An
+//! exclusive holder asking `SHARED` downgrades in place, keeping its fence;
+//! a shared holder asking for the key exclusively is refused
+//! ([`LockError::NoUpgrade`]): two readers upgrading would wait for each
+//! other for ever.
 //!
 //! Time comes in as a [`Now`] (both clocks) or as monotonic ms (`now_ms`);
 //! fencing tokens from a [`FenceSource`]. Nothing here reads a clock or
@@ -20,8 +30,9 @@ use super::error::LockError;
 use super::fence::FenceSource;
 use super::time::Now;
 
-/// A lock's state, borrowed from wherever it is stored (the keyspace keeps
-/// it in one allocation with the token inline; see `redis::datatype`).
+/// One holder of a key, borrowed from wherever it is stored (the keyspace
+/// keeps an exclusive lock in one allocation with the token inline; see
+/// `redis::datatype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Lock<'a> {
     pub fence: i64,
@@ -53,29 +64,63 @@ impl Lock<'_> {
         self.deadline_ms.saturating_sub(now_ms).max(0)
     }
 
-    /// Until when its key grants nothing: the end of the lease and, since
-    /// a lock still stored after its lease is one nobody released,
+    /// Until when it holds its key: the end of the lease and, since a
+    /// holder still stored after its lease is one nobody released,
     /// `lock_delay_ms` more (lock-delay).
     pub fn grants_held_until(&self, lock_delay_ms: i64) -> i64 {
         self.deadline_ms.saturating_add(lock_delay_ms)
     }
+
+    /// When what it holds next changes at `now_ms`: the end of a live
+    /// lease, else the end of its lock-delay.
+    fn next_change(&self, lock_delay_ms: i64, now_ms: i64) -> i64 {
+        match self.is_live(now_ms) {
+            true => self.deadline_ms,
+            false => self.grants_held_until(lock_delay_ms),
+        }
+    }
 }
 
-/// When a lease that ended unreleased stops holding its key back
-/// (lock-delay), if it still does at `now_ms`. A released or deleted lock
-/// leaves no value behind, so it holds nothing back.
-pub fn delayed_until(store: &impl LockRead, lock_delay_ms: i64, now_ms: i64) -> Option<i64> {
-    store
-        .stored()
-        .filter(|l| !l.is_live(now_ms))
-        .map(|l| l.grants_held_until(lock_delay_ms))
-        .filter(|&until| until > now_ms)
+/// How a key's holders hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One holder at a time (`LOCK.ACQUIRE` without `SHARED`).
+    Exclusive,
+    /// Any number of holders at once (`SHARED`), at most `limit` when
+    /// given (`LIMIT n`).
+    Shared { limit: Option<u32> },
 }
 
-/// Why a lock leaves its key.
+impl Mode {
+    pub fn is_shared(self) -> bool {
+        matches!(self, Mode::Shared { .. })
+    }
+
+    /// How many holders a key in this mode may have at once, with
+    /// `max_holders` the node's bound (`lock.max-holders-per-key`).
+    pub fn capacity(self, max_holders: usize) -> usize {
+        match self {
+            Mode::Exclusive => 1,
+            Mode::Shared { limit: None } => max_holders,
+            Mode::Shared { limit: Some(n) } => (n as usize).min(max_holders),
+        }
+    }
+}
+
+/// Until when the key's holders keep it from an exclusive grant (live, or
+/// ended unreleased within lock-delay), if they do at `now_ms`: when the
+/// last of them ends as things stand (renewals move it; look again then).
+pub fn occupied_until(store: &impl LockRead, lock_delay_ms: i64, now_ms: i64) -> Option<i64> {
+    holders(store)
+        .filter(|l| now_ms < l.grants_held_until(lock_delay_ms))
+        .map(|l| l.next_change(lock_delay_ms, now_ms))
+        .max()
+}
+
+/// Why a holder leaves its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
-    /// Its holder released it.
+    /// It released it.
     Released,
     /// Its lease had ended: reclaimed (an expiration).
     Ended,
@@ -86,47 +131,94 @@ pub enum Removal {
 /// A key's lock, read: a key opened for reading only implements this
 /// alone, so nothing can be written through it.
 pub trait LockRead {
-    /// The lock stored under the key, live or ended.
-    fn stored(&self) -> Option<Lock<'_>>;
+    /// The key's mode, when it stores a lock (live or ended holders).
+    fn mode(&self) -> Option<Mode>;
 
-    /// The lock if it is held right now.
-    fn live(&self, now_ms: i64) -> Option<Lock<'_>> {
-        self.stored().filter(|l| l.is_live(now_ms))
+    /// The key's `i`-th holder as stored (live or ended), in the order they
+    /// were granted: exactly one when exclusive.
+    fn holder_at(&self, i: usize) -> Option<Lock<'_>>;
+}
+
+/// Every holder stored under a key, live or ended, in grant order.
+pub fn holders<S: LockRead + ?Sized>(store: &S) -> impl Iterator<Item = Lock<'_>> {
+    (0..).map_while(move |i| store.holder_at(i))
+}
+
+/// The key's holder when it is exclusive, live or ended.
+pub fn exclusive<S: LockRead + ?Sized>(store: &S) -> Option<Lock<'_>> {
+    match store.mode() {
+        Some(Mode::Exclusive) => store.holder_at(0),
+        _ => None,
     }
 }
 
-/// The store of one key's lock, plain: read, write, delete a value. The
-/// Redis glue implements it over a key open for writing; the tests over an
-/// `Option`. What a change means (an event, a statistic, a replicated
+/// `token`'s holder when its lease has not ended.
+pub fn holder_of<'s, S: LockRead + ?Sized>(
+    store: &'s S,
+    token: &[u8],
+    now_ms: i64,
+) -> Option<Lock<'s>> {
+    holders(store).find(|l| l.token == token && l.is_live(now_ms))
+}
+
+/// Whether anyone holds the key now.
+pub fn is_held<S: LockRead + ?Sized>(store: &S, now_ms: i64) -> bool {
+    holders(store).any(|l| l.is_live(now_ms))
+}
+
+/// The newest live holder (the only one when exclusive).
+pub fn newest_live<S: LockRead + ?Sized>(store: &S, now_ms: i64) -> Option<Lock<'_>> {
+    holders(store)
+        .filter(|l| l.is_live(now_ms))
+        .max_by_key(|l| l.fence)
+}
+
+/// The store of one key's holders, plain: read, write, delete. The Redis
+/// glue implements it over a key open for writing; the tests over a
+/// `Vec`. What a change means (an event, a statistic, a replicated
 /// effect) is the node's to say (`output`), not the store's.
 pub trait LockStore: LockRead {
-    /// Stores `lock` as the key's value, replacing whatever was there.
-    fn put(&mut self, lock: Lock<'_>);
-    /// The stored lock's lease changes: a new deadline and lease id.
-    fn renew(&mut self, deadline_ms: i64, lease: u64);
-    /// Deletes the key's lock.
-    fn delete(&mut self);
+    /// Stores `lock` as the key's only holder, in `mode`, replacing
+    /// whatever was there.
+    fn put(&mut self, mode: Mode, lock: Lock<'_>);
+    /// A shared key (which stores holders already) gets `lock` as one more
+    /// holder, or as the new state of the holder with its token.
+    fn add(&mut self, lock: Lock<'_>);
+    /// The holder of `token` gets a new deadline and lease id.
+    fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64);
+    /// The key's holders stay, in another mode (an exclusive holder
+    /// downgrading to shared).
+    fn set_mode(&mut self, mode: Mode);
+    /// Removes the holder of `token`; the key goes with its last holder.
+    fn remove(&mut self, token: &[u8]);
+}
+
+/// A holder as the state machine writes it (the lease id is the ledger's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NewHolder<'a> {
+    pub token: &'a [u8],
+    pub fence: i64,
+    pub deadline_ms: i64,
+    pub granted_ms: Option<i64>,
 }
 
 /// A key's lock as the state machine changes it: each change says what it
 /// is, so the node can report it (`output::Recorder` implements this over
 /// a [`LockStore`], with the node's outputs and lease ids).
 pub(crate) trait Ledger: LockRead {
-    /// Installs a new holder, replacing whatever was stored, with a new
-    /// lease id. `replaces_ended`: a lock whose lease had ended was there
-    /// (its expiration is this grant's to report).
-    fn put(
-        &mut self,
-        token: &[u8],
-        fence: i64,
-        deadline_ms: i64,
-        granted_ms: Option<i64>,
-        replaces_ended: bool,
-    );
-    /// Same holder, new deadline and new lease id.
-    fn renew(&mut self, deadline_ms: i64);
-    /// Frees the lock, for the reason given.
-    fn remove(&mut self, why: Removal);
+    /// `holder` becomes the key's only holder, in `mode`, with a new lease
+    /// id. Holders stored before it whose lease had ended are this grant's
+    /// to report as expirations.
+    fn put(&mut self, mode: Mode, holder: NewHolder<'_>);
+    /// One more holder of the shared key, or `holder.token`'s holder
+    /// replaced (a raised fence), with a new lease id.
+    fn add(&mut self, holder: NewHolder<'_>);
+    /// `token`'s holder: new deadline and new lease id.
+    fn renew(&mut self, token: &[u8], deadline_ms: i64);
+    /// An exclusive holder downgrades: the key is shared from now on.
+    fn set_mode(&mut self, mode: Mode);
+    /// `token`'s holder leaves, for the reason given.
+    fn remove(&mut self, token: &[u8], why: Removal);
 }
 
 /// Milliseconds from µs (on the same clock).
@@ -140,7 +232,8 @@ pub enum Acquired {
     Granted(i64),
     /// `token` already held the lock: same fencing token, lease reset.
     Renewed(i64),
-    /// Another token holds the lock.
+    /// It does not fit now: another token holds the key, or lock-delay
+    /// holds it back, or a shared key is full.
     Contended,
 }
 
@@ -151,56 +244,161 @@ pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
         .ok_or(LockError::TtlOverflowsClock)
 }
 
-/// Takes the lock for `token` if it is free or already `token`'s, with
+/// The node's rules for a grant that the state machine applies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rules {
+    /// `lock.lock-delay-ms`: a lease that ended unreleased holds its key
+    /// back this long after its end.
+    pub lock_delay_ms: i64,
+    /// `lock.max-holders-per-key`: no key has more holders at once.
+    pub max_holders: usize,
+}
+
+/// Whether a request fits the key now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fit {
+    /// Its token holds the key already (in its mode, or exclusively when it
+    /// asks `SHARED`: a downgrade): a renewal.
+    Renews,
+    /// A new holder fits now.
+    Fits,
+    /// Not now; look again at this time (ms) at the latest: a lease or a
+    /// lock-delay that holds it back ends then.
+    Busy(i64),
+}
+
+/// Whether `token` asking for the key in `mode` fits it at `now_ms`, or
+/// why not: a limit other than the key's, or an upgrade, is an error.
+pub fn fit(
+    store: &impl LockRead,
+    token: &[u8],
+    mode: Mode,
+    rules: Rules,
+    now_ms: i64,
+) -> Result<Fit, LockError> {
+    let delay = rules.lock_delay_ms;
+    // Holders that keep the key: live, or ended unreleased within their
+    // lock-delay.
+    let occupying = || holders(store).filter(move |l| now_ms < l.grants_held_until(delay));
+    let Some(held_mode) = store.mode().filter(|_| occupying().next().is_some()) else {
+        return Ok(Fit::Fits);
+    };
+    let own = holder_of(store, token, now_ms);
+    match (held_mode, mode) {
+        (Mode::Exclusive, _) if own.is_some() => return Ok(Fit::Renews),
+        (Mode::Shared { .. }, Mode::Exclusive) if own.is_some() => {
+            return Err(LockError::NoUpgrade)
+        }
+        (Mode::Shared { limit: held }, Mode::Shared { limit: asked }) if held != asked => {
+            return Err(LockError::LimitMismatch { held, asked })
+        }
+        (Mode::Shared { .. }, Mode::Shared { .. }) if own.is_some() => return Ok(Fit::Renews),
+        _ => {}
+    }
+    let ends = occupying().map(|l| l.next_change(delay, now_ms));
+    Ok(match (held_mode, mode) {
+        (Mode::Shared { .. }, Mode::Shared { .. })
+            if occupying().count() < mode.capacity(rules.max_holders) =>
+        {
+            Fit::Fits
+        }
+        // A shared key is full: one holder going frees a place.
+        (Mode::Shared { .. }, Mode::Shared { .. }) => Fit::Busy(ends.min().unwrap_or(now_ms)),
+        // Exclusive on either side: every holder must go.
+        _ => Fit::Busy(ends.max().unwrap_or(now_ms)),
+    })
+}
+
+/// Takes the key for `token` in `mode` if that fits (see [`fit`]), with
 /// `MINFENCE min_fence` (0: none): Redlock's quorum fencing, where the
 /// granted token is at least `min_fence` and so is the node's mark, so
-/// every later grant exceeds it. Whether a free lock may be granted now
-/// (restart delay, eviction, memory) is the node's decision
-/// (`node::Node::acquire`), made before this is called.
+/// every later grant exceeds it. Whether a new holder may be granted now
+/// (restart delay, eviction, memory, waiters in line) is the node's
+/// decision (`node::Node::acquire`), made before this is called.
 ///
 /// A holder that asks for a `min_fence` above its own token gets a *fresh*
 /// token, `max(mark + 1, min_fence)`: never a token another lock already
 /// holds (the mark may be above `min_fence` already), and exactly
 /// `min_fence` when nothing above it was issued here, so Redlock's second
 /// phase gives the granting nodes one token. A contended or refused ACQUIRE
-/// changes nothing, the mark included.
+/// changes nothing, the mark included; every check and every fence is
+/// done before the first write.
 #[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
 pub fn acquire(
     store: &mut impl Ledger,
     fences: &mut impl FenceSource,
     token: &[u8],
+    mode: Mode,
     ttl_ms: i64,
     min_fence: i64,
-    lock_delay_ms: i64,
+    rules: Rules,
     now: Now,
 ) -> Result<Acquired, LockError> {
     let now_ms = now.mono_ms();
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    match store.live(now_ms) {
-        Some(held) if held.token == token => {
-            if min_fence > held.fence {
-                let granted_ms = held.granted_ms;
-                let fence = raised_fence(fences, min_fence, now.wall_us)?;
-                store.put(token, fence, deadline_ms, granted_ms, false);
-                return Ok(Acquired::Renewed(fence));
+    match fit(store, token, mode, rules, now_ms)? {
+        Fit::Busy(_) => Ok(Acquired::Contended),
+        Fit::Renews => {
+            let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
+            let (fence, granted_ms) = (held.fence, held.granted_ms);
+            let raised = match min_fence > fence {
+                true => Some(raised_fence(fences, min_fence, now.wall_us)?),
+                false => None,
+            };
+            if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
+                store.set_mode(mode);
             }
-            let fence = held.fence;
-            store.renew(deadline_ms);
-            Ok(Acquired::Renewed(fence))
+            let holder = |fence| NewHolder {
+                token,
+                fence,
+                deadline_ms,
+                granted_ms,
+            };
+            match (raised, store.mode()) {
+                (Some(fence), Some(Mode::Exclusive)) => store.put(Mode::Exclusive, holder(fence)),
+                (Some(fence), _) => store.add(holder(fence)),
+                (None, _) => store.renew(token, deadline_ms),
+            }
+            Ok(Acquired::Renewed(raised.unwrap_or(fence)))
         }
-        Some(_) => Ok(Acquired::Contended),
-        None if delayed_until(store, lock_delay_ms, now_ms).is_some() => Ok(Acquired::Contended),
-        None => {
+        Fit::Fits => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;
-            let replaces_ended = store.stored().is_some();
-            store.put(token, fence, deadline_ms, Some(now_ms), replaces_ended);
+            grant(store, mode, token, fence, deadline_ms, rules, now_ms);
             Ok(Acquired::Granted(fence))
         }
     }
 }
 
-/// Grants a free key to `token` with a `fence` drawn already (one fence
-/// for several keys: `LOCK.ACQUIREALL`). The caller checked the key free.
+/// A new holder of a key it fits (checked by the caller): the key's only
+/// one, or one more of a shared key, whose holders that ended past their
+/// lock-delay leave first (expirations).
+fn grant(
+    store: &mut impl Ledger,
+    mode: Mode,
+    token: &[u8],
+    fence: i64,
+    deadline_ms: i64,
+    rules: Rules,
+    now_ms: i64,
+) {
+    let holder = NewHolder {
+        token,
+        fence,
+        deadline_ms,
+        granted_ms: Some(now_ms),
+    };
+    let occupied = holders(store).any(|l| now_ms < l.grants_held_until(rules.lock_delay_ms));
+    if mode.is_shared() && occupied {
+        reclaim(store, rules.lock_delay_ms, now_ms);
+        store.add(holder);
+    } else {
+        store.put(mode, holder);
+    }
+}
+
+/// Grants a free key exclusively to `token` with a `fence` drawn already
+/// (one fence for several keys: `LOCK.ACQUIREALL`). The caller checked the
+/// key free.
 pub(crate) fn grant_with_fence(
     store: &mut impl Ledger,
     token: &[u8],
@@ -209,8 +407,13 @@ pub(crate) fn grant_with_fence(
     now_ms: i64,
 ) -> Result<(), LockError> {
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    let replaces_ended = store.stored().is_some();
-    store.put(token, fence, deadline_ms, Some(now_ms), replaces_ended);
+    let holder = NewHolder {
+        token,
+        fence,
+        deadline_ms,
+        granted_ms: Some(now_ms),
+    };
+    store.put(Mode::Exclusive, holder);
     Ok(())
 }
 
@@ -237,30 +440,34 @@ pub(crate) fn fresh_fence(
     fences.next_fence(now_us)
 }
 
-/// True when `token` held the lock and it is now free.
+/// True when `token` held the key and has let go of it.
 pub fn release(store: &mut impl Ledger, token: &[u8], now_ms: i64) -> bool {
-    let held = store.live(now_ms).is_some_and(|l| l.token == token);
+    let held = holder_of(store, token, now_ms).is_some();
     if held {
-        store.remove(Removal::Released);
+        store.remove(token, Removal::Released);
     }
     held
 }
 
-/// Removes the lock if its lease has ended and its lock-delay passed (an
-/// expiration): kept until then, it holds the key back across restarts
-/// too. True if it did.
+/// Removes every holder whose lease has ended and whose lock-delay passed
+/// (expirations): kept until then, it holds the key back across restarts
+/// too. True if it removed any.
 pub fn reclaim(store: &mut impl Ledger, lock_delay_ms: i64, now_ms: i64) -> bool {
-    let ended = store
-        .stored()
-        .is_some_and(|l| now_ms >= l.grants_held_until(lock_delay_ms));
-    if ended {
-        store.remove(Removal::Ended);
+    let mut any = false;
+    loop {
+        let ended = holders(store)
+            .find(|l| now_ms >= l.grants_held_until(lock_delay_ms))
+            .map(|l| l.token.to_vec());
+        let Some(token) = ended else {
+            return any;
+        };
+        store.remove(&token, Removal::Ended);
+        any = true;
     }
-    ended
 }
 
-/// True when `token` holds the lock; its lease then ends `ttl_ms` from now.
-/// An expired lock is never revived.
+/// True when `token` holds the key; its lease then ends `ttl_ms` from now.
+/// An ended lease is never revived.
 pub fn extend(
     store: &mut impl Ledger,
     token: &[u8],
@@ -268,32 +475,37 @@ pub fn extend(
     now_ms: i64,
 ) -> Result<bool, LockError> {
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    let held = store.live(now_ms).is_some_and(|l| l.token == token);
+    let held = holder_of(store, token, now_ms).is_some();
     if held {
-        store.renew(deadline_ms);
+        store.renew(token, deadline_ms);
     }
     Ok(held)
 }
 
-/// The holder's fencing token; with `token`, only if `token` is the holder.
+/// With `token`, its fencing token while it holds the key; without, the
+/// holder's (the newest holder's when the key is shared).
 pub fn fence(store: &impl LockRead, token: Option<&[u8]>, now_ms: i64) -> Option<i64> {
-    store
-        .live(now_ms)
-        .filter(|l| token.is_none_or(|t| l.token == t))
-        .map(|l| l.fence)
+    match token {
+        Some(token) => holder_of(store, token, now_ms).map(|l| l.fence),
+        None => newest_live(store, now_ms).map(|l| l.fence),
+    }
 }
 
 /// Takes back a grant whose reply never reached its client (it went away
-/// between the hand-off and the reply): frees the lock only if it is still
-/// exactly that lease, not renewed or re-granted since. True if it did.
+/// between the hand-off and the reply): removes that holder only if it is
+/// still exactly that lease, not renewed or re-granted since. True if it
+/// did.
 pub fn take_back(store: &mut impl Ledger, fence: i64, lease: u64, now_ms: i64) -> bool {
-    let same = store
-        .live(now_ms)
-        .is_some_and(|l| l.fence == fence && l.lease == lease);
-    if same {
-        store.remove(Removal::TakenBack);
+    let same = holders(store)
+        .find(|l| l.is_live(now_ms) && l.fence == fence && l.lease == lease)
+        .map(|l| l.token.to_vec());
+    match same {
+        Some(token) => {
+            store.remove(&token, Removal::TakenBack);
+            true
+        }
+        None => false,
     }
-    same
 }
 
 #[cfg(test)]
@@ -310,87 +522,160 @@ pub mod tests {
         pub granted_ms: Option<i64>,
     }
 
-    /// A key's store over a plain Option; as a [`Ledger`] (the state
-    /// machine's tests), lease ids from its own counter.
+    /// A key's store over a plain `Vec` of holders; as a [`Ledger`] (the
+    /// state machine's tests), lease ids from its own counter.
     #[derive(Default)]
     pub struct MemStore {
-        pub lock: Option<Stored>,
+        pub mode: Option<Mode>,
+        pub holders: Vec<Stored>,
         pub next_lease: u64,
-        /// Why locks left, in order (the reasons the store was told).
+        /// Why holders left, in order (the reasons the store was told).
         pub removed: Vec<Removal>,
     }
 
-    impl LockRead for MemStore {
-        fn stored(&self) -> Option<Lock<'_>> {
-            self.lock.as_ref().map(|s| Lock {
+    impl MemStore {
+        /// The first holder stored (the only one when exclusive).
+        pub fn lock(&self) -> Option<&Stored> {
+            self.holders.first()
+        }
+
+        /// Empties the key (as a DEL does).
+        pub fn clear(&mut self) {
+            self.mode = None;
+            self.holders.clear();
+        }
+
+        fn stored(s: &Stored) -> Lock<'_> {
+            Lock {
                 fence: s.fence,
                 deadline_ms: s.deadline_ms,
                 token: &s.token,
                 granted_ms: s.granted_ms,
                 lease: s.lease,
-            })
+            }
         }
-    }
 
-    impl LockStore for MemStore {
-        fn put(&mut self, lock: Lock<'_>) {
-            self.lock = Some(Stored {
+        fn owned(lock: Lock<'_>) -> Stored {
+            Stored {
                 fence: lock.fence,
                 deadline_ms: lock.deadline_ms,
                 token: lock.token.to_vec(),
                 lease: lock.lease,
                 granted_ms: lock.granted_ms,
-            });
+            }
         }
-        fn renew(&mut self, deadline_ms: i64, lease: u64) {
-            let lock = self.lock.as_mut().expect("renew of a stored lock");
-            lock.deadline_ms = deadline_ms;
-            lock.lease = lease;
+
+        fn lease(&mut self) -> u64 {
+            self.next_lease += 1;
+            self.next_lease
         }
-        fn delete(&mut self) {
-            self.lock = None;
+    }
+
+    impl LockRead for MemStore {
+        fn mode(&self) -> Option<Mode> {
+            self.mode.filter(|_| !self.holders.is_empty())
+        }
+        fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+            self.holders.get(i).map(MemStore::stored)
+        }
+    }
+
+    impl LockStore for MemStore {
+        fn put(&mut self, mode: Mode, lock: Lock<'_>) {
+            self.mode = Some(mode);
+            self.holders = vec![MemStore::owned(lock)];
+        }
+        fn add(&mut self, lock: Lock<'_>) {
+            assert!(
+                matches!(self.mode, Some(Mode::Shared { .. })),
+                "add to a shared key"
+            );
+            match self.holders.iter_mut().find(|h| h.token == lock.token) {
+                Some(h) => *h = MemStore::owned(lock),
+                None => self.holders.push(MemStore::owned(lock)),
+            }
+        }
+        fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
+            let h = self
+                .holders
+                .iter_mut()
+                .find(|h| h.token == token)
+                .expect("renew of a stored holder");
+            h.deadline_ms = deadline_ms;
+            h.lease = lease;
+        }
+        fn set_mode(&mut self, mode: Mode) {
+            assert!(!self.holders.is_empty(), "a mode for a stored key");
+            self.mode = Some(mode);
+        }
+        fn remove(&mut self, token: &[u8]) {
+            self.holders.retain(|h| h.token != token);
+            if self.holders.is_empty() {
+                self.mode = None;
+            }
         }
     }
 
     /// The state machine's tests write through the store directly, with
-    /// lease ids from `next_lease`, remembering why locks left.
+    /// lease ids from `next_lease`, remembering why holders left.
     impl Ledger for MemStore {
-        fn put(
-            &mut self,
-            token: &[u8],
-            fence: i64,
-            deadline_ms: i64,
-            granted_ms: Option<i64>,
-            replaces_ended: bool,
-        ) {
-            assert!(
-                !replaces_ended || self.lock.is_some(),
-                "told what it replaces"
-            );
-            self.next_lease += 1;
-            let lease = self.next_lease;
-            LockStore::put(
-                self,
-                Lock {
-                    fence,
-                    deadline_ms,
-                    token,
-                    granted_ms,
-                    lease,
-                },
-            );
+        fn put(&mut self, mode: Mode, h: NewHolder<'_>) {
+            let lease = self.lease();
+            let lock = Lock {
+                fence: h.fence,
+                deadline_ms: h.deadline_ms,
+                token: h.token,
+                granted_ms: h.granted_ms,
+                lease,
+            };
+            LockStore::put(self, mode, lock);
         }
-        fn renew(&mut self, deadline_ms: i64) {
-            self.next_lease += 1;
-            LockStore::renew(self, deadline_ms, self.next_lease);
+        fn add(&mut self, h: NewHolder<'_>) {
+            let lease = self.lease();
+            let lock = Lock {
+                fence: h.fence,
+                deadline_ms: h.deadline_ms,
+                token: h.token,
+                granted_ms: h.granted_ms,
+                lease,
+            };
+            LockStore::add(self, lock);
         }
-        fn remove(&mut self, why: Removal) {
-            self.lock = None;
+        fn renew(&mut self, token: &[u8], deadline_ms: i64) {
+            let lease = self.lease();
+            LockStore::renew(self, token, deadline_ms, lease);
+        }
+        fn set_mode(&mut self, mode: Mode) {
+            LockStore::set_mode(self, mode);
+        }
+        fn remove(&mut self, token: &[u8], why: Removal) {
+            LockStore::remove(self, token);
             self.removed.push(why);
         }
     }
 
     const T0: i64 = 1_700_000_000_000;
+    const EX: Mode = Mode::Exclusive;
+
+    /// [`super::acquire`] with lock-delay `delay_ms` and a bound of 100
+    /// holders per key.
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        store: &mut MemStore,
+        fences: &mut FenceCounter,
+        token: &[u8],
+        mode: Mode,
+        ttl_ms: i64,
+        min_fence: i64,
+        delay_ms: i64,
+        now: Now,
+    ) -> Result<Acquired, LockError> {
+        let rules = Rules {
+            lock_delay_ms: delay_ms,
+            max_holders: 100,
+        };
+        super::acquire(store, fences, token, mode, ttl_ms, min_fence, rules, now)
+    }
 
     /// `now_ms` as the µs the engine takes.
     fn us(now_ms: i64) -> i64 {
@@ -402,13 +687,22 @@ pub mod tests {
     }
 
     fn deadline_of(store: &MemStore) -> i64 {
-        store.lock.as_ref().unwrap().deadline_ms
+        store.lock().unwrap().deadline_ms
     }
 
     #[test]
     fn first_acquire_grants_with_a_clock_fence_and_absolute_deadline() {
         let (mut store, mut fences) = fixture();
-        let got = acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0)));
+        let got = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        );
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
         assert_eq!(deadline_of(&store), T0 + 100);
     }
@@ -416,12 +710,23 @@ pub mod tests {
     #[test]
     fn the_grant_time_is_set_by_a_grant_and_kept_by_renewals() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
-        assert_eq!(store.lock.as_ref().unwrap().granted_ms, Some(T0));
         acquire(
             &mut store,
             &mut fences,
             b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
+        assert_eq!(store.lock().unwrap().granted_ms, Some(T0));
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
             100,
             0,
             0,
@@ -433,6 +738,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"a",
+            EX,
             100,
             us(T0) + 9,
             0,
@@ -444,7 +750,7 @@ pub mod tests {
             "a fresh token, exactly MINFENCE"
         );
         assert_eq!(
-            store.lock.as_ref().unwrap().granted_ms,
+            store.lock().unwrap().granted_ms,
             Some(T0),
             "renewals keep it"
         );
@@ -453,24 +759,36 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             0,
             0,
             Now::same(us(T0 + 90)),
         )
         .unwrap();
-        assert_eq!(store.lock.as_ref().unwrap().granted_ms, Some(T0 + 90));
+        assert_eq!(store.lock().unwrap().granted_ms, Some(T0 + 90));
     }
 
     #[test]
     fn same_token_gets_same_fence_and_a_fresh_lease() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
-        let lease = store.lock.as_ref().unwrap().lease;
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
+        let lease = store.lock().unwrap().lease;
         let again = acquire(
             &mut store,
             &mut fences,
             b"a",
+            EX,
             500,
             0,
             0,
@@ -479,17 +797,28 @@ pub mod tests {
         assert_eq!(again, Ok(Acquired::Renewed(us(T0))));
         assert_eq!(deadline_of(&store), T0 + 550);
         assert_eq!(fences.hwm(), us(T0), "a renewal issues no token");
-        assert_ne!(store.lock.as_ref().unwrap().lease, lease, "new lease id");
+        assert_ne!(store.lock().unwrap().lease, lease, "new lease id");
     }
 
     #[test]
     fn other_token_is_contended_until_the_instant_the_lease_ends() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         let busy = acquire(
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             0,
             0,
@@ -500,6 +829,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             0,
             0,
@@ -511,25 +841,55 @@ pub mod tests {
     #[test]
     fn release_only_by_the_live_holder() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert!(!release(&mut store, b"b", T0 + 1));
-        assert!(store.lock.is_some());
+        assert!(store.lock().is_some());
         assert!(release(&mut store, b"a", T0 + 1));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
         assert!(!release(&mut store, b"a", T0 + 2), "already free");
     }
 
     #[test]
     fn release_after_expiry_is_zero() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert!(!release(&mut store, b"a", T0 + 100));
     }
 
     #[test]
     fn extend_renews_the_holder_and_never_revives() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert_eq!(extend(&mut store, b"b", 1000, T0 + 10), Ok(false));
         assert_eq!(extend(&mut store, b"a", 1000, T0 + 10), Ok(true));
         assert_eq!(deadline_of(&store), T0 + 1010);
@@ -541,7 +901,17 @@ pub mod tests {
     fn fence_reads_the_live_holder_only() {
         let (mut store, mut fences) = fixture();
         assert_eq!(fence(&store, None, T0), None);
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert_eq!(fence(&store, None, T0), Some(us(T0)));
         assert_eq!(fence(&store, Some(b"a"), T0), Some(us(T0)));
         assert_eq!(fence(&store, Some(b"b"), T0), None);
@@ -554,9 +924,16 @@ pub mod tests {
         let mut last = 0;
         for i in 0..10 {
             let now = T0 + (i / 3) * 1000;
-            let Ok(Acquired::Granted(f)) =
-                acquire(&mut store, &mut fences, b"x", 10, 0, 0, Now::same(us(now)))
-            else {
+            let Ok(Acquired::Granted(f)) = acquire(
+                &mut store,
+                &mut fences,
+                b"x",
+                EX,
+                10,
+                0,
+                0,
+                Now::same(us(now)),
+            ) else {
                 panic!("expected a grant");
             };
             assert!(f > last);
@@ -572,26 +949,38 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"a",
+            EX,
             i64::MAX,
             0,
             0,
             Now::same(us(T0)),
         );
         assert_eq!(got, Err(LockError::TtlOverflowsClock));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
         assert_eq!(fences.hwm(), 0);
     }
 
     #[test]
     fn take_back_removes_only_the_very_lease_it_granted() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
-        let granted = store.lock.clone().unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
+        let granted = store.lock().cloned().unwrap();
         // The same token renews on another connection before the take-back.
         acquire(
             &mut store,
             &mut fences,
             b"a",
+            EX,
             100,
             0,
             0,
@@ -599,37 +988,71 @@ pub mod tests {
         )
         .unwrap();
         assert!(!take_back(&mut store, granted.fence, granted.lease, T0 + 2));
-        assert!(store.lock.is_some(), "the renewed lease stays");
-        let renewed = store.lock.clone().unwrap();
+        assert!(store.lock().is_some(), "the renewed lease stays");
+        let renewed = store.lock().cloned().unwrap();
         assert!(take_back(&mut store, renewed.fence, renewed.lease, T0 + 2));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
     }
 
     #[test]
     fn min_fence_raises_a_grant_and_every_later_one() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         let n = us(T0) + 5_000_000;
-        let got = acquire(&mut store, &mut fences, b"a", 100, n, 0, Now::same(us(T0)));
+        let got = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            n,
+            0,
+            Now::same(us(T0)),
+        );
         assert_eq!(got, Ok(Acquired::Granted(n)));
         assert!(fences.hwm() >= n);
         release(&mut store, b"a", T0);
-        let next = acquire(&mut store, &mut fences, b"b", 100, 0, 0, Now::same(us(T0)));
+        let next = acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        );
         assert_eq!(next, Ok(Acquired::Granted(n + 1)));
     }
 
     #[test]
     fn min_fence_below_the_next_token_changes_nothing_about_it() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let got = acquire(&mut store, &mut fences, b"a", 100, 3, 0, Now::same(us(T0)));
+        let got = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            3,
+            0,
+            Now::same(us(T0)),
+        );
         assert_eq!(got, Ok(Acquired::Granted(us(T0))));
     }
 
     #[test]
     fn min_fence_raises_the_holders_own_token_and_renews() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let Ok(Acquired::Granted(first)) =
-            acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0)))
-        else {
+        let Ok(Acquired::Granted(first)) = acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        ) else {
             panic!()
         };
         let t = first + 1_000_000;
@@ -637,6 +1060,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"a",
+            EX,
             500,
             t,
             0,
@@ -654,6 +1078,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"a",
+            EX,
             100,
             t - 7,
             0,
@@ -665,12 +1090,23 @@ pub mod tests {
     #[test]
     fn a_contended_or_refused_min_fence_changes_nothing() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
-        let (before_slot, before_hwm) = (store.lock.clone(), fences.hwm());
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
+        let (before_slot, before_hwm) = (store.lock().cloned(), fences.hwm());
         let busy = acquire(
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             i64::MAX / 2,
             0,
@@ -681,6 +1117,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"a",
+            EX,
             100,
             i64::MAX,
             0,
@@ -688,7 +1125,7 @@ pub mod tests {
         );
         assert!(matches!(huge, Err(LockError::BadFence(_))));
         assert_eq!(
-            (store.lock.clone(), fences.hwm()),
+            (store.lock().cloned(), fences.hwm()),
             (before_slot, before_hwm)
         );
     }
@@ -699,20 +1136,41 @@ pub mod tests {
     fn min_fence_never_hands_out_a_token_another_lock_holds() {
         let mut fences = FenceCounter::default();
         let (mut a, mut b) = (MemStore::default(), MemStore::default());
-        let Ok(Acquired::Granted(fa)) =
-            acquire(&mut a, &mut fences, b"A", 60_000, 0, 0, Now::same(us(T0)))
-        else {
+        let Ok(Acquired::Granted(fa)) = acquire(
+            &mut a,
+            &mut fences,
+            b"A",
+            EX,
+            60_000,
+            0,
+            0,
+            Now::same(us(T0)),
+        ) else {
             panic!()
         };
-        let Ok(Acquired::Granted(fb)) =
-            acquire(&mut b, &mut fences, b"B", 60_000, 0, 0, Now::same(us(T0)))
-        else {
+        let Ok(Acquired::Granted(fb)) = acquire(
+            &mut b,
+            &mut fences,
+            b"B",
+            EX,
+            60_000,
+            0,
+            0,
+            Now::same(us(T0)),
+        ) else {
             panic!()
         };
         assert!(fb > fa);
-        let Ok(Acquired::Renewed(raised)) =
-            acquire(&mut a, &mut fences, b"A", 60_000, fb, 0, Now::same(us(T0)))
-        else {
+        let Ok(Acquired::Renewed(raised)) = acquire(
+            &mut a,
+            &mut fences,
+            b"A",
+            EX,
+            60_000,
+            fb,
+            0,
+            Now::same(us(T0)),
+        ) else {
             panic!()
         };
         assert!(raised > fb, "fresh and at least MINFENCE: {raised} vs {fb}");
@@ -723,9 +1181,19 @@ pub mod tests {
     #[test]
     fn an_ended_lock_is_reclaimed_once_and_a_live_one_never() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert!(!reclaim(&mut store, 0, T0 + 99));
-        assert!(store.lock.is_some());
+        assert!(store.lock().is_some());
         assert!(reclaim(&mut store, 0, T0 + 100));
         assert!(!reclaim(&mut store, 0, T0 + 100));
         assert_eq!(store.removed, vec![Removal::Ended]);
@@ -734,19 +1202,30 @@ pub mod tests {
     #[test]
     fn the_store_is_told_why_a_lock_leaves() {
         let (mut store, mut fences) = fixture();
-        acquire(&mut store, &mut fences, b"a", 100, 0, 0, Now::same(us(T0))).unwrap();
+        acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            EX,
+            100,
+            0,
+            0,
+            Now::same(us(T0)),
+        )
+        .unwrap();
         assert!(release(&mut store, b"a", T0 + 1));
         acquire(
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             0,
             0,
             Now::same(us(T0 + 2)),
         )
         .unwrap();
-        let held = store.lock.clone().unwrap();
+        let held = store.lock().cloned().unwrap();
         assert!(take_back(&mut store, held.fence, held.lease, T0 + 3));
         assert_eq!(store.removed, vec![Removal::Released, Removal::TakenBack]);
     }
@@ -761,7 +1240,7 @@ pub mod tests {
             wall_us: (mono_ms + wall_step_ms) * 1000,
         };
         let Ok(Acquired::Granted(f1)) =
-            acquire(&mut store, &mut fences, b"a", 20_000, 0, 0, at(T0, 0))
+            acquire(&mut store, &mut fences, b"a", EX, 20_000, 0, 0, at(T0, 0))
         else {
             panic!()
         };
@@ -770,6 +1249,7 @@ pub mod tests {
             &mut store,
             &mut fences,
             b"b",
+            EX,
             20_000,
             0,
             0,
@@ -777,12 +1257,13 @@ pub mod tests {
         );
         assert_eq!(busy, Ok(Acquired::Contended));
         // -1 h: the lease still ends on time, and the next token is larger.
-        assert!(store.live(T0 + 19_999).is_some());
-        assert!(store.live(T0 + 20_000).is_none());
+        assert!(is_held(&store, T0 + 19_999));
+        assert!(!is_held(&store, T0 + 20_000));
         let Ok(Acquired::Granted(f2)) = acquire(
             &mut store,
             &mut fences,
             b"b",
+            EX,
             100,
             0,
             0,

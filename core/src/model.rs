@@ -36,7 +36,7 @@ use proptest::prelude::*;
 
 use super::error::LockError;
 use super::lock::tests::{MemStore, Stored};
-use super::lock::LockRead;
+use super::lock::{self, Mode};
 use super::node::{
     Acquire, AcquireRequest, Admission, Conditions, Keyspace, Limits, Node, Served, RETRY_MS,
 };
@@ -685,13 +685,17 @@ impl Reference {
                 },
                 None => Told::Nil,
             },
+            // Held back by lock-delay: as while it was held.
+            None if self.delayed(key, now) => match r.block {
+                Some(timeout) => match self.refuse_new_holder(&r.token) {
+                    Some(err) => error(err),
+                    None => self.enqueue(client, &[key], r, timeout, now),
+                },
+                None => Told::Nil,
+            },
             None if self.refuse_new_holder(&r.token).is_some() => {
                 error(self.refuse_new_holder(&r.token).unwrap())
             }
-            None if self.delayed(key, now) => match r.block {
-                Some(timeout) => self.enqueue(client, &[key], r, timeout, now),
-                None => Told::Nil,
-            },
             None => match (self.paused(now), r.block) {
                 (0, Some(timeout)) if self.has_line(key) => {
                     self.enqueue(client, &[key], r, timeout, now)
@@ -865,6 +869,7 @@ impl Harness {
         let decided = self.with_store(key, |node, store, denied| {
             let req = AcquireRequest {
                 token: &r.token,
+                mode: Mode::Exclusive,
                 ttl_ms: r.ttl,
                 block_ms: r.block,
                 min_fence: r.min_fence,
@@ -919,7 +924,7 @@ impl Harness {
             match output {
                 Output::Wake(wake) => d.wakes.push(*wake),
                 Output::Changed(key) => {
-                    let now = self.stores.get(&key).and_then(|s| s.lock.clone());
+                    let now = self.stores.get(&key).and_then(|s| s.lock().cloned());
                     self.replicated.insert(key, now);
                 }
                 Output::Event(key, Event::Release) => d.released.push(key),
@@ -1054,7 +1059,7 @@ fn check_wakes(
             let mut grants = Vec::new();
             for (&key, lease) in keys.iter().zip(leases) {
                 grants.push((key, fence, lease));
-                let held = h.stores.get(&key).and_then(|s| s.live(now));
+                let held = h.stores.get(&key).and_then(|s| lock::newest_live(s, now));
                 if released.iter().any(|(k, t)| *k == key && t == &token) {
                     continue;
                 }
@@ -1204,6 +1209,7 @@ fn run(ops: &[Op]) {
                         keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
                     let req = AcquireRequest {
                         token: &r.token,
+                        mode: Mode::Exclusive,
                         ttl_ms: ttl,
                         block_ms: block,
                         min_fence,
@@ -1548,9 +1554,7 @@ fn run(ops: &[Op]) {
                     let admit = &mut |c: u8| !denied.contains(&c);
                     store.is_ok_and(|s| {
                         let delay = node.limits().lock_delay_ms;
-                        let ended = s
-                            .stored()
-                            .is_some_and(|l| now >= l.grants_held_until(delay));
+                        let ended = lock::holders(s).any(|l| now >= l.grants_held_until(delay));
                         let reclaimed = node.reclaim(&key, s, cond, admit, at);
                         assert_eq!(reclaimed, ended && acts_alone);
                         reclaimed
@@ -1617,7 +1621,7 @@ fn run(ops: &[Op]) {
             let engine_lock = h
                 .stores
                 .get(&key)
-                .and_then(|s| s.live(now))
+                .and_then(|s| lock::newest_live(s, now))
                 .map(|l| (l.token.to_vec(), l.fence, l.deadline_ms));
             let model_lock = model
                 .live(key, now)
@@ -1659,7 +1663,7 @@ fn run(ops: &[Op]) {
         // Every change the node made reached the replica: its keys are
         // this node's, ended locks included.
         for key in 0..KEYS {
-            let here = h.stores.get(&key).and_then(|s| s.lock.clone());
+            let here = h.stores.get(&key).and_then(|s| s.lock().cloned());
             let there = h.replicated.get(&key).cloned().flatten();
             assert_eq!(here, there, "step {step} {op:?}: replica of key {key}");
         }

@@ -31,7 +31,7 @@ use crate::codec;
 use crate::error::{LockError, NotHeld};
 use crate::fence::{self, FenceCounter};
 use crate::guarded;
-use crate::lock::{self, Acquired, Lock, LockRead, LockStore};
+use crate::lock::{self, Acquired, Fit, Lock, LockRead, LockStore, Mode, NewHolder, Rules};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
 use crate::waiters::{Group, HeldBack, Outcome, Request, Turn, WaiterId, Waiters, Wake};
@@ -58,6 +58,9 @@ pub struct Limits {
     /// `lock.lock-delay-ms`: after a lease ends without a release, no grant
     /// of its key for this long.
     pub lock_delay_ms: i64,
+    /// The most holders one shared key has at once (a `LIMIT` above it is
+    /// capped to it).
+    pub max_holders_per_key: usize,
 }
 
 impl Default for Limits {
@@ -74,11 +77,20 @@ impl Default for Limits {
             restart_delay_ms: RESTART_DELAY_MS.default_value(),
             allow_eviction: ALLOW_EVICTION.default_value() != 0,
             lock_delay_ms: LOCK_DELAY_MS.default_value(),
+            max_holders_per_key: crate::limits::DEFAULT_MAX_HOLDERS_PER_KEY,
         }
     }
 }
 
 impl Limits {
+    /// What the state machine applies to a grant.
+    pub fn rules(&self) -> Rules {
+        Rules {
+            lock_delay_ms: self.lock_delay_ms,
+            max_holders: self.max_holders_per_key,
+        }
+    }
+
     /// The longest lease a grant, renewal or extension may carry now: one
     /// rule for ACQUIRE, EXTEND and every hand-off.
     pub fn check_ttl(&self, ttl_ms: i64) -> Result<(), LockError> {
@@ -212,6 +224,8 @@ pub trait Keyspace<K, C> {
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
     pub token: &'a [u8],
+    /// Exclusive, or `SHARED [LIMIT n]`.
+    pub mode: Mode,
     pub ttl_ms: i64,
     /// BLOCK timeout-ms (0: no timeout); None without BLOCK.
     pub block_ms: Option<i64>,
@@ -241,6 +255,7 @@ pub struct WaitTicket<K> {
     /// A multi-key waiter's other keys.
     also: Box<[K]>,
     token: Box<[u8]>,
+    mode: Mode,
     ttl_ms: i64,
     timeout_ms: i64,
     min_fence: i64,
@@ -419,29 +434,25 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         let now_ms = now.mono_ms();
         // Decide before writing: a contended ACQUIRE changes nothing (it
         // would abort other clients' WATCH).
-        let check_at_ms = match store.live(now_ms) {
-            Some(held) if held.token == req.token => None,
-            Some(held) => Some(held.deadline_ms),
-            None => {
+        let rules = self.limits.rules();
+        let check_at_ms = match lock::fit(store, req.token, req.mode, rules, now_ms)? {
+            Fit::Renews => None,
+            // Held, or held back by lock-delay, or a full shared key: a
+            // waiter is looked at again when that ends, an ACQUIRE without
+            // BLOCK answered nil.
+            Fit::Busy(until) => Some(until),
+            Fit::Fits => {
                 self.limits.check_new_holder(req.token, cond)?;
-                // A lease that ended unreleased holds the key back first
-                // (lock-delay): a waiter is looked at again when it ends,
-                // an ACQUIRE without BLOCK is refused as while it was held.
-                match (
-                    lock::delayed_until(store, self.limits.lock_delay_ms, now_ms),
-                    self.grants_paused_ms(now_ms),
-                ) {
-                    (Some(until), _) => Some(until),
-                    // A multi-key waiter first in line, waiting for its
-                    // other keys: nobody passes it.
-                    (None, 0) if self.waiters.waiting_on(key) > 0 => Some(now_ms),
-                    (None, 0) => None,
-                    (None, paused)
-                        if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) =>
-                    {
+                match self.grants_paused_ms(now_ms) {
+                    // Anyone in line (a multi-key waiter waiting for its
+                    // other keys, a writer that shared holders keep out):
+                    // nobody passes them.
+                    0 if self.waiters.waiting_on(key) > 0 => Some(now_ms),
+                    0 => None,
+                    paused if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) => {
                         Some(now_ms.saturating_add(paused))
                     }
-                    (None, paused) => return Err(LockError::GrantsPaused(paused)),
+                    paused => return Err(LockError::GrantsPaused(paused)),
                 }
             }
         };
@@ -457,6 +468,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                         key: key.clone(),
                         also: Box::default(),
                         token: req.token.into(),
+                        mode: req.mode,
                         ttl_ms: req.ttl_ms,
                         timeout_ms,
                         min_fence: req.min_fence,
@@ -478,9 +490,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             &mut ledger,
             &mut self.fences,
             req.token,
+            req.mode,
             req.ttl_ms,
             req.min_fence,
-            self.limits.lock_delay_ms,
+            rules,
             now,
         )?;
         Ok(match acquired {
@@ -571,9 +584,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         }
         let delay = self.limits.lock_delay_ms;
         let busy = keys.iter().zip(stores.iter()).any(|(key, store)| {
-            store.live(now_ms).is_some()
-                || lock::delayed_until(store, delay, now_ms).is_some()
-                || self.waiters.waiting_on(key) > 0
+            lock::occupied_until(store, delay, now_ms).is_some() || self.waiters.waiting_on(key) > 0
         });
         let block = req
             .block_ms
@@ -596,6 +607,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 key: keys[0].clone(),
                 also: keys[1..].into(),
                 token: req.token.into(),
+                mode: Mode::Exclusive,
                 ttl_ms: req.ttl_ms,
                 timeout_ms,
                 min_fence: req.min_fence,
@@ -662,11 +674,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
             let mut ledger = self.ledger(key, store, now_ms);
             match raised {
-                Some(new_fence) => {
-                    let granted = ledger.stored().and_then(|l| l.granted_ms);
-                    lock::Ledger::put(&mut ledger, token, new_fence, deadline_ms, granted, false);
+                Some(fence) => {
+                    let granted_ms = lock::exclusive(&ledger).and_then(|l| l.granted_ms);
+                    let holder = NewHolder {
+                        token,
+                        fence,
+                        deadline_ms,
+                        granted_ms,
+                    };
+                    lock::Ledger::put(&mut ledger, Mode::Exclusive, holder);
                 }
-                None => lock::Ledger::renew(&mut ledger, deadline_ms),
+                None => lock::Ledger::renew(&mut ledger, token, deadline_ms),
             }
             self.waiters.schedule(key, deadline_ms);
         }
@@ -677,6 +695,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     pub fn enqueue(&mut self, ticket: WaitTicket<K>, client: C) -> Result<(), LockError> {
         let request = Request {
             token: &ticket.token,
+            mode: ticket.mode,
             ttl_ms: ticket.ttl_ms,
             timeout_ms: ticket.timeout_ms,
             min_fence: ticket.min_fence,
@@ -893,11 +912,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             let delay = self.limits.lock_delay_ms;
             let mut held = false;
             for (key, store) in group.keys.iter().zip(stores.iter()) {
-                let until = match store.live(now_ms) {
-                    Some(l) => Some(l.deadline_ms),
-                    None => lock::delayed_until(store, delay, now_ms),
-                };
-                if let Some(until) = until {
+                if let Some(until) = lock::occupied_until(store, delay, now_ms) {
                     self.waiters.schedule(key, until);
                     held = true;
                 }
@@ -928,7 +943,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             Ok(fence) => fence,
             Err(err) => return self.answer(id, Outcome::Failed(err), now),
         };
-        let mut leases = stores.iter().map(|s| s.stored().map_or(0, |l| l.lease));
+        let mut leases = stores
+            .iter()
+            .map(|s| lock::exclusive(s).map_or(0, |l| l.lease));
         let lease = leases.next().unwrap_or(0);
         let also = group.keys[1..].iter().cloned().zip(leases).collect();
         let outcome = Outcome::Granted {
@@ -1103,7 +1120,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         };
         let held_back = HeldBack {
             grants_paused_ms: paused,
-            lock_delay_ms: limits.lock_delay_ms,
+            rules: limits.rules(),
         };
         let wakes =
             self.waiters
@@ -1222,10 +1239,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         fence: Option<i64>,
         now_ms: i64,
     ) -> Result<i64, LockError> {
-        let why = match store.stored() {
+        let why = match lock::holders(store).find(|l| l.token == token) {
+            None if lock::is_held(store, now_ms) => NotHeld::OtherToken,
             None => NotHeld::Free,
-            Some(l) if l.token != token && l.is_live(now_ms) => NotHeld::OtherToken,
-            Some(l) if l.token != token => NotHeld::Free,
             Some(l) if !l.is_live(now_ms) => NotHeld::Ended,
             Some(l) => match fence {
                 Some(given) if given != l.fence => NotHeld::OtherGrant {
@@ -1264,14 +1280,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         guarded::pass(mark, fence)
     }
 
-    /// `LOCK.INFO key`: the lock if it is held now, with how many wait for it.
+    /// `LOCK.INFO key`: the lock if it is held now (its newest holder when
+    /// shared), with how many wait for it.
     pub fn holder<'s>(
         &self,
         key: &K,
         store: &'s impl LockRead,
         now_ms: i64,
     ) -> Option<(Lock<'s>, usize)> {
-        let held = store.live(now_ms)?;
+        let held = lock::newest_live(store, now_ms)?;
         Some((held, self.waiters.waiting_on(key)))
     }
 
@@ -1294,13 +1311,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.fences.observe(fence, now.wall_us)?;
         let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
         let lease = self.next_lease();
-        store.put(Lock {
+        let lock = Lock {
             fence,
             deadline_ms,
             token,
             granted_ms,
             lease,
-        });
+        };
+        store.put(Mode::Exclusive, lock);
         Ok(())
     }
 
@@ -1417,17 +1435,13 @@ fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> 
 /// The fence of the one grant by which `token` holds every key live now,
 /// if it does.
 fn held_by_one_grant<S: LockRead>(stores: &[S], token: &[u8], now_ms: i64) -> Option<i64> {
-    let fence = stores
-        .first()?
-        .live(now_ms)
-        .filter(|l| l.token == token)?
-        .fence;
+    fn held<'s, S: LockRead>(s: &'s S, token: &[u8], now_ms: i64) -> Option<Lock<'s>> {
+        lock::exclusive(s).filter(|l| l.is_live(now_ms) && l.token == token)
+    }
+    let fence = held(stores.first()?, token, now_ms)?.fence;
     stores
         .iter()
-        .all(|s| {
-            s.live(now_ms)
-                .is_some_and(|l| l.token == token && l.fence == fence)
-        })
+        .all(|s| held(s, token, now_ms).is_some_and(|l| l.fence == fence))
         .then_some(fence)
 }
 
@@ -1458,6 +1472,7 @@ mod tests {
     fn req(token: &[u8], ttl_ms: i64, block_ms: Option<i64>) -> AcquireRequest<'_> {
         AcquireRequest {
             token,
+            mode: Mode::Exclusive,
             ttl_ms,
             block_ms,
             min_fence: 0,
@@ -1595,7 +1610,7 @@ mod tests {
             now(T0 + 100),
         );
         assert_eq!(paused, Err(LockError::GrantsPaused(400)));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
     }
 
     /// Defect 1 of issue 15: lowering lock.restart-delay-ms while a client
@@ -1624,7 +1639,7 @@ mod tests {
         let woken = wakes(&mut node);
         assert_eq!(woken.len(), 1);
         assert!(is_grant(&woken[0]), "{woken:?}");
-        assert_eq!(store.lock.as_ref().unwrap().token, b"w");
+        assert_eq!(store.lock().unwrap().token, b"w");
     }
 
     /// Defect 2 of issue 15: a hand-off applies the max-ttl-ms in force
@@ -1663,7 +1678,7 @@ mod tests {
             Outcome::Failed(LockError::TtlTooLarge("'600000'".into(), 1000))
         );
         assert!(is_grant(&woken[1]));
-        assert_eq!(store.lock.as_ref().unwrap().deadline_ms, T0 + 800);
+        assert_eq!(store.lock().unwrap().deadline_ms, T0 + 800);
     }
 
     #[test]
@@ -1693,7 +1708,7 @@ mod tests {
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::NoPermission));
         assert!(is_grant(&woken[1]));
-        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock().unwrap().token, b"b");
     }
 
     #[test]
@@ -1727,14 +1742,14 @@ mod tests {
         // While writes are paused it waits; on the next run it goes.
         run_timer(&mut node, &mut store, Conditions::WRITES_PAUSED, T0 + 1);
         assert_eq!(outputs(&mut node), []);
-        assert_eq!(store.lock.as_ref().unwrap().token, b"a", "still granted");
+        assert_eq!(store.lock().unwrap().token, b"a", "still granted");
         assert_eq!(node.next_wakeup(), Some(T0 + 1 + RETRY_MS));
         run_timer(&mut node, &mut store, Conditions::empty(), T0 + 11);
         let out = outputs(&mut node);
         assert!(took_back(&out, "k"), "{out:?}");
         let woken = wakes_in(&out);
         assert_eq!((woken.len(), woken[0].client), (1, 2));
-        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock().unwrap().token, b"b");
     }
 
     /// Keys by name, all served here.
@@ -1846,11 +1861,7 @@ mod tests {
         wait(&mut node, &mut store, 1, req(b"a", 100, Some(50)), T0);
         node.undelivered("k", 1, 1, T0);
         run_timer(&mut node, &mut store, Conditions::REPLICA, T0 + 100);
-        assert_eq!(
-            store.lock.as_ref().unwrap().token,
-            b"h",
-            "nothing handed on"
-        );
+        assert_eq!(store.lock().unwrap().token, b"h", "nothing handed on");
         let out = outputs(&mut node);
         assert!(!took_back(&out, "k"));
         let woken = wakes_in(&out);
@@ -1881,7 +1892,7 @@ mod tests {
         )
         .unwrap();
         wait(&mut node, &mut store, 1, req(b"a", 100, Some(0)), T0);
-        store.lock = None;
+        store.clear();
         node.keys_changed(|_| true, T0 + 1);
         let mut keys = OneKey {
             store: &mut store,
@@ -1893,7 +1904,10 @@ mod tests {
             woken[0].outcome,
             Outcome::Failed(LockError::Redirect("ASK 1 127.0.0.1:7001".into()))
         );
-        assert!(store.lock.is_none(), "no lock granted for a key given away");
+        assert!(
+            store.lock().is_none(),
+            "no lock granted for a key given away"
+        );
     }
 
     #[test]
@@ -1972,7 +1986,7 @@ mod tests {
         .unwrap();
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::EvictionUnsafe));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
         let fresh = node.acquire(
             &"k",
             Ok(&mut store),
@@ -2048,7 +2062,7 @@ mod tests {
         assert_eq!(released, Ok(true));
         let woken = wakes(&mut node);
         assert_eq!(woken[0].outcome, Outcome::Failed(LockError::OutOfMemory));
-        assert!(store.lock.is_none());
+        assert!(store.lock().is_none());
     }
 
     /// A store that panics on the n-th write: a decision cut short.
@@ -2067,23 +2081,34 @@ mod tests {
     }
 
     impl LockRead for PanickingStore {
-        fn stored(&self) -> Option<crate::lock::Lock<'_>> {
-            self.inner.stored()
+        fn mode(&self) -> Option<Mode> {
+            self.inner.mode()
+        }
+        fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+            self.inner.holder_at(i)
         }
     }
 
     impl LockStore for PanickingStore {
-        fn put(&mut self, lock: Lock<'_>) {
+        fn put(&mut self, mode: Mode, lock: Lock<'_>) {
             self.write();
-            self.inner.put(lock)
+            LockStore::put(&mut self.inner, mode, lock)
         }
-        fn renew(&mut self, deadline_ms: i64, lease: u64) {
+        fn add(&mut self, lock: Lock<'_>) {
             self.write();
-            self.inner.renew(deadline_ms, lease)
+            LockStore::add(&mut self.inner, lock)
         }
-        fn delete(&mut self) {
+        fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
             self.write();
-            self.inner.delete()
+            LockStore::renew(&mut self.inner, token, deadline_ms, lease)
+        }
+        fn set_mode(&mut self, mode: Mode) {
+            self.write();
+            LockStore::set_mode(&mut self.inner, mode)
+        }
+        fn remove(&mut self, token: &[u8]) {
+            self.write();
+            LockStore::remove(&mut self.inner, token)
         }
     }
 
@@ -2168,7 +2193,7 @@ mod tests {
                 all.extend(wakes(&mut node));
             }
             assert!(all.iter().any(|w| w.client == 1 && is_grant(w)), "{all:?}");
-            assert_eq!(store.inner.lock.as_ref().unwrap().token, b"w");
+            assert_eq!(store.inner.lock().unwrap().token, b"w");
         }
     }
 
@@ -2190,7 +2215,7 @@ mod tests {
         let too_far = T0 * 1000 + crate::limits::MAX_FENCE_LEAD + 10;
         let refused = node.apply_set(&mut store, b"t", too_far, T0 + 60_000, T0, at);
         assert!(refused.is_err());
-        assert!(store.lock.is_none(), "nothing stored");
+        assert!(store.lock().is_none(), "nothing stored");
         assert_eq!(node.fence_hwm(), 0, "the mark did not move");
         assert!(node
             .accept_loaded(too_far, true, T0 + 60_000, T0, at)
@@ -2201,7 +2226,7 @@ mod tests {
         node.apply_set(&mut store, b"t", fence, T0 + 60_000, T0, at)
             .unwrap();
         assert_eq!(node.fence_hwm(), fence);
-        let held = store.lock.as_ref().unwrap();
+        let held = store.lock().unwrap();
         assert_eq!(held.deadline_ms, T0 + 1_000, "capped at max-ttl");
         assert_eq!(node.fence_of(&store, Some(b"t"), T0 + 1), Some(fence));
         assert_eq!(node.fence_of(&store, Some(b"x"), T0 + 1), None);

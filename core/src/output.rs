@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 
 use crate::error::LockError;
-use crate::lock::{Ledger, Lock, LockRead, LockStore, Removal};
+use crate::lock::{holders, Ledger, Lock, LockRead, LockStore, Mode, NewHolder, Removal};
 use crate::waiters::{Outcome, Wake};
 
 /// One thing to carry out, in the order the node queued them.
@@ -147,48 +147,61 @@ impl<S: LockStore, K: Clone, C> Recorder<'_, S, K, C> {
 }
 
 impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
-    fn stored(&self) -> Option<Lock<'_>> {
-        self.store.stored()
+    fn mode(&self) -> Option<Mode> {
+        self.store.mode()
+    }
+    fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+        self.store.holder_at(i)
     }
 }
 
 impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
-    fn put(
-        &mut self,
-        token: &[u8],
-        fence: i64,
-        deadline_ms: i64,
-        granted_ms: Option<i64>,
-        replaces_ended: bool,
-    ) {
-        if replaces_ended {
-            if let Some(ended) = self.store.stored() {
-                let (ended_at, ended_granted) = (ended.deadline_ms, ended.granted_ms);
-                self.expired(ended_at, ended_granted);
-            }
+    fn put(&mut self, mode: Mode, h: NewHolder<'_>) {
+        let ended: Vec<(i64, Option<i64>)> = holders(&*self.store)
+            .filter(|l| !l.is_live(self.now_ms))
+            .map(|l| (l.deadline_ms, l.granted_ms))
+            .collect();
+        for (deadline_ms, granted_ms) in ended {
+            self.expired(deadline_ms, granted_ms);
         }
         let lease = self.next_lease();
-        self.store.put(Lock {
-            fence,
-            deadline_ms,
-            token,
-            granted_ms,
-            lease,
-        });
+        self.store.put(mode, stamped(h, lease));
         self.out.push_back(Output::Changed(self.key.clone()));
     }
 
-    fn renew(&mut self, deadline_ms: i64) {
-        if self.store.stored().is_none() {
+    fn add(&mut self, h: NewHolder<'_>) {
+        // The same token ended unreleased (held back by lock-delay) and
+        // granted again: that lease ran out.
+        let replaced = holders(&*self.store)
+            .find(|l| l.token == h.token && !l.is_live(self.now_ms))
+            .map(|l| (l.deadline_ms, l.granted_ms));
+        if let Some((deadline_ms, granted_ms)) = replaced {
+            self.expired(deadline_ms, granted_ms);
+        }
+        let lease = self.next_lease();
+        self.store.add(stamped(h, lease));
+        self.out.push_back(Output::Changed(self.key.clone()));
+    }
+
+    fn renew(&mut self, token: &[u8], deadline_ms: i64) {
+        if !holders(&*self.store).any(|l| l.token == token) {
             return;
         }
         let lease = self.next_lease();
-        self.store.renew(deadline_ms, lease);
+        self.store.renew(token, deadline_ms, lease);
         self.out.push_back(Output::Changed(self.key.clone()));
     }
 
-    fn remove(&mut self, why: Removal) {
-        let Some(lock) = self.store.stored() else {
+    fn set_mode(&mut self, mode: Mode) {
+        if self.store.mode().is_none_or(|m| m == mode) {
+            return;
+        }
+        self.store.set_mode(mode);
+        self.out.push_back(Output::Changed(self.key.clone()));
+    }
+
+    fn remove(&mut self, token: &[u8], why: Removal) {
+        let Some(lock) = holders(&*self.store).find(|l| l.token == token) else {
             return;
         };
         let (deadline_ms, granted_ms) = (lock.deadline_ms, lock.granted_ms);
@@ -199,7 +212,18 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
             }
             Removal::Ended => self.expired(deadline_ms, granted_ms),
         }
-        self.store.delete();
+        self.store.remove(token);
         self.out.push_back(Output::Changed(self.key.clone()));
+    }
+}
+
+/// A new holder with its lease id.
+fn stamped(h: NewHolder<'_>, lease: u64) -> Lock<'_> {
+    Lock {
+        fence: h.fence,
+        deadline_ms: h.deadline_ms,
+        token: h.token,
+        granted_ms: h.granted_ms,
+        lease,
     }
 }

@@ -31,7 +31,7 @@ use std::hash::Hash;
 
 use super::error::LockError;
 use super::fence::FenceSource;
-use super::lock::{self, Acquired, Ledger};
+use super::lock::{self, Acquired, Fit, Ledger, Mode, Rules};
 use super::time::Now;
 
 pub type WaiterId = u64;
@@ -70,9 +70,9 @@ pub struct Wake<K, C> {
 pub struct HeldBack {
     /// `lock.restart-delay-ms` still running: no new grants for this long.
     pub grants_paused_ms: i64,
-    /// `lock.lock-delay-ms`: a lease that ended unreleased holds its key
-    /// back this long after its end.
-    pub lock_delay_ms: i64,
+    /// The node's rules for a grant (`lock.lock-delay-ms`,
+    /// `lock.max-holders-per-key`).
+    pub rules: Rules,
 }
 
 /// The waiter whose turn it is, as `settle_checked`'s `admit` sees it.
@@ -88,6 +88,8 @@ pub struct Turn<'a, C> {
 /// A client asking to wait.
 pub struct Request<'a> {
     pub token: &'a [u8],
+    /// Exclusive, or shared (with the key's limit).
+    pub mode: Mode,
     pub ttl_ms: i64,
     /// 0: no timeout.
     pub timeout_ms: i64,
@@ -101,6 +103,7 @@ struct Waiter<K, C> {
     also: Box<[K]>,
     client: C,
     token: Box<[u8]>,
+    mode: Mode,
     ttl_ms: i64,
     min_fence: i64,
     timeout_at_ms: Option<i64>,
@@ -241,6 +244,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 also,
                 client,
                 token: request.token.into(),
+                mode: request.mode,
                 ttl_ms: request.ttl_ms,
                 min_fence: request.min_fence,
                 timeout_at_ms,
@@ -448,7 +452,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     ) -> Vec<Wake<K, C>> {
         let held_back = HeldBack {
             grants_paused_ms,
-            lock_delay_ms: 0,
+            rules: Rules {
+                lock_delay_ms: 0,
+                max_holders: usize::MAX,
+            },
         };
         self.settle_checked(key, store, fences, now, held_back, |_| Ok(()))
     }
@@ -458,10 +465,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     /// node's limits, may have changed while it waited. One that may not is
     /// answered with `admit`'s error when its turn comes, and the lock goes
     /// on to the next in line.
-    pub fn settle_checked(
+    pub fn settle_checked<L: Ledger>(
         &mut self,
         key: &K,
-        store: &mut impl Ledger,
+        store: &mut L,
         fences: &mut impl FenceSource,
         now: Now,
         held_back: HeldBack,
@@ -481,25 +488,27 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 self.mark_group(id, now_ms);
                 break;
             }
-            let renews = match store.live(now_ms) {
-                Some(held) if held.token != &*w.token => {
-                    let until = held.deadline_ms;
+            // The head of the line is served when its mode fits the key:
+            // consecutive shared waiters go together while the key has
+            // room, an exclusive one waits for every holder to go, and
+            // whoever stands behind a waiter that does not fit waits too.
+            let renews = match lock::fit(store, &w.token, w.mode, held_back.rules, now_ms) {
+                Ok(Fit::Renews) => true,
+                Ok(Fit::Busy(until)) => {
                     self.reschedule(key, until);
                     break;
                 }
-                Some(_) => true,
-                None => {
-                    let delayed = lock::delayed_until(store, held_back.lock_delay_ms, now_ms);
-                    if let Some(until) = delayed {
-                        self.reschedule(key, until);
-                        break;
-                    }
-                    if held_back.grants_paused_ms > 0 {
-                        let until = now_ms.saturating_add(held_back.grants_paused_ms);
-                        self.reschedule(key, until);
-                        break;
-                    }
-                    false
+                Ok(Fit::Fits) if held_back.grants_paused_ms > 0 => {
+                    let until = now_ms.saturating_add(held_back.grants_paused_ms);
+                    self.reschedule(key, until);
+                    break;
+                }
+                Ok(Fit::Fits) => false,
+                // Another limit than the key's, or an upgrade: this waiter
+                // can never be served as it asked.
+                Err(err) => {
+                    wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
+                    continue;
                 }
             };
             let turn = Turn {
@@ -517,23 +526,26 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 store,
                 fences,
                 &w.token,
+                w.mode,
                 w.ttl_ms,
                 w.min_fence,
-                held_back.lock_delay_ms,
+                held_back.rules,
                 now,
             );
+            let lease =
+                |store: &mut L| lock::holder_of(store, &w.token, now_ms).map_or(0, |l| l.lease);
             let outcome = match acquired {
                 Ok(Acquired::Granted(fence)) => Outcome::Granted {
                     fence,
-                    lease: store.stored().map_or(0, |l| l.lease),
+                    lease: lease(store),
                     renewed: false,
                 },
                 Ok(Acquired::Renewed(fence)) => Outcome::Granted {
                     fence,
-                    lease: store.stored().map_or(0, |l| l.lease),
+                    lease: lease(store),
                     renewed: true,
                 },
-                // Free or held by this token, checked above.
+                // It fits, checked above.
                 Ok(Acquired::Contended) => Outcome::Failed(LockError::Internal),
                 Err(err) => Outcome::Failed(err),
             };
@@ -660,6 +672,7 @@ mod tests {
     fn req(token: &[u8], timeout_ms: i64) -> Request<'_> {
         Request {
             token,
+            mode: Mode::Exclusive,
             ttl_ms: 1000,
             timeout_ms,
             min_fence: 0,
@@ -667,7 +680,19 @@ mod tests {
     }
 
     fn held_by(store: &mut MemStore, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
-        lock::acquire(store, fences, token, until_ms - T0, 0, 0, Now::same(us(T0))).unwrap();
+        let (mode, rules) = (Mode::Exclusive, Rules::default());
+        let ttl_ms = until_ms - T0;
+        lock::acquire(
+            store,
+            fences,
+            token,
+            mode,
+            ttl_ms,
+            0,
+            rules,
+            Now::same(us(T0)),
+        )
+        .unwrap();
     }
 
     fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
@@ -698,7 +723,7 @@ mod tests {
             .is_empty());
         let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
         assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
-        assert_eq!(store.lock.as_ref().unwrap().token, b"a");
+        assert_eq!(store.lock().unwrap().token, b"a");
         assert_eq!(w.next_wakeup(), Some(T0 + 1100), "a's lease end");
     }
 
@@ -723,7 +748,7 @@ mod tests {
         lock::release(&mut store, b"A", T0 + 70);
         let wakes = w.settle(&"K1", &mut store, &mut fences, Now::same(us(T0 + 70)), 0);
         assert_eq!(outcomes(&wakes), vec![(8, "K1", true)]);
-        assert_eq!(store.lock.as_ref().unwrap().token, b"C");
+        assert_eq!(store.lock().unwrap().token, b"C");
         assert_eq!(w.waiting_on(&"K2"), 1);
     }
 
@@ -748,7 +773,7 @@ mod tests {
     fn a_waiter_with_the_holders_token_is_answered_with_a_renewal() {
         let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
         held_by(&mut store, &mut fences, b"h", T0 + 100);
-        let fence = store.lock.as_ref().unwrap().fence;
+        let fence = store.lock().unwrap().fence;
         let mut w = W::default();
         w.enqueue("k", 1, req(b"h", 0), us(T0), T0 + 100, 10)
             .unwrap();
@@ -787,7 +812,7 @@ mod tests {
         assert_eq!(wakes[0].client, 1);
         assert_eq!(wakes[0].outcome, Outcome::Failed(LockError::NoPermission));
         assert_eq!(outcomes(&wakes)[1], (2, "k", true));
-        assert_eq!(store.lock.as_ref().unwrap().token, b"b");
+        assert_eq!(store.lock().unwrap().token, b"b");
         assert_eq!(w.total(), 0);
     }
 

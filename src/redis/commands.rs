@@ -23,6 +23,7 @@ use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
 use crate::core::protocol::{self, info_field};
+use crate::core::Mode;
 
 /// One row of the command table.
 pub struct Command {
@@ -311,6 +312,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let request = AcquireRequest {
             token: a.token,
+            mode: Mode::Exclusive,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
             min_fence: a.min_fence,
@@ -389,6 +391,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             .map_err(|e| e.clone());
         let request = AcquireRequest {
             token: a.token,
+            mode: Mode::Exclusive,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
             min_fence: a.min_fence,

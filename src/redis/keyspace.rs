@@ -25,7 +25,7 @@ use super::node;
 use super::propagation;
 use crate::core::error::LockError;
 use crate::core::time::{self, Now};
-use crate::core::{Lock, LockRead, LockStore};
+use crate::core::{Lock, LockRead, LockStore, Mode};
 
 /// How close a Redis expiry must be to the lease's end to be an earlier
 /// build's (see `drop_legacy_expiry`).
@@ -99,12 +99,22 @@ impl ReadKey {
     }
 }
 
-impl LockRead for ReadKey {
-    fn stored(&self) -> Option<Lock<'_>> {
+impl ReadKey {
+    /// The key's lock (this build's keyspace stores exclusive locks only).
+    pub fn stored(&self) -> Option<Lock<'_>> {
         // The block lives while the key is open (`key`) and unchanged: no
         // write can happen through a read-only open.
         debug_assert!(self.value.is_none() || self.key.is_some());
         self.value.as_ref().map(LockValue::view)
+    }
+}
+
+impl LockRead for ReadKey {
+    fn mode(&self) -> Option<Mode> {
+        self.value.as_ref().map(|_| Mode::Exclusive)
+    }
+    fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+        self.stored().filter(|_| i == 0)
     }
 }
 
@@ -205,18 +215,48 @@ fn count_write(ctx: Ctx) {
     ffi::replicate_verbatim(ctx);
 }
 
-impl LockRead for LockKey {
-    fn stored(&self) -> Option<Lock<'_>> {
+impl LockKey {
+    /// The key's lock (this build's keyspace stores exclusive locks only:
+    /// the parser refuses `SHARED`, so the node never asks for more).
+    pub fn stored(&self) -> Option<Lock<'_>> {
         // The block lives as long as the key holds it: at least while this
         // store has the key open and has not replaced or deleted it.
         self.value.as_ref().map(LockValue::view)
     }
+
+    fn delete(&mut self) {
+        if self.value.is_none() {
+            return;
+        }
+        fault_point(self.name);
+        self.key.delete();
+        self.value = None;
+        self.signal_modified();
+    }
+}
+
+impl LockRead for LockKey {
+    fn mode(&self) -> Option<Mode> {
+        self.value.as_ref().map(|_| Mode::Exclusive)
+    }
+    fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+        self.stored().filter(|_| i == 0)
+    }
+}
+
+/// Refuses what this build's keyspace cannot store (a panic the command
+/// boundary catches, before anything is written).
+fn shared_not_stored() -> ! {
+    panic!("shared holders are not stored by this build")
 }
 
 /// A plain store: the node says what each write means (`core::output`).
 /// Every write signals the key as modified (WATCH, client-side caching).
 impl LockStore for LockKey {
-    fn put(&mut self, lock: Lock<'_>) {
+    fn put(&mut self, mode: Mode, lock: Lock<'_>) {
+        if mode.is_shared() {
+            shared_not_stored();
+        }
         fault_point(self.name);
         self.before_write();
         let from_outside = self.from_outside;
@@ -235,7 +275,14 @@ impl LockStore for LockKey {
         self.signal_modified();
     }
 
-    fn renew(&mut self, deadline_ms: i64, lease: u64) {
+    fn add(&mut self, _lock: Lock<'_>) {
+        shared_not_stored();
+    }
+
+    fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
+        if self.stored().is_none_or(|l| l.token != token) {
+            return;
+        }
         fault_point(self.name);
         self.before_write();
         if let Some(value) = &mut self.value {
@@ -246,13 +293,13 @@ impl LockStore for LockKey {
         }
     }
 
-    fn delete(&mut self) {
-        if self.value.is_none() {
-            return;
+    fn set_mode(&mut self, _mode: Mode) {
+        shared_not_stored();
+    }
+
+    fn remove(&mut self, token: &[u8]) {
+        if self.stored().is_some_and(|l| l.token == token) {
+            self.delete();
         }
-        fault_point(self.name);
-        self.key.delete();
-        self.value = None;
-        self.signal_modified();
     }
 }

@@ -18,7 +18,6 @@ use super::node::{self, count, STATS};
 use super::timer;
 use crate::core::node::{Admission, Node};
 use crate::core::output::{Output, Stat};
-use crate::core::LockRead;
 use crate::core::Outcome;
 
 /// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
