@@ -1273,4 +1273,258 @@ pub mod tests {
         };
         assert!(f2 > f1);
     }
+
+    const SH: Mode = Mode::Shared { limit: None };
+
+    fn limit(n: u32) -> Mode {
+        Mode::Shared { limit: Some(n) }
+    }
+
+    fn granted(got: Result<Acquired, LockError>) -> i64 {
+        match got {
+            Ok(Acquired::Granted(f)) => f,
+            other => panic!("expected a grant, got {other:?}"),
+        }
+    }
+
+    fn tokens(store: &MemStore) -> Vec<Vec<u8>> {
+        store.holders.iter().map(|h| h.token.clone()).collect()
+    }
+
+    #[test]
+    fn shared_holders_coexist_with_fences_of_their_own_and_keep_a_writer_out() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        let a = granted(acquire(&mut store, &mut fences, b"a", SH, 100, 0, 0, at));
+        let b = granted(acquire(&mut store, &mut fences, b"b", SH, 50, 0, 0, at));
+        assert!(b > a, "every grant gets a fence above every earlier one");
+        assert_eq!(store.mode(), Some(SH));
+        let w = acquire(&mut store, &mut fences, b"w", EX, 100, 0, 0, at);
+        assert_eq!(w, Ok(Acquired::Contended));
+        assert_eq!(
+            fit(&store, b"w", EX, Rules::default(), T0),
+            Ok(Fit::Busy(T0 + 100)),
+            "a writer waits for the last reader"
+        );
+        assert!(release(&mut store, b"a", T0 + 1));
+        assert_eq!(tokens(&store), vec![b"b".to_vec()]);
+        assert_eq!(fence(&store, None, T0 + 1), Some(b));
+        let later = Now::same(us(T0 + 50));
+        let w = granted(acquire(&mut store, &mut fences, b"w", EX, 100, 0, 0, later));
+        assert!(w > b);
+        assert_eq!(store.mode(), Some(EX));
+        // (b's ended lease was replaced by w's grant: the node's ledger
+        // reports that expiration; this store only counts removals.)
+        assert_eq!(store.removed, vec![Removal::Released]);
+    }
+
+    #[test]
+    fn a_limit_caps_the_holders_and_a_release_frees_a_place() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            limit(2),
+            100,
+            0,
+            0,
+            at,
+        ));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            limit(2),
+            30,
+            0,
+            0,
+            at,
+        ));
+        let full = acquire(&mut store, &mut fences, b"c", limit(2), 100, 0, 0, at);
+        assert_eq!(full, Ok(Acquired::Contended));
+        assert_eq!(
+            fit(&store, b"c", limit(2), Rules::default(), T0),
+            Ok(Fit::Busy(T0 + 30)),
+            "the first lease to end frees a place"
+        );
+        assert!(release(&mut store, b"a", T0 + 1));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"c",
+            limit(2),
+            100,
+            0,
+            0,
+            at,
+        ));
+        assert_eq!(tokens(&store), vec![b"b".to_vec(), b"c".to_vec()]);
+    }
+
+    #[test]
+    fn the_node_bound_caps_a_key_without_limit() {
+        let (mut store, mut fences) = fixture();
+        let rules = Rules {
+            lock_delay_ms: 0,
+            max_holders: 2,
+        };
+        let at = Now::same(us(T0));
+        for t in [b"a", b"b"] {
+            super::acquire(&mut store, &mut fences, t, SH, 100, 0, rules, at).unwrap();
+        }
+        let third = super::acquire(&mut store, &mut fences, b"c", SH, 100, 0, rules, at);
+        assert_eq!(third, Ok(Acquired::Contended));
+        let big = super::acquire(&mut store, &mut fences, b"c", limit(5), 100, 0, rules, at);
+        assert_eq!(
+            big,
+            Err(LockError::LimitMismatch {
+                held: None,
+                asked: Some(5)
+            })
+        );
+    }
+
+    #[test]
+    fn another_limit_is_refused_until_the_last_holder_goes_and_changes_nothing() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            limit(3),
+            100,
+            0,
+            0,
+            at,
+        ));
+        let hwm = fences.hwm();
+        for (asked, mode) in [(Some(2), limit(2)), (None, SH)] {
+            let got = acquire(&mut store, &mut fences, b"b", mode, 100, 0, 0, at);
+            let want = LockError::LimitMismatch {
+                held: Some(3),
+                asked,
+            };
+            assert_eq!(got, Err(want.clone()));
+            let text = want.to_string();
+            assert!(text.contains("LIMIT 3"), "{text}");
+        }
+        // The holder itself asking another limit: refused too.
+        let own = acquire(&mut store, &mut fences, b"a", limit(4), 100, 0, 0, at);
+        assert!(matches!(own, Err(LockError::LimitMismatch { .. })));
+        assert_eq!((tokens(&store), fences.hwm()), (vec![b"a".to_vec()], hwm));
+        assert!(release(&mut store, b"a", T0 + 1));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            limit(2),
+            100,
+            0,
+            0,
+            at,
+        ));
+        assert_eq!(
+            store.mode(),
+            Some(limit(2)),
+            "the next grant sets the limit"
+        );
+    }
+
+    #[test]
+    fn an_exclusive_holder_downgrades_in_place_and_there_is_no_upgrade() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        let f = granted(acquire(&mut store, &mut fences, b"a", EX, 100, 0, 0, at));
+        let later = Now::same(us(T0 + 10));
+        let down = acquire(&mut store, &mut fences, b"a", limit(2), 500, 0, 0, later);
+        assert_eq!(down, Ok(Acquired::Renewed(f)), "it keeps its fence");
+        assert_eq!(store.mode(), Some(limit(2)));
+        assert_eq!(store.lock().unwrap().deadline_ms, T0 + 510);
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            limit(2),
+            100,
+            0,
+            0,
+            later,
+        ));
+        let up = acquire(&mut store, &mut fences, b"a", EX, 100, 0, 0, later);
+        assert_eq!(up, Err(LockError::NoUpgrade));
+        assert!(up.unwrap_err().to_string().contains("no upgrade"));
+        assert_eq!(store.mode(), Some(limit(2)), "refused, nothing changed");
+        // A shared holder renews in its mode, keeping its fence.
+        let again = acquire(&mut store, &mut fences, b"a", limit(2), 100, 0, 0, later);
+        assert_eq!(again, Ok(Acquired::Renewed(f)));
+    }
+
+    #[test]
+    fn each_holder_releases_extends_and_reads_its_own_fence() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        let a = granted(acquire(&mut store, &mut fences, b"a", SH, 100, 0, 0, at));
+        let b = granted(acquire(&mut store, &mut fences, b"b", SH, 100, 0, 0, at));
+        assert_eq!(fence(&store, Some(b"a"), T0), Some(a));
+        assert_eq!(fence(&store, Some(b"b"), T0), Some(b));
+        assert_eq!(fence(&store, Some(b"c"), T0), None);
+        assert_eq!(fence(&store, None, T0), Some(b), "the newest holder's");
+        assert_eq!(extend(&mut store, b"a", 1000, T0 + 50), Ok(true));
+        assert_eq!(extend(&mut store, b"c", 1000, T0 + 50), Ok(false));
+        assert!(!release(&mut store, b"c", T0 + 60));
+        // b's lease ends at T0 + 100; a's, extended, at T0 + 1050.
+        assert_eq!(fence(&store, None, T0 + 100), Some(a));
+        assert!(!release(&mut store, b"b", T0 + 100), "b's lease ended");
+        assert!(reclaim(&mut store, 0, T0 + 100));
+        assert_eq!(tokens(&store), vec![b"a".to_vec()], "only the ended one");
+        let held = store.lock().cloned().unwrap();
+        assert!(!take_back(&mut store, held.fence, held.lease + 1, T0 + 200));
+        assert!(take_back(&mut store, held.fence, held.lease, T0 + 200));
+        assert_eq!(store.mode(), None, "the key goes with its last holder");
+    }
+
+    #[test]
+    fn a_reader_that_ended_unreleased_holds_its_place_for_the_lock_delay() {
+        let (mut store, mut fences) = fixture();
+        let at = Now::same(us(T0));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"a",
+            limit(1),
+            10,
+            0,
+            40,
+            at,
+        ));
+        // Ended at T0 + 10, held back until T0 + 50.
+        let soon = Now::same(us(T0 + 20));
+        let held = acquire(&mut store, &mut fences, b"b", limit(1), 10, 0, 40, soon);
+        assert_eq!(held, Ok(Acquired::Contended));
+        let w = acquire(&mut store, &mut fences, b"w", EX, 10, 0, 40, soon);
+        assert_eq!(w, Ok(Acquired::Contended));
+        let rules = Rules {
+            lock_delay_ms: 40,
+            max_holders: 100,
+        };
+        assert_eq!(
+            fit(&store, b"b", limit(1), rules, T0 + 20),
+            Ok(Fit::Busy(T0 + 50))
+        );
+        let after = Now::same(us(T0 + 50));
+        granted(acquire(
+            &mut store,
+            &mut fences,
+            b"b",
+            limit(1),
+            10,
+            0,
+            40,
+            after,
+        ));
+        assert_eq!(tokens(&store), vec![b"b".to_vec()], "a's place is b's now");
+    }
 }

@@ -894,4 +894,81 @@ mod tests {
         assert_eq!(wakes[0].key, (1, "k"));
         assert_eq!(w.due_keys(T0 + 9), vec![(0, "k")]);
     }
+
+    fn moded(token: &[u8], mode: Mode) -> Request<'_> {
+        Request {
+            mode,
+            ..req(token, 0)
+        }
+    }
+
+    /// One line for every mode: readers at the head go together up to the
+    /// limit; a writer waits for every holder, and readers behind it wait
+    /// behind it (writers are not starved, readers are not either).
+    #[test]
+    fn one_line_serves_readers_together_and_a_writer_alone_in_arrival_order() {
+        let shared = Mode::Shared { limit: Some(2) };
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        held_by(&mut store, &mut fences, b"h", T0 + 100);
+        let mut w = W::default();
+        for (client, token, mode) in [
+            (1, &b"r1"[..], shared),
+            (2, b"r2", shared),
+            (3, b"r3", shared),
+            (4, b"w", Mode::Exclusive),
+            (5, b"r5", shared),
+        ] {
+            w.enqueue("k", client, moded(token, mode), us(T0), T0 + 100, 10)
+                .unwrap();
+        }
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
+        assert_eq!(
+            outcomes(&wakes),
+            vec![(1, "k", true), (2, "k", true)],
+            "two readers at once: the limit"
+        );
+        assert_eq!(w.next_wakeup(), Some(T0 + 1100), "the first reader's end");
+        lock::release(&mut store, b"r1", T0 + 200);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 200)), 0);
+        assert_eq!(outcomes(&wakes), vec![(3, "k", true)]);
+        // r2 and r3 hold it; the writer is first, r5 waits behind it.
+        lock::release(&mut store, b"r2", T0 + 300);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 300)), 0);
+        assert!(wakes.is_empty(), "r5 does not pass the writer");
+        assert_eq!(w.next_wakeup(), Some(T0 + 1200), "r3's end");
+        lock::release(&mut store, b"r3", T0 + 400);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 400)), 0);
+        assert_eq!(outcomes(&wakes), vec![(4, "k", true)]);
+        assert_eq!(lock::LockRead::mode(&store), Some(Mode::Exclusive));
+        lock::release(&mut store, b"w", T0 + 500);
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 500)), 0);
+        assert_eq!(outcomes(&wakes), vec![(5, "k", true)]);
+        assert_eq!(w.total(), 0);
+    }
+
+    /// A waiter that can never be served as it asked (another limit than
+    /// the key's, or an upgrade) is answered with why when its turn comes,
+    /// and the line goes on.
+    #[test]
+    fn a_waiter_asking_another_limit_is_refused_at_its_turn_and_the_line_goes_on() {
+        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
+        let three = Mode::Shared { limit: Some(3) };
+        let rules = Rules::default();
+        let at = Now::same(us(T0));
+        lock::acquire(&mut store, &mut fences, b"h", three, 100, 0, rules, at).unwrap();
+        let mut w = W::default();
+        let two = Mode::Shared { limit: Some(2) };
+        w.enqueue("k", 1, moded(b"x", two), us(T0), T0, 10).unwrap();
+        w.enqueue("k", 2, moded(b"y", three), us(T0), T0, 10)
+            .unwrap();
+        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 1)), 0);
+        assert_eq!(outcomes(&wakes), vec![(1, "k", false), (2, "k", true)]);
+        assert_eq!(
+            wakes[0].outcome,
+            Outcome::Failed(LockError::LimitMismatch {
+                held: Some(3),
+                asked: Some(2)
+            })
+        );
+    }
 }
