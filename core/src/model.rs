@@ -3,14 +3,19 @@
 //! it opens a key as a [`MemStore`], passes the server's conditions in and
 //! runs the timer only when the node asks), and a deliberately simple
 //! reference model side by side, which settles every key on every tick.
-//! After every step both must agree on every reply, every wake, every lock
-//! and the fence mark; and whole-history properties must hold: one holder
-//! per key, fences strictly increasing and never shared by two locks, a
+//! After every step both must agree on every reply, every wake, every
+//! holder and mode of every key, and the fence mark; and whole-history
+//! properties must hold: no more holders than the key's mode allows (one
+//! when exclusive), fences strictly increasing and never shared by two
+//! holders, a
 //! waiter answered exactly once and granted only its own key, in FIFO order,
 //! never at or after its timeout, and no waiter left in line while its lock
 //! is free and grants are allowed.
 //!
-//! The history covers LOCK.ACQUIREALL (all keys or none, and with BLOCK a
+//! The history covers shared holders (`SHARED`, with and without `LIMIT`:
+//! readers together, a writer alone, one FIFO line for both, downgrades,
+//! refused upgrades and limits, a lower `lock.max-holders-per-key`),
+//! LOCK.ACQUIREALL (all keys or none, and with BLOCK a
 //! waiter standing in several lines at once, granted every key with one
 //! fence), MINFENCE, restart-delay and its runtime changes, a
 //! lower max-ttl-ms, max-token-len or max-waiters-per-key while clients
@@ -58,6 +63,19 @@ const LOCK_DELAY: [i64; 2] = [0, 40];
 /// The two values `lock.max-waiters-per-key` takes (six clients: the
 /// default never fills a line, 2 often does).
 const MAX_LINE: [usize; 2] = [10_000, 2];
+/// The two values `lock.max-holders-per-key` takes (four tokens: the
+/// default never fills a shared key, 2 often does).
+const MAX_HOLDERS: [usize; 2] = [10_000, 2];
+/// The modes an ACQUIRE asks for: exclusive half the time, else SHARED
+/// without LIMIT, LIMIT 1 or LIMIT 2.
+const MODES: [Mode; 6] = [
+    Mode::Exclusive,
+    Mode::Exclusive,
+    Mode::Exclusive,
+    Mode::Shared { limit: None },
+    Mode::Shared { limit: Some(1) },
+    Mode::Shared { limit: Some(2) },
+];
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -65,6 +83,8 @@ enum Op {
         client: u8,
         key: u8,
         token: u8,
+        /// An index of MODES: exclusive, or SHARED with or without LIMIT.
+        mode: usize,
         ttl: i64,
         block: Option<i64>,
         /// MINFENCE as an offset from the node's mark (None: no MINFENCE).
@@ -117,6 +137,8 @@ enum Op {
         max_line: usize,
         /// `lock.lock-delay-ms`, as an index of LOCK_DELAY.
         lock_delay: usize,
+        /// `lock.max-holders-per-key`, as an index of MAX_HOLDERS.
+        max_holders: usize,
     },
     /// Used memory crosses maxmemory (OOM), or an `allkeys-*` policy is
     /// set or cleared (locks evictable), for every call from now on.
@@ -176,10 +198,10 @@ fn keys_of(set: u8, reversed: bool) -> Vec<u8> {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        8 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64,
+        8 => (0..CLIENTS, 0..KEYS, 0..4u8, 0..MODES.len(), 1..40i64,
               prop::option::weighted(0.7, 0..30i64), prop::option::weighted(0.15, -3..4i8))
-            .prop_map(|(client, key, token, ttl, block, min_fence)|
-                Op::Acquire { client, key, token, ttl, block, min_fence }),
+            .prop_map(|(client, key, token, mode, ttl, block, min_fence)|
+                Op::Acquire { client, key, token, mode, ttl, block, min_fence }),
         4 => (0..CLIENTS, 0..KEYS, 0..4u8).prop_map(|(client, key, token)| Op::Release { client, key, token }),
         2 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64)
             .prop_map(|(client, key, token, ttl)| Op::Extend { client, key, token, ttl }),
@@ -191,9 +213,9 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
         1 => (0..2usize, 0..2usize, 0..2usize)
-            .prop_flat_map(|(max_ttl, delay, max_token)| (0..2usize, 0..2usize).prop_map(
-                move |(max_line, lock_delay)|
-                    Op::Config { max_ttl, delay, max_token, max_line, lock_delay })),
+            .prop_flat_map(|(max_ttl, delay, max_token)| (0..2usize, 0..2usize, 0..2usize).prop_map(
+                move |(max_line, lock_delay, max_holders)|
+                    Op::Config { max_ttl, delay, max_token, max_line, lock_delay, max_holders })),
         1 => prop_oneof![3 => Just((false, false)), 1 => Just((true, false)), 1 => Just((false, true))]
             .prop_map(|(oom, evictable)| Op::Memory { oom, evictable }),
         1 => Just(Op::Demote),
@@ -244,6 +266,21 @@ struct Held {
     lease: u64,
 }
 
+/// A key's lock: its mode and its holders (live or ended), in grant order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RefLock {
+    mode: Mode,
+    holders: Vec<Held>,
+}
+
+/// Whether a request fits a key now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefFit {
+    Renews,
+    Fits,
+    Busy,
+}
+
 #[derive(Debug, Clone)]
 struct RefWaiter {
     /// Arrival order (a multi-key waiter stands in several lines).
@@ -252,6 +289,7 @@ struct RefWaiter {
     keys: Vec<u8>,
     client: u8,
     token: Vec<u8>,
+    mode: Mode,
     ttl: i64,
     min_fence: i64,
     timeout_at: Option<i64>,
@@ -261,7 +299,7 @@ struct RefWaiter {
 struct Reference {
     hwm: i64,
     leases: u64,
-    locks: BTreeMap<u8, Held>,
+    locks: BTreeMap<u8, RefLock>,
     lines: BTreeMap<u8, Vec<RefWaiter>>,
     max_ttl: i64,
     delay: i64,
@@ -278,6 +316,8 @@ struct Reference {
     max_token_len: usize,
     /// `lock.max-waiters-per-key`.
     max_line: usize,
+    /// `lock.max-holders-per-key`.
+    max_holders: usize,
     oom: bool,
     evictable: bool,
     /// CLIENT PAUSE WRITE is in force.
@@ -306,26 +346,90 @@ impl Reference {
         self.oom.then_some(LockError::OutOfMemory)
     }
 
-    fn live(&self, key: u8, now: i64) -> Option<&Held> {
-        self.locks.get(&key).filter(|h| now < h.deadline_ms)
+    fn holders(&self, key: u8) -> &[Held] {
+        self.locks.get(&key).map_or(&[], |l| &l.holders[..])
     }
 
-    /// A lease that ended unreleased still holds its key back (lock-delay).
+    /// `token`'s holder of `key`, while its lease runs.
+    fn holder(&self, key: u8, token: &[u8], now: i64) -> Option<&Held> {
+        self.holders(key)
+            .iter()
+            .find(|h| h.token == token && now < h.deadline_ms)
+    }
+
+    /// Someone holds `key` now.
+    fn held(&self, key: u8, now: i64) -> bool {
+        self.holders(key).iter().any(|h| now < h.deadline_ms)
+    }
+
+    /// Holders that keep `key`: live, or ended unreleased within the
+    /// lock-delay.
+    fn occupants(&self, key: u8, now: i64) -> usize {
+        self.holders(key)
+            .iter()
+            .filter(|h| now < h.deadline_ms + self.lock_delay)
+            .count()
+    }
+
+    /// Nobody holds `key`, but a lease that ended unreleased still holds
+    /// it back (lock-delay).
     fn delayed(&self, key: u8, now: i64) -> bool {
-        self.locks
-            .get(&key)
-            .is_some_and(|h| h.deadline_ms <= now && now < h.deadline_ms + self.lock_delay)
+        !self.held(key, now) && self.occupants(key, now) > 0
     }
 
-    /// A command that touches a lock whose lease and lock-delay have both
-    /// passed reclaims it (the node's release and extend do).
+    /// How many may hold a key in `mode` at once.
+    fn capacity(&self, mode: Mode) -> usize {
+        match mode {
+            Mode::Exclusive => 1,
+            Mode::Shared { limit: None } => self.max_holders,
+            Mode::Shared { limit: Some(n) } => (n as usize).min(self.max_holders),
+        }
+    }
+
+    /// Whether `token` asking for `key` in `mode` fits it now: its own
+    /// holding renews (an exclusive holder asking SHARED downgrades); a
+    /// shared holder asking exclusive, or another limit than the key's, is
+    /// an error; readers share a key up to its capacity; anything else
+    /// waits for the key to empty.
+    fn fit(&self, key: u8, token: &[u8], mode: Mode, now: i64) -> Result<RefFit, LockError> {
+        let occupants = self.occupants(key, now);
+        let Some(lock) = self.locks.get(&key).filter(|_| occupants > 0) else {
+            return Ok(RefFit::Fits);
+        };
+        let own = self.holder(key, token, now).is_some();
+        match (lock.mode, mode) {
+            (Mode::Exclusive, _) if own => Ok(RefFit::Renews),
+            (Mode::Exclusive, _) => Ok(RefFit::Busy),
+            (Mode::Shared { .. }, Mode::Exclusive) if own => Err(LockError::NoUpgrade),
+            (Mode::Shared { .. }, Mode::Exclusive) => Ok(RefFit::Busy),
+            (Mode::Shared { limit: held }, Mode::Shared { limit: asked }) if held != asked => {
+                Err(LockError::LimitMismatch { held, asked })
+            }
+            _ if own => Ok(RefFit::Renews),
+            _ if occupants < self.capacity(mode) => Ok(RefFit::Fits),
+            _ => Ok(RefFit::Busy),
+        }
+    }
+
+    /// Removes `token`'s holder of `key`; the key goes with its last.
+    fn remove_holder(&mut self, key: u8, token: &[u8]) {
+        if let Some(lock) = self.locks.get_mut(&key) {
+            lock.holders.retain(|h| h.token != token);
+            if lock.holders.is_empty() {
+                self.locks.remove(&key);
+            }
+        }
+    }
+
+    /// A command that touches a key reclaims its holders whose lease and
+    /// lock-delay have both passed (the node's release and extend do).
     fn reclaim_touched(&mut self, key: u8, now: i64) {
-        if self
-            .locks
-            .get(&key)
-            .is_some_and(|h| now >= h.deadline_ms + self.lock_delay)
-        {
-            self.locks.remove(&key);
+        let delay = self.lock_delay;
+        if let Some(lock) = self.locks.get_mut(&key) {
+            lock.holders.retain(|h| now < h.deadline_ms + delay);
+            if lock.holders.is_empty() {
+                self.locks.remove(&key);
+            }
         }
     }
 
@@ -371,30 +475,55 @@ impl Reference {
             .then_some(LockError::NoPermission)
     }
 
-    /// Grants or renews; the lock is free or `token`'s.
-    fn grant(&mut self, key: u8, token: &[u8], ttl: i64, min_fence: i64, now: i64) -> i64 {
-        if let Some(h) = self
-            .locks
-            .get(&key)
-            .filter(|h| now < h.deadline_ms)
-            .cloned()
-        {
-            assert_eq!(h.token, token);
+    /// Grants or renews: the request fits the key (checked by the caller).
+    fn grant(
+        &mut self,
+        key: u8,
+        token: &[u8],
+        mode: Mode,
+        ttl: i64,
+        min_fence: i64,
+        now: i64,
+    ) -> i64 {
+        if let Some(held) = self.holder(key, token, now).cloned() {
             self.leases += 1;
             let lease = self.leases;
-            let fence = self.raised_fence(min_fence, h.fence);
-            self.locks.insert(
-                key,
-                Held {
-                    fence,
-                    deadline_ms: now + ttl,
-                    lease,
-                    ..h
-                },
-            );
+            let fence = self.raised_fence(min_fence, held.fence);
+            let lock = self.locks.get_mut(&key).unwrap();
+            if lock.mode == Mode::Exclusive && mode != Mode::Exclusive {
+                lock.mode = mode; // a downgrade
+            }
+            let h = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
+            *h = Held {
+                fence,
+                deadline_ms: now + ttl,
+                lease,
+                ..held
+            };
             return fence;
         }
-        self.grant_all(&[key], token, ttl, min_fence, now)
+        if mode == Mode::Exclusive || self.occupants(key, now) == 0 {
+            self.locks.remove(&key);
+            return self.grant_all(&[key], token, mode, ttl, min_fence, now);
+        }
+        // One more reader: holders past their lock-delay go first; the
+        // same token ended unreleased is granted again in its place.
+        self.reclaim_touched(key, now);
+        let fence = self.fresh_fence(min_fence, now);
+        self.leases += 1;
+        self.grants += 1;
+        let h = Held {
+            token: token.to_vec(),
+            fence,
+            deadline_ms: now + ttl,
+            lease: self.leases,
+        };
+        let lock = self.locks.get_mut(&key).unwrap();
+        match lock.holders.iter_mut().find(|x| x.token == token) {
+            Some(x) => *x = h,
+            None => lock.holders.push(h),
+        }
+        fence
     }
 
     /// Hands `key` on as far as it goes now.
@@ -429,19 +558,23 @@ impl Reference {
                 self.marked.insert(front.id); // see settle_groups
                 return;
             }
-            let renews = match self.live(key, now) {
-                Some(h) if h.token != front.token => return,
-                Some(_) => true,
-                None if self.delayed(key, now) => return,
-                None if self.paused(now) > 0 => return,
-                None => false,
+            let renews = match self.fit(key, &front.token, front.mode, now) {
+                Err(err) => {
+                    answer(self, told, error(err));
+                    continue;
+                }
+                Ok(RefFit::Busy) => return,
+                Ok(RefFit::Fits) if self.paused(now) > 0 => return,
+                Ok(RefFit::Fits) => false,
+                Ok(RefFit::Renews) => true,
             };
             if let Some(err) = self.refuse_turn(&front, renews) {
                 answer(self, told, error(err));
                 continue;
             }
             self.lines.get_mut(&key).unwrap().remove(0);
-            let fence = self.grant(key, &front.token, front.ttl, front.min_fence, now);
+            let (token, mode) = (&front.token, front.mode);
+            let fence = self.grant(key, token, mode, front.ttl, front.min_fence, now);
             told.push((front.client, Told::Fence(fence)));
         }
     }
@@ -469,9 +602,14 @@ impl Reference {
 
     /// `token` holds every key of `keys` by one grant: its fence.
     fn held_by_one_grant(&self, keys: &[u8], token: &[u8], now: i64) -> Option<i64> {
+        // Exclusively, live (a multi-key grant is exclusive).
         let held: Vec<Option<(bool, i64)>> = keys
             .iter()
-            .map(|&k| self.live(k, now).map(|h| (h.token == token, h.fence)))
+            .map(|&k| {
+                let lock = self.locks.get(&k).filter(|l| l.mode == Mode::Exclusive)?;
+                let h = lock.holders.first().filter(|h| now < h.deadline_ms)?;
+                Some((h.token == token, h.fence))
+            })
             .collect();
         match held.first().copied() {
             Some(Some((true, fence))) if held.iter().all(|h| *h == Some((true, fence))) => {
@@ -481,22 +619,29 @@ impl Reference {
         }
     }
 
-    /// Every key of `keys` to `token` with one fence (all free).
-    fn grant_all(&mut self, keys: &[u8], token: &[u8], ttl: i64, min_fence: i64, now: i64) -> i64 {
+    /// Every key of `keys` to `token` in `mode` with one fence (all free).
+    fn grant_all(
+        &mut self,
+        keys: &[u8],
+        token: &[u8],
+        mode: Mode,
+        ttl: i64,
+        min_fence: i64,
+        now: i64,
+    ) -> i64 {
         let fence = self.fresh_fence(min_fence, now);
         for &key in keys {
             self.leases += 1;
             self.grants += 1;
             let lease = self.leases;
-            self.locks.insert(
-                key,
-                Held {
-                    token: token.to_vec(),
-                    fence,
-                    deadline_ms: now + ttl,
-                    lease,
-                },
-            );
+            let held = Held {
+                token: token.to_vec(),
+                fence,
+                deadline_ms: now + ttl,
+                lease,
+            };
+            let holders = vec![held];
+            self.locks.insert(key, RefLock { mode, holders });
         }
         fence
     }
@@ -508,7 +653,7 @@ impl Reference {
         for &key in keys {
             self.leases += 1;
             let lease = self.leases;
-            let h = self.locks.get_mut(&key).unwrap();
+            let h = &mut self.locks.get_mut(&key).unwrap().holders[0];
             h.deadline_ms = now + ttl;
             h.lease = lease;
             h.fence = fence;
@@ -558,10 +703,7 @@ impl Reference {
         }
         let renews = self.held_by_one_grant(&g.keys, &g.token, now);
         if renews.is_none() {
-            let held = g
-                .keys
-                .iter()
-                .any(|&k| self.live(k, now).is_some() || self.delayed(k, now));
+            let held = g.keys.iter().any(|&k| self.occupants(k, now) > 0);
             if held || self.paused(now) > 0 {
                 return false;
             }
@@ -572,7 +714,10 @@ impl Reference {
             (None, Some(fence)) => {
                 Told::Fence(self.renew_all(&g.keys, fence, g.ttl, g.min_fence, now))
             }
-            (None, None) => Told::Fence(self.grant_all(&g.keys, &g.token, g.ttl, g.min_fence, now)),
+            (None, None) => {
+                let (keys, token) = (&g.keys, &g.token);
+                Told::Fence(self.grant_all(keys, token, Mode::Exclusive, g.ttl, g.min_fence, now))
+            }
         };
         answer(self, t)
     }
@@ -586,10 +731,11 @@ impl Reference {
         g.keys.len() > 1
             && (!self.first_everywhere(g)
                 || g.keys.iter().any(|&k| {
-                    self.live(k, now).is_some_and(|h| h.token != g.token) || self.delayed(k, now)
+                    (self.held(k, now) && self.holder(k, &g.token, now).is_none())
+                        || self.delayed(k, now)
                 })
                 || (self.held_by_one_grant(&g.keys, &g.token, now).is_none()
-                    && g.keys.iter().any(|&k| self.live(k, now).is_some())))
+                    && g.keys.iter().any(|&k| self.held(k, now))))
     }
 
     /// The timer at `now`: take-backs, timeouts, then every key; the keys
@@ -607,10 +753,12 @@ impl Reference {
         if !held_back {
             for (key, fence, lease) in std::mem::take(&mut self.take_backs) {
                 let same = self
-                    .live(key, now)
-                    .is_some_and(|h| h.fence == fence && h.lease == lease);
-                if same {
-                    self.locks.remove(&key);
+                    .holders(key)
+                    .iter()
+                    .find(|h| now < h.deadline_ms && h.fence == fence && h.lease == lease)
+                    .map(|h| h.token.clone());
+                if let Some(token) = same {
+                    self.remove_holder(key, &token);
                     taken_back.push(key);
                 }
             }
@@ -674,34 +822,28 @@ impl Reference {
         if self.wrongtype.contains(&key) {
             return error(LockError::WrongType);
         }
-        match self.live(key, now) {
-            Some(h) if h.token == r.token => {
-                Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now))
+        match self.fit(key, &r.token, r.mode, now) {
+            Err(err) => error(err),
+            Ok(RefFit::Renews) => {
+                Told::Fence(self.grant(key, &r.token, r.mode, r.ttl, r.min_fence, now))
             }
-            Some(_) => match r.block {
+            // Held, held back by lock-delay, or a full shared key.
+            Ok(RefFit::Busy) => match r.block {
                 Some(timeout) => match self.refuse_new_holder(&r.token) {
                     Some(err) => error(err),
                     None => self.enqueue(client, &[key], r, timeout, now),
                 },
                 None => Told::Nil,
             },
-            // Held back by lock-delay: as while it was held.
-            None if self.delayed(key, now) => match r.block {
-                Some(timeout) => match self.refuse_new_holder(&r.token) {
-                    Some(err) => error(err),
-                    None => self.enqueue(client, &[key], r, timeout, now),
-                },
-                None => Told::Nil,
-            },
-            None if self.refuse_new_holder(&r.token).is_some() => {
+            Ok(RefFit::Fits) if self.refuse_new_holder(&r.token).is_some() => {
                 error(self.refuse_new_holder(&r.token).unwrap())
             }
-            None => match (self.paused(now), r.block) {
+            Ok(RefFit::Fits) => match (self.paused(now), r.block) {
                 (0, Some(timeout)) if self.has_line(key) => {
                     self.enqueue(client, &[key], r, timeout, now)
                 }
                 (0, None) if self.has_line(key) => Told::Nil,
-                (0, _) => Told::Fence(self.grant(key, &r.token, r.ttl, r.min_fence, now)),
+                (0, _) => Told::Fence(self.grant(key, &r.token, r.mode, r.ttl, r.min_fence, now)),
                 (_, Some(timeout)) => self.enqueue(client, &[key], r, timeout, now),
                 (paused, None) => error(LockError::GrantsPaused(paused)),
             },
@@ -735,7 +877,7 @@ impl Reference {
         }
         let busy = keys
             .iter()
-            .any(|&k| self.live(k, now).is_some() || self.delayed(k, now) || self.has_line(k));
+            .any(|&k| self.occupants(k, now) > 0 || self.has_line(k));
         if busy && r.block.is_none() {
             return Told::Nil;
         }
@@ -748,7 +890,7 @@ impl Reference {
                 None => error(LockError::GrantsPaused(self.paused(now))),
             };
         }
-        Told::Fence(self.grant_all(keys, &r.token, r.ttl, r.min_fence, now))
+        Told::Fence(self.grant_all(keys, &r.token, Mode::Exclusive, r.ttl, r.min_fence, now))
     }
 
     fn enqueue(&mut self, client: u8, keys: &[u8], r: &Request, timeout: i64, now: i64) -> Told {
@@ -765,6 +907,7 @@ impl Reference {
             keys: keys.to_vec(),
             client,
             token: r.token.clone(),
+            mode: r.mode,
             ttl: r.ttl,
             min_fence: r.min_fence,
             timeout_at: (timeout > 0).then_some(now + timeout),
@@ -782,6 +925,7 @@ fn redirect_of(key: u8) -> String {
 
 struct Request {
     token: Vec<u8>,
+    mode: Mode,
     ttl: i64,
     block: Option<i64>,
     min_fence: i64,
@@ -795,7 +939,7 @@ struct Harness {
     /// Each key as a replica has it: the lock the key held when the node
     /// last reported it changed (`Output::Changed`), or as Redis itself
     /// replicated a client's write (DEL, SET, SWAPDB, MIGRATE).
-    replicated: HashMap<u8, Option<Stored>>,
+    replicated: HashMap<u8, Replicated>,
     /// `Stat::Grant`s counted so far.
     grants: u64,
     wrongtype: BTreeSet<u8>,
@@ -869,7 +1013,7 @@ impl Harness {
         let decided = self.with_store(key, |node, store, denied| {
             let req = AcquireRequest {
                 token: &r.token,
-                mode: Mode::Exclusive,
+                mode: r.mode,
                 ttl_ms: r.ttl,
                 block_ms: r.block,
                 min_fence: r.min_fence,
@@ -924,8 +1068,8 @@ impl Harness {
             match output {
                 Output::Wake(wake) => d.wakes.push(*wake),
                 Output::Changed(key) => {
-                    let now = self.stores.get(&key).and_then(|s| s.lock().cloned());
-                    self.replicated.insert(key, now);
+                    let now = self.stores.get(&key).map(copy_of);
+                    self.replicated.insert(key, now.unwrap_or_default());
                 }
                 Output::Event(key, Event::Release) => d.released.push(key),
                 Output::Event(key, Event::Expire) => d.expired.push(key),
@@ -937,6 +1081,13 @@ impl Harness {
         }
         d
     }
+}
+
+/// A key as a replica has it: its mode and holders (none: no key).
+type Replicated = (Option<Mode>, Vec<Stored>);
+
+fn copy_of(store: &MemStore) -> Replicated {
+    (lock::LockRead::mode(store), store.holders.clone())
 }
 
 /// What one drain of the node's outputs carried out.
@@ -1059,7 +1210,10 @@ fn check_wakes(
             let mut grants = Vec::new();
             for (&key, lease) in keys.iter().zip(leases) {
                 grants.push((key, fence, lease));
-                let held = h.stores.get(&key).and_then(|s| lock::newest_live(s, now));
+                let held = h
+                    .stores
+                    .get(&key)
+                    .and_then(|s| lock::holder_of(s, &token, now));
                 if released.iter().any(|(k, t)| *k == key && t == &token) {
                     continue;
                 }
@@ -1080,6 +1234,7 @@ fn run(ops: &[Op]) {
         max_ttl: MAX_TTL[0],
         max_token_len: MAX_TOKEN[0],
         max_line: MAX_LINE[0],
+        max_holders: MAX_HOLDERS[0],
         ..Reference::default()
     };
     let mut h = Harness {
@@ -1103,6 +1258,8 @@ fn run(ops: &[Op]) {
     let mut fences_seen: BTreeSet<i64> = BTreeSet::new();
     // When the last pause of writes ended.
     let mut resumed_at = i64::MIN;
+    // How many held each key after the last step.
+    let mut holder_counts = [0usize; KEYS as usize];
     // The fence of each ACQUIREALL grant, and its keys.
     let mut multi_grants: HashMap<i64, Vec<u8>> = HashMap::new();
 
@@ -1147,6 +1304,7 @@ fn run(ops: &[Op]) {
                 client,
                 key,
                 token: t,
+                mode,
                 ttl,
                 block,
                 min_fence,
@@ -1156,6 +1314,7 @@ fn run(ops: &[Op]) {
                 }
                 let r = Request {
                     token: token(t),
+                    mode: MODES[mode],
                     ttl,
                     block,
                     min_fence: min_fence.map_or(0, |d| (model.hwm + d as i64).max(1)),
@@ -1197,6 +1356,7 @@ fn run(ops: &[Op]) {
                 }
                 let r = Request {
                     token: token(t),
+                    mode: Mode::Exclusive,
                     ttl,
                     block,
                     min_fence,
@@ -1250,13 +1410,13 @@ fn run(ops: &[Op]) {
                     let mut n = 0;
                     for &key in &keys {
                         model.settle(key, now, &mut model_told);
-                        if model.live(key, now).is_some_and(|l| l.token == token) {
-                            model.locks.remove(&key);
-                            model.settle(key, now, &mut model_told);
+                        let released = model.holder(key, &token, now).is_some();
+                        if released {
+                            model.remove_holder(key, &token);
                             n += 1;
-                        } else {
-                            model.reclaim_touched(key, now);
                         }
+                        model.reclaim_touched(key, now);
+                        model.settle(key, now, &mut model_told);
                     }
                     Told::ReleasedAll(n)
                 });
@@ -1297,13 +1457,12 @@ fn run(ops: &[Op]) {
                     if model.wrongtype.contains(&key) {
                         error(LockError::WrongType)
                     } else {
-                        let released = model.live(key, now).is_some_and(|l| l.token == token);
+                        let released = model.holder(key, &token, now).is_some();
                         if released {
-                            model.locks.remove(&key);
-                            model.settle(key, now, &mut model_told);
-                        } else {
-                            model.reclaim_touched(key, now);
+                            model.remove_holder(key, &token);
                         }
+                        model.reclaim_touched(key, now);
+                        model.settle(key, now, &mut model_told);
                         Told::Released(released)
                     }
                 });
@@ -1335,16 +1494,17 @@ fn run(ops: &[Op]) {
                     if model.wrongtype.contains(&key) {
                         error(LockError::WrongType)
                     } else {
-                        let held = model.live(key, now).is_some_and(|l| l.token == token);
+                        let held = model.holder(key, &token, now).is_some();
                         if held {
                             model.leases += 1;
                             let lease = model.leases;
-                            let l = model.locks.get_mut(&key).unwrap();
+                            let lock = model.locks.get_mut(&key).unwrap();
+                            let l = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
                             l.deadline_ms = now + ttl;
                             l.lease = lease;
-                        } else {
-                            model.reclaim_touched(key, now);
                         }
+                        model.reclaim_touched(key, now);
+                        model.settle(key, now, &mut model_told);
                         Told::Extended(held)
                     }
                 });
@@ -1423,6 +1583,7 @@ fn run(ops: &[Op]) {
                     *key = swap(key);
                 }
                 h.node.rename_keys(swap, |k| *k < 2, now);
+                holder_counts.swap(0, 1);
             }
             Op::Migrate { key } => {
                 if model.replica {
@@ -1464,18 +1625,21 @@ fn run(ops: &[Op]) {
                 max_token,
                 max_line,
                 lock_delay,
+                max_holders,
             } => {
                 model.lock_delay = LOCK_DELAY[lock_delay];
                 model.max_ttl = MAX_TTL[max_ttl];
                 model.delay = DELAY[delay];
                 model.max_token_len = MAX_TOKEN[max_token];
                 model.max_line = MAX_LINE[max_line];
+                model.max_holders = MAX_HOLDERS[max_holders];
                 let limits = Limits {
                     max_ttl_ms: MAX_TTL[max_ttl],
                     restart_delay_ms: DELAY[delay],
                     max_token_len: MAX_TOKEN[max_token],
                     max_waiters_per_key: MAX_LINE[max_line],
                     lock_delay_ms: LOCK_DELAY[lock_delay],
+                    max_holders_per_key: MAX_HOLDERS[max_holders],
                     ..Limits::default()
                 };
                 h.node.set_limits(limits, now);
@@ -1536,11 +1700,13 @@ fn run(ops: &[Op]) {
             }
             Op::Sweep { key } => {
                 let acts_alone = !model.replica && !model.writes_paused;
-                if model.live(key, now).is_none()
-                    && !model.delayed(key, now)
-                    && acts_alone
-                    && model.locks.remove(&key).is_some()
-                {
+                let delay = model.lock_delay;
+                let ended = model
+                    .holders(key)
+                    .iter()
+                    .any(|h| now >= h.deadline_ms + delay);
+                if ended && acts_alone {
+                    model.reclaim_touched(key, now);
                     // A lock it reclaims, it hands on: usually the timer
                     // did already, but not a hand-off a write pause held
                     // back, before the node's first run after it.
@@ -1618,16 +1784,45 @@ fn run(ops: &[Op]) {
 
         let mut live_fences = BTreeSet::new();
         for key in 0..KEYS {
-            let engine_lock = h
+            let mut engine_holders: Vec<(Vec<u8>, i64, i64)> = h
                 .stores
                 .get(&key)
-                .and_then(|s| lock::newest_live(s, now))
-                .map(|l| (l.token.to_vec(), l.fence, l.deadline_ms));
-            let model_lock = model
-                .live(key, now)
-                .map(|h| (h.token.clone(), h.fence, h.deadline_ms));
-            assert_eq!(engine_lock, model_lock, "step {step} {op:?}: lock {key}");
-            if let Some((_, fence, _)) = engine_lock {
+                .map(|s| {
+                    lock::holders(s)
+                        .filter(|l| l.is_live(now))
+                        .map(|l| (l.token.to_vec(), l.fence, l.deadline_ms))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut model_holders: Vec<(Vec<u8>, i64, i64)> = model
+                .holders(key)
+                .iter()
+                .filter(|h| now < h.deadline_ms)
+                .map(|h| (h.token.clone(), h.fence, h.deadline_ms))
+                .collect();
+            engine_holders.sort();
+            model_holders.sort();
+            assert_eq!(
+                engine_holders, model_holders,
+                "step {step} {op:?}: holders of {key}"
+            );
+            let engine_mode = h.stores.get(&key).and_then(|s| s.mode);
+            let model_mode = model.locks.get(&key).map(|l| l.mode);
+            if !engine_holders.is_empty() {
+                assert_eq!(engine_mode, model_mode, "step {step} {op:?}: mode of {key}");
+            }
+            // Never more holders than the key's capacity, unless it had
+            // them before a lower lock.max-holders-per-key (those stay, as
+            // waiters stay in a line made shorter).
+            let capacity = engine_mode.map_or(1, |m| model.capacity(m));
+            let count = engine_holders.len();
+            assert!(
+                count <= capacity || count <= holder_counts[usize::from(key)],
+                "step {step}: {count} holders of {key} in {engine_mode:?}"
+            );
+            holder_counts[usize::from(key)] = count;
+            for (_, fence, _) in &engine_holders {
+                let fence = *fence;
                 // One fence per grant; the keys of one ACQUIREALL share it.
                 let together = multi_grants.get(&fence).is_some_and(|ks| ks.contains(&key));
                 assert!(
@@ -1653,7 +1848,7 @@ fn run(ops: &[Op]) {
                 && !model.delayed(key, now);
             if h.node.waiting_on(&key) > 0 && grantable && !model.group_waits(key, now) {
                 assert!(
-                    engine_lock.is_some(),
+                    !engine_holders.is_empty(),
                     "step {step} {op:?}: a waiter is stranded on a free lock {key}"
                 );
             }
@@ -1663,8 +1858,8 @@ fn run(ops: &[Op]) {
         // Every change the node made reached the replica: its keys are
         // this node's, ended locks included.
         for key in 0..KEYS {
-            let here = h.stores.get(&key).and_then(|s| s.lock().cloned());
-            let there = h.replicated.get(&key).cloned().flatten();
+            let here = h.stores.get(&key).map(copy_of).unwrap_or_default();
+            let there = h.replicated.get(&key).cloned().unwrap_or_default();
             assert_eq!(here, there, "step {step} {op:?}: replica of key {key}");
         }
     }

@@ -499,9 +499,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         Ok(match acquired {
             Acquired::Granted(fence) => Acquire::Granted(fence),
             Acquired::Renewed(fence) => {
-                // The lease may now end sooner than the check planned.
-                self.waiters
-                    .schedule(key, now_ms.saturating_add(req.ttl_ms));
+                // The lease may now end sooner than the check planned; a
+                // downgrade lets the readers in line in now.
+                let check_at_ms = match req.mode.is_shared() {
+                    true => now_ms,
+                    false => now_ms.saturating_add(req.ttl_ms),
+                };
+                self.waiters.schedule(key, check_at_ms);
                 Acquire::Renewed(fence)
             }
             Acquired::Contended => Acquire::Contended,
@@ -734,9 +738,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.outputs
                 .push_back(Output::Event(key.clone(), Event::Release));
         }
-        // An ended lease still stored is reclaimed when touched.
+        // Ended leases still stored (another holder's, on a shared key)
+        // are reclaimed when touched.
         let delay = self.limits.lock_delay_ms;
-        if released || lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
+        let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
+        if released || reclaimed {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(released)
@@ -766,7 +772,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.outputs
                 .push_back(Output::Event(key.clone(), Event::Extend));
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
-        } else if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
+        }
+        // Ended leases still stored (another holder's, on a shared key)
+        // are reclaimed when touched.
+        if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)
