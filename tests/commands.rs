@@ -94,7 +94,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
-    assert_eq!(items.len(), 10);
+    assert_eq!(items.len(), 16);
     let fields: Vec<(String, Value)> = items
         .chunks(2)
         .map(|p| {
@@ -127,6 +127,21 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
         (before - 6..=after + 6).contains(&granted),
         "{before} {granted} {after}"
     );
+    // Then the mode, the limit, and every holder (here the only one).
+    assert_eq!(
+        fields[5],
+        ("mode".into(), Value::BulkString(b"exclusive".to_vec()))
+    );
+    assert_eq!(fields[6], ("limit".into(), Value::Nil));
+    assert_eq!(fields[7].0, "holders");
+    let Value::Array(holders) = &fields[7].1 else {
+        panic!("{:?}", fields[7])
+    };
+    assert_eq!(holders.len(), 1);
+    let Value::Array(holder) = &holders[0] else {
+        panic!("{holders:?}")
+    };
+    assert_eq!(holder[..4], items[..4], "its token and fence");
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(extend(&mut c, "k", "tok", 10_000), 1);
     assert_eq!(acquire(&mut c, "k", "tok", 10_000), Some(f));
@@ -139,10 +154,17 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Map(map) = lock_info_reply(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
-    assert_eq!(map.len(), 5);
+    assert_eq!(map.len(), 8);
     assert_eq!(
         map[1],
         (Value::BulkString(b"fence".to_vec()), Value::Int(f))
+    );
+    let Value::Array(holders) = &map[7].1 else {
+        panic!("{:?}", map[7])
+    };
+    assert!(
+        matches!(&holders[..], [Value::Map(h)] if h[1] == map[1]),
+        "each holder a map in RESP3: {holders:?}"
     );
     // The other commands answer the same in RESP3.
     assert_eq!(acquire(&mut c3, "k", "tok", 10_000), Some(f));
@@ -710,6 +732,8 @@ fn command_docs_describe_every_argument() {
                 ("key", "key", "", false),
                 ("token", "string", "", false),
                 ("ttl-ms", "integer", "", false),
+                ("shared", "pure-token", "SHARED", true),
+                ("limit", "integer", "LIMIT", true),
                 ("timeout-ms", "integer", "BLOCK", true),
                 ("min-fence", "integer", "MINFENCE", true),
             ],
@@ -822,7 +846,7 @@ fn redis_cli_shows_argument_hints() {
     tmux(&["kill-session", "-t", &session]);
     assert!(
         acquire
-            .contains("LOCK.ACQUIRE orders:1 token ttl-ms [BLOCK timeout-ms] [MINFENCE min-fence]"),
+            .contains("LOCK.ACQUIRE orders:1 token ttl-ms [SHARED] [LIMIT limit] [BLOCK timeout-ms] [MINFENCE min-fence]"),
         "{acquire}"
     );
     assert!(fence.contains("LOCK.FENCE orders:1 [token]"), "{fence}");

@@ -2,15 +2,20 @@
 //! (`argv[0]` is the command name, `argv[1]` the key); output is typed values or
 //! a [`LockError`] that names the problem. Nothing is allocated on success.
 
+use super::codec::MAX_STORED_HOLDERS;
 use super::error::{show_arg, LockError};
 use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::lock::Mode;
 use super::time::known_grant;
 
-/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`
+/// `LOCK.ACQUIRE key token ttl-ms [SHARED] [LIMIT n] [BLOCK timeout-ms]
+/// [MINFENCE n]`
 #[derive(Debug, PartialEq, Eq)]
 pub struct AcquireArgs<'a> {
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// Exclusive, or `SHARED` (with `LIMIT n`, a counting semaphore).
+    pub mode: Mode,
     /// `BLOCK timeout-ms`: wait up to this long (0 = no limit) when held.
     pub block_ms: Option<i64>,
     /// `MINFENCE n`: the fencing token is at least n (0: not given). Its
@@ -206,9 +211,15 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
     let ttl_ms = parse_ttl(argv[3], max_ttl_ms)?;
     let mut block_ms = None;
     let mut min_fence = 0;
+    let (mut shared, mut limit) = (false, None);
     let mut options = argv[4..].iter();
     while let Some(option) = options.next() {
-        if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
+        if option.eq_ignore_ascii_case(b"SHARED") && !shared {
+            shared = true;
+        } else if option.eq_ignore_ascii_case(b"LIMIT") && limit.is_none() {
+            let n = options.next().ok_or(LockError::MissingLimit)?;
+            limit = Some(parse_limit(n)?);
+        } else if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
             let timeout = options.next().ok_or(LockError::MissingTimeout)?;
             block_ms = Some(parse_timeout(timeout)?);
         } else if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
@@ -218,12 +229,28 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
             return Err(LockError::UnknownOption(show_arg(option)));
         }
     }
+    let mode = match (shared, limit) {
+        (false, None) => Mode::Exclusive,
+        (false, Some(_)) => return Err(LockError::LimitWithoutShared),
+        (true, limit) => Mode::Shared { limit },
+    };
     Ok(AcquireArgs {
         token,
         ttl_ms,
+        mode,
         block_ms,
         min_fence,
     })
+}
+
+/// `LIMIT`'s n: how many may hold a shared key at once, 1 up to
+/// `MAX_STORED_HOLDERS` (a key holds at most `lock.max-holders-per-key`
+/// whatever its limit).
+pub fn parse_limit(arg: &[u8]) -> Result<u32, LockError> {
+    match parse_i64(arg) {
+        Ok(n) if (1..=MAX_STORED_HOLDERS).contains(&n) => Ok(n as u32),
+        _ => Err(LockError::BadLimit(show_arg(arg))),
+    }
 }
 
 /// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [MINFENCE n]`
@@ -384,11 +411,86 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
     })
 }
 
+/// `LOCK._SHARED key limit token fence deadline-ms granted-ms [token fence
+/// deadline-ms granted-ms ...]`: the replicated (and AOF) form of a shared
+/// key, whole: its limit (`codec::mode_word`: -1 none, n ≥ 1) and every
+/// holder, times in Unix ms.
+#[derive(Debug, PartialEq, Eq)]
+pub struct SharedSetArgs<'a> {
+    pub mode: Mode,
+    pub holders: Vec<SetArgs<'a>>,
+}
+
+/// The arguments of `LOCK._SHARED` after its key, as the module writes
+/// them: the mode word, then each holder's token, fence, deadline and
+/// grant time (both Unix ms).
+pub fn shared_set_args(mode: Mode, holders: &[(&[u8], i64, i64, i64)]) -> Vec<Vec<u8>> {
+    let mut out = vec![crate::codec::mode_word(mode).to_string().into_bytes()];
+    for &(token, fence, deadline_ms, granted_ms) in holders {
+        out.push(token.to_vec());
+        for n in [fence, deadline_ms, granted_ms] {
+            out.push(n.to_string().into_bytes());
+        }
+    }
+    out
+}
+
+pub fn parse_shared_set<'a>(argv: &[&'a [u8]]) -> Result<SharedSetArgs<'a>, LockError> {
+    if argv.len() < 7 || (argv.len() - 3) % 4 != 0 {
+        return Err(LockError::WrongArity("lock._shared"));
+    }
+    let mode = parse_i64(argv[2])
+        .ok()
+        .and_then(crate::codec::mode_of_word)
+        .filter(|m| m.is_shared())
+        .ok_or(LockError::BadInternalArgument("limit"))?;
+    let mut holders: Vec<SetArgs<'a>> = Vec::with_capacity((argv.len() - 3) / 4);
+    for h in argv[3..].chunks(4) {
+        let mut one: Vec<&'a [u8]> = vec![argv[0], argv[1]];
+        one.extend_from_slice(h);
+        let holder = parse_set(&one)?;
+        if holders.iter().any(|o| o.token == holder.token) {
+            return Err(LockError::BadInternalArgument(
+                "holder: a token named twice",
+            ));
+        }
+        holders.push(holder);
+    }
+    Ok(SharedSetArgs { mode, holders })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MAX: i64 = crate::limits::DEFAULT_MAX_TTL_MS;
+
+    #[test]
+    fn a_shared_key_is_written_and_read_back_whole() {
+        let mode = Mode::Shared { limit: Some(4) };
+        let written = shared_set_args(mode, &[(b"a", 7, 100, 50), (b"b", 9, 200, 0)]);
+        let mut argv: Vec<&[u8]> = vec![b"LOCK._SHARED", b"k"];
+        argv.extend(written.iter().map(|a| a.as_slice()));
+        let parsed = parse_shared_set(&argv).unwrap();
+        assert_eq!(parsed.mode, mode);
+        let holders: Vec<(&[u8], i64, i64, i64)> = parsed
+            .holders
+            .iter()
+            .map(|h| (h.token, h.fence, h.deadline_ms, h.granted_ms))
+            .collect();
+        assert_eq!(holders, [(&b"a"[..], 7, 100, 50), (&b"b"[..], 9, 200, 0)]);
+        let bad = |argv: &[&[u8]]| parse_shared_set(argv).unwrap_err();
+        assert_eq!(
+            bad(&argv[..argv.len() - 1]),
+            LockError::WrongArity("lock._shared")
+        );
+        let mut exclusive = argv.clone();
+        exclusive[2] = b"0";
+        assert_eq!(bad(&exclusive), LockError::BadInternalArgument("limit"));
+        let mut twice = argv.clone();
+        twice[7] = b"a";
+        assert!(matches!(bad(&twice), LockError::BadInternalArgument(_)));
+    }
 
     #[test]
     fn parse_i64_follows_redis_string2ll() {
@@ -549,6 +651,7 @@ mod tests {
             AcquireArgs {
                 token: b"t",
                 ttl_ms: 100,
+                mode: Mode::Exclusive,
                 block_ms: None,
                 min_fence: 0,
             }
@@ -561,6 +664,38 @@ mod tests {
             parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"], MAX),
             Err(LockError::UnknownOption("'NX'".into()))
         );
+    }
+
+    #[test]
+    fn acquire_takes_shared_and_a_limit_in_any_order_with_the_other_options() {
+        let parse = |extra: &[&[u8]]| {
+            let argv: Vec<&[u8]> = [&b"LOCK.ACQUIRE"[..], b"k", b"t", b"100"]
+                .into_iter()
+                .chain(extra.iter().copied())
+                .collect();
+            parse_acquire(&argv, MAX).map(|a| (a.mode, a.block_ms))
+        };
+        let shared = |limit| Mode::Shared { limit };
+        assert_eq!(parse(&[b"shared"]), Ok((shared(None), None)));
+        assert_eq!(
+            parse(&[b"LIMIT", b"3", b"BLOCK", b"5", b"SHARED"]),
+            Ok((shared(Some(3)), Some(5)))
+        );
+        assert_eq!(parse(&[b"LIMIT", b"3"]), Err(LockError::LimitWithoutShared));
+        assert_eq!(parse(&[b"SHARED", b"LIMIT"]), Err(LockError::MissingLimit));
+        for bad in [&b"0"[..], b"-1", b"x", b"1048577"] {
+            assert_eq!(
+                parse(&[b"SHARED", b"LIMIT", bad]),
+                Err(LockError::BadLimit(show_arg(bad)))
+            );
+        }
+        assert_eq!(
+            parse(&[b"SHARED", b"SHARED"]),
+            Err(LockError::UnknownOption("'SHARED'".into())),
+            "named twice"
+        );
+        let msg = LockError::LimitWithoutShared.to_string();
+        assert!(msg.contains("LIMIT needs SHARED"), "{msg}");
     }
 
     #[test]

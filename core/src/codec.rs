@@ -2,7 +2,9 @@
 //!
 //! A value is the token (`RM_SaveStringBuffer`), the fence and the deadline
 //! (`RM_SaveSigned`), and from encoding version 2 the grant time
-//! (`RM_SaveSigned`); the format table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
+//! (`RM_SaveSigned`); from version 3 those four fields are one holder's,
+//! after the key's mode and holder count (`RM_SaveSigned` each); the format
+//! table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
 //! and checks them; it is the only decoder: the module's `rdb_load` runs it
 //! over the `RedisModuleIO` Redis hands it, and the fuzzer (`fuzz/`) and the
 //! unit tests run it over `rdb_bytes::RdbBytes`, which reads the very bytes Redis
@@ -15,10 +17,38 @@ use std::fmt;
 
 use super::error::LockError;
 use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
+use super::lock::Mode;
 use super::time::known_grant;
 
 /// The newest value encoding this build reads and the one it writes.
-pub const ENCODING_VERSION: i32 = 2;
+pub const ENCODING_VERSION: i32 = 3;
+
+/// The most holders a stored value may have (a bound on what a damaged
+/// count can make the loader allocate; far above `lock.max-holders-per-key`'s
+/// default).
+pub const MAX_STORED_HOLDERS: i64 = 1 << 20;
+
+/// A key's mode as version 3 writes it: 0 exclusive, -1 shared without a
+/// limit, n ≥ 1 shared with limit n.
+pub fn mode_word(mode: Mode) -> i64 {
+    match mode {
+        Mode::Exclusive => 0,
+        Mode::Shared { limit: None } => -1,
+        Mode::Shared { limit: Some(n) } => i64::from(n),
+    }
+}
+
+/// The mode a version-3 mode word stands for.
+pub fn mode_of_word(word: i64) -> Option<Mode> {
+    match word {
+        0 => Some(Mode::Exclusive),
+        -1 => Some(Mode::Shared { limit: None }),
+        n => u32::try_from(n)
+            .ok()
+            .filter(|&n| n >= 1)
+            .map(|n| Mode::Shared { limit: Some(n) }),
+    }
+}
 
 /// A read ran past the data, or the data there is not what the field needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +63,15 @@ pub trait ValueReader {
     fn signed(&mut self) -> Result<i64, Truncated>;
 }
 
-/// A decoded value that passed every check.
+/// A decoded value that passed every check: its mode and its holders
+/// (exactly one when exclusive; distinct tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredValue<B> {
+    pub mode: Mode,
+    pub holders: Vec<StoredLock<B>>,
+}
+
+/// One holder of a decoded value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredLock<B> {
     pub token: B,
@@ -55,6 +93,12 @@ pub enum DecodeError {
     /// A negative grant time.
     Granted(i64),
     Fence(i64, LockError),
+    /// A mode word that is none (version 3).
+    Mode(i64),
+    /// A holder count out of range for the mode (version 3).
+    Holders(i64),
+    /// Two holders with one token (version 3).
+    DuplicateToken,
 }
 
 impl fmt::Display for DecodeError {
@@ -73,6 +117,12 @@ impl fmt::Display for DecodeError {
                 write!(f, "grant time {g} is out of range")
             }
             DecodeError::Fence(fence, why) => write!(f, "fence {fence}: {why}"),
+            DecodeError::Mode(word) => write!(f, "mode {word} is none this build knows"),
+            DecodeError::Holders(n) => write!(
+                f,
+                "{n} holders (1 when exclusive, 1 to {MAX_STORED_HOLDERS} when shared)"
+            ),
+            DecodeError::DuplicateToken => write!(f, "two holders have one token"),
         }
     }
 }
@@ -84,17 +134,53 @@ impl From<Truncated> for DecodeError {
 }
 
 /// Reads and checks one value of encoding version `encver`. `check_fence`
-/// says whether the node accepts the fence (its bound depends on the node's
+/// says whether the node accepts a fence (its bound depends on the node's
 /// mark and clock). Every field is read before anything is checked, as the
-/// format has no way to skip a field.
+/// format has no way to skip a field (only a version-3 count is checked
+/// before its holders are read, so a damaged one allocates nothing).
 pub fn decode_value<R: ValueReader>(
     encver: i32,
     reader: &mut R,
-    check_fence: impl FnOnce(i64) -> Result<(), LockError>,
-) -> Result<StoredLock<R::Bytes>, DecodeError> {
+    mut check_fence: impl FnMut(i64) -> Result<(), LockError>,
+) -> Result<StoredValue<R::Bytes>, DecodeError> {
     if !(1..=ENCODING_VERSION).contains(&encver) {
         return Err(DecodeError::Version(encver));
     }
+    if encver < 3 {
+        let holder = decode_holder(encver, reader, &mut check_fence)?;
+        return Ok(StoredValue {
+            mode: Mode::Exclusive,
+            holders: vec![holder],
+        });
+    }
+    let word = reader.signed()?;
+    let count = reader.signed()?;
+    let mode = mode_of_word(word).ok_or(DecodeError::Mode(word))?;
+    let most = match mode {
+        Mode::Exclusive => 1,
+        Mode::Shared { .. } => MAX_STORED_HOLDERS,
+    };
+    if !(1..=most).contains(&count) {
+        return Err(DecodeError::Holders(count));
+    }
+    let mut holders: Vec<StoredLock<R::Bytes>> = Vec::new();
+    for _ in 0..count {
+        holders.push(decode_holder(encver, reader, &mut check_fence)?);
+    }
+    let mut tokens: Vec<&[u8]> = holders.iter().map(|h| h.token.as_ref()).collect();
+    tokens.sort_unstable();
+    if tokens.windows(2).any(|w| w[0] == w[1]) {
+        return Err(DecodeError::DuplicateToken);
+    }
+    Ok(StoredValue { mode, holders })
+}
+
+/// One holder's four fields (three before version 2), checked.
+fn decode_holder<R: ValueReader>(
+    encver: i32,
+    reader: &mut R,
+    check_fence: &mut impl FnMut(i64) -> Result<(), LockError>,
+) -> Result<StoredLock<R::Bytes>, DecodeError> {
     let token = reader.string_buffer()?;
     let fence = reader.signed()?;
     let deadline_ms = reader.signed()?;
@@ -140,7 +226,8 @@ mod tests {
     use crate::fence::FenceCounter;
     use crate::limits::MAX_FENCE_LEAD;
     use crate::rdb_bytes::{
-        encode_value, encode_value_v2, lzf_decompress, RdbBytes, OPCODE_STRING, OPCODE_UINT,
+        encode_value, encode_value_v2, encode_value_v3, lzf_decompress, RdbBytes, OPCODE_STRING,
+        OPCODE_UINT,
     };
 
     const NOW_US: i64 = 1_700_000_000_000_000;
@@ -150,7 +237,15 @@ mod tests {
     }
 
     fn decode(bytes: &[u8]) -> Result<StoredLock<Vec<u8>>, DecodeError> {
-        decode_value(1, &mut RdbBytes::new(bytes), accept)
+        one(decode_value(1, &mut RdbBytes::new(bytes), accept))
+    }
+
+    /// The one holder of an exclusive value.
+    fn one<B>(v: Result<StoredValue<B>, DecodeError>) -> Result<StoredLock<B>, DecodeError> {
+        v.map(|v| {
+            assert_eq!((v.mode, v.holders.len()), (Mode::Exclusive, 1));
+            v.holders.into_iter().next().unwrap()
+        })
     }
 
     /// The value part of a DUMP payload: after the type byte and the 9-byte
@@ -208,7 +303,7 @@ mod tests {
                 (i64::MAX, MAX_DEADLINE_MS),
             ] {
                 let bytes = encode_value(token, fence, deadline);
-                let v = decode_value(1, &mut RdbBytes::new(&bytes), |_| Ok(())).unwrap();
+                let v = one(decode_value(1, &mut RdbBytes::new(&bytes), |_| Ok(()))).unwrap();
                 assert_eq!(
                     (&v.token[..], v.fence, v.deadline_ms),
                     (token, fence, deadline)
@@ -225,29 +320,33 @@ mod tests {
         assert_eq!(v1.granted_ms, 0);
         let granted = v1.deadline_ms - 100_000;
         let bytes = encode_value_v2(&v1.token, v1.fence, v1.deadline_ms, granted);
-        let v2 = decode_value(2, &mut RdbBytes::new(&bytes), accept).unwrap();
+        let v2 = one(decode_value(2, &mut RdbBytes::new(&bytes), accept)).unwrap();
         assert_eq!(
             (v2.token, v2.fence, v2.deadline_ms, v2.granted_ms),
             (v1.token.clone(), v1.fence, v1.deadline_ms, granted)
         );
         // Read as version 2, a version 1 value is short by one field.
         assert_eq!(
-            decode_value(2, &mut RdbBytes::new(dump_value(DUMP_PLAIN)), accept),
+            one(decode_value(
+                2,
+                &mut RdbBytes::new(dump_value(DUMP_PLAIN)),
+                accept
+            )),
             Err(DecodeError::Truncated)
         );
         // A grant time after the deadline (an earlier build's write after a
         // wall-clock step) loads as unknown; a negative one is refused.
         let late = encode_value_v2(&v1.token, v1.fence, 5, 6);
-        let loaded = decode_value(2, &mut RdbBytes::new(&late), accept).unwrap();
+        let loaded = one(decode_value(2, &mut RdbBytes::new(&late), accept)).unwrap();
         assert_eq!((loaded.deadline_ms, loaded.granted_ms), (5, 0));
         let negative = encode_value_v2(&v1.token, v1.fence, 5, -1);
         assert_eq!(
-            decode_value(2, &mut RdbBytes::new(&negative), accept),
+            one(decode_value(2, &mut RdbBytes::new(&negative), accept)),
             Err(DecodeError::Granted(-1))
         );
         assert_eq!(
-            decode_value(3, &mut RdbBytes::new(&bytes), accept),
-            Err(DecodeError::Version(3))
+            decode_value(4, &mut RdbBytes::new(&bytes), accept),
+            Err(DecodeError::Version(4))
         );
     }
 
@@ -293,9 +392,9 @@ mod tests {
             assert!(err.to_string().starts_with(&format!("fence {fence}: ")));
         }
         decode(&encode_value(b"t", NOW_US + MAX_FENCE_LEAD, ok_deadline)).unwrap();
-        let err = decode_value(3, &mut RdbBytes::new(b""), accept).unwrap_err();
-        assert_eq!(err, DecodeError::Version(3));
-        assert!(err.to_string().contains("encoding version 3"));
+        let err = decode_value(4, &mut RdbBytes::new(b""), accept).unwrap_err();
+        assert_eq!(err, DecodeError::Version(4));
+        assert!(err.to_string().contains("encoding version 4"));
     }
 
     #[test]
@@ -348,5 +447,57 @@ mod tests {
         check_restored_fence(NOW_US + MAX_FENCE_LEAD, NOW_US).unwrap();
         assert!(check_restored_fence(NOW_US + MAX_FENCE_LEAD + 1, NOW_US).is_err());
         assert!(check_restored_fence(i64::MAX, i64::MAX - 5).is_ok());
+    }
+
+    /// Version 3: the mode and the holder count, then each holder as
+    /// version 2 writes one; exclusive values have exactly one.
+    #[test]
+    fn version_3_carries_the_mode_and_every_holder() {
+        let now_ms = NOW_US / 1000;
+        let h = |t: &'static [u8], f: i64| (t, f, now_ms + 500, now_ms);
+        let limit = Mode::Shared { limit: Some(3) };
+        let bytes = encode_value_v3(limit, &[h(b"a", 7), h(b"b", 9)]);
+        let v = decode_value(3, &mut RdbBytes::new(&bytes), accept).unwrap();
+        assert_eq!(v.mode, limit);
+        let tokens: Vec<&[u8]> = v.holders.iter().map(|h| &h.token[..]).collect();
+        assert_eq!(tokens, [&b"a"[..], b"b"]);
+        assert_eq!(v.holders[1].fence, 9);
+        for mode in [Mode::Exclusive, Mode::Shared { limit: None }] {
+            let bytes = encode_value_v3(mode, &[h(b"a", 7)]);
+            let v = decode_value(3, &mut RdbBytes::new(&bytes), accept).unwrap();
+            assert_eq!((v.mode, v.holders.len()), (mode, 1));
+        }
+        let bad = |bytes: Vec<u8>| decode_value(3, &mut RdbBytes::new(&bytes), accept);
+        assert_eq!(
+            bad(encode_value_v3(Mode::Exclusive, &[h(b"a", 7), h(b"b", 9)])),
+            Err(DecodeError::Holders(2)),
+            "two holders of an exclusive key"
+        );
+        assert_eq!(
+            bad(encode_value_v3(limit, &[])),
+            Err(DecodeError::Holders(0))
+        );
+        assert_eq!(
+            bad(encode_value_v3(limit, &[h(b"a", 7), h(b"a", 9)])),
+            Err(DecodeError::DuplicateToken)
+        );
+        for word in [-2i64, i64::from(u32::MAX) + 1] {
+            let mut bytes = Vec::new();
+            bytes.extend(crate::rdb_bytes::encode_signed(word));
+            bytes.extend(crate::rdb_bytes::encode_signed(1));
+            bytes.extend(encode_value_v2(b"a", 7, now_ms + 500, now_ms));
+            assert_eq!(bad(bytes), Err(DecodeError::Mode(word)));
+        }
+        let huge = [
+            crate::rdb_bytes::encode_signed(-1),
+            crate::rdb_bytes::encode_signed(MAX_STORED_HOLDERS + 1),
+        ]
+        .concat();
+        assert_eq!(bad(huge), Err(DecodeError::Holders(MAX_STORED_HOLDERS + 1)));
+        // Every truncation is refused.
+        let bytes = encode_value_v3(limit, &[h(b"a", 7), h(b"b", 9)]);
+        for len in 0..bytes.len() {
+            assert!(bad(bytes[..len].to_vec()).is_err(), "{len}");
+        }
     }
 }

@@ -85,6 +85,12 @@ pub enum LockError {
     DuplicateKey(String),
     /// An option this build does not support on this command yet.
     NotYet(String, &'static str),
+    /// LIMIT without its n.
+    MissingLimit,
+    /// LIMIT's n is not an integer from 1 up to the bound.
+    BadLimit(String),
+    /// LIMIT without SHARED.
+    LimitWithoutShared,
     /// A shared request names another limit than the key's holders were
     /// granted with (None: no LIMIT).
     LimitMismatch {
@@ -225,6 +231,16 @@ impl fmt::Display for LockError {
                 f,
                 "ERR option {option} is not supported by {cmd} in this build (it will come with shared locks)"
             ),
+            MissingLimit => write!(f, "ERR LIMIT needs a number of holders n"),
+            BadLimit(v) => write!(
+                f,
+                "ERR invalid LIMIT {v}: must be an integer from 1 to {}",
+                crate::codec::MAX_STORED_HOLDERS
+            ),
+            LimitWithoutShared => write!(
+                f,
+                "ERR LIMIT needs SHARED: a limit caps shared holders (an exclusive lock has one)"
+            ),
             LimitMismatch { held, asked } => {
                 let show = |l: &Option<u32>| match l {
                     Some(n) => format!("LIMIT {n}"),
@@ -313,6 +329,9 @@ mod tests {
                 asked: None,
             },
             LockError::NoUpgrade,
+            LockError::MissingLimit,
+            LockError::BadLimit("'0'".into()),
+            LockError::LimitWithoutShared,
             LockError::Internal,
         ];
         for e in all {

@@ -11,6 +11,7 @@ use super::codec::{self, StoredLock};
 use super::error::LockError;
 use super::fence::FenceCounter;
 use super::limits::{DEFAULT_MAX_TTL_MS, MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::lock::Mode;
 use super::rdb_bytes::{self, RdbBytes};
 
 /// `parse_args`: the input is one argv, its arguments separated by '\n'
@@ -79,16 +80,30 @@ pub fn decode_value(data: &[u8]) {
     let mut reader = RdbBytes::new(body);
     match codec::decode_value(i32::from(encver), &mut reader, check) {
         Ok(value) => {
-            assert!(encver == 1 || encver == 2);
-            check_stored(&value, fences.max_acceptable(NOW_US));
+            assert!((1..=3).contains(&encver));
+            assert!(encver == 3 || value.mode == Mode::Exclusive);
+            let count = value.holders.len();
+            match value.mode {
+                Mode::Exclusive => assert_eq!(count, 1),
+                Mode::Shared { .. } => {
+                    assert!((1..=codec::MAX_STORED_HOLDERS as usize).contains(&count))
+                }
+            }
+            for holder in &value.holders {
+                check_stored(holder, fences.max_acceptable(NOW_US));
+            }
+            let h = &value.holders[0];
             let again = match encver {
-                1 => rdb_bytes::encode_value(&value.token, value.fence, value.deadline_ms),
-                _ => rdb_bytes::encode_value_v2(
-                    &value.token,
-                    value.fence,
-                    value.deadline_ms,
-                    value.granted_ms,
-                ),
+                1 => rdb_bytes::encode_value(&h.token, h.fence, h.deadline_ms),
+                2 => rdb_bytes::encode_value_v2(&h.token, h.fence, h.deadline_ms, h.granted_ms),
+                _ => {
+                    let holders: Vec<(&[u8], i64, i64, i64)> = value
+                        .holders
+                        .iter()
+                        .map(|h| (&h.token[..], h.fence, h.deadline_ms, h.granted_ms))
+                        .collect();
+                    rdb_bytes::encode_value_v3(value.mode, &holders)
+                }
             };
             let mut reader = RdbBytes::new(&again);
             let decoded = codec::decode_value(i32::from(encver), &mut reader, check)
@@ -166,21 +181,37 @@ fn spec_acquire<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<AcquireArgs<'a>> 
     let mut parsed = AcquireArgs {
         token: spec_token(token)?,
         ttl_ms: in_range(ttl, 1..=max_ttl)?,
+        mode: Mode::Exclusive,
         block_ms: None,
         min_fence: 0,
     };
-    for pair in options.chunks(2) {
-        let [word, value] = pair else {
+    let (mut shared, mut limit) = (false, None);
+    let mut rest = options;
+    while let [word, after @ ..] = rest {
+        if word.eq_ignore_ascii_case(b"shared") && !shared {
+            shared = true;
+            rest = after;
+            continue;
+        }
+        let [value, after @ ..] = after else {
             return None;
         };
         if word.eq_ignore_ascii_case(b"block") && parsed.block_ms.is_none() {
             parsed.block_ms = Some(in_range(value, 0..=MAX_DURATION_MS)?);
         } else if word.eq_ignore_ascii_case(b"minfence") && parsed.min_fence == 0 {
             parsed.min_fence = in_range(value, 1..=i64::MAX)?;
+        } else if word.eq_ignore_ascii_case(b"limit") && limit.is_none() {
+            limit = Some(in_range(value, 1..=codec::MAX_STORED_HOLDERS)? as u32);
         } else {
             return None;
         }
+        rest = after;
     }
+    parsed.mode = match (shared, limit) {
+        (false, Some(_)) => return None,
+        (false, None) => Mode::Exclusive,
+        (true, limit) => Mode::Shared { limit },
+    };
     Some(parsed)
 }
 

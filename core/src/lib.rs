@@ -51,6 +51,6 @@ mod waiters;
 // Lock state is read and changed only through `node::Node`: the state
 // machine, the lines and the fence mark are private; these are the types
 // a caller passes in (a store) or gets back (a lock's view, a waiter's
-// outcome).
-pub use lock::{Lock, LockRead, LockStore, Mode, Removal};
+// outcome), and how to walk a key's holders.
+pub use lock::{holders, Lock, LockRead, LockStore, Mode, Removal};
 pub use waiters::{Outcome, Wake};

@@ -1331,6 +1331,44 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         Ok(())
     }
 
+    /// `LOCK._SHARED key limit token fence deadline-ms granted-ms ...` from
+    /// the master or the AOF: a shared key, whole. Every fence is checked
+    /// first and the mark raised to the highest (a refused one changes
+    /// nothing), then the key is stored as given, each holder's times on
+    /// this node's monotonic clock.
+    pub fn apply_shared(
+        &mut self,
+        store: &mut impl LockStore,
+        mode: Mode,
+        holders: &[args::SetArgs<'_>],
+        now: Now,
+    ) -> Result<(), LockError> {
+        for h in holders {
+            self.fences.check(h.fence, now.wall_us)?;
+        }
+        let highest = holders
+            .iter()
+            .map(|h| h.fence)
+            .max()
+            .ok_or(LockError::Internal)?;
+        self.fences.observe(highest, now.wall_us)?;
+        for (i, h) in holders.iter().enumerate() {
+            let (deadline_ms, granted_ms) = self.local_times(h.deadline_ms, h.granted_ms, now);
+            let lock = Lock {
+                fence: h.fence,
+                deadline_ms,
+                token: h.token,
+                granted_ms,
+                lease: self.next_lease(),
+            };
+            match i {
+                0 => store.put(mode, lock),
+                _ => store.add(lock),
+            }
+        }
+        Ok(())
+    }
+
     /// Whether a decoded value's fence may be loaded now: within the bounds
     /// of the mark and the clock, and for a `RESTORE` (`restoring`), of the
     /// clock alone too (nothing changes).

@@ -30,9 +30,14 @@ pub mod command {
     pub const GATE: &str = "LOCK._GATE";
     /// Internal: the replicated and AOF form of a grant or renewal.
     pub const SET: &str = "LOCK._SET";
+    /// Internal: the replicated and AOF form of a shared key, whole.
+    pub const SET_SHARED: &str = "LOCK._SHARED";
     /// `ACQUIRE`'s option words.
     pub const BLOCK: &str = "BLOCK";
     pub const MINFENCE: &str = "MINFENCE";
+    /// `ACQUIRE`'s word for a shared holder, and its limit's.
+    pub const SHARED: &str = "SHARED";
+    pub const LIMIT: &str = "LIMIT";
     /// `EXEC`'s option word: the holder's grant must have this fence.
     pub const FENCE_WORD: &str = "FENCE";
 }
@@ -50,8 +55,18 @@ pub mod info_field {
     pub const WAITERS: &str = "waiters";
     /// When the holder was granted, Unix ms (nil when unknown).
     pub const GRANTED: &str = "granted";
+    /// `exclusive` or `shared`.
+    pub const MODE: &str = "mode";
+    /// A shared key's LIMIT (nil: none, or exclusive).
+    pub const LIMIT: &str = "limit";
+    /// Every live holder, in grant order: an array of maps of TOKEN, FENCE,
+    /// TTL and GRANTED (one when exclusive). The fields above are the
+    /// newest holder's.
+    pub const HOLDERS: &str = "holders";
     /// Every field, in reply order.
-    pub const ALL: [&str; 5] = [TOKEN, FENCE, TTL, WAITERS, GRANTED];
+    pub const ALL: [&str; 8] = [TOKEN, FENCE, TTL, WAITERS, GRANTED, MODE, LIMIT, HOLDERS];
+    /// The fields of each map of HOLDERS, in reply order.
+    pub const HOLDER: [&str; 4] = [TOKEN, FENCE, TTL, GRANTED];
 }
 
 /// Error codes (the first word of an error reply) a client acts on.

@@ -4,6 +4,7 @@
 
 use crate::args::parse_i64;
 use crate::codec::{Truncated, ValueReader};
+use crate::lock::Mode;
 
 // Redis's RDB encoding of a module value (rdb.h, module.c).
 pub(crate) const OPCODE_UINT: u64 = 2;
@@ -218,6 +219,27 @@ pub fn encode_value_v2(token: &[u8], fence: i64, deadline_ms: i64, granted_ms: i
     let mut out = encode_value(token, fence, deadline_ms);
     push_length(&mut out, OPCODE_UINT);
     push_length(&mut out, granted_ms as u64);
+    out
+}
+
+/// The bytes Redis stores for `RM_SaveSigned(n)`: the number as an
+/// unsigned 64-bit integer (two's complement).
+pub fn encode_signed(n: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_length(&mut out, OPCODE_UINT);
+    push_length(&mut out, n as u64);
+    out
+}
+
+/// The bytes Redis stores for a value of encoding version 3: the mode
+/// word and the holder count, then each holder (token, fence, deadline,
+/// grant time) as version 2 writes one.
+pub fn encode_value_v3(mode: Mode, holders: &[(&[u8], i64, i64, i64)]) -> Vec<u8> {
+    let mut out = encode_signed(crate::codec::mode_word(mode));
+    out.extend(encode_signed(holders.len() as i64));
+    for &(token, fence, deadline_ms, granted_ms) in holders {
+        out.extend(encode_value_v2(token, fence, deadline_ms, granted_ms));
+    }
     out
 }
 

@@ -23,7 +23,7 @@ use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
 use crate::core::protocol::{self, info_field};
-use crate::core::Mode;
+use crate::core::{holders, Lock, LockRead, Mode};
 
 /// One row of the command table.
 pub struct Command {
@@ -51,6 +51,8 @@ const STRING: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING;
 const INTEGER: raw::RedisModuleCommandArgType =
     raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER;
+const PURE_TOKEN: raw::RedisModuleCommandArgType =
+    raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN;
 
 const fn arg(
     name: &'static CStr,
@@ -103,7 +105,7 @@ const ACQUIRE_ALL_KEY_FLAGS: u64 = RW | ACCESS | UPDATE;
 const RELEASE_ALL_KEY_FLAGS: u64 = RW | DELETE;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 11] = [
+pub static COMMANDS: [Command; 12] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -114,11 +116,16 @@ pub static COMMANDS: [Command; 11] = [
         key_flags: RW | ACCESS | UPDATE,
         keys: KeyPlace::First,
         acl_categories: c"write blocking",
-        summary: c"Takes a lock for token with a lease of ttl-ms; replies with its fencing token, or nil when another token holds it. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
+        summary: c"Takes a lock for token with a lease of ttl-ms, exclusive or SHARED (with LIMIT: a semaphore); replies with its fencing token, or nil when it does not fit now. With BLOCK, waits in FIFO order up to timeout-ms (0: forever).",
         args: &[
             LOCK_KEY,
             TOKEN,
             TTL,
+            ArgDoc {
+                kind: PURE_TOKEN,
+                ..option(c"SHARED", c"shared", c"A shared holder: many at once, none exclusive (readers of a read/write lock).")
+            },
+            option(c"LIMIT", c"limit", c"With SHARED: at most limit holders at once (a counting semaphore); the key keeps one limit until its last holder goes."),
             option(c"BLOCK", c"timeout-ms", c"Wait in line up to timeout-ms (0: no timeout) instead of answering nil."),
             option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
         ],
@@ -170,7 +177,7 @@ pub static COMMANDS: [Command; 11] = [
         key_flags: RO | ACCESS,
         keys: KeyPlace::First,
         acl_categories: c"read fast",
-        summary: c"Replies with token, fence, ttl, waiters and granted (Unix ms) of a held lock, or nil.",
+        summary: c"Replies with token, fence, ttl, waiters and granted (Unix ms) of a held lock (its newest holder), its mode, limit and every holder, or nil.",
         args: &[LOCK_KEY],
     },
     Command {
@@ -286,6 +293,24 @@ pub static COMMANDS: [Command; 11] = [
             TOKEN,
         ],
     },
+    Command {
+        name: c"lock._shared",
+        callback: command_callback!(set_shared),
+        flags: c"write",
+        arity: -7,
+        key_flags: OW | UPDATE,
+        keys: KeyPlace::First,
+        acl_categories: c"write",
+        summary: c"Internal: the replicated and AOF form of a shared lock, whole. Refused from ordinary clients.",
+        args: &[
+            LOCK_KEY,
+            arg(c"limit", INTEGER, c"The key's LIMIT, or -1 for none."),
+            ArgDoc {
+                multiple: true,
+                ..arg(c"holder", STRING, c"Each holder: token, fence, deadline-ms and granted-ms (Unix ms).")
+            },
+        ],
+    },
 ];
 
 /// The key a command names, opened for writing, as the node takes it.
@@ -312,7 +337,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let request = AcquireRequest {
             token: a.token,
-            mode: Mode::Exclusive,
+            mode: a.mode,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
             min_fence: a.min_fence,
@@ -517,31 +542,50 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let store = ReadKey::open(ctx, argv.key())?;
     let now = node::mono_ms();
     let key = engine::key_of(ctx, argv.key_bytes());
-    let holder = engine::with_engine(|n| n.holder(&key, &store, now));
-    Ok(match holder {
-        None => Reply::Null,
-        Some((held, waiters)) => {
-            let token = if may_write_key(ctx, argv.key()) {
-                Value::Bytes(held.token.to_vec())
-            } else {
-                Value::Null
-            };
-            Reply::Map(vec![
-                (info_field::TOKEN, token),
-                (info_field::FENCE, Value::Integer(held.fence)),
-                (info_field::TTL, Value::Integer(held.remaining_ms(now))),
-                (info_field::WAITERS, Value::Integer(waiters as i64)),
-                // Last, so replies read by position stay as they were.
-                (
-                    info_field::GRANTED,
-                    match datatype::wall_times(&held) {
-                        (_, 0) => Value::Null,
-                        (_, at) => Value::Integer(at),
-                    },
-                ),
-            ])
-        }
-    })
+    let Some(waiters) = engine::with_engine(|n| n.holder(&key, &store, now).map(|(_, w)| w)) else {
+        return Ok(Reply::Null);
+    };
+    let show_tokens = may_write_key(ctx, argv.key());
+    // The newest holder's fields first (the only holder's when exclusive):
+    // replies read by name or by position stay as they were.
+    let live: Vec<Lock<'_>> = holders(&store).filter(|l| l.is_live(now)).collect();
+    let holder_fields = |held: &Lock<'_>| {
+        let token = match show_tokens {
+            true => Value::Bytes(held.token.to_vec()),
+            false => Value::Null,
+        };
+        let granted = match datatype::wall_times(held) {
+            (_, 0) => Value::Null,
+            (_, at) => Value::Integer(at),
+        };
+        [
+            (info_field::TOKEN, token),
+            (info_field::FENCE, Value::Integer(held.fence)),
+            (info_field::TTL, Value::Integer(held.remaining_ms(now))),
+            (info_field::GRANTED, granted),
+        ]
+    };
+    let Some(newest) = live.iter().max_by_key(|l| l.fence) else {
+        return Ok(Reply::Null);
+    };
+    let [token, fence, ttl, granted] = holder_fields(newest);
+    let (mode, limit) = match store.mode() {
+        Some(Mode::Shared { limit }) => ("shared", limit.map(i64::from)),
+        _ => ("exclusive", None),
+    };
+    Ok(Reply::Map(vec![
+        token,
+        fence,
+        ttl,
+        (info_field::WAITERS, Value::Integer(waiters as i64)),
+        granted,
+        (info_field::MODE, Value::Bytes(mode.into())),
+        (info_field::LIMIT, limit.map_or(Value::Null, Value::Integer)),
+        (
+            info_field::HOLDERS,
+            Value::Maps(live.iter().map(|l| holder_fields(l).into()).collect()),
+        ),
+    ]))
 }
 
 /// `LOCK._SET key token fence deadline-ms [granted-ms]`: applies a grant or renewal made
@@ -578,13 +622,49 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     Ok(Reply::Ok)
 }
 
+/// `LOCK._SHARED key limit token fence deadline-ms granted-ms ...`: applies
+/// a shared key, whole, as the master (replication stream) or an earlier
+/// run (AOF) wrote it. A fence beyond the bound is refused (and logged),
+/// changing nothing.
+fn set_shared(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
+    if context_flags(ctx) & trusted == 0 {
+        return Err(LockError::InternalCommand(protocol::command::SET_SHARED));
+    }
+    let all = all_bytes(argv);
+    let a = args::parse_shared_set(&all)?;
+    let mut store = LockKey::open_from_outside(ctx, argv.key())?;
+    let now = node::conversion_now();
+    let applied = engine::with_engine(|n| n.apply_shared(&mut store, a.mode, &a.holders, now));
+    if let Err(err) = applied {
+        log_warning(&format!("lock: refusing LOCK._SHARED: {err}"));
+        return Err(err);
+    }
+    ffi::replicate_verbatim(ctx);
+    Ok(Reply::Ok)
+}
+
 /// The table's names are the protocol's (`core::protocol::command`), which
 /// the client and the test kit send: checked at registration, so a rename
 /// on one side fails the module's load in every test instead of drifting.
 fn check_names() -> Result<(), String> {
-    use protocol::command::{ACQUIRE, EXEC, EXTEND, FENCE, FENCED, GATE, INFO, RELEASE, SET};
+    use protocol::command::{
+        ACQUIRE, ACQUIRE_ALL, EXEC, EXTEND, FENCE, FENCED, GATE, INFO, RELEASE, RELEASE_ALL, SET,
+        SET_SHARED,
+    };
     let names = [
-        ACQUIRE, RELEASE, EXTEND, FENCE, INFO, SET, EXEC, FENCED, GATE,
+        ACQUIRE,
+        RELEASE,
+        EXTEND,
+        FENCE,
+        INFO,
+        SET,
+        EXEC,
+        FENCED,
+        GATE,
+        ACQUIRE_ALL,
+        RELEASE_ALL,
+        SET_SHARED,
     ];
     for (c, name) in COMMANDS.iter().zip(names) {
         if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {

@@ -1,6 +1,13 @@
 //! The `redislock` data type and its persistence format.
 //!
-//! ## RDB value, encoding version 2
+//! ## RDB value, encoding version 3
+//! | field       | RDB call            | meaning                              |
+//! |-------------|---------------------|--------------------------------------|
+//! | mode        | SaveSigned          | 0 exclusive, -1 shared, n ≥ 1 shared with LIMIT n |
+//! | count       | SaveSigned          | holders that follow: 1 when exclusive, 1 to 2^20 when shared |
+//!
+//! then, for each holder (distinct tokens):
+//!
 //! | field       | RDB call            | meaning                              |
 //! |-------------|---------------------|--------------------------------------|
 //! | token       | SaveStringBuffer    | holder token, 1–512 bytes            |
@@ -12,11 +19,12 @@
 //! written (`core::time::wall_times`). A grant time after the deadline (an
 //! earlier build could write one after a wall-clock step) loads as unknown.
 //!
-//! Version 1 (earlier builds) is the same without `granted_ms`; it still
-//! loads, with the grant time unknown. An RDB written by this build does not
-//! load into an earlier one (Redis refuses the newer encoding version).
+//! Version 2 (earlier builds) is one holder's four fields alone, version 1
+//! the same without `granted_ms`; both still load (exclusive, the grant
+//! time of version 1 unknown). An RDB written by this build does not load
+//! into an earlier one (Redis refuses the newer encoding version).
 //!
-//! ## RDB aux field (before the keyspace), encoding version 2 (as 1)
+//! ## RDB aux field (before the keyspace), encoding version 3 (as 1 and 2)
 //! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
 //!
 //! Loading (`core::codec::decode_value`, the same decoder the fuzzer runs)
@@ -30,17 +38,20 @@
 //! its own fence once decoded whole.
 //!
 //! ## In memory
-//! One allocation per lock, the token inline (see [`LockBlock`]), its
+//! An exclusive lock is one allocation, the token inline (see [`LockBlock`]), its
 //! deadline and grant time on the node's monotonic clock (converted from
 //! and to the wall clock, both at one instant, when loaded and saved: see
 //! `core::time`), plus a lease id that is not persisted (see
-//! `core::lock::Lock::lease`). The key has no Redis expiry.
+//! `core::lock::Lock::lease`). A shared lock is a [`SharedBlock`]: its
+//! mode and a vector of holders; the first word tells the two apart. The
+//! key has no Redis expiry.
 //!
 //! ## AOF rewrite
-//! Each lock is written as `LOCK._SET key token fence deadline-ms
-//! granted-ms`, the same
-//! effect the master replicates, so an AOF without an RDB preamble restores
-//! both the lock and (through its fence) the high-water mark.
+//! An exclusive lock is written as `LOCK._SET key token fence deadline-ms
+//! granted-ms`, a shared one as `LOCK._SHARED key limit token fence
+//! deadline-ms granted-ms ...` (every holder), the same effects the master
+//! replicates, so an AOF without an RDB preamble restores both the locks
+//! and (through their fences) the high-water mark.
 
 use std::alloc::{handle_alloc_error, Layout};
 use std::os::raw::{c_int, c_void};
@@ -51,13 +62,14 @@ use redis_module::raw;
 
 use super::engine;
 use super::ffi::{
-    api, context_flags, guard, log_warning, raw_callback, Ctx, KeyRef, OpenKey, Write,
+    self, api, context_flags, guard, log_warning, raw_callback, Ctx, KeyRef, OpenKey, Write,
 };
 use super::node::{self, STATS};
+use crate::core::args;
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
 use crate::core::time;
-use crate::core::Lock;
+use crate::core::{Lock, Mode};
 
 /// The type's unlink2 callback: a lock key left the keyspace.
 pub use super::ffi::UnlinkFn;
@@ -274,8 +286,84 @@ impl LockBlock {
     }
 }
 
+/// What a shared block has where an exclusive one has its fence (which
+/// is always ≥ 1): the first word of a value says which it is.
+const SHARED_TAG: i64 = i64::MIN;
+
+/// A shared lock as the keyspace stores it: its mode and its holders, in
+/// grant order, each with its own token. Allocated by Rust's allocator
+/// (the module's is Redis's, so it counts in used_memory); freed by the
+/// type's `free`.
+#[repr(C)]
+pub struct SharedBlock {
+    /// Always [`SHARED_TAG`]; first, as an exclusive block's fence is.
+    tag: i64,
+    mode: Mode,
+    holders: Vec<Holder>,
+}
+
+/// One holder of a shared lock.
+struct Holder {
+    token: Box<[u8]>,
+    fence: i64,
+    deadline_ms: i64,
+    granted_ms: Option<i64>,
+    lease: u64,
+}
+
+impl Holder {
+    fn of(lock: Lock<'_>) -> Holder {
+        Holder {
+            token: lock.token.into(),
+            fence: lock.fence,
+            deadline_ms: lock.deadline_ms,
+            granted_ms: lock.granted_ms,
+            lease: lock.lease,
+        }
+    }
+
+    fn view(&self) -> Lock<'_> {
+        Lock {
+            fence: self.fence,
+            deadline_ms: self.deadline_ms,
+            token: &self.token,
+            granted_ms: self.granted_ms,
+            lease: self.lease,
+        }
+    }
+}
+
+impl SharedBlock {
+    fn new(mode: Mode, holders: Vec<Holder>) -> NonNull<SharedBlock> {
+        STATS.locks.fetch_add(holders.len() as i64, Relaxed);
+        let block = Box::new(SharedBlock {
+            tag: SHARED_TAG,
+            mode,
+            holders,
+        });
+        NonNull::from(Box::leak(block))
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of::<SharedBlock>()
+            + self.holders.capacity() * std::mem::size_of::<Holder>()
+            + self.holders.iter().map(|h| h.token.len()).sum::<usize>()
+    }
+}
+
+/// Whether a value of this type is a [`SharedBlock`].
+///
+/// # Safety
+/// `value` is a live value of this type (a block of this file).
+unsafe fn is_shared(value: *const c_void) -> bool {
+    // SAFETY: both kinds of block start with an i64 (the caller's
+    // contract that it is one of them).
+    unsafe { *value.cast::<i64>() == SHARED_TAG }
+}
+
 /// A lock in the keyspace: the value an open key holds, found by
-/// [`value_of`] or put there by [`store`] (nothing else makes one).
+/// [`value_of`] or put there by [`store`] or [`store_shared`] (nothing
+/// else makes one).
 ///
 /// Valid while that key stays open and keeps this value: the holder drops
 /// it before the key is closed, and when the key's value is deleted or
@@ -283,35 +371,138 @@ impl LockBlock {
 /// scan callback that found it). Everything runs on Redis's main thread,
 /// except `free` (lazy-free threads), which only sees values that left the
 /// keyspace.
-pub struct LockValue(NonNull<LockBlock>);
+pub enum LockValue {
+    Exclusive(NonNull<LockBlock>),
+    Shared(NonNull<SharedBlock>),
+}
 
 impl LockValue {
-    /// The lock, borrowed from the block.
-    pub fn view(&self) -> Lock<'_> {
-        // SAFETY: the block is live while this value is (see the type's
-        // doc), and `set` needs `&mut self`, so it is not written meanwhile.
-        unsafe { LockBlock::view(self.0.as_ptr()) }
+    /// # Safety
+    /// `value` is a live value of this type.
+    unsafe fn of(value: NonNull<c_void>) -> LockValue {
+        // SAFETY: the caller's contract.
+        match unsafe { is_shared(value.as_ptr()) } {
+            true => LockValue::Shared(value.cast()),
+            false => LockValue::Exclusive(value.cast()),
+        }
     }
 
-    /// Updates the lock in place (same token, no allocation).
+    fn shared(&self) -> Option<&SharedBlock> {
+        match self {
+            // SAFETY: the block is live while this value is (see the
+            // type's doc), and written only through `&mut self`.
+            LockValue::Shared(block) => Some(unsafe { block.as_ref() }),
+            LockValue::Exclusive(_) => None,
+        }
+    }
+
+    fn shared_mut(&mut self) -> Option<&mut SharedBlock> {
+        match self {
+            // SAFETY: as `shared`, and `&mut self` means no other view.
+            LockValue::Shared(block) => Some(unsafe { block.as_mut() }),
+            LockValue::Exclusive(_) => None,
+        }
+    }
+
+    /// The key's mode.
+    pub fn mode(&self) -> Mode {
+        self.shared().map_or(Mode::Exclusive, |b| b.mode)
+    }
+
+    /// The `i`-th holder (in grant order).
+    pub fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+        match self.shared() {
+            Some(block) => block.holders.get(i).map(Holder::view),
+            None => self.exclusive().filter(|_| i == 0),
+        }
+    }
+
+    /// The lock, borrowed from the block, when it is exclusive.
+    pub fn exclusive(&self) -> Option<Lock<'_>> {
+        match self {
+            // SAFETY: the block is live while this value is (see the
+            // type's doc), and `set` needs `&mut self`, so it is not
+            // written meanwhile.
+            LockValue::Exclusive(block) => Some(unsafe { LockBlock::view(block.as_ptr()) }),
+            LockValue::Shared(_) => None,
+        }
+    }
+
+    /// Updates an exclusive lock in place (same token, no allocation).
     pub fn set(&mut self, fence: i64, deadline_ms: i64, granted_ms: Option<i64>, lease: u64) {
-        // SAFETY: the block is live (see the type's doc), and `&mut self`
-        // means no view of it is in use.
-        unsafe { LockBlock::set(self.0.as_ptr(), fence, deadline_ms, granted_ms, lease) }
+        if let LockValue::Exclusive(block) = self {
+            // SAFETY: the block is live (see the type's doc), and `&mut
+            // self` means no view of it is in use.
+            unsafe { LockBlock::set(block.as_ptr(), fence, deadline_ms, granted_ms, lease) }
+        }
+    }
+
+    /// A shared lock gets `lock` as one more holder, or as the new state
+    /// of the holder with its token.
+    pub fn add(&mut self, lock: Lock<'_>) {
+        let Some(block) = self.shared_mut() else {
+            return;
+        };
+        match block.holders.iter_mut().find(|h| *h.token == *lock.token) {
+            Some(h) => *h = Holder::of(lock),
+            None => {
+                block.holders.push(Holder::of(lock));
+                STATS.locks.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
+    /// The holder of `token` (in a shared lock) gets a new deadline and
+    /// lease id.
+    pub fn renew_shared(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
+        let holder = self
+            .shared_mut()
+            .and_then(|b| b.holders.iter_mut().find(|h| *h.token == *token));
+        if let Some(h) = holder {
+            h.deadline_ms = deadline_ms;
+            h.lease = lease;
+        }
+    }
+
+    /// Removes the holder of `token` from a shared lock; how many are left.
+    pub fn remove_shared(&mut self, token: &[u8]) -> usize {
+        let Some(block) = self.shared_mut() else {
+            return 0;
+        };
+        let before = block.holders.len();
+        block.holders.retain(|h| *h.token != *token);
+        STATS
+            .locks
+            .fetch_sub((before - block.holders.len()) as i64, Relaxed);
+        block.holders.len()
+    }
+
+    /// A shared lock's limit changes (none does but by the next grant of
+    /// an empty key; kept whole).
+    pub fn set_shared_mode(&mut self, mode: Mode) {
+        if let Some(block) = self.shared_mut() {
+            block.mode = mode;
+        }
     }
 
     /// Whether the value came from outside and its key's expiry was not
-    /// yet looked at (see [`FROM_OUTSIDE`]).
+    /// yet looked at (see [`FROM_OUTSIDE`]; never a shared lock: no
+    /// earlier build wrote one).
     pub fn is_from_outside(&self) -> bool {
-        // SAFETY: the block is live (see the type's doc).
-        unsafe { LockBlock::is_from_outside(self.0.as_ptr()) }
+        match self {
+            // SAFETY: the block is live (see the type's doc).
+            LockValue::Exclusive(block) => unsafe { LockBlock::is_from_outside(block.as_ptr()) },
+            LockValue::Shared(_) => false,
+        }
     }
 
     /// Marks the value as from outside (true) or its expiry as looked at.
     pub fn set_from_outside(&mut self, on: bool) {
-        // SAFETY: the block is live (see the type's doc), and `&mut self`
-        // means no view of it is in use.
-        unsafe { LockBlock::set_from_outside(self.0.as_ptr(), on) }
+        if let LockValue::Exclusive(block) = self {
+            // SAFETY: the block is live (see the type's doc), and `&mut
+            // self` means no view of it is in use.
+            unsafe { LockBlock::set_from_outside(block.as_ptr(), on) }
+        }
     }
 }
 
@@ -326,25 +517,66 @@ pub fn value_of(key: KeyRef<'_>) -> Result<Option<LockValue>, LockError> {
     if !ours {
         return Err(LockError::WrongType);
     }
-    // Our type: the value is a block of this file (`store`, `rdb_load`).
-    Ok(NonNull::new(key.module_value().cast()).map(LockValue))
+    // Our type: the value is a block of this file (`store`, `store_shared`,
+    // `rdb_load`).
+    // SAFETY: a live value of this type, as just checked.
+    Ok(NonNull::new(key.module_value()).map(|v| unsafe { LockValue::of(v) }))
 }
 
 /// Stores `lock` as the value of `key`, in a new block; the value it
 /// replaces, if any, is freed by Redis (through `free`).
 pub fn store(key: &OpenKey<Write>, lock: Lock<'_>, from_outside: bool) -> LockValue {
     let block = LockBlock::new(lock, from_outside);
+    set_value(key, block.as_ptr().cast());
+    LockValue::Exclusive(block)
+}
+
+/// Stores a shared lock with `holders` as the value of `key` (as
+/// [`store`]).
+pub fn store_shared<'a>(
+    key: &OpenKey<Write>,
+    mode: Mode,
+    holders: impl Iterator<Item = Lock<'a>>,
+) -> LockValue {
+    let block = SharedBlock::new(mode, holders.map(Holder::of).collect());
+    set_value(key, block.as_ptr().cast());
+    LockValue::Shared(block)
+}
+
+fn set_value(key: &OpenKey<Write>, value: *mut c_void) {
     // SAFETY: `key` is open for writing (its type) while borrowed here; the
     // new block goes to the keyspace, which frees it through this type's
     // `free`.
-    unsafe {
-        api!(RedisModule_ModuleTypeSetValue)(
-            key.writable_ptr(),
-            LOCK_TYPE.get(),
-            block.as_ptr().cast(),
-        )
+    unsafe { api!(RedisModule_ModuleTypeSetValue)(key.writable_ptr(), LOCK_TYPE.get(), value) };
+}
+
+/// A holder as written out: token, fence, deadline, grant time.
+type Written<'a> = (&'a [u8], i64, i64, i64);
+
+/// Every holder of a value of this type, as written out: (token, fence,
+/// deadline, grant time), both times Unix ms converted at one instant.
+///
+/// # Safety
+/// `value` is a live value of this type, unchanged during `'a`.
+unsafe fn written_holders<'a>(value: *const c_void) -> (Mode, Vec<Written<'a>>) {
+    let now = node::conversion_now();
+    let out = |l: Lock<'a>| {
+        let (deadline_ms, granted_ms) = time::wall_times(l.deadline_ms, l.granted_ms, now);
+        (l.token, l.fence, deadline_ms, granted_ms)
     };
-    LockValue(block)
+    // SAFETY: the caller's contract.
+    unsafe {
+        match is_shared(value) {
+            true => {
+                let block = &*value.cast::<SharedBlock>();
+                (
+                    block.mode,
+                    block.holders.iter().map(|h| out(h.view())).collect(),
+                )
+            }
+            false => (Mode::Exclusive, vec![out(LockBlock::view(value.cast()))]),
+        }
+    }
 }
 
 /// Frees a value Redis is done with. Only frees: it may run on a lazy-free
@@ -352,27 +584,38 @@ pub fn store(key: &OpenKey<Write>, lock: Lock<'_>, from_outside: bool) -> LockVa
 /// means was reported where it ended: `keyspace`).
 extern "C" fn free(value: *mut c_void) {
     guard("free", (), || {
-        if !value.is_null() {
-            // SAFETY: Redis hands back a value of this type (a block from
-            // `LockBlock::new`) once, when it is done with it.
-            unsafe { LockBlock::free(value.cast()) };
+        if value.is_null() {
+            return;
+        }
+        // SAFETY: Redis hands back a value of this type (a block of this
+        // file) once, when it is done with it.
+        unsafe {
+            if is_shared(value) {
+                let block = Box::from_raw(value.cast::<SharedBlock>());
+                STATS.locks.fetch_sub(block.holders.len() as i64, Relaxed);
+            } else {
+                LockBlock::free(value.cast());
+            }
         }
     })
 }
 
 extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_void) {
     guard("rdb_save", (), || {
-        // SAFETY: Redis passes a value of this type (a block from
-        // `LockBlock::new`), alive and unchanged during the callback.
-        let lock = unsafe { LockBlock::view(value.cast()) };
-        let (deadline_ms, granted_ms) = wall_times(&lock);
+        // SAFETY: Redis passes a value of this type, alive and unchanged
+        // during the callback.
+        let (mode, holders) = unsafe { written_holders(value) };
         // SAFETY: `rdb` is the IO context Redis gave this callback; Redis
         // copies the token bytes.
         unsafe {
-            api!(RedisModule_SaveStringBuffer)(rdb, lock.token.as_ptr().cast(), lock.token.len());
-            api!(RedisModule_SaveSigned)(rdb, lock.fence);
-            api!(RedisModule_SaveSigned)(rdb, deadline_ms);
-            api!(RedisModule_SaveSigned)(rdb, granted_ms);
+            api!(RedisModule_SaveSigned)(rdb, codec::mode_word(mode));
+            api!(RedisModule_SaveSigned)(rdb, holders.len() as i64);
+            for (token, fence, deadline_ms, granted_ms) in holders {
+                api!(RedisModule_SaveStringBuffer)(rdb, token.as_ptr().cast(), token.len());
+                api!(RedisModule_SaveSigned)(rdb, fence);
+                api!(RedisModule_SaveSigned)(rdb, deadline_ms);
+                api!(RedisModule_SaveSigned)(rdb, granted_ms);
+            }
         }
     })
 }
@@ -394,35 +637,39 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // times on this node's clock. Nothing is allocated for the keyspace
         // until the value is valid and taken.
         let accepted = decoded.and_then(|value| {
-            let fence = value.fence;
-            engine::with_engine(|n| {
-                n.accept_loaded(
-                    value.fence,
-                    restoring,
-                    value.deadline_ms,
-                    value.granted_ms,
-                    now,
-                )
-            })
-            .map(|times| (value, times))
-            .map_err(|e| codec::DecodeError::Fence(fence, e))
+            let mut holders = Vec::with_capacity(value.holders.len());
+            for h in value.holders {
+                let fence = h.fence;
+                let loaded = engine::with_engine(|n| {
+                    n.accept_loaded(h.fence, restoring, h.deadline_ms, h.granted_ms, now)
+                })
+                .map_err(|e| codec::DecodeError::Fence(fence, e))?;
+                holders.push((h, loaded));
+            }
+            Ok((value.mode, holders))
         });
-        match accepted {
-            Ok((value, loaded)) => LockBlock::new(
-                Lock {
-                    fence: value.fence,
-                    deadline_ms: loaded.deadline_ms,
-                    token: value.token.as_ref(),
-                    granted_ms: loaded.granted_ms,
-                    lease: loaded.lease,
-                },
-                true,
-            )
-            .as_ptr()
-            .cast(),
+        let (mode, holders) = match accepted {
+            Ok(taken) => taken,
             Err(why) => {
                 log_warning(&format!("lock: refusing to load a lock value: {why}"));
-                std::ptr::null_mut()
+                return std::ptr::null_mut();
+            }
+        };
+        let locks = holders.iter().map(|(h, loaded)| Lock {
+            fence: h.fence,
+            deadline_ms: loaded.deadline_ms,
+            token: h.token.as_ref(),
+            granted_ms: loaded.granted_ms,
+            lease: loaded.lease,
+        });
+        match mode {
+            Mode::Exclusive => match locks.into_iter().next() {
+                Some(lock) => LockBlock::new(lock, true).as_ptr().cast(),
+                None => std::ptr::null_mut(),
+            },
+            Mode::Shared { .. } => {
+                let holders = locks.map(Holder::of).collect();
+                SharedBlock::new(mode, holders).as_ptr().cast()
             }
         }
     })
@@ -487,10 +734,17 @@ extern "C" fn aof_rewrite(
     value: *mut c_void,
 ) {
     guard("aof_rewrite", (), || {
-        // SAFETY: Redis passes a value of this type (a block from
-        // `LockBlock::new`), alive and unchanged during the callback.
-        let lock = unsafe { LockBlock::view(value.cast()) };
-        let (deadline_ms, granted_ms) = wall_times(&lock);
+        // SAFETY: Redis passes a value of this type, alive and unchanged
+        // during the callback.
+        let (mode, holders) = unsafe { written_holders(value) };
+        if mode.is_shared() {
+            // SAFETY: `aof` is the IO context Redis gave this callback.
+            let ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(aof)) };
+            let words = args::shared_set_args(mode, &holders);
+            ffi::emit_aof_words(aof, ctx, c"LOCK._SHARED", key, &words);
+            return;
+        }
+        let (token, fence, deadline_ms, granted_ms) = holders[0];
         // SAFETY: `aof` and `key` are what Redis gave this callback; the
         // format "sblll" names what follows: a RedisModuleString, a buffer
         // and its length (copied by Redis), and three long longs.
@@ -500,9 +754,9 @@ extern "C" fn aof_rewrite(
                 c"LOCK._SET".as_ptr(),
                 c"sblll".as_ptr(),
                 key,
-                lock.token.as_ptr(),
-                lock.token.len(),
-                lock.fence,
+                token.as_ptr(),
+                token.len(),
+                fence,
                 deadline_ms,
                 granted_ms,
             )
@@ -512,29 +766,35 @@ extern "C" fn aof_rewrite(
 
 extern "C" fn mem_usage(value: *const c_void) -> usize {
     guard("mem_usage", 0, || {
-        // SAFETY: Redis passes a value of this type (a block from
-        // `LockBlock::new`), alive and unchanged during the callback.
-        LockBlock::size(unsafe { LockBlock::view(value.cast()) })
+        // SAFETY: Redis passes a value of this type, alive and unchanged
+        // during the callback.
+        unsafe {
+            match is_shared(value) {
+                true => (*value.cast::<SharedBlock>()).size(),
+                false => LockBlock::size(LockBlock::view(value.cast())),
+            }
+        }
     })
 }
 
 extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_void) {
     guard("digest", (), || {
-        // SAFETY: Redis passes a value of this type (a block from
-        // `LockBlock::new`), alive and unchanged during the callback.
-        let lock = unsafe { LockBlock::view(value.cast()) };
+        // SAFETY: Redis passes a value of this type, alive and unchanged
+        // during the callback.
+        let (mode, holders) = unsafe { written_holders(value) };
         // SAFETY: `md` is the digest Redis gave this callback; Redis reads
         // the token bytes during the call.
         unsafe {
-            api!(RedisModule_DigestAddStringBuffer)(
-                md,
-                lock.token.as_ptr().cast(),
-                lock.token.len(),
-            );
-            // Not the deadline or the grant time: each node keeps them on
-            // its own monotonic clock, so master and replica may differ by
-            // a millisecond.
-            api!(RedisModule_DigestAddLongLong)(md, lock.fence);
+            if mode.is_shared() {
+                api!(RedisModule_DigestAddLongLong)(md, codec::mode_word(mode));
+            }
+            for (token, fence, _, _) in holders {
+                api!(RedisModule_DigestAddStringBuffer)(md, token.as_ptr().cast(), token.len());
+                // Not the deadline or the grant time: each node keeps them
+                // on its own monotonic clock, so master and replica may
+                // differ by a millisecond.
+                api!(RedisModule_DigestAddLongLong)(md, fence);
+            }
             api!(RedisModule_DigestEndSequence)(md);
         }
     })

@@ -168,11 +168,13 @@ macro_rules! command_callback {
 }
 pub(crate) use command_callback;
 
-/// One more than the longest valid argv (`LOCK.ACQUIRE key token ttl BLOCK
-/// t MINFENCE n`, 8): longer argvs are cut here, and the cut argv is still
-/// refused by the parsers (wrong arity, or an odd option word left over),
-/// so no argument is ever silently dropped. Raise it with any new option.
-pub const MAX_ARGS: usize = 9;
+/// One more than the longest valid argv of a command read through
+/// [`Argv::bytes`] (`LOCK.ACQUIRE key token ttl SHARED LIMIT n BLOCK t
+/// MINFENCE n`, 11): longer argvs are cut here, and the cut argv is still
+/// refused by the parsers (wrong arity, or an option word named twice or
+/// unknown), so no argument is ever silently dropped. Raise it with any
+/// new option. (Commands with any number of arguments read them all.)
+pub const MAX_ARGS: usize = 12;
 
 /// The command's arguments as byte slices borrowed from Redis's strings.
 pub struct Argv<'a> {
@@ -306,6 +308,8 @@ pub enum Value {
     Integer(i64),
     Bytes(Vec<u8>),
     Null,
+    /// An array of maps (each as [`Reply::Map`] sends one).
+    Maps(Vec<Vec<(&'static str, Value)>>),
 }
 
 /// Runs one command: turns argv into bytes, calls `handler`, and turns an
@@ -427,17 +431,26 @@ fn send(ctx: Ctx, reply: Reply) {
             // alive (owned here) and Redis copies it.
             unsafe { api!(RedisModule_ReplyWithCallReply)(ctx.0, reply.0.as_ptr()) };
         }
-        Reply::Map(fields) => {
-            reply_map_header(ctx, fields.len());
-            for (name, value) in fields {
-                reply_bytes(ctx, name.as_bytes());
-                match value {
-                    Value::Integer(n) => reply_integer(ctx, n),
-                    Value::Bytes(b) => reply_bytes(ctx, &b),
-                    Value::Null => reply_null(ctx),
-                };
+        Reply::Map(fields) => send_map(ctx, fields),
+    }
+}
+
+fn send_map(ctx: Ctx, fields: Vec<(&'static str, Value)>) {
+    reply_map_header(ctx, fields.len());
+    for (name, value) in fields {
+        reply_bytes(ctx, name.as_bytes());
+        match value {
+            Value::Integer(n) => reply_integer(ctx, n),
+            Value::Bytes(b) => reply_bytes(ctx, &b),
+            Value::Null => reply_null(ctx),
+            Value::Maps(maps) => {
+                // SAFETY: ctx is a handle Redis gave the caller.
+                unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, maps.len() as _) };
+                for map in maps {
+                    send_map(ctx, map);
+                }
             }
-        }
+        };
     }
 }
 
@@ -901,6 +914,50 @@ pub fn replicate_lock_set(
             fence,
             deadline_ms,
             granted_ms,
+        )
+    };
+}
+
+/// Replicates `command name word...` (`LOCK._SHARED`: a shared key whole).
+pub fn replicate_words(ctx: Ctx, command: &CStr, name: RString, words: &[Vec<u8>]) {
+    let owned: Vec<OwnedString> = words.iter().map(|w| OwnedString::new(ctx, w)).collect();
+    let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|o| o.get().0).collect();
+    // SAFETY: ctx and name are handles Redis gave the caller; the format
+    // "sv" names a RedisModuleString, then an array of them and its length
+    // (Redis takes its own references; `owned` frees ours after the call).
+    unsafe {
+        api!(RedisModule_Replicate)(
+            ctx.0,
+            command.as_ptr(),
+            c"sv".as_ptr(),
+            name.0,
+            argv.as_mut_ptr(),
+            argv.len(),
+        )
+    };
+}
+
+/// Writes `command key word...` to an AOF being rewritten (`ctx`: the IO's
+/// context, for the strings).
+pub fn emit_aof_words(
+    aof: *mut raw::RedisModuleIO,
+    ctx: Ctx,
+    command: &CStr,
+    key: *mut raw::RedisModuleString,
+    words: &[Vec<u8>],
+) {
+    let owned: Vec<OwnedString> = words.iter().map(|w| OwnedString::new(ctx, w)).collect();
+    let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|o| o.get().0).collect();
+    // SAFETY: `aof` and `key` are what Redis gave the caller's callback;
+    // the format "sv" as in `replicate_words`.
+    unsafe {
+        api!(RedisModule_EmitAOF)(
+            aof,
+            command.as_ptr(),
+            c"sv".as_ptr(),
+            key,
+            argv.as_mut_ptr(),
+            argv.len(),
         )
     };
 }

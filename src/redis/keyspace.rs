@@ -23,9 +23,10 @@ use super::datatype::{self, LockValue};
 use super::ffi::{self, Ctx, OpenKey, RString, Read, Write};
 use super::node;
 use super::propagation;
+use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::time::{self, Now};
-use crate::core::{Lock, LockRead, LockStore, Mode};
+use crate::core::{holders, Lock, LockRead, LockStore, Mode};
 
 /// How close a Redis expiry must be to the lease's end to be an earlier
 /// build's (see `drop_legacy_expiry`).
@@ -99,22 +100,15 @@ impl ReadKey {
     }
 }
 
-impl ReadKey {
-    /// The key's lock (this build's keyspace stores exclusive locks only).
-    pub fn stored(&self) -> Option<Lock<'_>> {
-        // The block lives while the key is open (`key`) and unchanged: no
-        // write can happen through a read-only open.
-        debug_assert!(self.value.is_none() || self.key.is_some());
-        self.value.as_ref().map(LockValue::view)
-    }
-}
-
+// The value lives while the key is open (`key`) and unchanged: no write
+// can happen through a read-only open.
 impl LockRead for ReadKey {
     fn mode(&self) -> Option<Mode> {
-        self.value.as_ref().map(|_| Mode::Exclusive)
+        debug_assert!(self.value.is_none() || self.key.is_some());
+        self.value.as_ref().map(LockValue::mode)
     }
     fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
-        self.stored().filter(|_| i == 0)
+        self.value.as_ref()?.holder_at(i)
     }
 }
 
@@ -158,7 +152,7 @@ impl LockKey {
         };
         let now = now();
         value.set_from_outside(false);
-        let Some(lock) = self.stored() else {
+        let Some(lock) = self.value.as_ref().and_then(LockValue::exclusive) else {
             return;
         };
         if !is_legacy_expiry(self.key.key().abs_expire(), &lock, now) {
@@ -185,26 +179,41 @@ impl LockKey {
 
     /// Replicates the key as it is now (`Output::Changed`).
     pub fn replicate(&self, now: Now) {
-        replicate(self.ctx, self.name, self.stored(), now);
+        replicate(self.ctx, self.name, self, now);
     }
 }
 
 /// Replicates key `name` (in the context's selected db) as an absolute
-/// effect: `LOCK._SET key token fence deadline-ms granted-ms`, both on the
-/// wall clock converted at `now`, for a lock; `DEL key` for none. When
-/// nothing can receive effects (see `propagation`) the write is only
-/// counted, for RDB save points.
-pub fn replicate(ctx: Ctx, name: RString, lock: Option<Lock<'_>>, now: Now) {
+/// effect: `LOCK._SET key token fence deadline-ms granted-ms` for an
+/// exclusive lock, `LOCK._SHARED key limit token fence deadline-ms
+/// granted-ms ...` for a shared one (every holder), all times on the wall
+/// clock converted at `now`; `DEL key` for none. When nothing can receive
+/// effects (see `propagation`) the write is only counted, for RDB save
+/// points.
+pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
     if !propagation::effects_needed() {
         return count_write(ctx);
     }
-    match lock {
-        Some(lock) => {
-            let (deadline_ms, granted_ms) =
-                time::wall_times(lock.deadline_ms, lock.granted_ms, now);
+    let wall = |l: &Lock<'_>| time::wall_times(l.deadline_ms, l.granted_ms, now);
+    match key.mode() {
+        None => ffi::replicate_key_command(ctx, c"DEL", name),
+        Some(Mode::Exclusive) => {
+            let Some(lock) = key.holder_at(0) else {
+                return ffi::replicate_key_command(ctx, c"DEL", name);
+            };
+            let (deadline_ms, granted_ms) = wall(&lock);
             ffi::replicate_lock_set(ctx, name, lock.token, lock.fence, deadline_ms, granted_ms);
         }
-        None => ffi::replicate_key_command(ctx, c"DEL", name),
+        Some(mode) => {
+            let holders: Vec<(&[u8], i64, i64, i64)> = holders(key)
+                .map(|l| {
+                    let (deadline_ms, granted_ms) = wall(&l);
+                    (l.token, l.fence, deadline_ms, granted_ms)
+                })
+                .collect();
+            let words = args::shared_set_args(mode, &holders);
+            ffi::replicate_words(ctx, c"LOCK._SHARED", name, &words);
+        }
     }
 }
 
@@ -216,14 +225,6 @@ fn count_write(ctx: Ctx) {
 }
 
 impl LockKey {
-    /// The key's lock (this build's keyspace stores exclusive locks only:
-    /// the parser refuses `SHARED`, so the node never asks for more).
-    pub fn stored(&self) -> Option<Lock<'_>> {
-        // The block lives as long as the key holds it: at least while this
-        // store has the key open and has not replaced or deleted it.
-        self.value.as_ref().map(LockValue::view)
-    }
-
     fn delete(&mut self) {
         if self.value.is_none() {
             return;
@@ -237,32 +238,28 @@ impl LockKey {
 
 impl LockRead for LockKey {
     fn mode(&self) -> Option<Mode> {
-        self.value.as_ref().map(|_| Mode::Exclusive)
+        // The value lives as long as the key holds it: at least while this
+        // store has the key open and has not replaced or deleted it.
+        self.value.as_ref().map(LockValue::mode)
     }
     fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
-        self.stored().filter(|_| i == 0)
+        self.value.as_ref()?.holder_at(i)
     }
-}
-
-/// Refuses what this build's keyspace cannot store (a panic the command
-/// boundary catches, before anything is written).
-fn shared_not_stored() -> ! {
-    panic!("shared holders are not stored by this build")
 }
 
 /// A plain store: the node says what each write means (`core::output`).
 /// Every write signals the key as modified (WATCH, client-side caching).
 impl LockStore for LockKey {
     fn put(&mut self, mode: Mode, lock: Lock<'_>) {
-        if mode.is_shared() {
-            shared_not_stored();
-        }
         fault_point(self.name);
         self.before_write();
         let from_outside = self.from_outside;
         match &mut self.value {
-            // Same token: update in place, no allocation.
-            Some(current) if current.view().token == lock.token => {
+            // Same token, exclusive: update in place, no allocation.
+            Some(current)
+                if !mode.is_shared()
+                    && current.exclusive().is_some_and(|l| l.token == lock.token) =>
+            {
                 current.set(lock.fence, lock.deadline_ms, lock.granted_ms, lock.lease);
                 if from_outside {
                     current.set_from_outside(true);
@@ -270,36 +267,77 @@ impl LockStore for LockKey {
             }
             // Redis frees the block this replaces (if any): its handle
             // goes with it.
+            _ if mode.is_shared() => {
+                let value = datatype::store_shared(&self.key, mode, std::iter::once(lock));
+                self.value = Some(value);
+            }
             _ => self.value = Some(datatype::store(&self.key, lock, from_outside)),
         }
         self.signal_modified();
     }
 
-    fn add(&mut self, _lock: Lock<'_>) {
-        shared_not_stored();
-    }
-
-    fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
-        if self.stored().is_none_or(|l| l.token != token) {
-            return;
-        }
+    fn add(&mut self, lock: Lock<'_>) {
         fault_point(self.name);
-        self.before_write();
         if let Some(value) = &mut self.value {
-            let lock = value.view();
-            let (fence, granted_ms) = (lock.fence, lock.granted_ms);
-            value.set(fence, deadline_ms, granted_ms, lease);
+            value.add(lock);
             self.signal_modified();
         }
     }
 
-    fn set_mode(&mut self, _mode: Mode) {
-        shared_not_stored();
+    fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
+        if holders(self).all(|l| l.token != token) {
+            return;
+        }
+        fault_point(self.name);
+        self.before_write();
+        let Some(value) = &mut self.value else {
+            return;
+        };
+        match value.exclusive() {
+            Some(lock) => {
+                let (fence, granted_ms) = (lock.fence, lock.granted_ms);
+                value.set(fence, deadline_ms, granted_ms, lease);
+            }
+            None => value.renew_shared(token, deadline_ms, lease),
+        }
+        self.signal_modified();
+    }
+
+    fn set_mode(&mut self, mode: Mode) {
+        fault_point(self.name);
+        let Some(value) = &mut self.value else {
+            return;
+        };
+        match value.exclusive() {
+            // A downgrade: the holder moves to a shared block.
+            Some(lock) if mode.is_shared() => {
+                let value = datatype::store_shared(&self.key, mode, std::iter::once(lock));
+                self.value = Some(value);
+            }
+            Some(_) => return,
+            None => value.set_shared_mode(mode),
+        }
+        self.signal_modified();
     }
 
     fn remove(&mut self, token: &[u8]) {
-        if self.stored().is_some_and(|l| l.token == token) {
-            self.delete();
+        let Some(value) = &mut self.value else {
+            return;
+        };
+        if value.exclusive().is_some() {
+            if value.exclusive().is_some_and(|l| l.token == token) {
+                self.delete();
+            }
+            return;
+        }
+        if holders(&*self).all(|l| l.token != token) {
+            return;
+        }
+        fault_point(self.name);
+        let value = self.value.as_mut().expect("checked above");
+        match value.remove_shared(token) {
+            0 => self.delete(),
+            _ => self.signal_modified(),
         }
     }
 }

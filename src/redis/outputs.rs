@@ -140,7 +140,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                 Site::Background => {
                     node::in_db(ctx, &key, |name| {
                         if let Ok(read) = ReadKey::open(ctx, name) {
-                            keyspace::replicate(ctx, name, read.stored(), now());
+                            keyspace::replicate(ctx, name, &read, now());
                         }
                     });
                 }

@@ -157,13 +157,17 @@ fn on_key(found: &mut Found, name: RString, key: Option<KeyRef<'_>>) {
     let Ok(Some(mut value)) = datatype::value_of(key) else {
         return;
     };
-    let lock = value.view();
     // Copied out: `name` is valid during the callback only.
     let name = || ffi::string_copy(name);
-    if !lock.is_live(found.now.mono_ms()) {
+    let now_ms = found.now.mono_ms();
+    let mut holders = (0..).map_while(|i| value.holder_at(i));
+    if holders.any(|l| !l.is_live(now_ms)) {
         found.ended.push(name());
         return;
     }
+    let Some(lock) = value.exclusive() else {
+        return;
+    };
     // Only a value from outside can carry an earlier build's expiry: looked
     // at once, here or at its first renewal (see `datatype::FROM_OUTSIDE`).
     if value.is_from_outside() {

@@ -15,6 +15,7 @@ use crate::generators::{
 };
 use crate::rng::{env_number, now_us, Rng};
 use crate::wire::{check_error_names_a_problem, info_number, info_text, int, show_argv, Wire};
+use redis_lock_core::protocol::info_field;
 
 /// What a reply may be, from the README alone.
 #[derive(Debug)]
@@ -69,10 +70,17 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             if !ttl_ok(&argv[3]) {
                 problems.push("ttl-ms");
             }
-            let (mut block, mut min) = (false, false);
-            for pair in argv[4..].chunks(2) {
-                let word = &pair[0];
-                let value = pair.get(1);
+            let (mut block, mut min, mut shared, mut limit) = (false, false, false, false);
+            let mut i = 4;
+            while i < n {
+                let word = &argv[i];
+                if word.eq_ignore_ascii_case(b"SHARED") && !shared {
+                    shared = true;
+                    i += 1;
+                    continue;
+                }
+                let value = argv.get(i + 1);
+                i += 2;
                 if word.eq_ignore_ascii_case(b"BLOCK") && !block {
                     block = true;
                     match value.and_then(|v| canonical(v)) {
@@ -94,10 +102,22 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
                             break;
                         }
                     }
+                } else if word.eq_ignore_ascii_case(b"LIMIT") && !limit {
+                    limit = true;
+                    match value.and_then(|v| canonical(v)) {
+                        Some(l) if (1..=1 << 20).contains(&l) => {}
+                        _ => {
+                            problems.push("LIMIT");
+                            break;
+                        }
+                    }
                 } else {
                     problems.push("option");
                     break;
                 }
+            }
+            if limit && !shared && problems.is_empty() {
+                problems.push("LIMIT");
             }
         }
         "LOCK.RELEASE" => check_token(&argv[2], &mut problems),
@@ -164,6 +184,18 @@ fn check_reply(argv: &[Vec<u8>], want: &Expect, got: &Resp, target: &Target) {
             _,
         ) => (*command, *may_refuse_min_fence),
     };
+    // A mode or limit other than the key's holders have (the fuzz keys'
+    // modes are not tracked): an error that says so.
+    if let ("LOCK.ACQUIRE", Resp::Error(msg)) = (command, got) {
+        assert!(
+            msg.contains("LIMIT")
+                || msg.contains("no upgrade")
+                || (may_refuse_min_fence && msg.contains("MINFENCE")),
+            "{msg:?} for {}",
+            show()
+        );
+        return;
+    }
     if let (true, Resp::Error(msg)) = (may_refuse_min_fence, got) {
         assert!(msg.contains("MINFENCE"), "{msg:?} for {}", show());
         return;
@@ -181,7 +213,7 @@ fn check_reply(argv: &[Vec<u8>], want: &Expect, got: &Resp, target: &Target) {
         ("LOCK.FENCE", Resp::Int(f)) => held.map_or(*f > 0, |h| *f == h.fence && argv.len() == 2),
         ("LOCK.INFO", Resp::Nil) => held.is_none(),
         ("LOCK.INFO", Resp::Array(fields)) => {
-            fields.len() == 10
+            fields.len() == 2 * info_field::ALL.len()
                 && held.is_none_or(|h| {
                     fields[1] == Resp::Bulk(h.token.clone()) && fields[3] == Resp::Int(h.fence)
                 })
@@ -442,20 +474,24 @@ fn random_argvs_get_answers_or_named_errors_and_change_no_held_lock() {
     check_log_clean(&server);
 }
 
-/// Found by the argv fuzzer: the module reads at most eight arguments
+/// Found by the argv fuzzer: the module reads at most a few arguments
 /// (`redis::ffi::MAX_ARGS`) and took the first eight of a longer argv for the
 /// whole command, so `LOCK.ACQUIRE k t 100 BLOCK 5 MINFENCE 7 junk` was
-/// granted. No valid argv has more than eight arguments: longer ones are
-/// refused, however long.
+/// granted. No valid argv has more than eleven arguments (`LOCK.ACQUIRE k t
+/// 100 SHARED LIMIT 2 BLOCK 5 MINFENCE 7`): longer ones are refused,
+/// however long.
 #[test]
 fn an_argv_longer_than_any_valid_one_is_refused() {
     let server = Server::start();
     let mut w = Wire::connect(server.port);
-    let valid: [&[u8]; 8] = [
+    let valid: [&[u8]; 11] = [
         b"LOCK.ACQUIRE",
         b"k",
         b"t",
         b"100",
+        b"SHARED",
+        b"LIMIT",
+        b"2",
         b"BLOCK",
         b"5",
         b"MINFENCE",

@@ -100,7 +100,7 @@ fn random_case(rng: &mut Rng, word: &str) -> Vec<u8> {
 }
 
 fn option_word(rng: &mut Rng) -> Vec<u8> {
-    let word = *rng.pick(&["BLOCK", "MINFENCE"]);
+    let word = *rng.pick(&["BLOCK", "MINFENCE", "SHARED", "LIMIT"]);
     random_case(rng, word)
 }
 
@@ -266,6 +266,13 @@ pub fn argv(rng: &mut Rng, target: &Target) -> Vec<Vec<u8>> {
             }
             if rng.chance(25) {
                 options.push(vec![random_case(rng, "MINFENCE"), min_fence(rng, clock)]);
+            }
+            if rng.chance(25) {
+                options.push(vec![random_case(rng, "SHARED")]);
+                if rng.chance(50) {
+                    let limit = rng.range(0, 4).to_string().into_bytes();
+                    options.push(vec![random_case(rng, "LIMIT"), limit]);
+                }
             }
             if rng.chance(50) {
                 options.reverse();

@@ -1,0 +1,388 @@
+//! Shared holders: `LOCK.ACQUIRE key token ttl-ms SHARED [LIMIT n]`. Many
+//! readers hold a key at once, each with a fence of its own; a writer (no
+//! SHARED) holds it alone; with LIMIT the key is a counting semaphore. One
+//! FIFO line serves both. RELEASE, EXTEND, FENCE and EXEC work per holder.
+
+use std::time::Duration;
+
+use redis_lock_testkit as common;
+
+use common::*;
+
+/// `LOCK.ACQUIRE key token ttl SHARED [LIMIT n]`: the fence, nil, or the
+/// error's text.
+fn shared(
+    c: &mut Connection,
+    key: &str,
+    token: &str,
+    ttl: i64,
+    limit: Option<u32>,
+) -> Result<Option<i64>, String> {
+    let mut cmd = redis::cmd("LOCK.ACQUIRE");
+    cmd.arg(key).arg(token).arg(ttl).arg("SHARED");
+    if let Some(n) = limit {
+        cmd.arg("LIMIT").arg(n);
+    }
+    cmd.query(c).map_err(|e| error_text(&e))
+}
+
+fn fence_of(c: &mut Connection, key: &str, token: &str) -> Option<i64> {
+    redis::cmd("LOCK.FENCE")
+        .arg(key)
+        .arg(token)
+        .query(c)
+        .unwrap()
+}
+
+/// A map of `LOCK.INFO`'s reply (RESP2 flat array or RESP3 map) by name.
+fn fields(v: &Value) -> Vec<(String, Value)> {
+    let pairs: Vec<(Value, Value)> = match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .map(|p| (p[0].clone(), p[1].clone()))
+            .collect(),
+        Value::Map(pairs) => pairs.clone(),
+        other => panic!("not a map: {other:?}"),
+    };
+    pairs
+        .into_iter()
+        .map(|(k, v)| (redis::from_redis_value::<String>(&k).unwrap(), v))
+        .collect()
+}
+
+fn field(fields: &[(String, Value)], name: &str) -> Value {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no {name} in {fields:?}"))
+        .1
+        .clone()
+}
+
+/// `LOCK.INFO`'s mode, limit and holders (token, fence), in grant order.
+fn info_holders(c: &mut Connection, key: &str) -> (String, Option<i64>, Vec<(String, i64)>) {
+    let reply = lock_info_reply(c, key);
+    let f = fields(&reply);
+    let mode: String = redis::from_redis_value(&field(&f, "mode")).unwrap();
+    let limit: Option<i64> = redis::from_redis_value(&field(&f, "limit")).unwrap();
+    let Value::Array(holders) = field(&f, "holders") else {
+        panic!("holders is not an array: {f:?}");
+    };
+    let holders = holders
+        .iter()
+        .map(|h| {
+            let h = fields(h);
+            let token: String = redis::from_redis_value(&field(&h, "token")).unwrap();
+            let fence: i64 = redis::from_redis_value(&field(&h, "fence")).unwrap();
+            (token, fence)
+        })
+        .collect();
+    (mode, limit, holders)
+}
+
+#[test]
+fn readers_share_a_key_each_with_its_own_fence_and_keep_a_writer_out() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r1 = shared(&mut c, "k", "r1", 60_000, None).unwrap().unwrap();
+    let r2 = shared(&mut c, "k", "r2", 60_000, None).unwrap().unwrap();
+    assert!(r2 > r1, "every grant a fence above every earlier one");
+    assert_eq!(acquire(&mut c, "k", "w", 60_000), None, "the writer waits");
+    assert_eq!(fence_of(&mut c, "k", "r1"), Some(r1));
+    assert_eq!(fence_of(&mut c, "k", "r2"), Some(r2));
+    assert_eq!(fence(&mut c, "k"), Some(r2), "without a token: the newest");
+    // The same reader again renews and keeps its fence.
+    assert_eq!(shared(&mut c, "k", "r1", 60_000, None), Ok(Some(r1)));
+    assert_eq!(extend(&mut c, "k", "r1", 90_000), 1);
+    assert_eq!(extend(&mut c, "k", "w", 90_000), 0);
+    assert_eq!(release(&mut c, "k", "w"), 0);
+    assert_eq!(release(&mut c, "k", "r2"), 1);
+    assert_eq!(fence_of(&mut c, "k", "r2"), None);
+    assert_eq!(
+        info_holders(&mut c, "k"),
+        ("shared".into(), None, vec![("r1".into(), r1)])
+    );
+    assert_eq!(acquire(&mut c, "k", "w", 60_000), None);
+    assert_eq!(release(&mut c, "k", "r1"), 1);
+    let w = acquire(&mut c, "k", "w", 60_000).unwrap();
+    assert!(w > r2);
+    assert_eq!(
+        info_holders(&mut c, "k"),
+        ("exclusive".into(), None, vec![("w".into(), w)])
+    );
+    // A writer holds it: no reader.
+    assert_eq!(shared(&mut c, "k", "r3", 60_000, None), Ok(None));
+}
+
+#[test]
+fn a_limit_caps_the_holders_and_is_the_keys_until_its_last_holder_goes() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let a = shared(&mut c, "sem", "a", 60_000, Some(2))
+        .unwrap()
+        .unwrap();
+    shared(&mut c, "sem", "b", 60_000, Some(2))
+        .unwrap()
+        .unwrap();
+    assert_eq!(shared(&mut c, "sem", "c", 60_000, Some(2)), Ok(None));
+    let before = digest(&mut c);
+    for (limit, named) in [(Some(3), "LIMIT 3"), (None, "no LIMIT")] {
+        let err = shared(&mut c, "sem", "c", 60_000, limit).unwrap_err();
+        assert!(
+            err.starts_with("ERR ") && err.contains("LIMIT 2") && err.contains(named),
+            "{err}"
+        );
+    }
+    assert_eq!(digest(&mut c), before, "a refused request changes nothing");
+    assert_eq!(release(&mut c, "sem", "b"), 1);
+    let c3 = shared(&mut c, "sem", "c", 60_000, Some(2))
+        .unwrap()
+        .unwrap();
+    assert!(c3 > a);
+    assert_eq!(
+        info_holders(&mut c, "sem"),
+        (
+            "shared".into(),
+            Some(2),
+            vec![("a".into(), a), ("c".into(), c3)]
+        )
+    );
+    release(&mut c, "sem", "a");
+    release(&mut c, "sem", "c");
+    assert_eq!(fence(&mut c, "sem"), None);
+    // The key went with its last holder: the next grant sets the limit.
+    shared(&mut c, "sem", "d", 60_000, Some(5))
+        .unwrap()
+        .unwrap();
+    assert_eq!(info_holders(&mut c, "sem").1, Some(5));
+}
+
+#[test]
+fn a_writer_downgrades_keeping_its_fence_and_nobody_upgrades() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let w = acquire(&mut c, "k", "w", 60_000).unwrap();
+    assert_eq!(shared(&mut c, "k", "w", 60_000, None), Ok(Some(w)));
+    let r = shared(&mut c, "k", "r", 60_000, None).unwrap().unwrap();
+    assert!(r > w);
+    let before = digest(&mut c);
+    let up = run_err(&mut c, &["LOCK.ACQUIRE", "k", "w", "60000"]);
+    assert!(up.contains("no upgrade"), "{up}");
+    assert_eq!(digest(&mut c), before);
+    assert_eq!(info_holders(&mut c, "k").0, "shared");
+}
+
+/// The longest ACQUIRE: every option applies, none is dropped; one word
+/// more is refused.
+#[test]
+fn every_option_of_the_longest_acquire_applies() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let floor = acquire(&mut c, "other", "t", 1000).unwrap() + 1_000_000;
+    let floor = floor.to_string();
+    let args = [
+        "LOCK.ACQUIRE",
+        "k",
+        "r",
+        "60000",
+        "SHARED",
+        "LIMIT",
+        "2",
+        "BLOCK",
+        "0",
+        "MINFENCE",
+        &floor,
+    ];
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_bytes()).collect();
+    let got = run(&mut c, &args).unwrap();
+    assert_eq!(got, Value::Int(floor.parse().unwrap()));
+    assert_eq!(info_holders(&mut c, "k").1, Some(2));
+    let mut longer = args.clone();
+    longer.push(b"SHARED");
+    let err = run(&mut c, &longer).unwrap_err();
+    assert!(error_text(&err).contains("unknown option"), "{err}");
+}
+
+#[test]
+fn bad_input_is_refused_naming_the_problem_and_changes_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    shared(&mut c, "k", "r", 60_000, Some(2)).unwrap();
+    let before = digest(&mut c);
+    for (args, says) in [
+        (
+            &["LOCK.ACQUIRE", "k", "x", "100", "LIMIT", "2"][..],
+            "LIMIT needs SHARED",
+        ),
+        (
+            &["LOCK.ACQUIRE", "k", "x", "100", "SHARED", "LIMIT", "0"],
+            "invalid LIMIT '0'",
+        ),
+        (
+            &["LOCK.ACQUIRE", "k", "x", "100", "SHARED", "LIMIT", "-3"],
+            "invalid LIMIT",
+        ),
+        (
+            &["LOCK.ACQUIRE", "k", "x", "100", "SHARED", "LIMIT"],
+            "LIMIT needs a number",
+        ),
+        (
+            &["LOCK.ACQUIRE", "k", "x", "100", "SHARED", "SHARED"],
+            "unknown option",
+        ),
+        (
+            &["LOCK._SHARED", "k", "-1", "x", "5", "99999999999", "0"],
+            "internal",
+        ),
+    ] {
+        let err = run_err(&mut c, args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(digest(&mut c), before);
+}
+
+#[test]
+fn one_fifo_line_serves_readers_together_and_a_writer_alone() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "first", 60_000).unwrap();
+    let send = |token: &str, mode: &[&str]| {
+        let mut w = RawConn::connect(&s);
+        let mut args = vec!["LOCK.ACQUIRE", "k", token, "60000"];
+        args.extend_from_slice(mode);
+        args.extend_from_slice(&["BLOCK", "30000"]);
+        w.send(&args);
+        w
+    };
+    let mut r1 = send("r1", &["SHARED", "LIMIT", "2"]);
+    let mut r2 = send("r2", &["SHARED", "LIMIT", "2"]);
+    let mut r3 = send("r3", &["SHARED", "LIMIT", "2"]);
+    let mut w = send("w", &[]);
+    let mut r5 = send("r5", &["SHARED", "LIMIT", "2"]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") == 5);
+    // A request without BLOCK does not pass the line.
+    assert_eq!(shared(&mut c, "k", "x", 1000, Some(2)), Ok(None));
+    let granted =
+        |conn: &mut RawConn| matches!(conn.read_within(Duration::from_secs(5)), Some(Resp::Int(_)));
+    let still = |conn: &mut RawConn| conn.read_within(Duration::from_millis(200)).is_none();
+    assert_eq!(release(&mut c, "k", "first"), 1);
+    assert!(granted(&mut r1) && granted(&mut r2), "two readers at once");
+    assert!(still(&mut r3), "the limit");
+    assert_eq!(release(&mut c, "k", "r1"), 1);
+    assert!(granted(&mut r3));
+    assert_eq!(release(&mut c, "k", "r2"), 1);
+    assert!(still(&mut w), "r3 still reads");
+    assert!(still(&mut r5), "a reader behind the writer waits behind it");
+    assert_eq!(release(&mut c, "k", "r3"), 1);
+    assert!(granted(&mut w));
+    assert!(still(&mut r5));
+    assert_eq!(release(&mut c, "k", "w"), 1);
+    assert!(granted(&mut r5));
+}
+
+/// The key's mode, limit and holders, as a replica or a restart sees them.
+fn state(c: &mut Connection, key: &str) -> (String, Option<i64>, Vec<(String, i64)>) {
+    info_holders(c, key)
+}
+
+#[test]
+fn shared_locks_survive_restarts_rewrites_and_reach_replicas() {
+    let mut s = Server::builder()
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let replica = Server::start();
+    replica.replicate_from(&s);
+    let mut c = s.conn();
+    let a = shared(&mut c, "k", "a", 120_000, Some(3)).unwrap().unwrap();
+    let b = shared(&mut c, "k", "b", 120_000, Some(3)).unwrap().unwrap();
+    shared(&mut c, "k", "gone", 120_000, Some(3))
+        .unwrap()
+        .unwrap();
+    assert_eq!(release(&mut c, "k", "gone"), 1);
+    let want = (
+        "shared".to_string(),
+        Some(3),
+        vec![("a".to_string(), a), ("b".to_string(), b)],
+    );
+    assert_eq!(state(&mut c, "k"), want);
+    s.wait_acknowledged(1, "sync");
+    let mut rc = replica.conn();
+    assert_eq!(state(&mut rc, "k"), want, "the replica");
+    let d = digest(&mut c);
+    assert_eq!(digest(&mut rc), d);
+    // The AOF (every write), then an RDB, then a rewrite without preamble.
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(state(&mut c, "k"), want, "replayed from the AOF");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(state(&mut c, "k"), want, "through an RDB");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("aof-use-rdb-preamble")
+        .arg("no")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    s.kill9();
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(state(&mut c, "k"), want, "from a rewritten AOF");
+    assert_eq!(digest(&mut c), d);
+    // Fences go on rising above every holder's.
+    let next = shared(&mut c, "k", "c", 1000, Some(3)).unwrap().unwrap();
+    assert!(next > b);
+}
+
+#[test]
+fn a_dumped_shared_key_restores_whole_and_raises_the_mark() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let a = shared(&mut c, "k", "a", 60_000, None).unwrap().unwrap();
+    let b = shared(&mut c, "k", "b", 60_000, None).unwrap().unwrap();
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("k").query(&mut c).unwrap();
+    let other = Server::start();
+    let mut o = other.conn();
+    let _: () = redis::cmd("RESTORE")
+        .arg("k")
+        .arg(0)
+        .arg(dump)
+        .query(&mut o)
+        .unwrap();
+    assert_eq!(
+        state(&mut o, "k"),
+        (
+            "shared".into(),
+            None,
+            vec![("a".into(), a), ("b".into(), b)]
+        )
+    );
+    let next = acquire(&mut o, "fresh", "t", 1000).unwrap();
+    assert!(next > b, "the mark is above every restored fence");
+}
+
+#[test]
+fn a_shared_holder_runs_guarded_commands_and_others_do_not() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r = shared(&mut c, "k", "r", 60_000, None).unwrap().unwrap();
+    shared(&mut c, "k", "q", 60_000, None).unwrap().unwrap();
+    let ok: String = redis::cmd("LOCK.EXEC")
+        .arg("k")
+        .arg("r")
+        .arg("FENCE")
+        .arg(r)
+        .arg("SET")
+        .arg("data")
+        .arg("v")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let err = run_err(&mut c, &["LOCK.EXEC", "k", "x", "SET", "data", "w"]);
+    assert!(err.starts_with("NOTHELD another token"), "{err}");
+    let got: String = redis::cmd("GET").arg("data").query(&mut c).unwrap();
+    assert_eq!(got, "v");
+}
