@@ -19,13 +19,14 @@ use crate::redis::{
 
 /// Where each option's value lives (the node's limits), in the order of
 /// `protocol::OPTIONS`, which owns their names, bounds and defaults.
-const TARGETS: [Target; 6] = [
+const TARGETS: [Target; 7] = [
     Target::Numeric(&engine::RESTART_DELAY_MS),
     Target::Numeric(&engine::LOCK_DELAY_MS),
     Target::Numeric(&engine::MAX_TTL_MS),
     Target::Numeric(&engine::MAX_WAITERS_PER_KEY),
     Target::Numeric(&engine::MAX_TOKEN_LEN),
     Target::Bool(&engine::ALLOW_EVICTION),
+    Target::Numeric(&engine::MAX_HOLDERS_PER_KEY),
 ];
 
 /// Where an option's value lives.

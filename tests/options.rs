@@ -58,6 +58,7 @@ fn every_option_is_listed_with_its_default() {
     let expected = [
         ("lock.allow-eviction", "no"),
         ("lock.lock-delay-ms", "0"),
+        ("lock.max-holders-per-key", "10000"),
         ("lock.max-token-len", "512"),
         ("lock.max-ttl-ms", "604800000"),
         ("lock.max-waiters-per-key", "100000"),
@@ -110,6 +111,7 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.restart-delay-ms", &["-1", "316224000001", "1e3"]),
         ("lock.lock-delay-ms", &["-1", "316224000001", "x"]),
         ("lock.allow-eviction", &["maybe", "2"]),
+        ("lock.max-holders-per-key", &["0", "1048577", "x"]),
     ];
     for (name, values) in cases {
         let before = config_get(&mut c, name);
@@ -133,6 +135,8 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.restart-delay-ms", "0"),
         ("lock.lock-delay-ms", "316224000000"),
         ("lock.lock-delay-ms", "0"),
+        ("lock.max-holders-per-key", "1"),
+        ("lock.max-holders-per-key", "1048576"),
     ] {
         config_set(&mut c, name, value).unwrap();
         assert_eq!(config_get(&mut c, name), value);

@@ -157,6 +157,37 @@ fn a_limit_caps_the_holders_and_is_the_keys_until_its_last_holder_goes() {
     assert_eq!(info_holders(&mut c, "sem").1, Some(5));
 }
 
+/// `lock.max-holders-per-key` caps every shared key, LIMIT or not; a
+/// lower value leaves the holders a key has, and lets none join.
+#[test]
+fn the_node_bound_caps_every_shared_key_and_a_lower_one_takes_nobody_away() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for t in ["a", "b", "c"] {
+        shared(&mut c, "k", t, 60_000, None).unwrap().unwrap();
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("lock.max-holders-per-key")
+        .arg(2)
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(info_holders(&mut c, "k").2.len(), 3, "nobody is taken away");
+    assert_eq!(shared(&mut c, "k", "d", 60_000, None), Ok(None));
+    release(&mut c, "k", "a");
+    assert_eq!(shared(&mut c, "k", "d", 60_000, None), Ok(None), "still 2");
+    release(&mut c, "k", "b");
+    assert!(shared(&mut c, "k", "d", 60_000, None).unwrap().is_some());
+    // LIMIT 5 on a node bound of 2: two at once.
+    shared(&mut c, "sem", "x", 60_000, Some(5))
+        .unwrap()
+        .unwrap();
+    shared(&mut c, "sem", "y", 60_000, Some(5))
+        .unwrap()
+        .unwrap();
+    assert_eq!(shared(&mut c, "sem", "z", 60_000, Some(5)), Ok(None));
+}
+
 #[test]
 fn a_writer_downgrades_keeping_its_fence_and_nobody_upgrades() {
     let s = Server::start();

@@ -21,9 +21,6 @@ pub const MAX_FENCE_LEAD: i64 = 1 << 50;
 
 /// The default limit of BLOCK waiters queued on one key.
 pub const DEFAULT_MAX_WAITERS_PER_KEY: i64 = 100_000;
-/// The most holders one shared key has at once, by default: each holder is
-/// looked up by a scan of the key's holders.
-pub const DEFAULT_MAX_HOLDERS_PER_KEY: usize = 10_000;
 
 /// The latest lease deadline a stored or replicated lock may carry: the
 /// year 10000, in Unix ms. Far from overflow when turned into µs.

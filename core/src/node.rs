@@ -58,8 +58,8 @@ pub struct Limits {
     /// `lock.lock-delay-ms`: after a lease ends without a release, no grant
     /// of its key for this long.
     pub lock_delay_ms: i64,
-    /// The most holders one shared key has at once (a `LIMIT` above it is
-    /// capped to it).
+    /// `lock.max-holders-per-key`: the most holders one shared key has at
+    /// once (a `LIMIT` above it is capped to it).
     pub max_holders_per_key: usize,
 }
 
@@ -67,8 +67,8 @@ impl Default for Limits {
     /// Every option at its default (`protocol::OPTIONS`).
     fn default() -> Self {
         use crate::protocol::{
-            ALLOW_EVICTION, LOCK_DELAY_MS, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS, MAX_WAITERS_PER_KEY,
-            RESTART_DELAY_MS,
+            ALLOW_EVICTION, LOCK_DELAY_MS, MAX_HOLDERS_PER_KEY, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS,
+            MAX_WAITERS_PER_KEY, RESTART_DELAY_MS,
         };
         Limits {
             max_ttl_ms: MAX_TTL_MS.default_value(),
@@ -77,7 +77,7 @@ impl Default for Limits {
             restart_delay_ms: RESTART_DELAY_MS.default_value(),
             allow_eviction: ALLOW_EVICTION.default_value() != 0,
             lock_delay_ms: LOCK_DELAY_MS.default_value(),
-            max_holders_per_key: crate::limits::DEFAULT_MAX_HOLDERS_PER_KEY,
+            max_holders_per_key: MAX_HOLDERS_PER_KEY.default_value() as usize,
         }
     }
 }

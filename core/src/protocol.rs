@@ -175,6 +175,16 @@ pub const MAX_TOKEN_LEN_OPTION: OptionSpec = OptionSpec::Numeric {
     max: MAX_TOKEN_LEN as i64,
 };
 
+/// `lock.max-holders-per-key`: the most holders one shared key has at
+/// once (a `LIMIT` above it is capped to it; each holder is found by a
+/// scan of its key's holders).
+pub const MAX_HOLDERS_PER_KEY: OptionSpec = OptionSpec::Numeric {
+    name: "max-holders-per-key",
+    default: 10_000,
+    min: 1,
+    max: crate::codec::MAX_STORED_HOLDERS,
+};
+
 /// `lock.allow-eviction`: grant while `maxmemory-policy` can evict locks.
 pub const ALLOW_EVICTION: OptionSpec = OptionSpec::Bool {
     name: "allow-eviction",
@@ -182,13 +192,14 @@ pub const ALLOW_EVICTION: OptionSpec = OptionSpec::Bool {
 };
 
 /// Every option, in the order `CONFIG GET lock.*` documents them.
-pub const OPTIONS: [OptionSpec; 6] = [
+pub const OPTIONS: [OptionSpec; 7] = [
     RESTART_DELAY_MS,
     LOCK_DELAY_MS,
     MAX_TTL_MS,
     MAX_WAITERS_PER_KEY,
     MAX_TOKEN_LEN_OPTION,
     ALLOW_EVICTION,
+    MAX_HOLDERS_PER_KEY,
 ];
 
 #[cfg(test)]
