@@ -122,6 +122,22 @@ impl<'a> Acquire<'a> {
         }
     }
 
+    /// See [`crate::Acquire::shared`].
+    pub fn shared(self) -> Self {
+        Acquire {
+            inner: self.inner.shared(),
+            ..self
+        }
+    }
+
+    /// See [`crate::Acquire::limit`].
+    pub fn limit(self, n: u32) -> Self {
+        Acquire {
+            inner: self.inner.limit(n),
+            ..self
+        }
+    }
+
     /// See [`crate::Acquire::token`].
     pub fn token(self, token: impl Into<String>) -> Self {
         Acquire {

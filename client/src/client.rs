@@ -18,6 +18,7 @@ use crate::keys::Keys;
 use crate::node::{LockInfo, Node, NodeSettings};
 pub use crate::options::Options;
 use crate::settle::{Settle, SETTLE};
+use redis_lock_core::Mode;
 
 /// A handle on one lock node or a Redlock group; cheap to clone.
 #[derive(Clone)]
@@ -444,6 +445,11 @@ impl LockClient {
         keys.check()?;
         let start = Instant::now();
         let nodes = self.inner.group.nodes.len();
+        if nodes > 1 && matches!(keys.mode(), Mode::Shared { limit: Some(n) } if n > 1) {
+            return Err(Error::Config(
+                "a counting semaphore (limit above 1) cannot be kept by a Redlock group: each node counts only the holders it granted, so holders granted by different majorities could exceed the limit together; use one node (with replicas)".into(),
+            ));
+        }
         let granted = if nodes == 1 {
             self.acquire_single(keys, token, ttl, wait).await
         } else {
@@ -1142,6 +1148,30 @@ impl<'a> Acquire<'a> {
     /// Renews this lock in the background (default: [`Options::auto_renew`]).
     pub fn auto_renew(mut self, on: bool) -> Self {
         self.auto_renew = on;
+        self
+    }
+
+    /// Takes the lock shared (`SHARED`): the reader's side of a read/write
+    /// lock. Many shared holders hold a key at once, each with a fencing
+    /// token of its own; an exclusive holder (a plain acquisition, the
+    /// writer) holds it alone. Waiting readers and writers take turns in one
+    /// FIFO line. One key only; on a Redlock group a reader and a writer
+    /// still never hold it together (their majorities share a node).
+    pub fn shared(mut self) -> Self {
+        if !self.keys.mode().is_shared() {
+            self.keys = self.keys.in_mode(Mode::Shared { limit: None });
+        }
+        self
+    }
+
+    /// A counting semaphore: shared, at most `n` holders at once
+    /// (`SHARED LIMIT n`), one leased permit per holder. The limit belongs
+    /// to the key: every holder must name the same. One node only (with
+    /// replicas): a Redlock group is refused, since each node counts only
+    /// the holders it granted, and holders granted by different majorities
+    /// could exceed `n` together.
+    pub fn limit(mut self, n: u32) -> Self {
+        self.keys = self.keys.in_mode(Mode::Shared { limit: Some(n) });
         self
     }
 

@@ -6,15 +6,19 @@
 use std::fmt;
 
 use redis_lock_core::protocol::command;
+use redis_lock_core::Mode;
 
 use crate::clock::millis;
 use crate::error::{Error, Result};
 
 /// The keys of one lock: one key, or several held all or nothing (in one
 /// slot on Redis Cluster: give them one hash tag). Made from a `&str`, a
-/// `String`, or a slice or `Vec` of either.
+/// `String`, or a slice or `Vec` of either. It also says how the lock is
+/// taken (exclusive unless [`Acquire::shared`](crate::Acquire::shared) or
+/// [`Acquire::limit`](crate::Acquire::limit) said otherwise), so every
+/// command that takes it says so too.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct Keys(Vec<String>);
+pub struct Keys(Vec<String>, Mode);
 
 impl Keys {
     /// The first key named: the lock's key when there is one, and the key
@@ -42,10 +46,30 @@ impl Keys {
         }
     }
 
-    /// At least one key, none named twice.
+    /// How the lock is taken: exclusive, or shared (with a limit).
+    pub(crate) fn mode(&self) -> Mode {
+        self.1
+    }
+
+    /// The same keys, taken in `mode`.
+    pub(crate) fn in_mode(mut self, mode: Mode) -> Keys {
+        self.1 = mode;
+        self
+    }
+
+    /// At least one key, none named twice; a shared lock on one key, with
+    /// a limit of at least 1.
     pub(crate) fn check(&self) -> Result<()> {
         if self.0.is_empty() {
             return Err(Error::Config("a lock needs at least one key".into()));
+        }
+        if self.1.is_shared() && self.is_several() {
+            return Err(Error::Config(
+                "a shared lock over several keys is not supported by the server yet (LOCK.ACQUIREALL takes them exclusively)".into(),
+            ));
+        }
+        if self.1 == (Mode::Shared { limit: Some(0) }) {
+            return Err(Error::Config("a limit must be at least 1".into()));
         }
         let mut seen = std::collections::HashSet::new();
         match self.0.iter().find(|k| !seen.insert(k.as_str())) {
@@ -62,7 +86,7 @@ impl Keys {
     }
 
     /// `LOCK.ACQUIRE key ...` or `LOCK.ACQUIREALL numkeys key ... token
-    /// ttl-ms [BLOCK block-ms] [MINFENCE n]`.
+    /// ttl-ms [SHARED [LIMIT n]] [BLOCK block-ms] [MINFENCE n]`.
     pub(crate) fn acquire_cmd(
         &self,
         token: &str,
@@ -72,6 +96,12 @@ impl Keys {
     ) -> redis::Cmd {
         let mut cmd = self.named(command::ACQUIRE, command::ACQUIRE_ALL);
         cmd.arg(token).arg(millis(ttl));
+        if let Mode::Shared { limit } = self.1 {
+            cmd.arg(command::SHARED);
+            if let Some(n) = limit {
+                cmd.arg(command::LIMIT).arg(n);
+            }
+        }
         if let Some(ms) = block_ms {
             cmd.arg(command::BLOCK).arg(ms);
         }
@@ -136,37 +166,46 @@ impl fmt::Display for Keys {
 
 impl From<&str> for Keys {
     fn from(key: &str) -> Keys {
-        Keys(vec![key.to_string()])
+        Keys(vec![key.to_string()], Mode::Exclusive)
     }
 }
 
 impl From<String> for Keys {
     fn from(key: String) -> Keys {
-        Keys(vec![key])
+        Keys(vec![key], Mode::Exclusive)
     }
 }
 
 impl From<&String> for Keys {
     fn from(key: &String) -> Keys {
-        Keys(vec![key.clone()])
+        Keys(vec![key.clone()], Mode::Exclusive)
     }
 }
 
 impl<S: AsRef<str>> From<&[S]> for Keys {
     fn from(keys: &[S]) -> Keys {
-        Keys(keys.iter().map(|k| k.as_ref().to_string()).collect())
+        Keys(
+            keys.iter().map(|k| k.as_ref().to_string()).collect(),
+            Mode::Exclusive,
+        )
     }
 }
 
 impl<S: AsRef<str>> From<Vec<S>> for Keys {
     fn from(keys: Vec<S>) -> Keys {
-        Keys(keys.iter().map(|k| k.as_ref().to_string()).collect())
+        Keys(
+            keys.iter().map(|k| k.as_ref().to_string()).collect(),
+            Mode::Exclusive,
+        )
     }
 }
 
 impl<S: AsRef<str>, const N: usize> From<&[S; N]> for Keys {
     fn from(keys: &[S; N]) -> Keys {
-        Keys(keys.iter().map(|k| k.as_ref().to_string()).collect())
+        Keys(
+            keys.iter().map(|k| k.as_ref().to_string()).collect(),
+            Mode::Exclusive,
+        )
     }
 }
 

@@ -82,7 +82,7 @@ impl Lock<'_> {
 }
 
 /// How a key's holders hold it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     /// One holder at a time (`LOCK.ACQUIRE` without `SHARED`).
     Exclusive,

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use redis_lock_client::{drift, later_by, random_token, Keys, LockClient, Options};
+use redis_lock_client::{drift, later_by, random_token, Acquire, Keys, LockClient, Options};
 use tokio::sync::mpsc;
 
 mod duration;
@@ -103,6 +103,15 @@ impl Nodes {
     fn lock_keys(&self) -> Keys {
         Keys::from(&self.keys[..])
     }
+
+    /// An acquisition in the mode asked for (--shared, --limit).
+    fn mode<'a>(&self, acquisition: Acquire<'a>) -> Acquire<'a> {
+        match (self.shared, self.limit) {
+            (_, Some(n)) => acquisition.limit(n),
+            (true, None) => acquisition.shared(),
+            (false, None) => acquisition,
+        }
+    }
 }
 
 /// `REDIS_LOCK_KEYS`: every key of the lock, one per line.
@@ -129,6 +138,15 @@ struct Nodes {
     /// slot: one hash tag).
     #[arg(long = "key", value_name = "KEY", required = true)]
     keys: Vec<String>,
+    /// Take the lock shared: the reader's side of a read/write lock (many
+    /// shared holders at once, a plain holder alone; one FIFO line).
+    #[arg(long)]
+    shared: bool,
+    /// With --shared: at most N holders at once (a counting semaphore; the
+    /// limit belongs to the key, so every holder names the same; one node
+    /// only).
+    #[arg(long, value_name = "N", requires = "shared")]
+    limit: Option<u32>,
     /// The --url nodes are distinct servers: use a Redlock group even where
     /// the nodes' user may not run INFO, by which they are told apart
     /// (without it such a group is refused: one server under two names
@@ -420,7 +438,7 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             warn_unsafe_group(&locks, ttl).await;
-            run_under_lock(&locks, &nodes.lock_keys(), ttl, wait, grace, codes, &cmd).await
+            run_under_lock(&locks, &nodes, ttl, wait, grace, codes, &cmd).await
         }
         Command::Acquire {
             nodes,
@@ -439,7 +457,9 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             let keys = nodes.lock_keys();
-            let acquisition = locks.acquire_all(keys.as_slice(), ttl).wait(wait);
+            let acquisition = nodes
+                .mode(locks.acquire_all(keys.as_slice(), ttl))
+                .wait(wait);
             // A given token may hold the lock already (a re-acquire keeps
             // its fence); without one the library makes a fresh one.
             let acquisition = match token {
@@ -853,7 +873,7 @@ fn handle_signals_and(
 
 async fn run_under_lock(
     locks: &LockClient,
-    key: &Keys,
+    nodes: &Nodes,
     ttl: Duration,
     wait: Duration,
     grace: Option<Duration>,
@@ -863,9 +883,10 @@ async fn run_under_lock(
     let Some(mut signals) = handle_signals_and(job::FORWARDED, &job::also_forwarded()) else {
         return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
+    let key = &nodes.lock_keys();
     let token = random_token();
     let acquired = tokio::select! {
-        result = locks.acquire_all(key.as_slice(), ttl).fresh_token(token.as_str()).wait(wait) => Ok(result),
+        result = nodes.mode(locks.acquire_all(key.as_slice(), ttl)).fresh_token(token.as_str()).wait(wait) => Ok(result),
         Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
