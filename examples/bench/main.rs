@@ -13,6 +13,7 @@ mod host;
 mod load;
 mod multikey;
 mod scale;
+mod semaphore;
 mod stats;
 mod svg;
 mod sweep;
@@ -30,7 +31,7 @@ struct Options {
     seconds: f64,
     out: String,
     /// Run one section only: cost, guarded, memory, scaling, host,
-    /// contention, sweep or multikey.
+    /// contention, sweep, multikey or semaphore.
     only: Option<String>,
 }
 
@@ -162,6 +163,10 @@ fn main() {
     }
     if o.runs("multikey") {
         multikey::section(&mut doc, &o);
+        save(&doc);
+    }
+    if o.runs("semaphore") {
+        semaphore::section(&mut doc, &o);
         save(&doc);
     }
     println!("{doc}");
