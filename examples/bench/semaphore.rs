@@ -18,7 +18,7 @@ use crate::{paired_server, target, Options};
 const KEY: &str = "sem";
 const LIMIT: usize = 4;
 const CLIENTS: usize = 16;
-const HOLD: Duration = Duration::from_millis(1);
+const HOLD: Duration = Duration::from_millis(2);
 const TTL_MS: i64 = 10_000;
 /// BLOCK timeout: a wait this long is a stranded waiter, counted.
 const BLOCK_MS: i64 = 10_000;
