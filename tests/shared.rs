@@ -417,3 +417,91 @@ fn a_shared_holder_runs_guarded_commands_and_others_do_not() {
     let got: String = redis::cmd("GET").arg("data").query(&mut c).unwrap();
     assert_eq!(got, "v");
 }
+
+/// A user with only the lock commands and `%R~` on the key reads the mode,
+/// the limit and every holder's fence, and no holder's token (a token can
+/// release and extend); a user who may write the key sees them all.
+#[test]
+fn a_reader_of_the_key_sees_every_holder_but_no_token() {
+    if common::skip_unless(common::Needs::OwnServer, "sets ACL users") {
+        return;
+    }
+    let s = Server::start();
+    let mut admin = s.conn();
+    let a = shared(&mut admin, "app:k", "secret-a", 60_000, Some(3))
+        .unwrap()
+        .unwrap();
+    let b = shared(&mut admin, "app:k", "secret-b", 60_000, Some(3))
+        .unwrap()
+        .unwrap();
+    set_user(
+        &mut admin,
+        "viewer",
+        &["%R~app:*", "+lock.info", "+lock.fence", "+lock.acquire"],
+    );
+    let mut viewer = login(&s, "viewer");
+    let reply = lock_info_reply(&mut viewer, "app:k");
+    let text = format!("{reply:?}");
+    assert!(!text.contains("secret"), "a token shown: {text}");
+    let f = fields(&reply);
+    assert_eq!(field(&f, "limit"), Value::Int(3));
+    let Value::Array(holders) = field(&f, "holders") else {
+        panic!("{f:?}")
+    };
+    let seen: Vec<(Value, Value)> = holders
+        .iter()
+        .map(|h| {
+            let h = fields(h);
+            (field(&h, "token"), field(&h, "fence"))
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [(Value::Nil, Value::Int(a)), (Value::Nil, Value::Int(b))]
+    );
+    // Reading is not taking: the viewer cannot join the semaphore.
+    let err = run_err(
+        &mut viewer,
+        &["LOCK.ACQUIRE", "app:k", "v", "1000", "SHARED", "LIMIT", "3"],
+    );
+    assert!(err.starts_with("NOPERM"), "{err}");
+    assert_eq!(info_holders(&mut admin, "app:k").2.len(), 2);
+}
+
+/// Lock-delay on a shared key: a reader that ended unreleased keeps its
+/// permit for the delay (a waiting reader is served when it ends); one
+/// that released frees it at once.
+#[test]
+fn a_reader_that_ended_unreleased_keeps_its_permit_for_the_lock_delay() {
+    let s = Server::builder()
+        .module_arg("lock-delay-ms", "2000")
+        .start();
+    let mut c = s.conn();
+    let before_grant = std::time::Instant::now();
+    shared(&mut c, "k", "gone", 100, Some(1)).unwrap().unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!(fence(&mut c, "k"), None, "its lease ended");
+    assert_eq!(shared(&mut c, "k", "next", 10_000, Some(1)), Ok(None));
+    let mut w = RawConn::connect(&s);
+    w.send(&[
+        "LOCK.ACQUIRE",
+        "k",
+        "w",
+        "10000",
+        "SHARED",
+        "LIMIT",
+        "1",
+        "BLOCK",
+        "20000",
+    ]);
+    let granted = w.read_within(Duration::from_secs(10));
+    assert!(matches!(granted, Some(Resp::Int(_))), "{granted:?}");
+    // Not before the lease (100 ms) and the delay (2 s) ended.
+    let waited = before_grant.elapsed();
+    assert!(waited >= Duration::from_millis(2100), "{waited:?}");
+    // Released, not ended: no delay.
+    assert_eq!(release(&mut c, "k", "w"), 1);
+    assert!(shared(&mut c, "k", "next", 10_000, Some(1))
+        .unwrap()
+        .is_some());
+}
