@@ -496,9 +496,10 @@ fn a_reader_that_ended_unreleased_keeps_its_permit_for_the_lock_delay() {
     ]);
     let granted = w.read_within(Duration::from_secs(10));
     assert!(matches!(granted, Some(Resp::Int(_))), "{granted:?}");
-    // Not before the lease (100 ms) and the delay (2 s) ended.
+    // Not before the lease (100 ms) and the delay (2 s) ended (the node
+    // counts whole milliseconds: a few ms of slack).
     let waited = before_grant.elapsed();
-    assert!(waited >= Duration::from_millis(2100), "{waited:?}");
+    assert!(waited >= Duration::from_millis(2090), "{waited:?}");
     // Released, not ended: no delay.
     assert_eq!(release(&mut c, "k", "w"), 1);
     assert!(shared(&mut c, "k", "next", 10_000, Some(1))
