@@ -2,7 +2,7 @@
 //! with one fence, or none (nothing changed); `LOCK.RELEASEALL numkeys key
 //! ... token`: how many it released. Each key is then an ordinary lock.
 //! With BLOCK the caller waits in every key's line, holding none of them.
-//! (SHARED is refused in this build.)
+//! (`SHARED` over several keys: `tests/shared.rs`.)
 
 use redis_lock_testkit as common;
 
@@ -108,8 +108,8 @@ fn bad_input_is_refused_and_changes_nothing() {
             "BLOCK",
         ),
         (
-            vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "SHARED"],
-            "SHARED",
+            vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "LIMIT", "2"],
+            "LIMIT needs SHARED",
         ),
         (
             vec!["LOCK.ACQUIREALL", "1", "a", "t", "100", "NX"],

@@ -506,3 +506,183 @@ fn a_reader_that_ended_unreleased_keeps_its_permit_for_the_lock_delay() {
         .unwrap()
         .is_some());
 }
+
+/// `LOCK.ACQUIREALL numkeys key ... token ttl SHARED [LIMIT n] [BLOCK t]`
+/// sent as is: the fence, nil, or the error's text.
+fn shared_all(
+    c: &mut Connection,
+    keys: &[&str],
+    token: &str,
+    extra: &[&str],
+) -> Result<Option<i64>, String> {
+    redis::cmd("LOCK.ACQUIREALL")
+        .arg(keys.len())
+        .arg(keys)
+        .arg(token)
+        .arg(60_000)
+        .arg(extra)
+        .query(c)
+        .map_err(|e| error_text(&e))
+}
+
+#[test]
+fn readers_of_several_keys_share_them_with_one_fence_and_a_writer_of_them_all_waits_its_turn() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let r1 = shared_all(&mut c, &["a", "b"], "r1", &["SHARED"])
+        .unwrap()
+        .unwrap();
+    // A reader of one of them joins; so does a reader of both.
+    let solo = shared(&mut c, "b", "solo", 60_000, None).unwrap().unwrap();
+    let r2 = shared_all(&mut c, &["b", "a"], "r2", &["SHARED"])
+        .unwrap()
+        .unwrap();
+    assert!(r1 < solo && solo < r2);
+    assert_eq!(
+        info_holders(&mut c, "a"),
+        (
+            "shared".into(),
+            None,
+            vec![("r1".into(), r1), ("r2".into(), r2)]
+        )
+    );
+    assert_eq!(info_holders(&mut c, "b").2.len(), 3);
+    // An exclusive request for both waits for every reader of both; a
+    // reader arriving behind it waits behind it, on either key.
+    let mut writer = RawConn::connect(&s);
+    writer.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "b",
+        "w",
+        "60000",
+        "BLOCK",
+        "10000",
+    ]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") >= 1);
+    assert_eq!(
+        shared_all(&mut c, &["a", "b"], "late", &["SHARED"]),
+        Ok(None)
+    );
+    assert_eq!(shared(&mut c, "a", "late", 60_000, None), Ok(None));
+    let mut reader_behind = RawConn::connect(&s);
+    reader_behind.send(&[
+        "LOCK.ACQUIREALL",
+        "2",
+        "a",
+        "b",
+        "late",
+        "60000",
+        "SHARED",
+        "BLOCK",
+        "10000",
+    ]);
+    wait_until(Duration::from_secs(5), || s.info_field("waiters") >= 2);
+    // The same token again renews its hold of both, keeping its fence.
+    assert_eq!(
+        shared_all(&mut c, &["a", "b"], "r1", &["SHARED"]),
+        Ok(Some(r1))
+    );
+    assert_eq!(
+        redis::cmd("LOCK.RELEASEALL")
+            .arg(2)
+            .arg(&["a", "b"])
+            .arg("r1")
+            .query::<i64>(&mut c)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        redis::cmd("LOCK.RELEASEALL")
+            .arg(2)
+            .arg(&["a", "b"])
+            .arg("r2")
+            .query::<i64>(&mut c)
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        writer.read_within(Duration::from_millis(300)),
+        None,
+        "solo still reads b"
+    );
+    assert_eq!(release(&mut c, "b", "solo"), 1);
+    let Some(Resp::Int(w)) = writer.read_within(Duration::from_secs(5)) else {
+        panic!("the writer was not granted");
+    };
+    assert!(w > r2);
+    assert_eq!(
+        info_holders(&mut c, "a"),
+        ("exclusive".into(), None, vec![("w".into(), w)])
+    );
+    assert_eq!(
+        reader_behind.read_within(Duration::from_millis(300)),
+        None,
+        "a writer holds both"
+    );
+    // The writer downgrades both keys at once, keeping its fence: the
+    // reader behind it comes in.
+    assert_eq!(
+        shared_all(&mut c, &["a", "b"], "w", &["SHARED"]),
+        Ok(Some(w))
+    );
+    let Some(Resp::Int(late)) = reader_behind.read_within(Duration::from_secs(5)) else {
+        panic!("the reader behind the writer was not granted after the downgrade");
+    };
+    assert!(late > w);
+    assert_eq!(
+        info_holders(&mut c, "b"),
+        (
+            "shared".into(),
+            None,
+            vec![("w".into(), w), ("late".into(), late)]
+        )
+    );
+    // Nobody upgrades, on any key.
+    let e = redis::cmd("LOCK.ACQUIREALL")
+        .arg(2)
+        .arg(&["a", "b"])
+        .arg("w")
+        .arg(1000)
+        .query::<Option<i64>>(&mut c)
+        .unwrap_err();
+    assert!(error_text(&e).contains("upgrade"), "{e}");
+}
+
+#[test]
+fn semaphores_of_several_keys_take_a_permit_of_each_or_none() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let limit2 = ["SHARED", "LIMIT", "2"];
+    let x = shared_all(&mut c, &["p", "q"], "x", &limit2)
+        .unwrap()
+        .unwrap();
+    let y = shared(&mut c, "p", "y", 60_000, Some(2)).unwrap().unwrap();
+    // q has a permit left, p none: nothing is taken.
+    assert_eq!(shared_all(&mut c, &["q", "p"], "z", &limit2), Ok(None));
+    assert_eq!(
+        info_holders(&mut c, "q").2,
+        vec![("x".to_string(), x)],
+        "q not taken"
+    );
+    assert_eq!(release(&mut c, "p", "y"), 1);
+    let z = shared_all(&mut c, &["q", "p"], "z", &limit2)
+        .unwrap()
+        .unwrap();
+    assert!(z > y);
+    assert_eq!(
+        info_holders(&mut c, "q"),
+        (
+            "shared".into(),
+            Some(2),
+            vec![("x".into(), x), ("z".into(), z)]
+        )
+    );
+    // A limit other than a key's is refused, naming both, before anything.
+    let e = shared_all(&mut c, &["s", "p"], "v", &["SHARED", "LIMIT", "3"]).unwrap_err();
+    assert!(e.contains("LIMIT 2") && e.contains("LIMIT 3"), "{e}");
+    assert_eq!(fence_of(&mut c, "s", "v"), None, "s not taken");
+    let e = shared_all(&mut c, &["s"], "v", &["LIMIT", "2"]).unwrap_err();
+    assert!(e.contains("LIMIT needs SHARED"), "{e}");
+}

@@ -209,10 +209,31 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
     }
     let token = parse_token(argv[2])?;
     let ttl_ms = parse_ttl(argv[3], max_ttl_ms)?;
+    let options = parse_acquire_options(&argv[4..])?;
+    Ok(AcquireArgs {
+        token,
+        ttl_ms,
+        mode: options.mode,
+        block_ms: options.block_ms,
+        min_fence: options.min_fence,
+    })
+}
+
+/// The options after `ttl-ms`, the same for `LOCK.ACQUIRE` and
+/// `LOCK.ACQUIREALL`.
+struct AcquireOptions {
+    mode: Mode,
+    block_ms: Option<i64>,
+    min_fence: i64,
+}
+
+/// `[SHARED] [LIMIT n] [BLOCK timeout-ms] [MINFENCE n]`, in any order,
+/// each at most once.
+fn parse_acquire_options(argv: &[&[u8]]) -> Result<AcquireOptions, LockError> {
     let mut block_ms = None;
     let mut min_fence = 0;
     let (mut shared, mut limit) = (false, None);
-    let mut options = argv[4..].iter();
+    let mut options = argv.iter();
     while let Some(option) = options.next() {
         if option.eq_ignore_ascii_case(b"SHARED") && !shared {
             shared = true;
@@ -234,9 +255,7 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireAr
         (false, Some(_)) => return Err(LockError::LimitWithoutShared),
         (true, limit) => Mode::Shared { limit },
     };
-    Ok(AcquireArgs {
-        token,
-        ttl_ms,
+    Ok(AcquireOptions {
         mode,
         block_ms,
         min_fence,
@@ -253,13 +272,16 @@ pub fn parse_limit(arg: &[u8]) -> Result<u32, LockError> {
     }
 }
 
-/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [MINFENCE n]`
+/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [SHARED] [LIMIT n]
+/// [BLOCK timeout-ms] [MINFENCE n]`
 #[derive(Debug, PartialEq, Eq)]
 pub struct AcquireAllArgs<'a> {
     /// The keys, distinct, in argv from index 2.
     pub keys: std::ops::Range<usize>,
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// Every key in this mode (`SHARED`, `LIMIT n`: each key's).
+    pub mode: Mode,
     /// `BLOCK timeout-ms` (0: no limit): wait in every key's line.
     pub block_ms: Option<i64>,
     pub min_fence: i64,
@@ -298,28 +320,14 @@ pub fn parse_acquire_all<'a>(
     check_distinct(&argv[keys.clone()])?;
     let token = parse_token(argv[keys.end])?;
     let ttl_ms = parse_ttl(argv[keys.end + 1], max_ttl_ms)?;
-    let mut min_fence = 0;
-    let mut block_ms = None;
-    let mut options = argv[keys.end + 2..].iter();
-    while let Some(option) = options.next() {
-        if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
-            let n = options.next().ok_or(LockError::MissingMinFence)?;
-            min_fence = parse_min_fence(n)?;
-        } else if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
-            let timeout = options.next().ok_or(LockError::MissingTimeout)?;
-            block_ms = Some(parse_timeout(timeout)?);
-        } else if option.eq_ignore_ascii_case(b"SHARED") {
-            return Err(LockError::NotYet(show_arg(option), "lock.acquireall"));
-        } else {
-            return Err(LockError::UnknownOption(show_arg(option)));
-        }
-    }
+    let options = parse_acquire_options(&argv[keys.end + 2..])?;
     Ok(AcquireAllArgs {
         keys,
         token,
         ttl_ms,
-        block_ms,
-        min_fence,
+        mode: options.mode,
+        block_ms: options.block_ms,
+        min_fence: options.min_fence,
     })
 }
 
@@ -696,6 +704,32 @@ mod tests {
         );
         let msg = LockError::LimitWithoutShared.to_string();
         assert!(msg.contains("LIMIT needs SHARED"), "{msg}");
+    }
+
+    #[test]
+    fn acquire_all_takes_the_same_options_as_acquire_after_its_keys() {
+        let parse = |extra: &[&[u8]]| {
+            let argv: Vec<&[u8]> = [&b"LOCK.ACQUIREALL"[..], b"2", b"a", b"b", b"t", b"100"]
+                .into_iter()
+                .chain(extra.iter().copied())
+                .collect();
+            parse_acquire_all(&argv, MAX).map(|a| (a.keys, a.mode, a.block_ms, a.min_fence))
+        };
+        let shared = |limit| Mode::Shared { limit };
+        assert_eq!(parse(&[]), Ok((2..4, Mode::Exclusive, None, 0)));
+        assert_eq!(
+            parse(&[b"block", b"5", b"Shared", b"MINFENCE", b"7"]),
+            Ok((2..4, shared(None), Some(5), 7))
+        );
+        assert_eq!(
+            parse(&[b"SHARED", b"LIMIT", b"2"]),
+            Ok((2..4, shared(Some(2)), None, 0))
+        );
+        assert_eq!(parse(&[b"LIMIT", b"2"]), Err(LockError::LimitWithoutShared));
+        assert_eq!(
+            parse(&[b"SHARED", b"NX"]),
+            Err(LockError::UnknownOption("'NX'".into()))
+        );
     }
 
     #[test]

@@ -83,8 +83,6 @@ pub enum LockError {
     NumKeysTooLarge(String),
     /// A multi-key command named a key twice.
     DuplicateKey(String),
-    /// An option this build does not support on this command yet.
-    NotYet(String, &'static str),
     /// LIMIT without its n.
     MissingLimit,
     /// LIMIT's n is not an integer from 1 up to the bound.
@@ -227,10 +225,6 @@ impl fmt::Display for LockError {
                 "ERR invalid numkeys {v}: more than the keys given (the token, and for ACQUIREALL the ttl-ms, follow them)"
             ),
             DuplicateKey(k) => write!(f, "ERR key {k} is named twice"),
-            NotYet(option, cmd) => write!(
-                f,
-                "ERR option {option} is not supported by {cmd} in this build (it will come with shared locks)"
-            ),
             MissingLimit => write!(f, "ERR LIMIT needs a number of holders n"),
             BadLimit(v) => write!(
                 f,

@@ -107,16 +107,6 @@ impl Mode {
     }
 }
 
-/// Until when the key's holders keep it from an exclusive grant (live, or
-/// ended unreleased within lock-delay), if they do at `now_ms`: when the
-/// last of them ends as things stand (renewals move it; look again then).
-pub fn occupied_until(store: &impl LockRead, lock_delay_ms: i64, now_ms: i64) -> Option<i64> {
-    holders(store)
-        .filter(|l| now_ms < l.grants_held_until(lock_delay_ms))
-        .map(|l| l.next_change(lock_delay_ms, now_ms))
-        .max()
-}
-
 /// Why a holder leaves its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -142,14 +132,6 @@ pub trait LockRead {
 /// Every holder stored under a key, live or ended, in grant order.
 pub fn holders<S: LockRead + ?Sized>(store: &S) -> impl Iterator<Item = Lock<'_>> {
     (0..).map_while(move |i| store.holder_at(i))
-}
-
-/// The key's holder when it is exclusive, live or ended.
-pub fn exclusive<S: LockRead + ?Sized>(store: &S) -> Option<Lock<'_>> {
-    match store.mode() {
-        Some(Mode::Exclusive) => store.holder_at(0),
-        _ => None,
-    }
 }
 
 /// `token`'s holder when its lease has not ended.
@@ -340,26 +322,18 @@ pub fn acquire(
         Fit::Busy(_) => Ok(Acquired::Contended),
         Fit::Renews => {
             let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
-            let (fence, granted_ms) = (held.fence, held.granted_ms);
-            let raised = match min_fence > fence {
+            let raised = match min_fence > held.fence {
                 true => Some(raised_fence(fences, min_fence, now.wall_us)?),
                 false => None,
             };
-            if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
-                store.set_mode(mode);
-            }
-            let holder = |fence| NewHolder {
+            Ok(Acquired::Renewed(renew_holder(
+                store,
                 token,
-                fence,
+                mode,
+                raised,
                 deadline_ms,
-                granted_ms,
-            };
-            match (raised, store.mode()) {
-                (Some(fence), Some(Mode::Exclusive)) => store.put(Mode::Exclusive, holder(fence)),
-                (Some(fence), _) => store.add(holder(fence)),
-                (None, _) => store.renew(token, deadline_ms),
-            }
-            Ok(Acquired::Renewed(raised.unwrap_or(fence)))
+                now_ms,
+            )?))
         }
         Fit::Fits => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;
@@ -369,10 +343,43 @@ pub fn acquire(
     }
 }
 
-/// A new holder of a key it fits (checked by the caller): the key's only
-/// one, or one more of a shared key, whose holders that ended past their
-/// lock-delay leave first (expirations).
-fn grant(
+/// `token`'s live holder (a renewal, checked by the caller with [`fit`])
+/// gets a lease to `deadline_ms` and, when `raised`, that fence (MINFENCE
+/// above its own); asking `SHARED` while holding the key exclusively
+/// downgrades it. The holder's fence now.
+pub(crate) fn renew_holder(
+    store: &mut impl Ledger,
+    token: &[u8],
+    mode: Mode,
+    raised: Option<i64>,
+    deadline_ms: i64,
+    now_ms: i64,
+) -> Result<i64, LockError> {
+    let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
+    let (fence, granted_ms) = (held.fence, held.granted_ms);
+    if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
+        store.set_mode(mode);
+    }
+    let holder = |fence| NewHolder {
+        token,
+        fence,
+        deadline_ms,
+        granted_ms,
+    };
+    match (raised, store.mode()) {
+        (Some(fence), Some(Mode::Exclusive)) => store.put(Mode::Exclusive, holder(fence)),
+        (Some(fence), _) => store.add(holder(fence)),
+        (None, _) => store.renew(token, deadline_ms),
+    }
+    Ok(raised.unwrap_or(fence))
+}
+
+/// A new holder of a key it fits (checked by the caller with [`fit`]),
+/// with a `fence` drawn already (one fence for several keys:
+/// `LOCK.ACQUIREALL`): the key's only one, or one more of a shared key,
+/// whose holders that ended past their lock-delay leave first
+/// (expirations).
+pub(crate) fn grant(
     store: &mut impl Ledger,
     mode: Mode,
     token: &[u8],
@@ -394,27 +401,6 @@ fn grant(
     } else {
         store.put(mode, holder);
     }
-}
-
-/// Grants a free key exclusively to `token` with a `fence` drawn already
-/// (one fence for several keys: `LOCK.ACQUIREALL`). The caller checked the
-/// key free.
-pub(crate) fn grant_with_fence(
-    store: &mut impl Ledger,
-    token: &[u8],
-    fence: i64,
-    ttl_ms: i64,
-    now_ms: i64,
-) -> Result<(), LockError> {
-    let deadline_ms = deadline(now_ms, ttl_ms)?;
-    let holder = NewHolder {
-        token,
-        fence,
-        deadline_ms,
-        granted_ms: Some(now_ms),
-    };
-    store.put(Mode::Exclusive, holder);
-    Ok(())
 }
 
 /// The fresh token of a holder that asked MINFENCE above its own: above

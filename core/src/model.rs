@@ -173,6 +173,8 @@ enum Op {
         keys: u8,
         reversed: bool,
         token: u8,
+        /// An index of MODES.
+        mode: usize,
         ttl: i64,
         /// BLOCK timeout-ms (None: no BLOCK).
         block: Option<i64>,
@@ -225,10 +227,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(-3_600_000i64), Just(3_600_000i64), -50..50i64]
             .prop_map(|ms| Op::ClockStep { ms }),
         6 => (0..25i64).prop_map(|ms| Op::Advance { ms }),
-        4 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8, 1..40i64,
-              prop::option::weighted(0.6, 0..30i64), prop::option::weighted(0.2, -3..4i8))
-            .prop_map(|(client, keys, reversed, token, ttl, block, min_fence)|
-                Op::AcquireAll { client, keys, reversed, token, ttl, block, min_fence }),
+        4 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], any::<bool>(), 0..4u8,
+              0..MODES.len(), 1..40i64, prop::option::weighted(0.6, 0..30i64), prop::option::weighted(0.2, -3..4i8))
+            .prop_map(|(client, keys, reversed, token, mode, ttl, block, min_fence)|
+                Op::AcquireAll { client, keys, reversed, token, mode, ttl, block, min_fence }),
         1 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], 0..4u8)
             .prop_map(|(client, keys, token)| Op::ReleaseAll { client, keys, token }),
     ]
@@ -277,6 +279,15 @@ struct RefLock {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum RefFit {
     Renews,
+    Fits,
+    Busy,
+}
+
+/// Whether a request fits every one of its keys now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AllFit {
+    /// The token holds every key by one grant: its fence.
+    Renews(i64),
     Fits,
     Busy,
 }
@@ -485,31 +496,36 @@ impl Reference {
         min_fence: i64,
         now: i64,
     ) -> i64 {
-        if let Some(held) = self.holder(key, token, now).cloned() {
-            self.leases += 1;
-            let lease = self.leases;
-            let fence = self.raised_fence(min_fence, held.fence);
-            let lock = self.locks.get_mut(&key).unwrap();
-            if lock.mode == Mode::Exclusive && mode != Mode::Exclusive {
-                lock.mode = mode; // a downgrade
+        match self.holder(key, token, now).map(|h| h.fence) {
+            Some(held) => {
+                let fence = self.raised_fence(min_fence, held);
+                self.renew_holder(key, token, mode, fence, ttl, now);
+                fence
             }
-            let h = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
-            *h = Held {
-                fence,
-                deadline_ms: now + ttl,
-                lease,
-                ..held
-            };
-            return fence;
+            None => self.grant_all(&[key], token, mode, ttl, min_fence, now),
         }
-        if mode == Mode::Exclusive || self.occupants(key, now) == 0 {
-            self.locks.remove(&key);
-            return self.grant_all(&[key], token, mode, ttl, min_fence, now);
+    }
+
+    /// `token`'s live holder of `key` gets a new lease and `fence`; asking
+    /// SHARED of a key it holds exclusively downgrades it.
+    fn renew_holder(&mut self, key: u8, token: &[u8], mode: Mode, fence: i64, ttl: i64, now: i64) {
+        self.leases += 1;
+        let lease = self.leases;
+        let lock = self.locks.get_mut(&key).unwrap();
+        if lock.mode == Mode::Exclusive && mode != Mode::Exclusive {
+            lock.mode = mode; // a downgrade
         }
-        // One more reader: holders past their lock-delay go first; the
-        // same token ended unreleased is granted again in its place.
-        self.reclaim_touched(key, now);
-        let fence = self.fresh_fence(min_fence, now);
+        let h = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
+        assert!(now < h.deadline_ms, "renewing an ended holder");
+        h.fence = fence;
+        h.deadline_ms = now + ttl;
+        h.lease = lease;
+    }
+
+    /// A new holder of `key` (it fits): the only one, or one more reader,
+    /// for whom holders past their lock-delay go first; the same token
+    /// ended unreleased is granted again in its place.
+    fn add_holder(&mut self, key: u8, token: &[u8], mode: Mode, fence: i64, ttl: i64, now: i64) {
         self.leases += 1;
         self.grants += 1;
         let h = Held {
@@ -518,12 +534,17 @@ impl Reference {
             deadline_ms: now + ttl,
             lease: self.leases,
         };
+        if mode == Mode::Exclusive || self.occupants(key, now) == 0 {
+            let holders = vec![h];
+            self.locks.insert(key, RefLock { mode, holders });
+            return;
+        }
+        self.reclaim_touched(key, now);
         let lock = self.locks.get_mut(&key).unwrap();
         match lock.holders.iter_mut().find(|x| x.token == token) {
             Some(x) => *x = h,
             None => lock.holders.push(h),
         }
-        fence
     }
 
     /// Hands `key` on as far as it goes now.
@@ -600,26 +621,35 @@ impl Reference {
         })
     }
 
-    /// `token` holds every key of `keys` by one grant: its fence.
-    fn held_by_one_grant(&self, keys: &[u8], token: &[u8], now: i64) -> Option<i64> {
-        // Exclusively, live (a multi-key grant is exclusive).
-        let held: Vec<Option<(bool, i64)>> = keys
+    /// `token` asking for every key of `keys` in `mode`: the first error in
+    /// the order named; a renewal when it holds them all by one grant; a
+    /// new holder when every key fits one; else busy (a key it holds apart
+    /// from the others included).
+    fn fit_all(
+        &self,
+        keys: &[u8],
+        token: &[u8],
+        mode: Mode,
+        now: i64,
+    ) -> Result<AllFit, LockError> {
+        let fits = keys
             .iter()
-            .map(|&k| {
-                let lock = self.locks.get(&k).filter(|l| l.mode == Mode::Exclusive)?;
-                let h = lock.holders.first().filter(|h| now < h.deadline_ms)?;
-                Some((h.token == token, h.fence))
-            })
+            .map(|&k| self.fit(k, token, mode, now))
+            .collect::<Result<Vec<_>, _>>()?;
+        let fences: BTreeSet<Option<i64>> = keys
+            .iter()
+            .map(|&k| self.holder(k, token, now).map(|h| h.fence))
             .collect();
-        match held.first().copied() {
-            Some(Some((true, fence))) if held.iter().all(|h| *h == Some((true, fence))) => {
-                Some(fence)
-            }
-            _ => None,
+        if fits.iter().all(|f| *f == RefFit::Renews) && fences.len() == 1 {
+            return Ok(AllFit::Renews(fences.into_iter().flatten().next().unwrap()));
         }
+        Ok(match fits.iter().all(|f| *f == RefFit::Fits) {
+            true => AllFit::Fits,
+            false => AllFit::Busy,
+        })
     }
 
-    /// Every key of `keys` to `token` in `mode` with one fence (all free).
+    /// Every key of `keys` to `token` in `mode` with one fence (each fits).
     fn grant_all(
         &mut self,
         keys: &[u8],
@@ -631,32 +661,27 @@ impl Reference {
     ) -> i64 {
         let fence = self.fresh_fence(min_fence, now);
         for &key in keys {
-            self.leases += 1;
-            self.grants += 1;
-            let lease = self.leases;
-            let held = Held {
-                token: token.to_vec(),
-                fence,
-                deadline_ms: now + ttl,
-                lease,
-            };
-            let holders = vec![held];
-            self.locks.insert(key, RefLock { mode, holders });
+            self.add_holder(key, token, mode, fence, ttl, now);
         }
         fence
     }
 
     /// Renews every key `token` holds by the grant `fence` (raised above
-    /// MINFENCE if asked).
-    fn renew_all(&mut self, keys: &[u8], fence: i64, ttl: i64, min_fence: i64, now: i64) -> i64 {
+    /// MINFENCE if asked; downgraded when it asks SHARED).
+    #[allow(clippy::too_many_arguments)]
+    fn renew_all(
+        &mut self,
+        keys: &[u8],
+        token: &[u8],
+        mode: Mode,
+        fence: i64,
+        ttl: i64,
+        min_fence: i64,
+        now: i64,
+    ) -> i64 {
         let fence = self.raised_fence(min_fence, fence);
         for &key in keys {
-            self.leases += 1;
-            let lease = self.leases;
-            let h = &mut self.locks.get_mut(&key).unwrap().holders[0];
-            h.deadline_ms = now + ttl;
-            h.lease = lease;
-            h.fence = fence;
+            self.renew_holder(key, token, mode, fence, ttl, now);
         }
         fence
     }
@@ -701,23 +726,21 @@ impl Reference {
         if !self.first_everywhere(g) {
             return false;
         }
-        let renews = self.held_by_one_grant(&g.keys, &g.token, now);
-        if renews.is_none() {
-            let held = g.keys.iter().any(|&k| self.occupants(k, now) > 0);
-            if held || self.paused(now) > 0 {
-                return false;
-            }
-        }
+        let renews = match self.fit_all(&g.keys, &g.token, g.mode, now) {
+            Err(err) => return answer(self, error(err)),
+            Ok(AllFit::Busy) => return false,
+            Ok(AllFit::Fits) if self.paused(now) > 0 => return false,
+            Ok(AllFit::Fits) => None,
+            Ok(AllFit::Renews(fence)) => Some(fence),
+        };
         let refused = self.refuse_turn(g, renews.is_some());
+        let (keys, token, mode) = (&g.keys, &g.token, g.mode);
         let t = match (refused, renews) {
             (Some(err), _) => error(err),
             (None, Some(fence)) => {
-                Told::Fence(self.renew_all(&g.keys, fence, g.ttl, g.min_fence, now))
+                Told::Fence(self.renew_all(keys, token, mode, fence, g.ttl, g.min_fence, now))
             }
-            (None, None) => {
-                let (keys, token) = (&g.keys, &g.token);
-                Told::Fence(self.grant_all(keys, token, Mode::Exclusive, g.ttl, g.min_fence, now))
-            }
+            (None, None) => Told::Fence(self.grant_all(keys, token, mode, g.ttl, g.min_fence, now)),
         };
         answer(self, t)
     }
@@ -730,12 +753,10 @@ impl Reference {
         };
         g.keys.len() > 1
             && (!self.first_everywhere(g)
-                || g.keys.iter().any(|&k| {
-                    (self.held(k, now) && self.holder(k, &g.token, now).is_none())
-                        || self.delayed(k, now)
-                })
-                || (self.held_by_one_grant(&g.keys, &g.token, now).is_none()
-                    && g.keys.iter().any(|&k| self.held(k, now))))
+                || !matches!(
+                    self.fit_all(&g.keys, &g.token, g.mode, now),
+                    Ok(AllFit::Fits | AllFit::Renews(_))
+                ))
     }
 
     /// The timer at `now`: take-backs, timeouts, then every key; the keys
@@ -872,12 +893,23 @@ impl Reference {
             );
             told.extend(settled);
         }
-        if let Some(fence) = self.held_by_one_grant(keys, &r.token, now) {
-            return Told::Fence(self.renew_all(keys, fence, r.ttl, r.min_fence, now));
-        }
-        let busy = keys
-            .iter()
-            .any(|&k| self.occupants(k, now) > 0 || self.has_line(k));
+        let fits = match self.fit_all(keys, &r.token, r.mode, now) {
+            Err(err) => return error(err),
+            Ok(AllFit::Renews(fence)) => {
+                let (token, mode) = (&r.token, r.mode);
+                return Told::Fence(self.renew_all(
+                    keys,
+                    token,
+                    mode,
+                    fence,
+                    r.ttl,
+                    r.min_fence,
+                    now,
+                ));
+            }
+            Ok(fits) => fits,
+        };
+        let busy = fits == AllFit::Busy || keys.iter().any(|&k| self.has_line(k));
         if busy && r.block.is_none() {
             return Told::Nil;
         }
@@ -890,7 +922,7 @@ impl Reference {
                 None => error(LockError::GrantsPaused(self.paused(now))),
             };
         }
-        Told::Fence(self.grant_all(keys, &r.token, Mode::Exclusive, r.ttl, r.min_fence, now))
+        Told::Fence(self.grant_all(keys, &r.token, r.mode, r.ttl, r.min_fence, now))
     }
 
     fn enqueue(&mut self, client: u8, keys: &[u8], r: &Request, timeout: i64, now: i64) -> Told {
@@ -1342,10 +1374,12 @@ fn run(ops: &[Op]) {
                 keys: set,
                 reversed,
                 token: t,
+                mode,
                 ttl,
                 block,
                 min_fence,
             } => {
+                let mode = MODES[mode];
                 let min_fence = min_fence.map_or(0, |d| (model.hwm + d as i64).max(1));
                 let keys = keys_of(set, reversed);
                 let unusable = keys
@@ -1356,7 +1390,7 @@ fn run(ops: &[Op]) {
                 }
                 let r = Request {
                     token: token(t),
-                    mode: Mode::Exclusive,
+                    mode,
                     ttl,
                     block,
                     min_fence,
@@ -1369,7 +1403,7 @@ fn run(ops: &[Op]) {
                         keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
                     let req = AcquireRequest {
                         token: &r.token,
-                        mode: Mode::Exclusive,
+                        mode,
                         ttl_ms: ttl,
                         block_ms: block,
                         min_fence,

@@ -31,7 +31,7 @@ use crate::codec;
 use crate::error::{LockError, NotHeld};
 use crate::fence::{self, FenceCounter};
 use crate::guarded;
-use crate::lock::{self, Acquired, Fit, Lock, LockRead, LockStore, Mode, NewHolder, Rules};
+use crate::lock::{self, Acquired, Fit, Lock, LockRead, LockStore, Mode, Rules};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
 use crate::waiters::{Group, HeldBack, Outcome, Request, Turn, WaiterId, Waiters, Wake};
@@ -574,22 +574,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.settle_in_command(key, store, cond, admission, now);
         }
         let now_ms = now.mono_ms();
-        if let Some(fence) = held_by_one_grant(stores, req.token, now_ms) {
-            let fence = self.renew_all(
-                keys,
-                stores,
-                req.token,
-                fence,
-                req.ttl_ms,
-                req.min_fence,
-                now,
-            )?;
+        let rules = self.limits.rules();
+        let fits = fit_all(stores, req.token, req.mode, rules, now_ms, |_, _| {})?;
+        if let AllFit::Renews(fence) = fits {
+            let (token, mode, ttl_ms) = (req.token, req.mode, req.ttl_ms);
+            let fence =
+                self.renew_all(keys, stores, token, mode, fence, ttl_ms, req.min_fence, now)?;
             return Ok(Acquire::Renewed(fence));
         }
-        let delay = self.limits.lock_delay_ms;
-        let busy = keys.iter().zip(stores.iter()).any(|(key, store)| {
-            lock::occupied_until(store, delay, now_ms).is_some() || self.waiters.waiting_on(key) > 0
-        });
+        let busy = fits == AllFit::Busy || keys.iter().any(|key| self.waiters.waiting_on(key) > 0);
         let block = req
             .block_ms
             .filter(|_| cond.contains(Conditions::MAY_BLOCK));
@@ -611,7 +604,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 key: keys[0].clone(),
                 also: keys[1..].into(),
                 token: req.token.into(),
-                mode: Mode::Exclusive,
+                mode: req.mode,
                 ttl_ms: req.ttl_ms,
                 timeout_ms,
                 min_fence: req.min_fence,
@@ -619,47 +612,48 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 check_at_ms: now_ms,
             }));
         }
-        let fence = self.grant_all(keys, stores, req.token, req.ttl_ms, req.min_fence, now)?;
+        let (token, mode) = (req.token, req.mode);
+        let fence = self.grant_all(keys, stores, token, mode, req.ttl_ms, req.min_fence, now)?;
         Ok(Acquire::Granted(fence))
     }
 
-    /// New holders of every key (all free, the grant allowed): one fence,
-    /// drawn once and checked (and the deadline too) before any key
+    /// New holders of every key (each fits `mode`, the grant allowed): one
+    /// fence, drawn once and checked (and the deadline too) before any key
     /// changes.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     fn grant_all<S: LockStore>(
         &mut self,
         keys: &[K],
         stores: &mut [S],
         token: &[u8],
+        mode: Mode,
         ttl_ms: i64,
         min_fence: i64,
         now: Now,
     ) -> Result<i64, LockError> {
         let now_ms = now.mono_ms();
-        lock::deadline(now_ms, ttl_ms)?;
+        let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
         let fence = lock::fresh_fence(&mut self.fences, min_fence, now.wall_us)?;
+        let rules = self.limits.rules();
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
-            lock::grant_with_fence(
-                &mut self.ledger(key, store, now_ms),
-                token,
-                fence,
-                ttl_ms,
-                now_ms,
-            )?;
+            let mut ledger = self.ledger(key, store, now_ms);
+            lock::grant(&mut ledger, mode, token, fence, deadline_ms, rules, now_ms);
         }
         Ok(fence)
     }
 
     /// `token` holds every key under one grant (`fence`): each lease
-    /// renewed; with MINFENCE above the held fence (Redlock's second phase
-    /// over several keys), one fresh fence for every key, above the mark
-    /// and `min_fence`, as a single key's holder gets.
+    /// renewed (and downgraded when it asks `SHARED` of keys it holds
+    /// exclusively); with MINFENCE above the held fence (Redlock's second
+    /// phase over several keys), one fresh fence for every key, above the
+    /// mark and `min_fence`, as a single key's holder gets.
     #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     fn renew_all<S: LockStore>(
         &mut self,
         keys: &[K],
         stores: &mut [S],
         token: &[u8],
+        mode: Mode,
         fence: i64,
         ttl_ms: i64,
         min_fence: i64,
@@ -677,20 +671,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         };
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
             let mut ledger = self.ledger(key, store, now_ms);
-            match raised {
-                Some(fence) => {
-                    let granted_ms = lock::exclusive(&ledger).and_then(|l| l.granted_ms);
-                    let holder = NewHolder {
-                        token,
-                        fence,
-                        deadline_ms,
-                        granted_ms,
-                    };
-                    lock::Ledger::put(&mut ledger, Mode::Exclusive, holder);
-                }
-                None => lock::Ledger::renew(&mut ledger, token, deadline_ms),
-            }
-            self.waiters.schedule(key, deadline_ms);
+            lock::renew_holder(&mut ledger, token, mode, raised, deadline_ms, now_ms)?;
+            // A downgrade lets the readers in line in now.
+            let check_at_ms = match mode.is_shared() {
+                true => now_ms,
+                false => deadline_ms,
+            };
+            self.waiters.schedule(key, check_at_ms);
         }
         Ok(raised.unwrap_or(fence))
     }
@@ -914,39 +901,40 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             return false;
         }
         let token = &*group.token;
-        let renews = held_by_one_grant(stores, token, now_ms);
-        if renews.is_none() {
-            // Held (by anyone: a key this token holds apart from the
-            // others is held too) or held back by lock-delay.
-            let delay = self.limits.lock_delay_ms;
-            let mut held = false;
-            for (key, store) in group.keys.iter().zip(stores.iter()) {
-                if let Some(until) = lock::occupied_until(store, delay, now_ms) {
-                    self.waiters.schedule(key, until);
-                    held = true;
+        let rules = self.limits.rules();
+        let mut busy_until = Vec::new();
+        let fits = fit_all(stores, token, group.mode, rules, now_ms, |i, until| {
+            busy_until.push((i, until));
+        });
+        let renews = match fits {
+            Err(err) => return self.answer(id, Outcome::Failed(err), now),
+            Ok(AllFit::Renews(fence)) => Some(fence),
+            Ok(AllFit::Busy) => {
+                for (i, until) in busy_until {
+                    self.waiters.schedule(&group.keys[i], until);
                 }
-            }
-            if held {
                 return false;
             }
-            let paused = self.grants_paused_ms(now_ms);
-            if paused > 0 {
-                self.waiters
-                    .schedule(&group.keys[0], now_ms.saturating_add(paused));
-                return false;
+            Ok(AllFit::Fits) => {
+                let paused = self.grants_paused_ms(now_ms);
+                if paused > 0 {
+                    self.waiters
+                        .schedule(&group.keys[0], now_ms.saturating_add(paused));
+                    return false;
+                }
+                None
             }
-        }
+        };
         let admitted = self
             .limits
             .check_turn(group.ttl_ms, token, renews.is_some(), cond, || {
                 admissions.iter_mut().all(|a| a.may_take(group.client))
             });
-        let (ttl_ms, min_fence) = (group.ttl_ms, group.min_fence);
+        let (mode, ttl_ms, min_fence) = (group.mode, group.ttl_ms, group.min_fence);
+        let keys = &group.keys;
         let taken = admitted.and_then(|()| match renews {
-            Some(fence) => {
-                self.renew_all(&group.keys, stores, token, fence, ttl_ms, min_fence, now)
-            }
-            None => self.grant_all(&group.keys, stores, token, ttl_ms, min_fence, now),
+            Some(fence) => self.renew_all(keys, stores, token, mode, fence, ttl_ms, min_fence, now),
+            None => self.grant_all(keys, stores, token, mode, ttl_ms, min_fence, now),
         });
         let fence = match taken {
             Ok(fence) => fence,
@@ -954,7 +942,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         };
         let mut leases = stores
             .iter()
-            .map(|s| lock::exclusive(s).map_or(0, |l| l.lease));
+            .map(|s| lock::holder_of(s, token, now_ms).map_or(0, |l| l.lease));
         let lease = leases.next().unwrap_or(0);
         let also = group.keys[1..].iter().cloned().zip(leases).collect();
         let outcome = Outcome::Granted {
@@ -1481,15 +1469,59 @@ fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> 
 
 /// The fence of the one grant by which `token` holds every key live now,
 /// if it does.
-fn held_by_one_grant<S: LockRead>(stores: &[S], token: &[u8], now_ms: i64) -> Option<i64> {
-    fn held<'s, S: LockRead>(s: &'s S, token: &[u8], now_ms: i64) -> Option<Lock<'s>> {
-        lock::exclusive(s).filter(|l| l.is_live(now_ms) && l.token == token)
+/// Whether a request fits every one of its keys (see [`fit_all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AllFit {
+    /// The token holds every key under one grant: this fence.
+    Renews(i64),
+    /// A new holder fits every key.
+    Fits,
+    /// Not now.
+    Busy,
+}
+
+/// `token` asking for every key of `stores` in `mode` (`LOCK.ACQUIREALL`):
+/// each key as [`lock::fit`] decides it, the first error (in the order the
+/// keys were named) refusing the whole. A key the token holds apart from
+/// the others (another grant's fence, or only some of the keys) is busy
+/// for it until that lease ends. `busy(i, until)` hears of each key `i`
+/// that does not fit and when to look at it again.
+fn fit_all<S: LockRead>(
+    stores: &[S],
+    token: &[u8],
+    mode: Mode,
+    rules: lock::Rules,
+    now_ms: i64,
+    mut busy: impl FnMut(usize, i64),
+) -> Result<AllFit, LockError> {
+    let mut fits = Vec::with_capacity(stores.len());
+    for store in stores {
+        fits.push(lock::fit(store, token, mode, rules, now_ms)?);
     }
-    let fence = held(stores.first()?, token, now_ms)?.fence;
-    stores
-        .iter()
-        .all(|s| held(s, token, now_ms).is_some_and(|l| l.fence == fence))
-        .then_some(fence)
+    let own = |s: &S| lock::holder_of(s, token, now_ms).map(|l| (l.fence, l.deadline_ms));
+    if let Some((fence, _)) = stores.first().and_then(own) {
+        let one_grant = stores
+            .iter()
+            .zip(&fits)
+            .all(|(s, fit)| *fit == Fit::Renews && own(s).is_some_and(|(f, _)| f == fence));
+        if one_grant {
+            return Ok(AllFit::Renews(fence));
+        }
+    }
+    let mut all_fit = true;
+    for (i, (store, fit)) in stores.iter().zip(&fits).enumerate() {
+        let until = match fit {
+            Fit::Fits => continue,
+            Fit::Busy(until) => *until,
+            Fit::Renews => own(store).map_or(now_ms, |(_, deadline_ms)| deadline_ms),
+        };
+        all_fit = false;
+        busy(i, until);
+    }
+    Ok(match all_fit {
+        true => AllFit::Fits,
+        false => AllFit::Busy,
+    })
 }
 
 fn refuse_on_replica(cond: Conditions) -> Result<(), LockError> {

@@ -15,8 +15,8 @@ pub mod command {
     pub const EXTEND: &str = "LOCK.EXTEND";
     pub const FENCE: &str = "LOCK.FENCE";
     pub const INFO: &str = "LOCK.INFO";
-    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [MINFENCE n]`: every
-    /// key with one fence, or none.
+    /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [SHARED] [LIMIT n]
+    /// [BLOCK timeout-ms] [MINFENCE n]`: every key with one fence, or none.
     pub const ACQUIRE_ALL: &str = "LOCK.ACQUIREALL";
     /// `LOCK.RELEASEALL numkeys key ... token`: how many it released.
     pub const RELEASE_ALL: &str = "LOCK.RELEASEALL";

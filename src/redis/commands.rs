@@ -261,7 +261,7 @@ pub static COMMANDS: [Command; 12] = [
         key_flags: ACQUIRE_ALL_KEY_FLAGS | VARIABLE_FLAGS,
         keys: KeyPlace::NumKeys,
         acl_categories: c"write blocking",
-        summary: c"Takes every key for token with one fencing token, or none: replies with the fencing token, or nil (nothing changed) when any key is held, held back, or has waiters. With BLOCK, waits in every key's line, holding none, up to timeout-ms (0: forever).",
+        summary: c"Takes every key for token with one fencing token, exclusive or SHARED, or none: replies with the fencing token, or nil (nothing changed) when any key does not fit now or has waiters. With BLOCK, waits in every key's line, holding none, up to timeout-ms (0: forever).",
         args: &[
             arg(c"numkeys", INTEGER, c"How many keys follow."),
             ArgDoc {
@@ -270,6 +270,11 @@ pub static COMMANDS: [Command; 12] = [
             },
             TOKEN,
             TTL,
+            ArgDoc {
+                kind: PURE_TOKEN,
+                ..option(c"SHARED", c"shared", c"A shared holder of every key (readers of several read/write locks).")
+            },
+            option(c"LIMIT", c"limit", c"With SHARED: every key is a semaphore of limit holders."),
             option(c"BLOCK", c"timeout-ms", c"Wait in every key's line up to timeout-ms (0: no timeout) instead of answering nil."),
             option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
         ],
@@ -388,8 +393,8 @@ fn all_bytes<'a>(argv: &Argv<'a>) -> Vec<&'a [u8]> {
         .collect()
 }
 
-/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [BLOCK timeout-ms]
-/// [MINFENCE n]`: the keys are opened together (a key of another type
+/// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [SHARED] [LIMIT n]
+/// [BLOCK timeout-ms] [MINFENCE n]`: the keys are opened together (a key of another type
 /// refuses the command before anything changes) and decided in one entry
 /// of the node; a client that must wait is blocked in every key's line.
 fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
@@ -416,7 +421,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             .map_err(|e| e.clone());
         let request = AcquireRequest {
             token: a.token,
-            mode: Mode::Exclusive,
+            mode: a.mode,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
             min_fence: a.min_fence,
