@@ -57,16 +57,10 @@ impl Keys {
         self
     }
 
-    /// At least one key, none named twice; a shared lock on one key, with
-    /// a limit of at least 1.
+    /// At least one key, none named twice; a limit of at least 1.
     pub(crate) fn check(&self) -> Result<()> {
         if self.0.is_empty() {
             return Err(Error::Config("a lock needs at least one key".into()));
-        }
-        if self.1.is_shared() && self.is_several() {
-            return Err(Error::Config(
-                "a shared lock over several keys is not supported by the server yet (LOCK.ACQUIREALL takes them exclusively)".into(),
-            ));
         }
         if self.1 == (Mode::Shared { limit: Some(0) }) {
             return Err(Error::Config("a limit must be at least 1".into()));

@@ -60,9 +60,29 @@ async fn a_semaphore_on_one_node_and_shared_locks_on_a_redlock_group() {
     );
     assert!(a.release().await.unwrap());
     assert!(locks.acquire("sem", ttl).limit(2).await.unwrap().is_some());
-    // Shared over several keys is not there yet: refused before sending.
-    let several = locks.acquire_all(&["x", "y"], ttl).shared().await;
-    assert!(matches!(several, Err(Error::Config(_))), "{several:?}");
+    // Readers of several keys at once, each with one fence for all of
+    // them; a writer of any of them waits for both.
+    let xy1 = locks
+        .acquire_all(&["x", "y"], ttl)
+        .shared()
+        .await
+        .unwrap()
+        .unwrap();
+    let xy2 = locks
+        .acquire_all(&["y", "x"], ttl)
+        .shared()
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(xy2.fence() > xy1.fence());
+    assert!(
+        locks.acquire("y", ttl).await.unwrap().is_none(),
+        "no writer"
+    );
+    assert!(xy1.release().await.unwrap());
+    assert!(locks.acquire_all(&["x", "y"], ttl).await.unwrap().is_none());
+    assert!(xy2.release().await.unwrap());
+    assert!(locks.acquire_all(&["x", "y"], ttl).await.unwrap().is_some());
 
     // No restart delay: these nodes never restart here.
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
@@ -117,4 +137,30 @@ fn the_command_takes_shared_locks_and_permits() {
     assert!(String::from_utf8_lossy(&bare.stderr).contains("--shared"));
     let info = common::lock_info_reply(&mut s.conn(), "jobs");
     assert!(format!("{info:?}").contains("shared"), "{info:?}");
+    // Several --key with --shared: one reader's hold of every key.
+    let several = |extra: &[&str]| {
+        Command::new(BIN)
+            .args([
+                "acquire",
+                "--url",
+                &s.url(),
+                "--key",
+                "in",
+                "--key",
+                "out",
+                "--ttl",
+                "30s",
+            ])
+            .args(extra)
+            .env_remove("REDIS_LOCK_URL")
+            .output()
+            .expect("run redis-lock")
+    };
+    for _ in 0..2 {
+        let out = several(&["--shared"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    assert_eq!(several(&[]).status.code(), Some(75), "no writer of both");
+    let out_key = common::lock_info_reply(&mut s.conn(), "out");
+    assert!(format!("{out_key:?}").contains("shared"), "{out_key:?}");
 }
