@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::model::FaultClass::{self, *};
-use crate::model::{Fault, History, Kind, Op, Outcome, Us, Write};
+use crate::model::{Fault, History, Kind, Mode, Op, Outcome, Us, Write};
 
 /// How much any time bound is widened before it counts as a violation.
 pub const MARGIN: Us = 50_000;
@@ -63,7 +63,7 @@ impl Check {
 
     pub fn what(self) -> &'static str {
         match self {
-            Check::Exclusion => "no two holders of a key at once: a holder's windows run from the reply to each successful ACQUIRE or EXTEND to the earliest that lease can end (its send time + ttl; earlier if an ACQUIRE/EXTEND of unknown outcome may have shortened it) or to the holder's RELEASE; two windows may not overlap",
+            Check::Exclusion => "never more holders of a key at once than their modes allow (an exclusive holder alone, shared holders any number, `SHARED LIMIT n` holders at most n): a holder's windows run from the reply to each successful ACQUIRE or EXTEND to the earliest that lease can end (its send time + ttl; earlier if an ACQUIRE/EXTEND of unknown outcome may have shortened it) or to the holder's RELEASE; at no instant may more windows be open than the smallest capacity among them",
             Check::FenceAfterGrant => "`LOCK.FENCE key token` right after a grant returns that grant's fence (nil only once the lease can have ended)",
             Check::LostEarly => "EXTEND, RELEASE, renewal or FENCE by the holder never finds the lock gone before its lease can have ended",
             Check::FenceMismatch => "`LOCK.FENCE key token` by the holder never returns another fence",
@@ -73,7 +73,7 @@ impl Check {
             Check::StaleWrite => "the fenced resource (keeps the highest fence per key, rejects lower ones) accepted no write by a holder after a write by a holder granted later",
             Check::StoreOrder => "the resource's accepted fences per key never decrease (a check of the harness itself)",
             Check::Barging => "no ACQUIRE without BLOCK was granted while a waiter was certainly in line for the key",
-            Check::Stranded => "a one-key waiter certainly first in line when its key was released got the lock (a multi-key waiter may wait for another of its keys); every BLOCK was answered",
+            Check::Stranded => "a one-key waiter certainly first in line when its key was released got the lock (a multi-key waiter may wait for another of its keys; on a key asked for in more than one mode, a read/write lock, one reader's release may leave others holding it, so only keys whose every ACQUIRE asked the same exclusive or limited mode are checked); every BLOCK was answered",
             Check::NoReply => "every command got a reply or a closed connection within 10 s (beyond its BLOCK timeout)",
         }
     }
@@ -159,11 +159,18 @@ pub struct Grant {
     /// renewal): when the node converted it to the wall clock.
     writes: Vec<(Us, Us)>,
     pub via_block: bool,
+    /// How it holds the key.
+    mode: Mode,
 }
 
 impl Grant {
     fn new(op: &Op, fence: i64, ttl_us: Us, issued_after: Us, via_block: bool) -> Grant {
+        let mode = match op.kind {
+            Kind::Acquire { mode, .. } => mode,
+            _ => Mode::Exclusive,
+        };
         Grant {
+            mode,
             token: op.token.clone(),
             key: op.key.clone(),
             fence,
@@ -278,7 +285,7 @@ pub fn grants(h: &History, v: &mut Verdict) -> Vec<Grant> {
                     }
                 }
                 match (op.kind, &op.outcome) {
-                    (Kind::Acquire { ttl, block }, Outcome::Int(f)) => match cur {
+                    (Kind::Acquire { ttl, block, .. }, Outcome::Int(f)) => match cur {
                         Some(c) if out[c].fence == *f => {
                             out[c].renewed(op, ttl * 1000, unknown_end);
                             unknown_end = Us::MAX;
@@ -390,7 +397,12 @@ fn lost(h: &History, v: &mut Verdict, g: &mut Grant, op: &Op, unknown_end: Us, j
     }
 }
 
-/// No two holders of a key at once while neither lease can have ended.
+/// Never more holders of a key at once, while none of their leases can
+/// have ended, than the smallest capacity of their modes: one for an
+/// exclusive holder, n for `SHARED LIMIT n`, any number of plain shared
+/// holders. A sweep over the windows, each cut short by [`MARGIN`] (two
+/// windows meet when they overlap by more than that); the most open at
+/// once is reached where one opens, so each opening is checked.
 fn check_exclusion(h: &History, grants: &[Grant], v: &mut Verdict) {
     let mut by_key: BTreeMap<&str, Vec<(Us, Us, &Grant)>> = BTreeMap::new();
     for g in grants {
@@ -404,49 +416,92 @@ fn check_exclusion(h: &History, grants: &[Grant], v: &mut Verdict) {
             v.checked(Check::Exclusion);
         }
         for (from, to) in windows {
-            by_key.entry(&g.key).or_default().push((from, to, g));
+            by_key
+                .entry(&g.key)
+                .or_default()
+                .push((from, to - MARGIN, g));
         }
     }
     for (key, mut list) in by_key {
         list.sort_by_key(|w| w.0);
-        let mut reported: Vec<(&str, &str)> = Vec::new();
-        for (i, &(a_from, a_to, a)) in list.iter().enumerate() {
-            for &(b_from, b_to, b) in &list[i + 1..] {
-                if b_from + MARGIN >= a_to {
-                    break;
+        let mut open: Vec<(Us, Us, &Grant)> = Vec::new();
+        let mut reported: Vec<Vec<&str>> = Vec::new();
+        for &(b_from, b_to, b) in &list {
+            open.retain(|&(_, a_to, _)| a_to > b_from);
+            // The other holders at b's opening, one window per token.
+            let mut others: Vec<(Us, Us, &Grant)> = Vec::new();
+            for &w in &open {
+                if w.2.token != b.token && others.iter().all(|o| o.2.token != w.2.token) {
+                    others.push(w);
                 }
-                let pair = (a.token.as_str(), b.token.as_str());
-                if b.token == a.token
-                    || b_to.min(a_to) - b_from <= MARGIN
-                    || reported.contains(&pair)
-                {
-                    continue;
-                }
-                reported.push(pair);
-                let (from, to) = (a.issued_after.min(b.issued_after), b_from);
-                // The restart delay stops new grants on the promoted node;
-                // it does not stop a holder whose longer lease the replica
-                // kept (its shortening renewal was lost) from carrying on
-                // while the old master's later grant to another was lost.
-                let carried_on = h.faults.iter().any(|f| {
-                    f.class == FailoverLossyDelayed
-                        && f.start <= to
-                        && f.end >= from
-                        && f.promoted.is_some_and(|p| a.epoch < p && b.epoch < p)
-                });
-                v.violations.push(Violation {
-                    about: vec![a.token.clone(), b.token.clone()],
-                    check: Check::Exclusion,
-                    excused_by: h
-                        .excuse(Check::Exclusion.excused_by(), key, from, to)
-                        .or(carried_on.then_some(FailoverLossyDelayed))
-                        .or(stepped_write_then_handover(h, a, b_from)),
-                    detail: format!(
-                        "{key}: {} (fence {}) held [{a_from}, {a_to}] and {} (fence {}) held [{b_from}, {b_to}]",
-                        a.token, a.fence, b.token, b.fence
-                    ),
-                });
             }
+            open.push((b_from, b_to, b));
+            let capacity = others
+                .iter()
+                .map(|o| o.2.mode.capacity())
+                .fold(b.mode.capacity(), usize::min);
+            if others.len() < capacity {
+                continue;
+            }
+            let mut tokens: Vec<&str> = others.iter().map(|o| o.2.token.as_str()).collect();
+            tokens.push(&b.token);
+            tokens.sort_unstable();
+            if reported.contains(&tokens) {
+                continue;
+            }
+            reported.push(tokens);
+            let issued_after = others
+                .iter()
+                .map(|o| o.2.issued_after)
+                .min()
+                .unwrap_or(b_from);
+            let (from, to) = (issued_after.min(b.issued_after), b_from);
+            // The restart delay stops new grants on the promoted node;
+            // it does not stop a holder whose longer lease the replica
+            // kept (its shortening renewal was lost) from carrying on
+            // while the old master's later grant to another was lost.
+            let carried_on = h.faults.iter().any(|f| {
+                f.class == FailoverLossyDelayed
+                    && f.start <= to
+                    && f.end >= from
+                    && f.promoted
+                        .is_some_and(|p| b.epoch < p && others.iter().all(|o| o.2.epoch < p))
+            });
+            let stepped = others
+                .iter()
+                .find_map(|o| stepped_write_then_handover(h, o.2, b_from));
+            let held: Vec<String> = others
+                .iter()
+                .map(|&(from, to, a)| {
+                    format!(
+                        "{} ({:?}, fence {}) held [{from}, {}]",
+                        a.token,
+                        a.mode,
+                        a.fence,
+                        to + MARGIN
+                    )
+                })
+                .collect();
+            v.violations.push(Violation {
+                about: others
+                    .iter()
+                    .map(|o| o.2.token.clone())
+                    .chain([b.token.clone()])
+                    .collect(),
+                check: Check::Exclusion,
+                excused_by: h
+                    .excuse(Check::Exclusion.excused_by(), key, from, to)
+                    .or(carried_on.then_some(FailoverLossyDelayed))
+                    .or(stepped),
+                detail: format!(
+                    "{key}: {} and {} ({:?}, fence {}) held [{b_from}, {}]",
+                    held.join(", "),
+                    b.token,
+                    b.mode,
+                    b.fence,
+                    b_to + MARGIN
+                ),
+            });
         }
     }
 }
@@ -609,9 +664,18 @@ fn check_waiters(h: &History, v: &mut Verdict) {
     let mut releases: Line = HashMap::new();
     let mut blocks: Line = HashMap::new();
     let mut first_of_token: HashMap<&str, Us> = HashMap::new();
+    // Each key's one mode when every ACQUIRE of it asked the same (None:
+    // several, a read/write lock).
+    let mut modes: HashMap<&str, Option<Mode>> = HashMap::new();
     for op in &h.ops {
         let t = first_of_token.entry(&op.token).or_insert(op.send);
         *t = (*t).min(op.send);
+        if let Kind::Acquire { mode, .. } = op.kind {
+            let m = modes.entry(&op.key).or_insert(Some(mode));
+            if *m != Some(mode) {
+                *m = None;
+            }
+        }
     }
     for op in &h.ops {
         let slot = (op.key.as_str(), op.epoch);
@@ -648,8 +712,13 @@ fn check_waiters(h: &History, v: &mut Verdict) {
                 continue;
             };
             // A waiter for several keys may wait on a free key for another
-            // one: only barging past it is checked.
-            let several = w.also > 0;
+            // one, and a writer for the last of several readers: only
+            // barging past them is checked.
+            let several = w.also > 0
+                || !matches!(
+                    modes.get(w.key.as_str()),
+                    Some(Some(Mode::Exclusive | Mode::Limit(_)))
+                );
             if unblocked(w) || paused(w) {
                 continue;
             }
@@ -736,7 +805,11 @@ fn op(
 }
 
 fn acq(ttl: i64) -> Kind {
-    Kind::Acquire { ttl, block: None }
+    Kind::Acquire {
+        ttl,
+        block: None,
+        mode: Mode::Exclusive,
+    }
 }
 
 fn fault(class: FaultClass, at_ms: (i64, i64)) -> Fault {
@@ -774,6 +847,7 @@ fn checker_accepts_a_correct_history() {
                 Kind::Acquire {
                     ttl: 1000,
                     block: Some(500),
+                    mode: Mode::Exclusive,
                 },
                 (50, 101),
                 Outcome::Int(15),
@@ -805,6 +879,7 @@ fn checker_accepts_a_correct_history() {
                 Kind::Acquire {
                     ttl: 10,
                     block: Some(200),
+                    mode: Mode::Exclusive,
                 },
                 (310, 511),
                 Outcome::Nil,
@@ -1033,6 +1108,7 @@ fn checker_reports_barging_and_a_stranded_waiter() {
     let wait = Kind::Acquire {
         ttl: 1000,
         block: Some(1000),
+        mode: Mode::Exclusive,
     };
     // X takes the key without BLOCK while W waits in line.
     let mut h = History {
@@ -1066,6 +1142,7 @@ fn checker_reports_barging_and_a_stranded_waiter() {
     let short = Kind::Acquire {
         ttl: 1000,
         block: Some(200),
+        mode: Mode::Exclusive,
     };
     for (kind, at, outcome) in [
         (wait, (100, 402), Outcome::Int(2)),
@@ -1113,6 +1190,7 @@ fn checker_does_not_bridge_a_gap_in_a_holders_lease() {
                 Kind::Acquire {
                     ttl: 500,
                     block: Some(1000),
+                    mode: Mode::Exclusive,
                 },
                 (50, 420),
                 Outcome::Int(20),
@@ -1242,6 +1320,7 @@ fn checker_follows_multi_key_grants_and_waiters() {
     let wait = Kind::Acquire {
         ttl: 1000,
         block: Some(1000),
+        mode: Mode::Exclusive,
     };
     let mut h = History {
         ops: vec![
@@ -1268,4 +1347,112 @@ fn checker_follows_multi_key_grants_and_waiters() {
         ..Default::default()
     };
     assert!(unexcused(&check(&h)).contains(&Check::Exclusion));
+}
+
+fn acq_in(ttl: i64, mode: Mode) -> Kind {
+    Kind::Acquire {
+        ttl,
+        block: None,
+        mode,
+    }
+}
+
+#[test]
+fn checker_counts_holders_against_the_smallest_capacity_of_their_modes() {
+    let at = |token: &str, mode: Mode, ms: i64, fence: i64| {
+        op(
+            0,
+            token,
+            "k",
+            acq_in(1000, mode),
+            (ms, ms + 1),
+            Outcome::Int(fence),
+        )
+    };
+    // Readers together: fine. A writer among them: one violation naming
+    // every holder at that moment.
+    let mut h = History {
+        ops: vec![
+            at("r1", Mode::Shared, 0, 10),
+            at("r2", Mode::Shared, 100, 11),
+            at("r3", Mode::Shared, 200, 12),
+        ],
+        ..Default::default()
+    };
+    assert!(check(&h).violations.is_empty());
+    h.ops.push(at("w", Mode::Exclusive, 300, 13));
+    let v = check(&h);
+    assert_eq!(unexcused(&v), [Check::Exclusion]);
+    assert_eq!(v.violations[0].about.len(), 4, "{:?}", v.violations);
+    // Two permits of LIMIT 2 together: fine; a third: a violation,
+    // unless one of the others had let go first.
+    let mut h = History {
+        ops: vec![
+            at("p1", Mode::Limit(2), 0, 10),
+            at("p2", Mode::Limit(2), 100, 11),
+        ],
+        ..Default::default()
+    };
+    assert!(check(&h).violations.is_empty());
+    h.ops.push(at("p3", Mode::Limit(2), 200, 12));
+    assert_eq!(unexcused(&check(&h)), [Check::Exclusion]);
+    h.ops
+        .push(op(0, "p1", "k", Kind::Release, (150, 151), Outcome::Int(1)));
+    h.ops.sort_by_key(|o| o.send);
+    assert!(check(&h).violations.is_empty());
+    // A writer's window that ended before the readers came: fine.
+    let h = History {
+        ops: vec![
+            at("w", Mode::Exclusive, 0, 10),
+            op(0, "w", "k", Kind::Release, (50, 51), Outcome::Int(1)),
+            at("r1", Mode::Shared, 100, 11),
+            at("r2", Mode::Shared, 120, 12),
+        ],
+        ..Default::default()
+    };
+    assert!(check(&h).violations.is_empty());
+}
+
+#[test]
+fn checker_does_not_call_a_writer_stranded_behind_other_readers() {
+    let wait = |mode| Kind::Acquire {
+        ttl: 1000,
+        block: Some(300),
+        mode,
+    };
+    // r1 and r2 read k; w waits; r1 releases (r2 still reads); w times
+    // out. On a read/write key that is no stranding.
+    let ops = |mode_of_w: Mode, mode_of_r: Mode| {
+        vec![
+            op(
+                0,
+                "r1",
+                "k",
+                acq_in(1000, mode_of_r),
+                (0, 1),
+                Outcome::Int(10),
+            ),
+            op(
+                1,
+                "r2",
+                "k",
+                acq_in(1000, mode_of_r),
+                (2, 3),
+                Outcome::Int(11),
+            ),
+            op(2, "w", "k", wait(mode_of_w), (10, 311), Outcome::Nil),
+            op(0, "r1", "k", Kind::Release, (100, 101), Outcome::Int(1)),
+        ]
+    };
+    let rw = History {
+        ops: ops(Mode::Exclusive, Mode::Shared),
+        ..Default::default()
+    };
+    assert!(unexcused(&check(&rw)).is_empty());
+    // On a semaphore of two, the release freed a permit for w: stranded.
+    let sem = History {
+        ops: ops(Mode::Limit(2), Mode::Limit(2)),
+        ..Default::default()
+    };
+    assert_eq!(unexcused(&check(&sem)), [Check::Stranded]);
 }

@@ -21,11 +21,43 @@ pub enum Outcome {
     NoReply,
 }
 
+/// How an ACQUIRE asks for its key(s).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// A plain ACQUIRE: one holder at a time.
+    Exclusive,
+    /// `SHARED`: any number of shared holders, no exclusive one.
+    Shared,
+    /// `SHARED LIMIT n`: at most n holders (a semaphore).
+    Limit(u32),
+}
+
+impl Mode {
+    /// How many holders a key may have at once while this one holds it.
+    pub fn capacity(self) -> usize {
+        match self {
+            Mode::Exclusive => 1,
+            Mode::Shared => usize::MAX,
+            Mode::Limit(n) => n as usize,
+        }
+    }
+
+    /// The ACQUIRE's arguments that ask for it.
+    pub fn args(self) -> Vec<String> {
+        match self {
+            Mode::Exclusive => vec![],
+            Mode::Shared => vec!["SHARED".into()],
+            Mode::Limit(n) => vec!["SHARED".into(), "LIMIT".into(), n.to_string()],
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Acquire {
         ttl: i64,
         block: Option<i64>,
+        mode: Mode,
     },
     Extend {
         ttl: i64,

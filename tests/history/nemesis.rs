@@ -18,7 +18,7 @@ use redis_lock_testkit::{set_clock_offset, wait_until, Connection, Server};
 use crate::checker::MARGIN;
 use crate::model::FaultClass::{self, *};
 use crate::model::{Epoch, Fault, Us};
-use crate::workload::{Shared, HOLDING, KEYS, RESTART_DELAY};
+use crate::workload::{Shared, ALL_KEYS, HOLDING, RESTART_DELAY};
 
 /// Injects faults into a master and its replica and records them.
 pub struct Nemesis {
@@ -193,7 +193,7 @@ impl Nemesis {
                 self.record(class, start, None, None);
             }
             Del => {
-                let key = *KEYS.choose(&mut self.rng).unwrap();
+                let key = *ALL_KEYS.choose(&mut self.rng).unwrap();
                 let cmd = *["DEL", "UNLINK"].choose(&mut self.rng).unwrap();
                 let _: i64 = query(&mut self.master().conn(), &[cmd, key]);
                 self.record(class, start, Some(key.into()), None);
@@ -203,7 +203,7 @@ impl Nemesis {
                 self.record(class, start, None, None);
             }
             Pexpire => {
-                let key = *KEYS.choose(&mut self.rng).unwrap();
+                let key = *ALL_KEYS.choose(&mut self.rng).unwrap();
                 let ms: i64 = self.rng.gen_range(50..300);
                 let _: i64 = query(
                     &mut self.master().conn(),
@@ -216,7 +216,7 @@ impl Nemesis {
                 f.end = f.end.max(start + (ms as Us + 1000) * 1000);
             }
             Persist => {
-                let key = *KEYS.choose(&mut self.rng).unwrap();
+                let key = *ALL_KEYS.choose(&mut self.rng).unwrap();
                 let _: i64 = query(&mut self.master().conn(), &["PERSIST", key]);
                 self.record(class, start, Some(key.into()), None);
             }

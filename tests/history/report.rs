@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::thread;
 
 use crate::checker::{grants, Check, Verdict, MARGIN};
-use crate::model::{FaultClass, History, Kind, Op, Outcome};
-use crate::workload::{CLIENTS, KEYS, TIMEOUTS, TTLS};
+use crate::model::{FaultClass, History, Kind, Mode, Op, Outcome};
+use crate::workload::{CLIENTS, KEYS, RW_KEYS, SEMAPHORE, SEMAPHORE_LIMIT, TIMEOUTS, TTLS};
 
 pub struct Report<'a> {
     pub history: &'a History,
@@ -28,28 +28,41 @@ impl Report<'_> {
         let names = [
             "LOCK.ACQUIRE",
             "LOCK.ACQUIRE ... BLOCK",
+            "LOCK.ACQUIRE ... SHARED [BLOCK]",
+            "LOCK.ACQUIRE ... SHARED LIMIT n [BLOCK]",
             "LOCK.EXTEND",
             "LOCK.RELEASE",
             "LOCK.FENCE key token",
             "LOCK.ACQUIREALL (2 or 3 keys)",
             "LOCK.ACQUIREALL ... BLOCK",
+            "LOCK.ACQUIREALL ... SHARED [BLOCK]",
         ];
-        let mut rows = [[0; 6]; 7];
+        let mut rows = [[0; 6]; 10];
         // A multi-key command is recorded once per key: counted once.
         let mut seen_all = std::collections::HashSet::new();
         for op in &self.history.ops {
             let row = match op.kind {
-                Kind::Acquire { block, .. } if op.also > 0 => {
+                Kind::Acquire { block, mode, .. } if op.also > 0 => {
                     if !seen_all.insert((op.token.as_str(), op.send)) {
                         continue;
                     }
-                    5 + usize::from(block.is_some())
+                    match mode {
+                        Mode::Exclusive => 7 + usize::from(block.is_some()),
+                        _ => 9,
+                    }
                 }
+                Kind::Acquire {
+                    mode: Mode::Shared, ..
+                } => 2,
+                Kind::Acquire {
+                    mode: Mode::Limit(_),
+                    ..
+                } => 3,
                 Kind::Acquire { block: None, .. } => 0,
                 Kind::Acquire { block: Some(_), .. } => 1,
-                Kind::Extend { .. } => 2,
-                Kind::Release => 3,
-                Kind::Fence => 4,
+                Kind::Extend { .. } => 4,
+                Kind::Release => 5,
+                Kind::Fence => 6,
             };
             let col = match (&op.outcome, op.kind) {
                 (Outcome::Int(0), Kind::Extend { .. } | Kind::Release) => 1,
@@ -131,7 +144,7 @@ impl Report<'_> {
         );
         for (name, r) in self.op_rows() {
             s += &format!(
-                "  {name:<24} {:>7} int {:>7} nil/0 {:>5} err {:>5} lost {:>3} no-reply\n",
+                "  {name:<40} {:>6} int {:>6} nil/0 {:>5} err {:>5} lost {:>3} no-reply\n",
                 r[0], r[1], r[2], r[3], r[4]
             );
         }
@@ -202,14 +215,17 @@ impl Report<'_> {
             self.version, self.seed, self.seed
         );
         s += &format!(
-            "{CLIENTS} clients (threads) ran for {} s on keys {} with leases of {} ms: \
-             `LOCK.ACQUIRE` with and without `BLOCK` (timeouts {} ms), and a quarter of the \
-             time `LOCK.ACQUIREALL` of two or three of the keys in a random order (held, \
+            "{CLIENTS} clients (threads) ran for {} s on exclusive locks {}, read/write locks {} \
+             (readers `SHARED` 70% of the time, writers plain) and a semaphore {} (every holder \
+             `SHARED LIMIT {}`), with leases of {} ms: \
+             `LOCK.ACQUIRE` with and without `BLOCK` (timeouts {} ms), a fifth of the \
+             time `LOCK.ACQUIREALL` of two or three of the exclusive keys and a tenth of the time \
+             of both read/write keys (as readers or a writer), in a random order (held, \
              extended and released key by key), `LOCK.EXTEND` and \
              same-token `LOCK.ACQUIRE` renewals (which may shorten the lease), `LOCK.RELEASE` \
              (or letting the lease run out), and after every grant `LOCK.FENCE key token`, \
-             `LOCK.FENCE other-key token` and writes to a fenced resource, some after a pause \
-             longer than the lease. A client whose connection died retries its ACQUIRE once \
+             `LOCK.FENCE other-key token` and, by exclusive holders, writes to a fenced resource, \
+             some after a pause longer than the lease (shared holders pause the same way). A client whose connection died retries its ACQUIRE once \
              with the same token, and follows the master through restarts and failovers. \
              Both nodes run with `appendonly yes`, `appendfsync always`. The nemesis injected \
              {} whole rounds of every fault class below, each in random order, 0.1–0.4 s apart \
@@ -217,6 +233,9 @@ impl Report<'_> {
              Every time bound the checker uses is widened by {} ms.\n\n",
             self.seconds,
             KEYS.join(", "),
+            RW_KEYS.join(", "),
+            SEMAPHORE,
+            SEMAPHORE_LIMIT,
             TTLS.map(|t| t.to_string()).join(", "),
             TIMEOUTS.map(|t| t.to_string()).join(", "),
             self.rounds,

@@ -13,9 +13,18 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use redis_lock_testkit::{RawConn, Resp};
 
-use crate::model::{Kind, Op, Outcome, Us, Write};
+use crate::model::{Kind, Mode, Op, Outcome, Us, Write};
 
+/// Exclusive locks (plain ACQUIRE), alone or taken together by ACQUIREALL.
 pub const KEYS: [&str; 3] = ["k0", "k1", "k2"];
+/// Read/write locks: readers ask `SHARED`, writers plain; alone or both
+/// at once by ACQUIREALL.
+pub const RW_KEYS: [&str; 2] = ["r0", "r1"];
+/// A counting semaphore: every holder asks `SHARED LIMIT 2`.
+pub const SEMAPHORE: &str = "s0";
+pub const SEMAPHORE_LIMIT: u32 = 2;
+/// Every key of the workload (the nemesis picks among them).
+pub const ALL_KEYS: [&str; 6] = ["k0", "k1", "k2", "r0", "r1", "s0"];
 /// Leases in ms. The longest is below the restart delay used.
 pub const TTLS: [i64; 6] = [30, 60, 120, 250, 500, 800];
 /// `restart-delay-ms` where a fault uses one: at least the longest TTL.
@@ -122,13 +131,14 @@ impl Client {
     /// Runs one command and records it; None if not sent (stopping).
     fn call(&mut self, key: &str, token: &str, kind: Kind) -> Option<Outcome> {
         let args: Vec<String> = match kind {
-            Kind::Acquire { ttl, block } => {
+            Kind::Acquire { ttl, block, mode } => {
                 let mut a = vec![
                     "LOCK.ACQUIRE".into(),
                     key.into(),
                     token.into(),
                     ttl.to_string(),
                 ];
+                a.extend(mode.args());
                 if let Some(t) = block {
                     a.extend(["BLOCK".into(), t.to_string()]);
                 }
@@ -153,14 +163,24 @@ impl Client {
         token: &str,
         ttl: i64,
         block: Option<i64>,
+        mode: Mode,
     ) -> Option<Outcome> {
         let mut args: Vec<String> = vec!["LOCK.ACQUIREALL".into(), keys.len().to_string()];
         args.extend(keys.iter().map(|k| k.to_string()));
         args.extend([token.to_string(), ttl.to_string()]);
+        args.extend(mode.args());
         if let Some(t) = block {
             args.extend(["BLOCK".into(), t.to_string()]);
         }
-        self.send(keys, token, Kind::Acquire { ttl, block }, args)
+        self.send(keys, token, Kind::Acquire { ttl, block, mode }, args)
+    }
+
+    /// A reader (usually) or a writer of a read/write lock.
+    fn rw_mode(&mut self) -> Mode {
+        match self.rng.gen_bool(0.7) {
+            true => Mode::Shared,
+            false => Mode::Exclusive,
+        }
     }
 
     /// Sends one command about `keys` and records it, once per key.
@@ -223,11 +243,21 @@ impl Client {
         let mut n = 0;
         while !self.shared.stop.load(SeqCst) {
             n += 1;
-            if self.rng.gen_bool(0.25) {
-                self.run_all(n);
+            if self.rng.gen_bool(0.2) {
+                self.run_all(n, &KEYS, Mode::Exclusive);
                 continue;
             }
-            let key = *KEYS.choose(&mut self.rng).unwrap();
+            if self.rng.gen_bool(0.1) {
+                let mode = self.rw_mode();
+                self.run_all(n, &RW_KEYS, mode);
+                continue;
+            }
+            let key = *ALL_KEYS.choose(&mut self.rng).unwrap();
+            let mode = match key {
+                SEMAPHORE => Mode::Limit(SEMAPHORE_LIMIT),
+                _ if RW_KEYS.contains(&key) => self.rw_mode(),
+                _ => Mode::Exclusive,
+            };
             let token = format!("c{}.{n}", self.id);
             let ttl = *TTLS.choose(&mut self.rng).unwrap();
             let block = self
@@ -235,14 +265,19 @@ impl Client {
                 .gen_bool(0.5)
                 .then(|| *TIMEOUTS.choose(&mut self.rng).unwrap());
             self.set_state(if block.is_some() { WAITING } else { IDLE });
-            let outcome = self.call(key, &token, Kind::Acquire { ttl, block });
+            let outcome = self.call(key, &token, Kind::Acquire { ttl, block, mode });
             self.set_state(IDLE);
             let waited = block.is_some() && matches!(outcome, Some(Outcome::Int(_)));
             let fence = match outcome {
                 Some(Outcome::Int(f)) => Some(f),
                 // The reply was lost: retrying with the same token is safe.
                 Some(Outcome::Lost) => {
-                    match self.call(key, &token, Kind::Acquire { ttl, block: None }) {
+                    let again = Kind::Acquire {
+                        ttl,
+                        block: None,
+                        mode,
+                    };
+                    match self.call(key, &token, again) {
                         Some(Outcome::Int(f)) => Some(f),
                         _ => None,
                     }
@@ -255,19 +290,20 @@ impl Client {
             };
             if let Some(fence) = fence {
                 self.set_state(HOLDING);
-                self.hold(key, &token, fence, ttl, waited);
+                self.hold(key, &token, fence, ttl, waited, mode);
                 self.set_state(IDLE);
             }
         }
         self.ops
     }
 
-    /// One all-or-nothing lock over two or three keys (named in a random
-    /// order), held as [`hold`](Self::hold) holds one, key by key.
-    fn run_all(&mut self, n: usize) {
-        let mut keys: Vec<&str> = KEYS.to_vec();
+    /// One all-or-nothing lock over two or more of `group` (named in a
+    /// random order) in `mode`, held as [`hold`](Self::hold) holds one, key
+    /// by key.
+    fn run_all(&mut self, n: usize, group: &[&'static str], mode: Mode) {
+        let mut keys: Vec<&str> = group.to_vec();
         keys.shuffle(&mut self.rng);
-        keys.truncate(self.rng.gen_range(2..=KEYS.len()));
+        keys.truncate(self.rng.gen_range(2..=group.len()));
         let token = format!("c{}.{n}", self.id);
         let ttl = *TTLS.choose(&mut self.rng).unwrap();
         let block = self
@@ -275,13 +311,13 @@ impl Client {
             .gen_bool(0.5)
             .then(|| *TIMEOUTS.choose(&mut self.rng).unwrap());
         self.set_state(if block.is_some() { WAITING } else { IDLE });
-        let outcome = self.call_all(&keys, &token, ttl, block);
+        let outcome = self.call_all(&keys, &token, ttl, block, mode);
         self.set_state(IDLE);
         let waited = block.is_some() && matches!(outcome, Some(Outcome::Int(_)));
         let fence = match outcome {
             Some(Outcome::Int(f)) => Some(f),
             // A retry with the same token renews what it got, or grants anew.
-            Some(Outcome::Lost) => match self.call_all(&keys, &token, ttl, None) {
+            Some(Outcome::Lost) => match self.call_all(&keys, &token, ttl, None, mode) {
                 Some(Outcome::Int(f)) => Some(f),
                 _ => None,
             },
@@ -315,7 +351,8 @@ impl Client {
             };
             sleep(Duration::from_millis(pause as u64));
             let shared = self.shared.clone();
-            for key in &keys {
+            // Readers read: only an exclusive holder writes.
+            for key in keys.iter().filter(|_| mode == Mode::Exclusive) {
                 shared.store.write(key, &token, fence, || shared.now());
             }
             let ttl = *TTLS.choose(&mut self.rng).unwrap();
@@ -333,11 +370,12 @@ impl Client {
         self.set_state(IDLE);
     }
 
-    /// Works as the holder: checks the grant, writes to the resource
-    /// (sometimes after a pause longer than the lease), extends or renews,
+    /// Works as the holder: checks the grant, writes to the resource when
+    /// exclusive (a shared holder reads; sometimes after a pause longer
+    /// than the lease), extends or renews,
     /// and usually releases. After waiting in BLOCK it does not know when
     /// its lease began, so it mostly renews it first.
-    fn hold(&mut self, key: &str, token: &str, mut fence: i64, ttl: i64, waited: bool) {
+    fn hold(&mut self, key: &str, token: &str, mut fence: i64, ttl: i64, waited: bool, mode: Mode) {
         self.call(key, token, Kind::Fence);
         if waited
             && self.rng.gen_bool(0.7)
@@ -345,7 +383,7 @@ impl Client {
         {
             return;
         }
-        let other = *KEYS
+        let other = *ALL_KEYS
             .iter()
             .filter(|k| **k != key)
             .collect::<Vec<_>>()
@@ -360,11 +398,18 @@ impl Client {
             };
             sleep(Duration::from_millis(pause as u64));
             let shared = self.shared.clone();
-            shared.store.write(key, token, fence, || shared.now());
+            if mode == Mode::Exclusive {
+                shared.store.write(key, token, fence, || shared.now());
+            }
             let ttl = *TTLS.choose(&mut self.rng).unwrap();
+            let renewal = Kind::Acquire {
+                ttl,
+                block: None,
+                mode,
+            };
             let kept = match self.rng.gen_range(0..10) {
                 0..=4 => self.call(key, token, Kind::Extend { ttl }) != Some(Outcome::Int(0)),
-                5 => match self.call(key, token, Kind::Acquire { ttl, block: None }) {
+                5 => match self.call(key, token, renewal) {
                     Some(Outcome::Int(f)) => {
                         fence = f; // the same, or a new grant if the lease had ended
                         true
