@@ -135,11 +135,18 @@ pub fn holders<S: LockRead + ?Sized>(store: &S) -> impl Iterator<Item = Lock<'_>
 }
 
 /// `token`'s holder when its lease has not ended.
+#[inline]
 pub fn holder_of<'s, S: LockRead + ?Sized>(
     store: &'s S,
     token: &[u8],
     now_ms: i64,
 ) -> Option<Lock<'s>> {
+    if store.mode() == Some(Mode::Exclusive) {
+        // The common case, without the walk.
+        return store
+            .holder_at(0)
+            .filter(|l| l.token == token && l.is_live(now_ms));
+    }
     holders(store).find(|l| l.token == token && l.is_live(now_ms))
 }
 
@@ -150,6 +157,9 @@ pub fn is_held<S: LockRead + ?Sized>(store: &S, now_ms: i64) -> bool {
 
 /// The newest live holder (the only one when exclusive).
 pub fn newest_live<S: LockRead + ?Sized>(store: &S, now_ms: i64) -> Option<Lock<'_>> {
+    if store.mode() == Some(Mode::Exclusive) {
+        return store.holder_at(0).filter(|l| l.is_live(now_ms));
+    }
     holders(store)
         .filter(|l| l.is_live(now_ms))
         .max_by_key(|l| l.fence)
@@ -251,6 +261,7 @@ pub enum Fit {
 
 /// Whether `token` asking for the key in `mode` fits it at `now_ms`, or
 /// why not: a limit other than the key's, or an upgrade, is an error.
+#[inline]
 pub fn fit(
     store: &impl LockRead,
     token: &[u8],
@@ -259,6 +270,20 @@ pub fn fit(
     now_ms: i64,
 ) -> Result<Fit, LockError> {
     let delay = rules.lock_delay_ms;
+    if store.mode() == Some(Mode::Exclusive) {
+        // The common case in one look at the one holder (the rules below
+        // decide it alike).
+        let Some(held) = store
+            .holder_at(0)
+            .filter(|l| now_ms < l.grants_held_until(delay))
+        else {
+            return Ok(Fit::Fits);
+        };
+        if held.token == token && held.is_live(now_ms) {
+            return Ok(Fit::Renews);
+        }
+        return Ok(Fit::Busy(held.next_change(delay, now_ms)));
+    }
     // Holders that keep the key: live, or ended unreleased within their
     // lock-delay.
     let occupying = || holders(store).filter(move |l| now_ms < l.grants_held_until(delay));
@@ -305,6 +330,7 @@ pub fn fit(
 /// phase gives the granting nodes one token. A contended or refused ACQUIRE
 /// changes nothing, the mark included; every check and every fence is
 /// done before the first write.
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
 pub fn acquire(
     store: &mut impl Ledger,
@@ -316,9 +342,29 @@ pub fn acquire(
     rules: Rules,
     now: Now,
 ) -> Result<Acquired, LockError> {
+    let fits = fit(store, token, mode, rules, now.mono_ms())?;
+    acquire_fitted(
+        store, fences, fits, token, mode, ttl_ms, min_fence, rules, now,
+    )
+}
+
+/// [`acquire`] with the request's [`fit`] decided already, on the store as
+/// it is now (a caller that looked before deciding does not look twice).
+#[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
+pub(crate) fn acquire_fitted(
+    store: &mut impl Ledger,
+    fences: &mut impl FenceSource,
+    fits: Fit,
+    token: &[u8],
+    mode: Mode,
+    ttl_ms: i64,
+    min_fence: i64,
+    rules: Rules,
+    now: Now,
+) -> Result<Acquired, LockError> {
     let now_ms = now.mono_ms();
     let deadline_ms = deadline(now_ms, ttl_ms)?;
-    match fit(store, token, mode, rules, now_ms)? {
+    match fits {
         Fit::Busy(_) => Ok(Acquired::Contended),
         Fit::Renews => {
             let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
@@ -439,6 +485,17 @@ pub fn release(store: &mut impl Ledger, token: &[u8], now_ms: i64) -> bool {
 /// (expirations): kept until then, it holds the key back across restarts
 /// too. True if it removed any.
 pub fn reclaim(store: &mut impl Ledger, lock_delay_ms: i64, now_ms: i64) -> bool {
+    if store.mode() == Some(Mode::Exclusive) {
+        // The common case in one look at the one holder.
+        let ended = store
+            .holder_at(0)
+            .filter(|l| now_ms >= l.grants_held_until(lock_delay_ms))
+            .map(|l| l.token.to_vec());
+        if let Some(token) = &ended {
+            store.remove(token, Removal::Ended);
+        }
+        return ended.is_some();
+    }
     let mut any = false;
     loop {
         let ended = holders(store)

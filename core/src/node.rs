@@ -435,7 +435,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         // Decide before writing: a contended ACQUIRE changes nothing (it
         // would abort other clients' WATCH).
         let rules = self.limits.rules();
-        let check_at_ms = match lock::fit(store, req.token, req.mode, rules, now_ms)? {
+        let fits = lock::fit(store, req.token, req.mode, rules, now_ms)?;
+        let check_at_ms = match fits {
             Fit::Renews => None,
             // Held, or held back by lock-delay, or a full shared key: a
             // waiter is looked at again when that ends, an ACQUIRE without
@@ -486,9 +487,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             leases: &mut self.leases,
             now_ms,
         };
-        let acquired = lock::acquire(
+        let acquired = lock::acquire_fitted(
             &mut ledger,
             &mut self.fences,
+            fits,
             req.token,
             req.mode,
             req.ttl_ms,
@@ -761,8 +763,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
         }
         // Ended leases still stored (another holder's, on a shared key)
-        // are reclaimed when touched.
-        if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
+        // are reclaimed when touched; an exclusive key just extended has
+        // none.
+        let has_others = !extended || store.mode() != Some(Mode::Exclusive);
+        if has_others && lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)

@@ -184,9 +184,8 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
     }
 
     fn renew(&mut self, token: &[u8], deadline_ms: i64) {
-        if !holders(&*self.store).any(|l| l.token == token) {
-            return;
-        }
+        // The state machine renews only a holder it found.
+        debug_assert!(holders(&*self.store).any(|l| l.token == token));
         let lease = self.next_lease();
         self.store.renew(token, deadline_ms, lease);
         self.out.push_back(Output::Changed(self.key.clone()));

@@ -494,24 +494,27 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             // consecutive shared waiters go together while the key has
             // room, an exclusive one waits for every holder to go, and
             // whoever stands behind a waiter that does not fit waits too.
-            let renews = match lock::fit(store, &w.token, w.mode, held_back.rules, now_ms) {
-                Ok(Fit::Renews) => true,
-                Ok(Fit::Busy(until)) => {
-                    self.reschedule(key, until);
-                    break;
-                }
-                Ok(Fit::Fits) if held_back.grants_paused_ms > 0 => {
-                    let until = now_ms.saturating_add(held_back.grants_paused_ms);
-                    self.reschedule(key, until);
-                    break;
-                }
-                Ok(Fit::Fits) => false,
+            let fits = match lock::fit(store, &w.token, w.mode, held_back.rules, now_ms) {
+                Ok(fits) => fits,
                 // Another limit than the key's, or an upgrade: this waiter
                 // can never be served as it asked.
                 Err(err) => {
                     wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
                     continue;
                 }
+            };
+            let renews = match fits {
+                Fit::Renews => true,
+                Fit::Busy(until) => {
+                    self.reschedule(key, until);
+                    break;
+                }
+                Fit::Fits if held_back.grants_paused_ms > 0 => {
+                    let until = now_ms.saturating_add(held_back.grants_paused_ms);
+                    self.reschedule(key, until);
+                    break;
+                }
+                Fit::Fits => false,
             };
             let turn = Turn {
                 client: w.client,
@@ -524,9 +527,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 continue;
             }
             let w = &self.waiters[&id];
-            let acquired = lock::acquire(
+            let acquired = lock::acquire_fitted(
                 store,
                 fences,
+                fits,
                 &w.token,
                 w.mode,
                 w.ttl_ms,

@@ -13,7 +13,7 @@ use super::datatype;
 use super::engine;
 use super::ffi::{
     self, command_callback, context_flags, log_warning, may_write_key, ArgDoc, Argv, CommandFn,
-    Ctx, KeyPlace, Reply, Value,
+    Ctx, KeyPlace, OpenKey, Read, Reply, Value,
 };
 use super::guarded;
 use super::keyspace::{LockKey, ReadKey};
@@ -23,6 +23,7 @@ use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
 use crate::core::protocol::{self, info_field};
+use crate::core::time::Now;
 use crate::core::{holders, Lock, LockRead, Mode};
 
 /// One row of the command table.
@@ -527,10 +528,12 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_fence(argv.bytes())?;
-    if let Some(mark) = guarded::gate_fence(ctx, argv, token) {
+    // One open: a gate answers its mark, a lock its holder's fence.
+    let key = OpenKey::<Read>::open(ctx, argv.key());
+    if let Some(mark) = key.as_ref().and_then(|k| guarded::gate_fence(k, token)) {
         return mark;
     }
-    let store = ReadKey::open(ctx, argv.key())?;
+    let store = ReadKey::of(key)?;
     let now_ms = node::mono_ms();
     Ok(
         match engine::with_engine(|n| n.fence_of(&store, token, now_ms)) {
@@ -597,34 +600,15 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 /// by the master (replication stream) or logged earlier (AOF). A fence
 /// beyond the bound is refused (and logged), changing nothing.
 fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
-    if context_flags(ctx) & trusted == 0 {
-        return Err(LockError::InternalCommand(protocol::command::SET));
-    }
-    let a = args::parse_set(argv.bytes())?;
-    let mut store = LockKey::open_from_outside(ctx, argv.key())?;
-    // The master's deadline and grant time are on the wall clock: this node
-    // keeps them on its monotonic clock from now on.
-    let now = node::conversion_now();
-    let applied = engine::with_engine(|n| {
-        n.apply_set(
-            &mut store,
-            a.token,
-            a.fence,
-            a.deadline_ms,
-            a.granted_ms,
-            now,
-        )
-    });
-    if let Err(err) = applied {
-        log_warning(&format!(
-            "lock: refusing LOCK._SET with fence {}: {err}",
-            a.fence
-        ));
-        return Err(err);
-    }
-    ffi::replicate_verbatim(ctx);
-    Ok(Reply::Ok)
+    let a = trusted(ctx, protocol::command::SET, || {
+        args::parse_set(argv.bytes())
+    })?;
+    apply_from_outside(
+        ctx,
+        argv,
+        &format!("LOCK._SET with fence {}", a.fence),
+        |n, store, now| n.apply_set(store, a.token, a.fence, a.deadline_ms, a.granted_ms, now),
+    )
 }
 
 /// `LOCK._SHARED key limit token fence deadline-ms granted-ms ...`: applies
@@ -632,17 +616,44 @@ fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 /// run (AOF) wrote it. A fence beyond the bound is refused (and logged),
 /// changing nothing.
 fn set_shared(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let all = all_bytes(argv);
+    let a = trusted(ctx, protocol::command::SET_SHARED, || {
+        args::parse_shared_set(&all)
+    })?;
+    apply_from_outside(ctx, argv, "LOCK._SHARED", |n, store, now| {
+        n.apply_shared(store, a.mode, &a.holders, now)
+    })
+}
+
+/// An internal command's arguments, parsed only when it comes from the
+/// master or the AOF (an ordinary client is refused, naming `command`).
+fn trusted<T>(
+    ctx: Ctx,
+    command: &'static str,
+    parse: impl FnOnce() -> Result<T, LockError>,
+) -> Result<T, LockError> {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if context_flags(ctx) & trusted == 0 {
-        return Err(LockError::InternalCommand(protocol::command::SET_SHARED));
+        return Err(LockError::InternalCommand(command));
     }
-    let all = all_bytes(argv);
-    let a = args::parse_shared_set(&all)?;
+    parse()
+}
+
+/// Writes a key as the master or an earlier run wrote it, through the
+/// node (`apply`), and passes the command on verbatim; one the node refuses
+/// (`what`) is logged and changes nothing. The master's deadlines and grant
+/// times are on the wall clock: this node keeps them on its monotonic clock
+/// from now on.
+fn apply_from_outside(
+    ctx: Ctx,
+    argv: &Argv,
+    what: &str,
+    apply: impl FnOnce(&mut engine::ModuleNode, &mut LockKey, Now) -> Result<(), LockError>,
+) -> Result<Reply, LockError> {
     let mut store = LockKey::open_from_outside(ctx, argv.key())?;
     let now = node::conversion_now();
-    let applied = engine::with_engine(|n| n.apply_shared(&mut store, a.mode, &a.holders, now));
-    if let Err(err) = applied {
-        log_warning(&format!("lock: refusing LOCK._SHARED: {err}"));
+    if let Err(err) = engine::with_engine(|n| apply(n, &mut store, now)) {
+        log_warning(&format!("lock: refusing {what}: {err}"));
         return Err(err);
     }
     ffi::replicate_verbatim(ctx);

@@ -411,9 +411,10 @@ impl LockValue {
 
     /// The `i`-th holder (in grant order).
     pub fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
-        match self.shared() {
-            Some(block) => block.holders.get(i).map(Holder::view),
-            None => self.exclusive().filter(|_| i == 0),
+        match (self.shared(), i) {
+            (Some(block), _) => block.holders.get(i).map(Holder::view),
+            (None, 0) => self.exclusive(),
+            (None, _) => None,
         }
     }
 

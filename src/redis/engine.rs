@@ -22,6 +22,10 @@ use crate::core::node::{Conditions, Limits, Node};
 
 pub use super::node::{Client, Key};
 
+/// The node as the module runs it: keys by database and name, clients by
+/// id.
+pub type ModuleNode = Node<Key, Client>;
+
 static ENGINE: LazyLock<Mutex<Node<Key, Client>>> = LazyLock::new(Default::default);
 
 /// Runs `f` on the node. Everything runs on Redis's main thread, so the

@@ -323,8 +323,7 @@ pub fn apply_gate(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 
 /// `LOCK.FENCE` on a gate: its mark (a token has no meaning there). None
 /// when the key is not a gate.
-pub fn gate_fence(ctx: Ctx, argv: &Argv, token: Option<&[u8]>) -> Option<Result<Reply, LockError>> {
-    let key = OpenKey::<Read>::open(ctx, argv.key())?;
+pub fn gate_fence(key: &OpenKey<Read>, token: Option<&[u8]>) -> Option<Result<Reply, LockError>> {
     if !gate::is_gate(key.key()) {
         return None;
     }

@@ -91,7 +91,12 @@ pub struct ReadKey {
 impl ReadKey {
     /// Opens `name` for reading. A key of another type is a WRONGTYPE error.
     pub fn open(ctx: Ctx, name: RString) -> Result<Self, LockError> {
-        let key = OpenKey::<Read>::open(ctx, name);
+        Self::of(OpenKey::<Read>::open(ctx, name))
+    }
+
+    /// A key opened for reading already (None: it does not exist), read as
+    /// a lock: one open for a command that first looks at what the key is.
+    pub fn of(key: Option<OpenKey<Read>>) -> Result<Self, LockError> {
         let value = match &key {
             Some(k) => datatype::value_of(k.key())?,
             None => None,
@@ -285,19 +290,23 @@ impl LockStore for LockKey {
     }
 
     fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
-        if holders(self).all(|l| l.token != token) {
+        let Some(value) = &self.value else {
             return;
-        }
+        };
+        // The exclusive holder's fence and grant time stay.
+        let kept = match value.exclusive() {
+            Some(lock) if lock.token == token => Some((lock.fence, lock.granted_ms)),
+            Some(_) => return,
+            None if holders(self).all(|l| l.token != token) => return,
+            None => None,
+        };
         fault_point(self.name);
         self.before_write();
         let Some(value) = &mut self.value else {
             return;
         };
-        match value.exclusive() {
-            Some(lock) => {
-                let (fence, granted_ms) = (lock.fence, lock.granted_ms);
-                value.set(fence, deadline_ms, granted_ms, lease);
-            }
+        match kept {
+            Some((fence, granted_ms)) => value.set(fence, deadline_ms, granted_ms, lease),
             None => value.renew_shared(token, deadline_ms, lease),
         }
         self.signal_modified();
@@ -324,8 +333,8 @@ impl LockStore for LockKey {
         let Some(value) = &mut self.value else {
             return;
         };
-        if value.exclusive().is_some() {
-            if value.exclusive().is_some_and(|l| l.token == token) {
+        if let Some(lock) = value.exclusive() {
+            if lock.token == token {
                 self.delete();
             }
             return;

@@ -116,6 +116,11 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
         Site::Keys { keys, .. } => keys.iter().enumerate().map(|(i, k)| (k, i)).collect(),
         _ => HashMap::new(),
     };
+    // A key changed again before another key was is replicated once: what
+    // is replicated is the key's whole state as it stands after the
+    // decision (a shared grant that first reclaims an ended holder changes
+    // its key twice), and Redis sends it after the callback either way.
+    let mut last_changed: Option<Key> = None;
     for output in decided.outputs.drain(..) {
         match output {
             Output::Wake(wake) => {
@@ -130,12 +135,17 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                 };
                 blocked::answer(wake.client, wake.outcome, granted);
             }
+            Output::Changed(key) if last_changed.as_ref() == Some(&key) => {}
             Output::Changed(key) => match &site {
-                Site::Command { store, .. } => store.replicate(now()),
+                Site::Command { store, .. } => {
+                    store.replicate(now());
+                    last_changed = Some(key);
+                }
                 Site::Keys { stores, .. } => {
                     if let Some(&i) = index.get(&key) {
                         stores[i].replicate(now());
                     }
+                    last_changed = Some(key);
                 }
                 Site::Background => {
                     node::in_db(ctx, &key, |name| {
@@ -143,6 +153,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                             keyspace::replicate(ctx, name, &read, now());
                         }
                     });
+                    last_changed = Some(key);
                 }
             },
             Output::Event(key, event) => {
