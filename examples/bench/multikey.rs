@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 
 use crate::common::Server;
-use crate::stats::{ms, Summary};
+use crate::stats::{fairness, Summary};
 use crate::{paired_server, target, Options};
 
 const KEYS: [&str; 3] = ["{mk}1", "{mk}2", "{mk}3"];
@@ -275,20 +275,13 @@ pub fn section(doc: &mut String, o: &Options) {
         let rate = r.grants as f64 / r.seconds;
         rates.push(rate);
         let waits = Summary::of(&mut r.waits);
-        let min = r.per_client.iter().copied().min().unwrap_or(0);
-        let max = r.per_client.iter().copied().max().unwrap_or(0);
-        let fairness = match min {
-            0 => "∞ (a client starved)".to_string(),
-            m => format!("{:.2}", max as f64 / m as f64),
-        };
+        let (min, fairness) = fairness(&r.per_client);
         writeln!(
             doc,
-            "| {} | {rate:.0} | {:.2} | {} | {} | {} | {fairness} | {} | {} | {} of {} |",
+            "| {} | {rate:.0} | {:.2} | {} | {fairness} | {} | {} | {} of {} |",
             row.label(),
             r.commands as f64 / r.grants.max(1) as f64,
-            ms(waits.p50),
-            ms(waits.p99),
-            ms(waits.max),
+            waits.cells(),
             r.timeouts,
             r.overlaps,
             r.partial,

@@ -1,4 +1,5 @@
-//! Percentiles and medians.
+//! Percentiles and medians, and the cells the contended-lock tables
+//! (sections 7 and 8) share.
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Summary {
@@ -15,6 +16,23 @@ impl Summary {
             max: values.iter().copied().max().unwrap_or(0),
         }
     }
+
+    /// "p50 | p99 | max", in milliseconds: three table cells.
+    pub fn cells(&self) -> String {
+        format!("{} | {} | {}", ms(self.p50), ms(self.p99), ms(self.max))
+    }
+}
+
+/// The fewest grants of any client, and the fairness cell: the most grants
+/// of any client divided by the fewest.
+pub fn fairness(per_client: &[u64]) -> (u64, String) {
+    let min = per_client.iter().copied().min().unwrap_or(0);
+    let max = per_client.iter().copied().max().unwrap_or(0);
+    let cell = match min {
+        0 => "∞ (a client starved)".to_string(),
+        m => format!("{:.2}", max as f64 / m as f64),
+    };
+    (min, cell)
 }
 
 /// Nearest-rank percentile (sorts `values`).
