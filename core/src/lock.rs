@@ -261,7 +261,7 @@ pub enum Fit {
 
 /// Whether `token` asking for the key in `mode` fits it at `now_ms`, or
 /// why not: a limit other than the key's, or an upgrade, is an error.
-#[inline]
+#[inline(always)] // on every ACQUIRE: the exclusive case is a few compares
 pub fn fit(
     store: &impl LockRead,
     token: &[u8],
@@ -284,6 +284,19 @@ pub fn fit(
         }
         return Ok(Fit::Busy(held.next_change(delay, now_ms)));
     }
+    fit_holders(store, token, mode, rules, now_ms)
+}
+
+/// [`fit`] for a key that is not exclusive: free, or shared.
+#[inline(never)] // kept out of the exclusive path that inlines `fit`
+fn fit_holders(
+    store: &impl LockRead,
+    token: &[u8],
+    mode: Mode,
+    rules: Rules,
+    now_ms: i64,
+) -> Result<Fit, LockError> {
+    let delay = rules.lock_delay_ms;
     // Holders that keep the key: live, or ended unreleased within their
     // lock-delay.
     let occupying = || holders(store).filter(move |l| now_ms < l.grants_held_until(delay));

@@ -119,7 +119,9 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
     // A key changed again before another key was is replicated once: what
     // is replicated is the key's whole state as it stands after the
     // decision (a shared grant that first reclaims an ended holder changes
-    // its key twice), and Redis sends it after the callback either way.
+    // its key twice), and Redis sends it after the callback either way. A
+    // command's one key needs only a flag.
+    let mut command_replicated = false;
     let mut last_changed: Option<Key> = None;
     for output in decided.outputs.drain(..) {
         match output {
@@ -135,12 +137,13 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                 };
                 blocked::answer(wake.client, wake.outcome, granted);
             }
-            Output::Changed(key) if last_changed.as_ref() == Some(&key) => {}
             Output::Changed(key) => match &site {
                 Site::Command { store, .. } => {
-                    store.replicate(now());
-                    last_changed = Some(key);
+                    if !std::mem::replace(&mut command_replicated, true) {
+                        store.replicate(now());
+                    }
                 }
+                _ if last_changed.as_ref() == Some(&key) => {}
                 Site::Keys { stores, .. } => {
                     if let Some(&i) = index.get(&key) {
                         stores[i].replicate(now());
