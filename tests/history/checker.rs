@@ -542,11 +542,14 @@ fn clock_step_then_data_loss(h: &History, earlier: &Grant, later: &Grant) -> Opt
         .faults
         .iter()
         .any(|f| f.class == ClockStep && f.start <= earlier.start);
+    // Lost before `later` was issued, that is before its reply: a renewal
+    // by the same token that found its lease gone is asked long after the
+    // token's last op (its `issued_after`).
     let lost = h.excuse(
         &[RestartWiped, FailoverLossy, FailoverLossyDelayed],
         &later.key,
         earlier.start,
-        later.issued_after.max(earlier.start),
+        later.start.max(earlier.start),
     );
     (stepped && lost.is_some()).then_some(ClockStep)
 }
@@ -985,6 +988,21 @@ fn checker_excuses_fences_going_back_only_after_a_clock_step_and_data_loss() {
     h.faults.retain(|f| f.class != ClockStep);
     h.faults.push(fault(ClockStep, (250, 260)));
     assert_eq!(unexcused(&check(&h)), [Check::FenceOrder]);
+    // The same token's renewal that finds its lease gone after the data
+    // was lost gets a new, lower fence: the loss came after the token's
+    // last op but before that renewal was answered.
+    let mut again = History {
+        ops: vec![
+            op(0, "a", "k", acq(100), (0, 1), Outcome::Int(500)),
+            op(0, "a", "k", Kind::Fence, (2, 3), Outcome::Int(500)),
+            op(0, "a", "k", acq(100), (300, 301), Outcome::Int(400)),
+        ],
+        faults: vec![fault(ClockStep, (0, 0))],
+        ..Default::default()
+    };
+    assert_eq!(unexcused(&check(&again)), [Check::FenceOrder]);
+    again.faults.push(fault(RestartWiped, (100, 200)));
+    assert!(unexcused(&check(&again)).is_empty());
     // Two holders at once are never a clock step's doing.
     let two = History {
         ops: vec![
