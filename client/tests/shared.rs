@@ -109,22 +109,19 @@ async fn a_semaphore_on_one_node_and_shared_locks_on_a_redlock_group() {
 #[test]
 fn the_command_takes_shared_locks_and_permits() {
     let s = Server::start();
-    let run = |extra: &[&str]| {
-        Command::new(BIN)
-            .args([
-                "acquire",
-                "--url",
-                &s.url(),
-                "--key",
-                "jobs",
-                "--ttl",
-                "30s",
-            ])
-            .args(extra)
+    // `redis-lock acquire` of `keys` (each a --key) with `extra`.
+    let acquire = |keys: &[&str], extra: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["acquire", "--url", &s.url(), "--ttl", "30s"]);
+        for key in keys {
+            cmd.args(["--key", key]);
+        }
+        cmd.args(extra)
             .env_remove("REDIS_LOCK_URL")
             .output()
             .expect("run redis-lock")
     };
+    let run = |extra: &[&str]| acquire(&["jobs"], extra);
     for _ in 0..2 {
         let out = run(&["--shared", "--limit", "2"]);
         assert!(out.status.success(), "{out:?}");
@@ -138,24 +135,7 @@ fn the_command_takes_shared_locks_and_permits() {
     let info = common::lock_info_reply(&mut s.conn(), "jobs");
     assert!(format!("{info:?}").contains("shared"), "{info:?}");
     // Several --key with --shared: one reader's hold of every key.
-    let several = |extra: &[&str]| {
-        Command::new(BIN)
-            .args([
-                "acquire",
-                "--url",
-                &s.url(),
-                "--key",
-                "in",
-                "--key",
-                "out",
-                "--ttl",
-                "30s",
-            ])
-            .args(extra)
-            .env_remove("REDIS_LOCK_URL")
-            .output()
-            .expect("run redis-lock")
-    };
+    let several = |extra: &[&str]| acquire(&["in", "out"], extra);
     for _ in 0..2 {
         let out = several(&["--shared"]);
         assert!(out.status.success(), "{out:?}");

@@ -498,7 +498,10 @@ pub fn release(store: &mut impl Ledger, token: &[u8], now_ms: i64) -> bool {
 /// (expirations): kept until then, it holds the key back across restarts
 /// too. True if it removed any.
 pub fn reclaim(store: &mut impl Ledger, lock_delay_ms: i64, now_ms: i64) -> bool {
-    if store.mode() == Some(Mode::Exclusive) {
+    let Some(mode) = store.mode() else {
+        return false; // no lock (one just released, say)
+    };
+    if mode == Mode::Exclusive {
         // The common case in one look at the one holder.
         let ended = store
             .holder_at(0)

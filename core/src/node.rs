@@ -728,11 +728,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 .push_back(Output::Event(key.clone(), Event::Release));
         }
         // Ended leases still stored (another holder's, on a shared key)
-        // are reclaimed when touched; an exclusive key just released is
-        // gone.
+        // are reclaimed when touched.
         let delay = self.limits.lock_delay_ms;
-        let reclaimed = (!released || store.mode().is_some())
-            && lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
+        let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
         if released || reclaimed {
             self.settle_in_command(key, store, cond, admission, now);
         }
