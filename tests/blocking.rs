@@ -431,27 +431,6 @@ fn waiters_are_released_with_an_error_when_the_master_becomes_a_replica() {
     assert_eq!(s.info_field("waiters"), 0);
 }
 
-/// used_memory once it stops falling: Redis frees the temporary clients of
-/// finished blocked clients gradually (modulesCron).
-fn settled_memory(c: &mut Connection) -> i64 {
-    let mut last = used_memory(c);
-    loop {
-        sleep(Duration::from_millis(300));
-        let now = used_memory(c);
-        if now >= last {
-            return now;
-        }
-        last = now;
-    }
-}
-
-fn wait_all_disconnected(c: &mut Connection) {
-    wait_until(Duration::from_secs(20), || {
-        let info: String = redis::cmd("INFO").arg("clients").query(c).unwrap();
-        info.contains("connected_clients:1\r")
-    });
-}
-
 /// Runs `round` twice on one server: memory after the second round must not
 /// exceed memory after the first, so nothing is left behind per waiter.
 fn assert_no_memory_left_per_round(s: &Server, mut round: impl FnMut(&Server, &mut Connection)) {
@@ -459,9 +438,8 @@ fn assert_no_memory_left_per_round(s: &Server, mut round: impl FnMut(&Server, &m
     let mut after = vec![];
     for _ in 0..2 {
         round(s, &mut c);
-        wait_all_disconnected(&mut c);
         assert_eq!(s.info_field("waiters"), 0);
-        after.push(settled_memory(&mut c));
+        after.push(settled_memory(s, &mut c));
     }
     assert!(
         after[1] - after[0] < 64 * 1024,

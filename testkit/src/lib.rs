@@ -1551,6 +1551,58 @@ pub fn used_memory(c: &mut Connection) -> i64 {
         .unwrap()
 }
 
+/// One numeric field of `INFO memory`.
+pub fn info_memory_field(c: &mut Connection, name: &str) -> i64 {
+    let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in INFO memory"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `connected_clients` of `INFO clients`.
+pub fn connected_clients(c: &mut Connection) -> i64 {
+    let text: String = redis::cmd("INFO").arg("clients").query(c).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `used_memory` with nothing left of the workload: no waiter, no key, no
+/// pending lazy free, `c` the only client, and the server's pool of
+/// temporary module clients drained. (Every blocked client takes two of
+/// them, about 16 KiB each; they go back to a pool that the server's cron
+/// frees 50 at a time every 100 ms, down to 8.)
+pub fn settled_memory(s: &Server, c: &mut Connection) -> i64 {
+    wait_until(Duration::from_secs(60), || s.info_field("waiters") == 0);
+    let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(c).unwrap();
+    wait_until(Duration::from_secs(60), || {
+        s.info_field("locks") == 0
+            && info_memory_field(c, "lazyfree_pending_objects") == 0
+            && connected_clients(c) == 1
+    });
+    // info_field opened connections of its own: let them go too.
+    wait_until(Duration::from_secs(10), || connected_clients(c) == 1);
+    let start = Instant::now();
+    let (mut last, mut same) = (used_memory(c), 0);
+    while same < 4 {
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "used_memory does not settle"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+        let now = used_memory(c);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+    }
+    last
+}
+
 // Helpers the regression tests share.
 
 /// Asserts the server still answers (a crash shows its log).
