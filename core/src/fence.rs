@@ -100,12 +100,11 @@ impl FenceSource for FenceCounter {
     }
 
     fn next_fence(&mut self, now_us: i64) -> Result<i64, LockError> {
-        let next = self
-            .hwm
-            .max(0)
-            .checked_add(1)
-            .ok_or(LockError::FencesExhausted)?
-            .max(now_us);
+        // (Not `ok_or`, which builds and drops the error on every grant.)
+        let Some(after) = self.hwm.max(0).checked_add(1) else {
+            return Err(LockError::FencesExhausted);
+        };
+        let next = after.max(now_us);
         self.hwm = next;
         Ok(next)
     }

@@ -229,11 +229,20 @@ pub enum Acquired {
     Contended,
 }
 
+/// The error of a holder the caller checked and the store does not have
+/// (a function, so the hot path does not build it).
+fn internal() -> LockError {
+    LockError::Internal
+}
+
 /// The absolute deadline of a lease of `ttl_ms` starting now.
 pub fn deadline(now_ms: i64, ttl_ms: i64) -> Result<i64, LockError> {
-    now_ms
-        .checked_add(ttl_ms)
-        .ok_or(LockError::TtlOverflowsClock)
+    // A match, not `ok_or`: that builds (and drops) the error on every
+    // call, and this runs on every ACQUIRE and EXTEND.
+    match now_ms.checked_add(ttl_ms) {
+        Some(deadline_ms) => Ok(deadline_ms),
+        None => Err(LockError::TtlOverflowsClock),
+    }
 }
 
 /// The node's rules for a grant that the state machine applies.
@@ -270,24 +279,27 @@ pub fn fit(
     now_ms: i64,
 ) -> Result<Fit, LockError> {
     let delay = rules.lock_delay_ms;
-    if store.mode() == Some(Mode::Exclusive) {
-        // The common case in one look at the one holder (the rules below
-        // decide it alike).
-        let Some(held) = store
-            .holder_at(0)
-            .filter(|l| now_ms < l.grants_held_until(delay))
-        else {
-            return Ok(Fit::Fits);
-        };
-        if held.token == token && held.is_live(now_ms) {
-            return Ok(Fit::Renews);
+    match store.mode() {
+        // The common cases, in a look or two: no lock, or the one holder
+        // of an exclusive key.
+        None => Ok(Fit::Fits),
+        Some(Mode::Exclusive) => {
+            let Some(held) = store
+                .holder_at(0)
+                .filter(|l| now_ms < l.grants_held_until(delay))
+            else {
+                return Ok(Fit::Fits);
+            };
+            if held.token == token && held.is_live(now_ms) {
+                return Ok(Fit::Renews);
+            }
+            Ok(Fit::Busy(held.next_change(delay, now_ms)))
         }
-        return Ok(Fit::Busy(held.next_change(delay, now_ms)));
+        Some(Mode::Shared { .. }) => fit_holders(store, token, mode, rules, now_ms),
     }
-    fit_holders(store, token, mode, rules, now_ms)
 }
 
-/// [`fit`] for a key that is not exclusive: free, or shared.
+/// [`fit`] for a shared key.
 #[inline(never)] // kept out of the exclusive path that inlines `fit`
 fn fit_holders(
     store: &impl LockRead,
@@ -380,7 +392,7 @@ pub(crate) fn acquire_fitted(
     match fits {
         Fit::Busy(_) => Ok(Acquired::Contended),
         Fit::Renews => {
-            let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
+            let held = holder_of(store, token, now_ms).ok_or_else(internal)?;
             let raised = match min_fence > held.fence {
                 true => Some(raised_fence(fences, min_fence, now.wall_us)?),
                 false => None,
@@ -414,7 +426,7 @@ pub(crate) fn renew_holder(
     deadline_ms: i64,
     now_ms: i64,
 ) -> Result<i64, LockError> {
-    let held = holder_of(store, token, now_ms).ok_or(LockError::Internal)?;
+    let held = holder_of(store, token, now_ms).ok_or_else(internal)?;
     let (fence, granted_ms) = (held.fence, held.granted_ms);
     if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
         store.set_mode(mode);
@@ -453,8 +465,8 @@ pub(crate) fn grant(
         deadline_ms,
         granted_ms: Some(now_ms),
     };
-    let occupied = holders(store).any(|l| now_ms < l.grants_held_until(rules.lock_delay_ms));
-    if mode.is_shared() && occupied {
+    let occupied = || holders(store).any(|l| now_ms < l.grants_held_until(rules.lock_delay_ms));
+    if mode.is_shared() && store.mode().is_some() && occupied() {
         reclaim(store, rules.lock_delay_ms, now_ms);
         store.add(holder);
     } else {

@@ -412,9 +412,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             Err(LockError::EvictionUnsafe) => (Some(Stat::RefusedEvictable), None),
             Ok(Acquire::Wait(_)) | Err(_) => (None, None),
         };
-        self.outputs.extend(stat.map(Output::Count));
-        self.outputs
-            .extend(event.map(|e| Output::Event(key.clone(), e)));
+        // (push_back, not extend: this runs on every ACQUIRE.)
+        if let Some(stat) = stat {
+            self.outputs.push_back(Output::Count(stat));
+        }
+        if let Some(event) = event {
+            self.outputs.push_back(Output::Event(key.clone(), event));
+        }
         decided
     }
 
@@ -761,12 +765,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             self.outputs
                 .push_back(Output::Event(key.clone(), Event::Extend));
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
+            // An exclusive key just extended has no ended lease to reclaim.
+            if store.mode() == Some(Mode::Exclusive) {
+                return Ok(true);
+            }
         }
         // Ended leases still stored (another holder's, on a shared key)
-        // are reclaimed when touched; an exclusive key just extended has
-        // none.
-        let has_others = !extended || store.mode() != Some(Mode::Exclusive);
-        if has_others && lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
+        // are reclaimed when touched.
+        if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
             self.settle_in_command(key, store, cond, admission, now);
         }
         Ok(extended)

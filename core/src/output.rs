@@ -138,12 +138,21 @@ impl<S: LockStore, K: Clone, C> Recorder<'_, S, K, C> {
 
     /// A lease that ran out: counted with its holder's time, and reported.
     fn expired(&mut self, deadline_ms: i64, granted_ms: Option<i64>) {
-        let held_ms = granted_ms.map(|g| deadline_ms - g);
-        self.out
-            .push_back(Output::Count(Stat::Expiration { held_ms }));
-        self.out
-            .push_back(Output::Event(self.key.clone(), Event::Expire));
+        expired(self.out, self.key, deadline_ms, granted_ms);
     }
+}
+
+/// What [`Recorder::expired`] queues (a function of the fields, so the
+/// store can be read meanwhile).
+fn expired<K: Clone, C>(
+    out: &mut VecDeque<Output<K, C>>,
+    key: &K,
+    deadline_ms: i64,
+    granted_ms: Option<i64>,
+) {
+    let held_ms = granted_ms.map(|g| deadline_ms - g);
+    out.push_back(Output::Count(Stat::Expiration { held_ms }));
+    out.push_back(Output::Event(key.clone(), Event::Expire));
 }
 
 impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
@@ -157,12 +166,9 @@ impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
 
 impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
     fn put(&mut self, mode: Mode, h: NewHolder<'_>) {
-        let ended: Vec<(i64, Option<i64>)> = holders(&*self.store)
-            .filter(|l| !l.is_live(self.now_ms))
-            .map(|l| (l.deadline_ms, l.granted_ms))
-            .collect();
-        for (deadline_ms, granted_ms) in ended {
-            self.expired(deadline_ms, granted_ms);
+        let now_ms = self.now_ms;
+        for l in holders(&*self.store).filter(|l| !l.is_live(now_ms)) {
+            expired(self.out, self.key, l.deadline_ms, l.granted_ms);
         }
         let lease = self.next_lease();
         self.store.put(mode, stamped(h, lease));
