@@ -148,6 +148,36 @@ fn hand_off_on_del_unlink_flushdb_and_flushall() {
     }
 }
 
+/// A user's expiry on a lock key is an administrative delete when it comes
+/// due: the first waiter is handed the lock then, whether Redis's expire
+/// cycle deletes the key or a command that opens it does (the unlink the
+/// module reacts to, as against the deletes the node makes itself).
+#[test]
+fn hand_off_when_a_users_expiry_on_the_key_comes_due() {
+    let s = Server::start();
+    let mut c = s.conn();
+    for active in [true, false] {
+        active_expire(&mut c, active);
+        let f0 = acquire(&mut c, "k", "old", 60_000).unwrap();
+        let token = format!("next-{active}");
+        let mut w = wait_for_lock(&s, "k", &token, 60_000, 0);
+        let _: i64 = redis::cmd("PEXPIRE")
+            .arg("k")
+            .arg(200)
+            .query(&mut c)
+            .unwrap();
+        if !active {
+            sleep(Duration::from_millis(400));
+            // Opening the key deletes it; the waiter is first all the same.
+            assert_eq!(acquire(&mut c, "k", "third", 1000), None);
+        }
+        let f = granted(w.read());
+        assert!(f > f0, "active expiry {active}");
+        assert_eq!(holder(&mut c, "k"), Some(token.clone()));
+        release(&mut c, "k", &token);
+    }
+}
+
 #[test]
 fn a_waiter_learns_when_its_lock_key_is_overwritten_by_another_type() {
     let s = Server::start();

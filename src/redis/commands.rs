@@ -326,10 +326,16 @@ fn open_for_write(ctx: Ctx, argv: &Argv) -> Result<LockKey, LockError> {
 
 /// Carries out what a command on `argv`'s key decided, with the key still
 /// open as `store` (a key of another type: nothing to replicate).
-fn carry_out(ctx: Ctx, argv: &Argv, store: &Result<LockKey, LockError>, decided: Decided) {
+fn carry_out(
+    ctx: Ctx,
+    argv: &Argv,
+    store: &Result<LockKey, LockError>,
+    decided: Decided,
+    now: Now,
+) {
     let name = argv.key();
     match store {
-        Ok(store) => outputs::carry_out(ctx, decided, Site::Command { name, store }),
+        Ok(store) => outputs::carry_out(ctx, decided, Site::Command { name, store, now }),
         Err(_) => outputs::carry_out(ctx, decided, Site::Background),
     }
 }
@@ -355,7 +361,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.acquire(&key, store, request, cond, &mut acl, now)
     });
-    carry_out(ctx, argv, &store, out);
+    carry_out(ctx, argv, &store, out, now);
     Ok(match decided? {
         Acquire::Granted(fence) | Acquire::Renewed(fence) => Reply::Integer(fence),
         Acquire::Contended => Reply::Null,
@@ -437,6 +443,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 keys: &keys,
                 names,
                 stores,
+                now,
             },
         ),
         Err(_) => outputs::carry_out(ctx, out, Site::Background),
@@ -475,7 +482,7 @@ fn release_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             let mut acl = WaiterAcl { ctx, name };
             n.release(&key, Ok(store), token, cond, &mut acl, now)
         });
-        outputs::carry_out(ctx, out, Site::Command { name, store });
+        outputs::carry_out(ctx, out, Site::Command { name, store, now });
         released += i64::from(done?);
     }
     Ok(Reply::Integer(released))
@@ -504,7 +511,7 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         n.release(&key, store, token, cond, &mut acl, now)
     });
     // The next waiter got the lock in this same command.
-    carry_out(ctx, argv, &store, out);
+    carry_out(ctx, argv, &store, out, now);
     Ok(Reply::Integer(released?.into()))
 }
 
@@ -522,7 +529,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let store = store.as_mut().map_err(|e| e.clone());
         n.extend(&key, store, a.token, a.ttl_ms, cond, &mut acl, now)
     });
-    carry_out(ctx, argv, &store, out);
+    carry_out(ctx, argv, &store, out, now);
     Ok(Reply::Integer(extended?.into()))
 }
 

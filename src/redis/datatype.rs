@@ -253,6 +253,27 @@ impl LockBlock {
         }
     }
 
+    /// The holder's token alone (an EXTEND compares only that).
+    ///
+    /// # Safety
+    /// As [`LockBlock::view`].
+    unsafe fn token<'a>(block: *const LockBlock) -> &'a [u8] {
+        // SAFETY: as `view` (the caller's contract).
+        unsafe {
+            let token = block.cast::<u8>().add(TOKEN_OFFSET);
+            std::slice::from_raw_parts(token, ((*block).len & !FROM_OUTSIDE) as usize)
+        }
+    }
+
+    /// A new deadline and lease id; the fence and grant time stay.
+    ///
+    /// # Safety
+    /// As [`LockBlock::set`].
+    unsafe fn renew(block: *mut LockBlock, deadline_ms: i64, lease: u64) {
+        // SAFETY: a live block, not borrowed (the caller's contract).
+        unsafe { (*block).deadline_and_lease = pack(deadline_ms, lease) }
+    }
+
     /// # Safety
     /// `block` comes from [`LockBlock::new`] and is not freed.
     unsafe fn is_from_outside(block: *const LockBlock) -> bool {
@@ -453,15 +474,38 @@ impl LockValue {
         }
     }
 
-    /// The holder of `token` (in a shared lock) gets a new deadline and
-    /// lease id.
-    pub fn renew_shared(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
-        let holder = self
-            .shared_mut()
-            .and_then(|b| b.holders.iter_mut().find(|h| *h.token == *token));
-        if let Some(h) = holder {
-            h.deadline_ms = deadline_ms;
-            h.lease = lease;
+    /// Whether `token` is a holder of this lock (its one holder, when
+    /// exclusive), whatever its lease.
+    pub fn has_holder(&self, token: &[u8]) -> bool {
+        match self {
+            // SAFETY: the block is live while this value is (see the
+            // type's doc), and not written meanwhile (`&self`).
+            LockValue::Exclusive(block) => unsafe { LockBlock::token(block.as_ptr()) == token },
+            LockValue::Shared(_) => self
+                .shared()
+                .is_some_and(|b| b.holders.iter().any(|h| *h.token == *token)),
+        }
+    }
+
+    /// The holder of `token` gets a new deadline and lease id; its fence
+    /// and grant time stay. An exclusive lock's one holder is renewed
+    /// without another look at its token: the caller found it holding.
+    pub fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
+        match self {
+            // SAFETY: the block is live (see the type's doc), and `&mut
+            // self` means no view of it is in use.
+            LockValue::Exclusive(block) => unsafe {
+                LockBlock::renew(block.as_ptr(), deadline_ms, lease)
+            },
+            LockValue::Shared(_) => {
+                let holder = self
+                    .shared_mut()
+                    .and_then(|b| b.holders.iter_mut().find(|h| *h.token == *token));
+                if let Some(h) = holder {
+                    h.deadline_ms = deadline_ms;
+                    h.lease = lease;
+                }
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use super::ffi::{
     self, config_get, context_flags, guard, log_warning, Ctx, EventData, EventFn, KeyOpt,
 };
 use super::node::SERVER;
-use super::{blocked, engine, handoff, propagation, sweep, timer};
+use super::{blocked, engine, handoff, keyspace, propagation, sweep, timer};
 
 /// Reads the replication role and the memory policy into `node::SERVER`,
 /// warning when the policy starts to allow evicting locks.
@@ -162,11 +162,13 @@ pub extern "C" fn on_replica_change(
 
 /// Type callback: a lock key left the keyspace (DEL, UNLINK, overwrite,
 /// a user's EXPIRE coming due, eviction, MOVE, RENAME). Its waiters are
-/// looked at again from the timer; it may run inside the engine (a grant
-/// that replaces a value frees the old one), so it only queues.
+/// looked at again from the timer; it may run inside the engine (a key
+/// opened there whose EXPIRE came due), so it only queues. A value the node
+/// itself replaces or deletes needs nothing: the node looks at the key's
+/// line after its own writes.
 pub extern "C" fn on_unlink(opt: KeyOpt, _value: *const c_void) {
     guard("unlink", (), || {
-        if !engine::may_have_waiters() {
+        if keyspace::node_is_writing() || !engine::may_have_waiters() {
             return;
         }
         let (db, name) = ffi::unlinked_key(opt);

@@ -14,7 +14,7 @@
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 use redis_module::raw;
@@ -40,6 +40,33 @@ pub fn is_legacy_expiry(expiry_ms: i64, lock: &Lock<'_>, now: Now) -> bool {
         && (expiry_ms - time::wall_deadline(lock.deadline_ms, now)).abs() <= LEGACY_SLACK_MS
 }
 
+/// Set while this node replaces or deletes a lock through a [`LockKey`]:
+/// Redis calls the type's unlink callback inside that write, and the node
+/// looks at the key's waiters itself after every write it decides (the
+/// model test runs the node with no unlink callback at all), so the
+/// callback has nothing to queue. Redis's main thread only.
+static NODE_WRITING: AtomicBool = AtomicBool::new(false);
+
+/// Whether the lock being unlinked is one this node is replacing or
+/// deleting now (see [`NODE_WRITING`]), not one a user's command removed.
+pub fn node_is_writing() -> bool {
+    NODE_WRITING.load(Relaxed)
+}
+
+/// Runs `write` (a replace or delete the node decided) flagged as such;
+/// the flag drops with it, a panic included.
+fn as_node_write<R>(write: impl FnOnce() -> R) -> R {
+    struct Done;
+    impl Drop for Done {
+        fn drop(&mut self) {
+            NODE_WRITING.store(false, Relaxed);
+        }
+    }
+    NODE_WRITING.store(true, Relaxed);
+    let _done = Done;
+    write()
+}
+
 /// Fault injection, for tests only: with `REDIS_LOCK_PANIC_ON_WRITE=n:key`
 /// in the server's environment, the `n`-th write (put, renew or delete) of
 /// the lock at `key` panics, once: a decision cut short in a running
@@ -52,20 +79,35 @@ struct PanicOnWrite {
 
 static PANIC_ON_WRITE: OnceLock<Option<PanicOnWrite>> = OnceLock::new();
 
+#[inline] // on every write: one load when no fault is set
 fn fault_point(name: RString) {
-    let fault = PANIC_ON_WRITE.get_or_init(|| {
+    let fault = match PANIC_ON_WRITE.get() {
+        Some(fault) => fault,
+        None => read_fault(),
+    };
+    if let Some(fault) = fault {
+        fault.hit(name);
+    }
+}
+
+#[cold]
+fn read_fault() -> &'static Option<PanicOnWrite> {
+    PANIC_ON_WRITE.get_or_init(|| {
         let spec = std::env::var("REDIS_LOCK_PANIC_ON_WRITE").ok()?;
         let (n, key) = spec.split_once(':')?;
         Some(PanicOnWrite {
             left: AtomicU64::new(n.parse().ok()?),
             key: key.as_bytes().into(),
         })
-    });
-    let Some(fault) = fault else {
-        return;
-    };
-    if ffi::string_copy(name) == fault.key && fault.left.fetch_sub(1, Relaxed) == 1 {
-        panic!("REDIS_LOCK_PANIC_ON_WRITE: injected at a write of the lock");
+    })
+}
+
+impl PanicOnWrite {
+    #[cold]
+    fn hit(&self, name: RString) {
+        if ffi::string_copy(name) == self.key && self.left.fetch_sub(1, Relaxed) == 1 {
+            panic!("REDIS_LOCK_PANIC_ON_WRITE: injected at a write of the lock");
+        }
     }
 }
 
@@ -122,7 +164,10 @@ impl LockKey {
     /// and is left untouched.
     pub fn open(ctx: Ctx, name: RString) -> Result<Self, LockError> {
         // A write open gets a handle for a missing key too.
-        let key = OpenKey::<Write>::open(ctx, name).ok_or(LockError::Internal)?;
+        // (Not `ok_or`, which builds and drops the error on every open.)
+        let Some(key) = OpenKey::<Write>::open(ctx, name) else {
+            return Err(LockError::Internal);
+        };
         let value = datatype::value_of(key.key())?;
         Ok(LockKey {
             ctx,
@@ -182,6 +227,22 @@ impl LockKey {
         ffi::signal_modified_key(self.ctx, self.name);
     }
 
+    /// A write that replaces or deletes the key's value: the node's own
+    /// (see [`NODE_WRITING`]), unless it stores a lock from outside, which
+    /// no decision of this node's follows.
+    /// (A function of the fields, so a view of the old value may be read
+    /// by `write` before the value goes.)
+    fn replace_value<R>(
+        key: &OpenKey<Write>,
+        from_outside: bool,
+        write: impl FnOnce(&OpenKey<Write>) -> R,
+    ) -> R {
+        match from_outside {
+            true => write(key),
+            false => as_node_write(|| write(key)),
+        }
+    }
+
     /// Replicates the key as it is now (`Output::Changed`).
     pub fn replicate(&self, now: Now) {
         replicate(self.ctx, self.name, self, now);
@@ -235,7 +296,7 @@ impl LockKey {
             return;
         }
         fault_point(self.name);
-        self.key.delete();
+        Self::replace_value(&self.key, self.from_outside, OpenKey::delete);
         self.value = None;
         self.signal_modified();
     }
@@ -273,10 +334,17 @@ impl LockStore for LockKey {
             // Redis frees the block this replaces (if any): its handle
             // goes with it.
             _ if mode.is_shared() => {
-                let value = datatype::store_shared(&self.key, mode, std::iter::once(lock));
+                let value = Self::replace_value(&self.key, self.from_outside, |key| {
+                    datatype::store_shared(key, mode, std::iter::once(lock))
+                });
                 self.value = Some(value);
             }
-            _ => self.value = Some(datatype::store(&self.key, lock, from_outside)),
+            _ => {
+                let value = Self::replace_value(&self.key, from_outside, |key| {
+                    datatype::store(key, lock, from_outside)
+                });
+                self.value = Some(value);
+            }
         }
         self.signal_modified();
     }
@@ -289,25 +357,20 @@ impl LockStore for LockKey {
         }
     }
 
+    #[inline] // on every EXTEND, into the node's ledger
     fn renew(&mut self, token: &[u8], deadline_ms: i64, lease: u64) {
         let Some(value) = &self.value else {
             return;
         };
-        // The exclusive holder's fence and grant time stay.
-        let kept = match value.exclusive() {
-            Some(lock) if lock.token == token => Some((lock.fence, lock.granted_ms)),
-            Some(_) => return,
-            None if holders(self).all(|l| l.token != token) => return,
-            None => None,
-        };
+        // The node renews only a holder it found (`core::output::Recorder`
+        // looks first): an exclusive lock's one holder is not compared
+        // again (this runs on every EXTEND); a shared one is found by its
+        // token.
+        debug_assert!(value.has_holder(token));
         fault_point(self.name);
         self.before_write();
-        let Some(value) = &mut self.value else {
-            return;
-        };
-        match kept {
-            Some((fence, granted_ms)) => value.set(fence, deadline_ms, granted_ms, lease),
-            None => value.renew_shared(token, deadline_ms, lease),
+        if let Some(value) = &mut self.value {
+            value.renew(token, deadline_ms, lease);
         }
         self.signal_modified();
     }
@@ -320,7 +383,9 @@ impl LockStore for LockKey {
         match value.exclusive() {
             // A downgrade: the holder moves to a shared block.
             Some(lock) if mode.is_shared() => {
-                let value = datatype::store_shared(&self.key, mode, std::iter::once(lock));
+                let value = Self::replace_value(&self.key, self.from_outside, |key| {
+                    datatype::store_shared(key, mode, std::iter::once(lock))
+                });
                 self.value = Some(value);
             }
             Some(_) => return,
@@ -330,17 +395,14 @@ impl LockStore for LockKey {
     }
 
     fn remove(&mut self, token: &[u8]) {
-        let Some(value) = &mut self.value else {
+        let Some(value) = &self.value else {
             return;
         };
-        if let Some(lock) = value.exclusive() {
-            if lock.token == token {
-                self.delete();
-            }
+        if !value.has_holder(token) {
             return;
         }
-        if holders(&*self).all(|l| l.token != token) {
-            return;
+        if value.mode() == Mode::Exclusive {
+            return self.delete();
         }
         fault_point(self.name);
         let value = self.value.as_mut().expect("checked above");

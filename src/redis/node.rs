@@ -35,7 +35,13 @@ const OFFSET_DRIFT_MS: i64 = 5;
 /// with the same wall-clock deadline every time (RDB, DUMP, AOF, the
 /// replication stream), to within that much of the true wall clock.
 pub fn conversion_now() -> Now {
-    let now = now();
+    conversion_at(now())
+}
+
+/// [`conversion_now`] at an instant read already with [`now`] (a command
+/// converts at the instant it decided at, without reading both clocks
+/// again).
+pub fn conversion_at(now: Now) -> Now {
     let offset = now.wall_ms() - now.mono_ms();
     let cached = WALL_OFFSET_MS.load(Relaxed);
     let offset = if cached != i64::MIN && (offset - cached).abs() <= OFFSET_DRIFT_MS {

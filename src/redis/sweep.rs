@@ -203,6 +203,7 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
         let site = Site::Command {
             name: rname,
             store: &store,
+            now,
         };
         outputs::carry_out(ctx, decided, site);
     }
