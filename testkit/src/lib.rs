@@ -1541,36 +1541,24 @@ fn encode(commands: &[&[&str]]) -> String {
     out
 }
 
-pub fn used_memory(c: &mut Connection) -> i64 {
-    let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
+/// The numeric field `name` of `INFO section`.
+pub fn info_number(c: &mut Connection, section: &str, name: &str) -> i64 {
+    let text: String = redis::cmd("INFO").arg(section).query(c).unwrap();
     text.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .unwrap()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .unwrap_or_else(|| panic!("no {name} in INFO {section}"))
         .trim()
         .parse()
         .unwrap()
 }
 
-/// One numeric field of `INFO memory`.
-pub fn info_memory_field(c: &mut Connection, name: &str) -> i64 {
-    let text: String = redis::cmd("INFO").arg("memory").query(c).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .unwrap_or_else(|| panic!("no {name} in INFO memory"))
-        .trim()
-        .parse()
-        .unwrap()
+pub fn used_memory(c: &mut Connection) -> i64 {
+    info_number(c, "memory", "used_memory")
 }
 
 /// `connected_clients` of `INFO clients`.
 pub fn connected_clients(c: &mut Connection) -> i64 {
-    let text: String = redis::cmd("INFO").arg("clients").query(c).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("connected_clients:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    info_number(c, "clients", "connected_clients")
 }
 
 /// `used_memory` with nothing left of the workload: no waiter, no key, no
@@ -1583,7 +1571,7 @@ pub fn settled_memory(s: &Server, c: &mut Connection) -> i64 {
     let _: () = redis::cmd("FLUSHALL").arg("SYNC").query(c).unwrap();
     wait_until(Duration::from_secs(60), || {
         s.info_field("locks") == 0
-            && info_memory_field(c, "lazyfree_pending_objects") == 0
+            && info_number(c, "memory", "lazyfree_pending_objects") == 0
             && connected_clients(c) == 1
     });
     // info_field opened connections of its own: let them go too.
