@@ -1100,3 +1100,41 @@ fn a_panic_inside_a_decision_strands_no_waiter_and_lets_nobody_barge() {
         assert_eq!(pong, "PONG", "{case}");
     }
 }
+
+/// Issue 22: a panic while a decision is carried out (injected at the n-th
+/// replication of the key: the test-only `REDIS_LOCK_PANIC_ON_REPLICATE`)
+/// loses nothing the node decided. A release that hands the lock to a
+/// waiter replicates the key, then answers the waiter; cut at the
+/// replication, the waiter (already out of its line and holding the lock)
+/// is still answered, by the timer at once, not left blocked until its
+/// BLOCK timeout with a lock nobody knows it holds.
+#[test]
+fn a_panic_while_carrying_out_a_decision_still_answers_the_waiter() {
+    if common::skip_unless(common::Needs::LocalProcess, "sets the server's environment") {
+        return;
+    }
+    // Replications of k: 1 the holder's grant, 2 the release that hands
+    // it on.
+    let s = Server::builder()
+        .wrapped_in(&["env", "REDIS_LOCK_PANIC_ON_REPLICATE=2:k"])
+        .start();
+    let mut c = s.conn();
+    let first = acquire(&mut c, "k", "holder", 60_000).expect("free");
+    let mut waiter = wait_for_lock(&s, "k", "waiter", 60_000, 30_000);
+    let err = run_err(&mut c, &["LOCK.RELEASE", "k", "holder"]);
+    assert!(err.contains("internal error"), "{err}");
+    // Well before the BLOCK's 30 s.
+    let reply = waiter.read_within(Duration::from_secs(20));
+    let fence = granted(reply.expect("the waiter was stranded"));
+    assert!(fence > first, "fence {fence} after {first}");
+    assert_eq!(holder(&mut c, "k"), Some("waiter".into()));
+    assert_eq!(s.info_field("waiters"), 0);
+    // The waiter holds it: it can release it, and the server lives on.
+    let released: i64 = redis::cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg("waiter")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(released, 1);
+    alive(&s);
+}

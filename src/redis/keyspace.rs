@@ -70,43 +70,54 @@ fn as_node_write<R>(write: impl FnOnce() -> R) -> R {
 /// Fault injection, for tests only: with `REDIS_LOCK_PANIC_ON_WRITE=n:key`
 /// in the server's environment, the `n`-th write (put, renew or delete) of
 /// the lock at `key` panics, once: a decision cut short in a running
-/// server (`tests/blocking.rs`). Read at the first write; nothing is
-/// compared unless it is set.
-struct PanicOnWrite {
+/// server. With `REDIS_LOCK_PANIC_ON_REPLICATE=n:key`, the `n`-th
+/// replication of that key panics, once: what was decided cut short while
+/// it is carried out (`tests/blocking.rs`). Read at the first write or
+/// replication; nothing is compared unless it is set.
+struct InjectedPanic {
     left: AtomicU64,
     key: Box<[u8]>,
 }
 
-static PANIC_ON_WRITE: OnceLock<Option<PanicOnWrite>> = OnceLock::new();
+static PANIC_ON_WRITE: OnceLock<Option<InjectedPanic>> = OnceLock::new();
+static PANIC_ON_REPLICATE: OnceLock<Option<InjectedPanic>> = OnceLock::new();
 
 #[inline] // on every write: one load when no fault is set
 fn fault_point(name: RString) {
-    let fault = match PANIC_ON_WRITE.get() {
+    hit_if_set(&PANIC_ON_WRITE, "REDIS_LOCK_PANIC_ON_WRITE", name);
+}
+
+#[inline]
+fn hit_if_set(slot: &'static OnceLock<Option<InjectedPanic>>, var: &'static str, name: RString) {
+    let fault = match slot.get() {
         Some(fault) => fault,
-        None => read_fault(),
+        None => read_fault(slot, var),
     };
     if let Some(fault) = fault {
-        fault.hit(name);
+        fault.hit(name, var);
     }
 }
 
 #[cold]
-fn read_fault() -> &'static Option<PanicOnWrite> {
-    PANIC_ON_WRITE.get_or_init(|| {
-        let spec = std::env::var("REDIS_LOCK_PANIC_ON_WRITE").ok()?;
+fn read_fault(
+    slot: &'static OnceLock<Option<InjectedPanic>>,
+    var: &'static str,
+) -> &'static Option<InjectedPanic> {
+    slot.get_or_init(|| {
+        let spec = std::env::var(var).ok()?;
         let (n, key) = spec.split_once(':')?;
-        Some(PanicOnWrite {
+        Some(InjectedPanic {
             left: AtomicU64::new(n.parse().ok()?),
             key: key.as_bytes().into(),
         })
     })
 }
 
-impl PanicOnWrite {
+impl InjectedPanic {
     #[cold]
-    fn hit(&self, name: RString) {
+    fn hit(&self, name: RString, var: &str) {
         if ffi::string_copy(name) == self.key && self.left.fetch_sub(1, Relaxed) == 1 {
-            panic!("REDIS_LOCK_PANIC_ON_WRITE: injected at a write of the lock");
+            panic!("{var}: injected");
         }
     }
 }
@@ -257,6 +268,7 @@ impl LockKey {
 /// effects (see `propagation`) the write is only counted, for RDB save
 /// points.
 pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
+    hit_if_set(&PANIC_ON_REPLICATE, "REDIS_LOCK_PANIC_ON_REPLICATE", name);
     if !propagation::effects_needed() {
         return count_write(ctx);
     }

@@ -47,6 +47,19 @@ static SPARE: Mutex<VecDeque<Output<Key, Client>>> = Mutex::new(VecDeque::new())
 
 impl Drop for Decided {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Carrying out was cut short (a panic in a reply, a
+            // replication or an event, caught at the entry point): what
+            // is left (a waiter already out of its line and handed the
+            // lock, among others) is carried out by the timer, at once,
+            // rather than dropped. The output that panicked is not
+            // retried, so a fault that always panics cannot loop.
+            let left: Vec<_> = self.outputs.drain(..).collect();
+            let next_wakeup = self.next_wakeup;
+            timer::queue(|inbox| inbox.outputs.extend(left));
+            timer::arm_for(next_wakeup);
+            return;
+        }
         self.outputs.clear();
         if let Ok(mut spare) = SPARE.try_lock() {
             if spare.capacity() < self.outputs.capacity() {
