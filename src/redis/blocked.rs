@@ -142,10 +142,13 @@ pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     handle.ptr.set_disconnect_callback();
     let client = NEXT_CLIENT.fetch_add(1, Relaxed);
     locked(&WAITING).insert(client, handle);
-    if let Err(err) = engine::with_engine(|n| n.enqueue(ticket, client)) {
+    // One entry: the place in line and when the node must look next.
+    let (queued, next_wakeup) =
+        engine::with_engine(|n| (n.enqueue(ticket, client), n.next_wakeup()));
+    if let Err(err) = queued {
         answer(client, Outcome::Failed(err), Vec::new());
     }
-    engine::rearm_timer();
+    timer::arm_for(next_wakeup);
     Ok(Reply::Blocked)
 }
 
@@ -293,12 +296,13 @@ fn release_decided(handle: Handle, delivery: Delivery) {
 /// handle (with no outcome: Redis answers the client itself).
 fn leave(client: Client) -> bool {
     let now_ms = node::mono_ms();
-    let was_waiting = engine::with_engine(|n| n.leave(client, now_ms));
+    let (was_waiting, next_wakeup) =
+        engine::with_engine(|n| (n.leave(client, now_ms), n.next_wakeup()));
     if was_waiting {
         if let Some(handle) = take_handle(client) {
             handle.unblock(None);
         }
-        engine::rearm_timer();
+        timer::arm_for(next_wakeup);
     }
     was_waiting
 }

@@ -14,7 +14,7 @@ use std::sync::{LazyLock, Mutex, TryLockError};
 use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{raw, RedisError};
 
-use super::ffi::{self, context_flags, is_replica, selected_db, Ctx};
+use super::ffi::{self, context_flags, selected_db, Ctx};
 use super::node::{self, SERVER};
 use super::timer;
 use crate::core::error::LockError;
@@ -94,32 +94,30 @@ pub fn limits() -> Limits {
     with_engine(|n| n.limits())
 }
 
-/// The server's state as the node needs it. `may_block`: the command asked
+/// The server's state as the node needs it, for every decision (commands,
+/// the timer, the sweep): one reading of the context's flags. Whether this
+/// node is a replica is asked then, never cached: a cached copy could say
+/// "master" on a replica that was not told. `may_block`: the command asked
 /// to BLOCK, and the calling client may block here.
 pub fn conditions(ctx: Ctx, may_block: bool) -> Conditions {
+    let flags = context_flags(ctx);
     let mut cond = Conditions::empty();
     cond.set(
         Conditions::REPLICA,
-        SERVER.replica.load(Relaxed) && is_replica(ctx),
+        flags & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0,
     );
     cond.set(Conditions::MAY_BLOCK, may_block);
     cond.set(Conditions::EVICTABLE, SERVER.evictable.load(Relaxed));
-    if SERVER.maxmemory.load(Relaxed) {
-        cond.set(
-            Conditions::OOM,
-            context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0,
-        );
-    }
+    // Never set without maxmemory (Redis reports no OOM then).
+    cond.set(Conditions::OOM, flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0);
     cond
 }
 
 /// The server's state for what the node does on its own (the timer, the
-/// sweep): whether this node is a replica, asked now rather than cached
-/// (a timer can run between a role change and its event), and whether
-/// writes are held back (CLIENT PAUSE WRITE, FAILOVER).
+/// sweep): [`conditions`], and whether writes are held back (CLIENT PAUSE
+/// WRITE, FAILOVER).
 pub fn background_conditions(ctx: Ctx) -> Conditions {
     let mut cond = conditions(ctx, false);
-    cond.set(Conditions::REPLICA, is_replica(ctx));
     cond.set(Conditions::WRITES_PAUSED, ffi::writes_paused(ctx));
     cond
 }

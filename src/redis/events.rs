@@ -16,16 +16,10 @@ use super::ffi::{
 use super::node::SERVER;
 use super::{blocked, engine, handoff, keyspace, propagation, sweep, timer};
 
-/// Reads the replication role and the memory policy into `node::SERVER`,
+/// Reads the memory policy into `node::SERVER`,
 /// warning when the policy starts to allow evicting locks.
 pub fn read_server_state(ctx: Ctx) {
     let flags = context_flags(ctx);
-    SERVER
-        .replica
-        .store(flags & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0, Relaxed);
-    SERVER
-        .maxmemory
-        .store(flags & raw::REDISMODULE_CTX_FLAGS_MAXMEMORY != 0, Relaxed);
     // Lock keys carry no Redis expiry: only an allkeys-* policy can pick
     // one (volatile-* evicts keys with an expiry only).
     let evictable = flags & raw::REDISMODULE_CTX_FLAGS_EVICT != 0
@@ -51,7 +45,7 @@ pub extern "C" fn on_loading(
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             propagation::check_replication_state(ctx);
             read_server_state(ctx);
-            if !SERVER.replica.load(Relaxed) {
+            if !ffi::is_replica(ctx) {
                 engine::start_serving();
             }
         }
@@ -69,10 +63,7 @@ pub extern "C" fn on_role_changed(
         propagation::refresh_aof_state(ctx);
         read_server_state(ctx);
         if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
-            SERVER.replica.store(false, Relaxed);
             engine::start_serving();
-        } else {
-            SERVER.replica.store(true, Relaxed);
         }
     })
 }

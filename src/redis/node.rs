@@ -215,20 +215,15 @@ pub static WAIT_TIMES: Histogram = Histogram::new();
 /// until the lease ran out.
 pub static HOLD_TIMES: Histogram = Histogram::new();
 
-/// Server state the hot path needs, cached from events (reading the context
-/// flags on every command costs more than a grant's own logic).
+/// Server configuration the hot path needs, read again at every event that
+/// can change it (load, loading's end, role change, CONFIG SET): the
+/// policy is a `CONFIG GET`, too dear for every command.
 pub struct ServerState {
-    /// This node is a replica: it refuses lock writes.
-    pub replica: AtomicBool,
     /// maxmemory is set with an `allkeys-*` policy, which can evict held
     /// locks (`volatile-*` never picks a key without a Redis expiry).
     pub evictable: AtomicBool,
-    /// maxmemory is set: new grants check for OOM.
-    pub maxmemory: AtomicBool,
 }
 
 pub static SERVER: ServerState = ServerState {
-    replica: AtomicBool::new(false),
     evictable: AtomicBool::new(false),
-    maxmemory: AtomicBool::new(false),
 };
