@@ -95,10 +95,12 @@ pub fn parse_i64(s: &[u8]) -> Result<i64, IntError> {
     Ok(value)
 }
 
-/// A lease: 1 to `max_ttl_ms` (`lock.max-ttl-ms`) milliseconds.
-pub fn parse_ttl(arg: &[u8], max_ttl_ms: i64) -> Result<i64, LockError> {
+/// A lease: a positive number of milliseconds. How long a lease may be
+/// (`lock.max-ttl-ms`) is the node's rule (`Limits::check_ttl`), applied to
+/// every way a lease is asked for; a number too large for 64 bits is read
+/// as the longest there is, which that rule refuses.
+pub fn parse_ttl(arg: &[u8]) -> Result<i64, LockError> {
     match parse_i64(arg) {
-        Ok(ttl) if ttl > max_ttl_ms => Err(LockError::TtlTooLarge(show_arg(arg), max_ttl_ms)),
         Ok(ttl) if ttl > 0 => Ok(ttl),
         Ok(_) => Err(LockError::TtlNotPositive(show_arg(arg))),
         // "-99999999999999999999" is out of range but it is also negative:
@@ -106,7 +108,7 @@ pub fn parse_ttl(arg: &[u8], max_ttl_ms: i64) -> Result<i64, LockError> {
         Err(IntError::OutOfRange) if arg.first() == Some(&b'-') => {
             Err(LockError::TtlNotPositive(show_arg(arg)))
         }
-        Err(IntError::OutOfRange) => Err(LockError::TtlTooLarge(show_arg(arg), max_ttl_ms)),
+        Err(IntError::OutOfRange) => Ok(i64::MAX),
         Err(IntError::NotInteger) => Err(LockError::TtlNotInteger(show_arg(arg))),
     }
 }
@@ -203,12 +205,12 @@ fn arity(argv: &[&[u8]], min: usize, max: usize, name: &'static str) -> Result<(
     Ok(())
 }
 
-pub fn parse_acquire<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<AcquireArgs<'a>, LockError> {
+pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError> {
     if argv.len() < 4 {
         return Err(LockError::WrongArity("lock.acquire"));
     }
     let token = parse_token(argv[2])?;
-    let ttl_ms = parse_ttl(argv[3], max_ttl_ms)?;
+    let ttl_ms = parse_ttl(argv[3])?;
     let options = parse_acquire_options(&argv[4..])?;
     Ok(AcquireArgs {
         token,
@@ -309,10 +311,7 @@ fn check_distinct(keys: &[&[u8]]) -> Result<(), LockError> {
 }
 
 /// `argv` is the whole argument vector (not cut at `MAX_ARGS`).
-pub fn parse_acquire_all<'a>(
-    argv: &[&'a [u8]],
-    max_ttl_ms: i64,
-) -> Result<AcquireAllArgs<'a>, LockError> {
+pub fn parse_acquire_all<'a>(argv: &[&'a [u8]]) -> Result<AcquireAllArgs<'a>, LockError> {
     if argv.len() < 5 {
         return Err(LockError::WrongArity("lock.acquireall"));
     }
@@ -320,7 +319,7 @@ pub fn parse_acquire_all<'a>(
     let keys = 2..2 + n;
     check_distinct(&argv[keys.clone()])?;
     let token = parse_token(argv[keys.end])?;
-    let ttl_ms = parse_ttl(argv[keys.end + 1], max_ttl_ms)?;
+    let ttl_ms = parse_ttl(argv[keys.end + 1])?;
     let options = parse_acquire_options(&argv[keys.end + 2..])?;
     Ok(AcquireAllArgs {
         keys,
@@ -375,11 +374,11 @@ pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
     parse_token(argv[2])
 }
 
-pub fn parse_extend<'a>(argv: &[&'a [u8]], max_ttl_ms: i64) -> Result<ExtendArgs<'a>, LockError> {
+pub fn parse_extend<'a>(argv: &[&'a [u8]]) -> Result<ExtendArgs<'a>, LockError> {
     arity(argv, 4, 4, "lock.extend")?;
     Ok(ExtendArgs {
         token: parse_token(argv[2])?,
-        ttl_ms: parse_ttl(argv[3], max_ttl_ms)?,
+        ttl_ms: parse_ttl(argv[3])?,
     })
 }
 
@@ -472,8 +471,6 @@ pub fn parse_shared_set<'a>(argv: &[&'a [u8]]) -> Result<SharedSetArgs<'a>, Lock
 mod tests {
     use super::*;
 
-    const MAX: i64 = crate::limits::DEFAULT_MAX_TTL_MS;
-
     #[test]
     fn a_shared_key_is_written_and_read_back_whole() {
         let mode = Mode::Shared { limit: Some(4) };
@@ -545,42 +542,32 @@ mod tests {
 
     #[test]
     fn ttl_must_be_a_positive_64_bit_integer() {
-        assert_eq!(parse_ttl(b"1", MAX), Ok(1));
+        assert_eq!(parse_ttl(b"1"), Ok(1));
+        assert!(matches!(parse_ttl(b"0"), Err(LockError::TtlNotPositive(_))));
         assert!(matches!(
-            parse_ttl(b"0", MAX),
+            parse_ttl(b"-5"),
             Err(LockError::TtlNotPositive(_))
         ));
         assert!(matches!(
-            parse_ttl(b"-5", MAX),
+            parse_ttl(b"-99999999999999999999"),
             Err(LockError::TtlNotPositive(_))
         ));
         assert!(matches!(
-            parse_ttl(b"-99999999999999999999", MAX),
-            Err(LockError::TtlNotPositive(_))
-        ));
-        assert!(matches!(
-            parse_ttl(b"1.5", MAX),
+            parse_ttl(b"1.5"),
             Err(LockError::TtlNotInteger(_))
         ));
         assert!(matches!(
-            parse_ttl(b" 100", MAX),
+            parse_ttl(b" 100"),
             Err(LockError::TtlNotInteger(_))
         ));
         assert!(matches!(
-            parse_ttl(b"abc", MAX),
+            parse_ttl(b"abc"),
             Err(LockError::TtlNotInteger(_))
         ));
-        assert!(matches!(
-            parse_ttl(b"99999999999999999999", MAX),
-            Err(LockError::TtlTooLarge(_, MAX))
-        ));
-        assert_eq!(parse_ttl(b"1000", 1000), Ok(1000));
-        let msg = parse_ttl(b"1001", 1000).unwrap_err().to_string();
-        assert!(
-            msg.contains("'1001'") && msg.contains("lock.max-ttl-ms"),
-            "{msg}"
-        );
-        let msg = parse_ttl(b"abc", MAX).unwrap_err().to_string();
+        // Longer than any lease: the node's max-ttl rule refuses it.
+        assert_eq!(parse_ttl(b"99999999999999999999"), Ok(i64::MAX));
+        assert_eq!(parse_ttl(b"9300000000000000"), Ok(9_300_000_000_000_000));
+        let msg = parse_ttl(b"abc").unwrap_err().to_string();
         assert!(msg.contains("ttl-ms") && msg.contains("'abc'"), "{msg}");
     }
 
@@ -654,7 +641,7 @@ mod tests {
 
     #[test]
     fn acquire_takes_key_token_ttl_and_no_unknown_options() {
-        let ok = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100"], MAX).unwrap();
+        let ok = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100"]).unwrap();
         assert_eq!(
             ok,
             AcquireArgs {
@@ -666,11 +653,11 @@ mod tests {
             }
         );
         assert_eq!(
-            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t"], MAX),
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t"]),
             Err(LockError::WrongArity("lock.acquire"))
         );
         assert_eq!(
-            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"], MAX),
+            parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"NX"]),
             Err(LockError::UnknownOption("'NX'".into()))
         );
     }
@@ -682,7 +669,7 @@ mod tests {
                 .into_iter()
                 .chain(extra.iter().copied())
                 .collect();
-            parse_acquire(&argv, MAX).map(|a| (a.mode, a.block_ms))
+            parse_acquire(&argv).map(|a| (a.mode, a.block_ms))
         };
         let shared = |limit| Mode::Shared { limit };
         assert_eq!(parse(&[b"shared"]), Ok((shared(None), None)));
@@ -714,7 +701,7 @@ mod tests {
                 .into_iter()
                 .chain(extra.iter().copied())
                 .collect();
-            parse_acquire_all(&argv, MAX).map(|a| (a.keys, a.mode, a.block_ms, a.min_fence))
+            parse_acquire_all(&argv).map(|a| (a.keys, a.mode, a.block_ms, a.min_fence))
         };
         let shared = |limit| Mode::Shared { limit };
         assert_eq!(parse(&[]), Ok((2..4, Mode::Exclusive, None, 0)));
@@ -735,15 +722,11 @@ mod tests {
 
     #[test]
     fn acquire_takes_an_optional_block_timeout() {
-        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"block", b"0"], MAX).unwrap();
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"block", b"0"]).unwrap();
         assert_eq!(a.block_ms, Some(0));
-        let a = parse_acquire(
-            &[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"BLOCK", b"2500"],
-            MAX,
-        )
-        .unwrap();
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"BLOCK", b"2500"]).unwrap();
         assert_eq!(a.block_ms, Some(2500));
-        let bad = |argv: &[&[u8]]| parse_acquire(argv, MAX).unwrap_err();
+        let bad = |argv: &[&[u8]]| parse_acquire(argv).unwrap_err();
         assert_eq!(
             bad(&[b"A", b"k", b"t", b"100", b"BLOCK"]),
             LockError::MissingTimeout
@@ -777,8 +760,8 @@ mod tests {
         assert!(parse_release(&[b"r", b"k"]).is_err());
         assert!(parse_release(&[b"r", b"k", b"t", b"x"]).is_err());
         assert_eq!(parse_release(&[b"r", b"k", b"t"]), Ok(&b"t"[..]));
-        assert!(parse_extend(&[b"e", b"k", b"t"], MAX).is_err());
-        assert!(parse_extend(&[b"e", b"k", b"t", b"0"], MAX).is_err());
+        assert!(parse_extend(&[b"e", b"k", b"t"]).is_err());
+        assert!(parse_extend(&[b"e", b"k", b"t", b"0"]).is_err());
         assert_eq!(parse_fence(&[b"f", b"k"]), Ok(None));
         assert_eq!(parse_fence(&[b"f", b"k", b"t"]), Ok(Some(&b"t"[..])));
         assert!(parse_fence(&[b"f", b"k", b"t", b"u"]).is_err());
@@ -809,11 +792,7 @@ mod tests {
 
     #[test]
     fn minfence_in_any_order_and_case_with_block() {
-        let a = parse_acquire(
-            &[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"minfence", b"42"],
-            MAX,
-        )
-        .unwrap();
+        let a = parse_acquire(&[b"LOCK.ACQUIRE", b"k", b"t", b"100", b"minfence", b"42"]).unwrap();
         assert_eq!((a.min_fence, a.block_ms), (42, None));
         let argv: [&[u8]; 8] = [
             b"LOCK.ACQUIRE",
@@ -825,7 +804,7 @@ mod tests {
             b"BLOCK",
             b"5",
         ];
-        let a = parse_acquire(&argv, MAX).unwrap();
+        let a = parse_acquire(&argv).unwrap();
         assert_eq!((a.min_fence, a.block_ms), (7, Some(5)));
         let argv: [&[u8]; 8] = [
             b"LOCK.ACQUIRE",
@@ -837,12 +816,12 @@ mod tests {
             b"MINFENCE",
             b"7",
         ];
-        assert_eq!(parse_acquire(&argv, MAX).unwrap().min_fence, 7);
+        assert_eq!(parse_acquire(&argv).unwrap().min_fence, 7);
     }
 
     #[test]
     fn bad_minfence_is_named() {
-        let bad = |argv: &[&[u8]]| parse_acquire(argv, MAX).unwrap_err().to_string();
+        let bad = |argv: &[&[u8]]| parse_acquire(argv).unwrap_err().to_string();
         let base: [&[u8]; 4] = [b"LOCK.ACQUIRE", b"k", b"t", b"100"];
         let with = |extra: &[&'static [u8]]| {
             let mut v: Vec<&[u8]> = base.to_vec();

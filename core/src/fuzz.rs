@@ -10,7 +10,7 @@ use super::args::{self, parse_i64, AcquireArgs, ExtendArgs, IntError, SetArgs};
 use super::codec::{self, StoredLock};
 use super::error::LockError;
 use super::fence::FenceCounter;
-use super::limits::{DEFAULT_MAX_TTL_MS, MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
 use super::lock::Mode;
 use super::rdb_bytes::{self, RdbBytes};
 
@@ -35,18 +35,14 @@ pub fn parse_args(data: &[u8]) {
     ];
     let all = !known.iter().any(|name| is(name));
     if all || is("LOCK.ACQUIRE") {
-        for max in [DEFAULT_MAX_TTL_MS, 1000, MAX_DURATION_MS] {
-            same(args::parse_acquire(&argv, max), spec_acquire(&argv, max));
-        }
+        same(args::parse_acquire(&argv), spec_acquire(&argv));
     }
     if all || is("LOCK.RELEASE") {
         let spec = (argv.len() == 3).then(|| spec_token(argv[2])).flatten();
         same(args::parse_release(&argv), spec);
     }
     if all || is("LOCK.EXTEND") {
-        for max in [DEFAULT_MAX_TTL_MS, 1000] {
-            same(args::parse_extend(&argv, max), spec_extend(&argv, max));
-        }
+        same(args::parse_extend(&argv), spec_extend(&argv));
     }
     if all || is("LOCK.FENCE") {
         let spec = match argv.len() {
@@ -172,15 +168,25 @@ fn in_range(arg: &[u8], range: std::ops::RangeInclusive<i64>) -> Option<i64> {
     canonical(arg).filter(|v| range.contains(v))
 }
 
+/// A lease as the parser reads it: a positive integer, one too large for
+/// 64 bits read as the longest (the node's max-ttl rule refuses both).
+fn spec_ttl(arg: &[u8]) -> Option<i64> {
+    let positive_digits = !arg.is_empty() && arg.iter().all(u8::is_ascii_digit) && arg[0] != b'0';
+    match canonical(arg) {
+        Some(v) => (v > 0).then_some(v),
+        None => positive_digits.then_some(i64::MAX),
+    }
+}
+
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`: each
 /// option at most once, in any order and case.
-fn spec_acquire<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<AcquireArgs<'a>> {
+fn spec_acquire<'a>(argv: &[&'a [u8]]) -> Option<AcquireArgs<'a>> {
     let [_, _, token, ttl, options @ ..] = argv else {
         return None;
     };
     let mut parsed = AcquireArgs {
         token: spec_token(token)?,
-        ttl_ms: in_range(ttl, 1..=max_ttl)?,
+        ttl_ms: spec_ttl(ttl)?,
         mode: Mode::Exclusive,
         block_ms: None,
         min_fence: 0,
@@ -215,13 +221,13 @@ fn spec_acquire<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<AcquireArgs<'a>> 
     Some(parsed)
 }
 
-fn spec_extend<'a>(argv: &[&'a [u8]], max_ttl: i64) -> Option<ExtendArgs<'a>> {
+fn spec_extend<'a>(argv: &[&'a [u8]]) -> Option<ExtendArgs<'a>> {
     let [_, _, token, ttl] = argv else {
         return None;
     };
     Some(ExtendArgs {
         token: spec_token(token)?,
-        ttl_ms: in_range(ttl, 1..=max_ttl)?,
+        ttl_ms: spec_ttl(ttl)?,
     })
 }
 

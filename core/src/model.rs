@@ -1096,6 +1096,7 @@ impl Harness {
     /// and counters tallied. The keys reported released.
     fn drain(&mut self) -> Drained {
         let mut d = Drained::default();
+        let mut t = Tally::default();
         while let Some(output) = self.node.poll_output() {
             match output {
                 Output::Wake(wake) => d.wakes.push(*wake),
@@ -1103,14 +1104,30 @@ impl Harness {
                     let now = self.stores.get(&key).map(copy_of);
                     self.replicated.insert(key, now.unwrap_or_default());
                 }
-                Output::Event(key, Event::Release) => d.released.push(key),
-                Output::Event(key, Event::Expire) => d.expired.push(key),
-                Output::Event(..) => {}
-                Output::Count(Stat::Grant) => self.grants += 1,
-                Output::Count(Stat::TakeBack) => d.take_backs += 1,
-                Output::Count(_) => {}
+                Output::Event(key, event) => match event {
+                    Event::Release => d.released.push(key),
+                    Event::Expire => d.expired.push(key),
+                    Event::Acquire => t.acquire_events += 1,
+                    Event::Extend => t.extend_events += 1,
+                    Event::Handoff => t.handoff_events.push(key),
+                },
+                Output::Count(stat) => match stat {
+                    Stat::Grant => {
+                        self.grants += 1;
+                        t.grants += 1;
+                    }
+                    Stat::TakeBack => d.take_backs += 1,
+                    Stat::Contended => d.contended += 1,
+                    Stat::Release => t.releases += 1,
+                    Stat::Extend => t.extends += 1,
+                    Stat::Expiration { .. } => t.expirations += 1,
+                    Stat::Handoff { .. } => t.handoffs += 1,
+                    Stat::BlockTimeout => t.block_timeouts += 1,
+                    Stat::LetGo { .. } | Stat::RefusedEvictable | Stat::Redirect => {}
+                },
             }
         }
+        t.check(&d);
         d
     }
 }
@@ -1122,9 +1139,79 @@ fn copy_of(store: &MemStore) -> Replicated {
     (lock::LockRead::mode(store), store.holders.clone())
 }
 
+/// The counters and events of one drain, beside the waiters answered:
+/// the glue counts and emits each, so each must say the same as the
+/// others and as the outcomes.
+#[derive(Default)]
+struct Tally {
+    grants: usize,
+    releases: usize,
+    extends: usize,
+    expirations: usize,
+    handoffs: usize,
+    block_timeouts: usize,
+    acquire_events: usize,
+    extend_events: usize,
+    handoff_events: Vec<u8>,
+}
+
+impl Tally {
+    fn check(&self, d: &Drained) {
+        let handed: Vec<u8> = d
+            .wakes
+            .iter()
+            .filter(|w| matches!(w.outcome, Outcome::Granted { renewed: false, .. }))
+            .flat_map(|w| std::iter::once(w.key).chain(w.also.iter().map(|(k, _)| *k)))
+            .collect();
+        let handed_waiters = d
+            .wakes
+            .iter()
+            .filter(|w| matches!(w.outcome, Outcome::Granted { renewed: false, .. }))
+            .count();
+        let timed_out = d
+            .wakes
+            .iter()
+            .filter(|w| matches!(w.outcome, Outcome::TimedOut))
+            .count();
+        assert_eq!(
+            self.grants,
+            self.acquire_events + self.handoff_events.len(),
+            "every grant counted is an acquire or hand-off event"
+        );
+        assert_eq!(
+            self.extends, self.extend_events,
+            "renewals: counted = events"
+        );
+        assert_eq!(
+            self.releases + d.take_backs,
+            d.released.len(),
+            "releases and take-backs: counted = release events"
+        );
+        assert_eq!(
+            self.expirations,
+            d.expired.len(),
+            "expirations: counted = events"
+        );
+        assert_eq!(
+            self.handoffs, handed_waiters,
+            "a hand-off counted per waiter handed the lock"
+        );
+        assert_eq!(
+            self.handoff_events, handed,
+            "a hand-off event per key handed on"
+        );
+        assert_eq!(
+            self.block_timeouts, timed_out,
+            "a timeout counted per waiter timed out"
+        );
+    }
+}
+
 /// What one drain of the node's outputs carried out.
 #[derive(Default)]
 struct Drained {
+    /// ACQUIREs answered nil.
+    contended: usize,
     wakes: Vec<Wake<u8, u8>>,
     /// Keys reported released (LOCK.RELEASE, or a take-back).
     released: Vec<u8>,
@@ -1805,6 +1892,15 @@ fn run(ops: &[Op]) {
         }
 
         assert_eq!(replies.0, replies.1, "step {step} {op:?}: reply");
+        // The step's drain also covers the timer run after it, which
+        // answers nobody nil.
+        let answered_nil = matches!(op, Op::Acquire { .. } | Op::AcquireAll { .. })
+            && replies.1 == Some(Told::Nil);
+        assert_eq!(
+            d.contended,
+            usize::from(answered_nil),
+            "step {step} {op:?}: contended counted"
+        );
         compare(step, op, model_told, &wakes);
         let released: Vec<(u8, Vec<u8>)> = match *op {
             Op::Release { key, token: t, .. } => vec![(key, token(t))],

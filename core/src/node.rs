@@ -111,11 +111,24 @@ impl Limits {
     /// became since it was granted. One rule for ACQUIRE and every hand-off.
     pub fn check_new_holder(&self, token: &[u8], cond: Conditions) -> Result<(), LockError> {
         args::check_token_limit(token, self.max_token_len)?;
-        if cond.contains(Conditions::EVICTABLE) && !self.allow_eviction {
-            return Err(LockError::EvictionUnsafe);
-        }
+        self.check_can_keep_new(cond)
+    }
+
+    /// Whether the server can keep a value it is asked to take on now (a
+    /// new holder, a new gate): not evictable, and below maxmemory.
+    pub fn check_can_keep_new(&self, cond: Conditions) -> Result<(), LockError> {
+        self.check_not_evictable(cond)?;
         if cond.contains(Conditions::OOM) {
             return Err(LockError::OutOfMemory);
+        }
+        Ok(())
+    }
+
+    /// Whether values the server keeps could be evicted (an `allkeys-*`
+    /// policy) without `lock.allow-eviction`.
+    pub fn check_not_evictable(&self, cond: Conditions) -> Result<(), LockError> {
+        if cond.contains(Conditions::EVICTABLE) && !self.allow_eviction {
+            return Err(LockError::EvictionUnsafe);
         }
         Ok(())
     }
@@ -218,6 +231,19 @@ pub trait Keyspace<K, C> {
         keys: &[K],
         f: impl FnOnce(Result<&mut [Self::Store], LockError>, Served, &mut [Self::Admit]) -> R,
     ) -> R;
+}
+
+/// A key's lock as `LOCK.INFO` shows it ([`Node::info`]).
+#[derive(Debug)]
+pub struct Held<'s> {
+    /// Exclusive, or shared (with its limit).
+    pub mode: Mode,
+    /// Its holders whose lease has not ended, in the order the key keeps.
+    pub live: Vec<Lock<'s>>,
+    /// Which of `live` was granted last (the highest fence).
+    pub newest: usize,
+    /// How many wait in its line.
+    pub waiters: usize,
 }
 
 /// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`, parsed.
@@ -1137,6 +1163,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         }
     }
 
+    /// Whether the key has a holder whose lease ended: the sweep opens it
+    /// for [`Node::reclaim`] then (a read, from its scan, where nothing may
+    /// be written).
+    pub fn needs_reclaim(&self, store: &impl LockRead, now_ms: i64) -> bool {
+        lock::holders(store).any(|l| !l.is_live(now_ms))
+    }
+
     /// The background sweep (or any caller) found `key`'s lock: reclaim it
     /// if its lease has ended, and hand the key on if anyone waits. True if
     /// it was reclaimed.
@@ -1275,28 +1308,25 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         now_us: i64,
     ) -> Result<i64, LockError> {
         guarded::check_gate_fence(fence, now_us)?;
-        if cond.contains(Conditions::REPLICA) {
-            return Err(LockError::ReadOnlyReplica);
-        }
-        if cond.contains(Conditions::EVICTABLE) && !self.limits.allow_eviction {
-            return Err(LockError::EvictionUnsafe);
-        }
-        if mark.is_none() && cond.contains(Conditions::OOM) {
-            return Err(LockError::OutOfMemory);
+        refuse_on_replica(cond)?;
+        // Raising a gate's mark takes no memory; a new gate does.
+        match mark {
+            None => self.limits.check_can_keep_new(cond)?,
+            Some(_) => self.limits.check_not_evictable(cond)?,
         }
         guarded::pass(mark, fence)
     }
 
-    /// `LOCK.INFO key`: the lock if it is held now (its newest holder when
-    /// shared), with how many wait for it.
-    pub fn holder<'s>(
-        &self,
-        key: &K,
-        store: &'s impl LockRead,
-        now_ms: i64,
-    ) -> Option<(Lock<'s>, usize)> {
-        let held = lock::newest_live(store, now_ms)?;
-        Some((held, self.waiters.waiting_on(key)))
+    /// `LOCK.INFO key`: what is held now, or None when nobody holds it.
+    pub fn info<'s>(&self, key: &K, store: &'s impl LockRead, now_ms: i64) -> Option<Held<'s>> {
+        let live: Vec<Lock<'s>> = lock::holders(store).filter(|l| l.is_live(now_ms)).collect();
+        let newest = (0..live.len()).max_by_key(|&i| live[i].fence)?;
+        Some(Held {
+            mode: store.mode().unwrap_or(Mode::Exclusive),
+            live,
+            newest,
+            waiters: self.waiters.waiting_on(key),
+        })
     }
 
     // ---- locks from outside: the master, the AOF, an RDB, RESTORE ----
@@ -1383,30 +1413,43 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         Ok(())
     }
 
-    /// A value decoded whole from an RDB or a `RESTORE` payload is taken:
-    /// a RESTOREd one raises the mark with its fence (an RDB's mark comes
-    /// in its aux field), checked and raised in one step, and the value's
-    /// times come back on this node's monotonic clock, capped as every
-    /// lease entering the node is. An Err changes nothing: refuse the value.
-    pub fn accept_loaded(
+    /// A value decoded whole from an RDB or a `RESTORE` payload is taken,
+    /// all its holders (`fence`, wall-clock deadline, wall-clock grant
+    /// time) in one step: every fence is checked first, then a RESTOREd
+    /// value raises the mark with its highest (an RDB's mark comes in its
+    /// aux field), and each holder's times come back on this node's
+    /// monotonic clock, capped as every lease entering the node is, with a
+    /// lease id. An Err (the fence refused, and why) changes nothing:
+    /// refuse the value.
+    pub fn accept_value(
         &mut self,
-        fence: i64,
+        holders: &[(i64, i64, i64)],
         restoring: bool,
-        wall_deadline_ms: i64,
-        wall_granted_ms: i64,
         now: Now,
-    ) -> Result<Loaded, LockError> {
-        if restoring {
-            self.fences.observe(fence, now.wall_us)?;
-        } else {
-            self.fences.check(fence, now.wall_us)?;
+    ) -> Result<Vec<Loaded>, (i64, LockError)> {
+        for &(fence, _, _) in holders {
+            self.check_loaded_fence(fence, restoring, now.wall_us)
+                .map_err(|e| (fence, e))?;
         }
-        let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
-        Ok(Loaded {
-            deadline_ms,
-            granted_ms,
-            lease: self.next_lease(),
-        })
+        if restoring {
+            if let Some(highest) = holders.iter().map(|h| h.0).max() {
+                self.fences
+                    .observe(highest, now.wall_us)
+                    .map_err(|e| (highest, e))?;
+            }
+        }
+        Ok(holders
+            .iter()
+            .map(|&(_, wall_deadline_ms, wall_granted_ms)| {
+                let (deadline_ms, granted_ms) =
+                    self.local_times(wall_deadline_ms, wall_granted_ms, now);
+                Loaded {
+                    deadline_ms,
+                    granted_ms,
+                    lease: self.next_lease(),
+                }
+            })
+            .collect())
     }
 
     /// A lease id for a lock that enters the node.
@@ -2307,8 +2350,13 @@ mod tests {
         assert!(store.lock().is_none(), "nothing stored");
         assert_eq!(node.fence_hwm(), 0, "the mark did not move");
         assert!(node
-            .accept_loaded(too_far, true, T0 + 60_000, T0, at)
+            .accept_value(&[(too_far, T0 + 60_000, T0)], true, at)
             .is_err());
+        assert_eq!(node.fence_hwm(), 0);
+        // One refused holder refuses the value whole: the mark stays.
+        let ok = T0 * 1000 + 1;
+        let two = [(ok, T0 + 60_000, T0), (too_far, T0 + 60_000, T0)];
+        assert_eq!(node.accept_value(&two, true, at).unwrap_err().0, too_far);
         assert_eq!(node.fence_hwm(), 0);
 
         let fence = T0 * 1000 + 5;
@@ -2320,18 +2368,27 @@ mod tests {
         assert_eq!(node.fence_of(&store, Some(b"t"), T0 + 1), Some(fence));
         assert_eq!(node.fence_of(&store, Some(b"x"), T0 + 1), None);
         assert_eq!(
-            node.holder(&"k", &store, T0 + 1).map(|(l, w)| (l.fence, w)),
-            Some((fence, 0))
+            node.info(&"k", &store, T0 + 1).map(|h| (
+                h.live[h.newest].fence,
+                h.live.len(),
+                h.waiters
+            )),
+            Some((fence, 1, 0))
         );
         // A RESTORE raises the mark; an RDB value leaves it to the aux field.
         let loaded = node
-            .accept_loaded(fence + 10, false, T0 + 500, 0, at)
-            .unwrap();
+            .accept_value(&[(fence + 10, T0 + 500, 0)], false, at)
+            .unwrap()[0];
         assert_eq!((loaded.deadline_ms, node.fence_hwm()), (T0 + 500, fence));
         let restored = node
-            .accept_loaded(fence + 10, true, T0 + 500, 0, at)
+            .accept_value(
+                &[(fence + 10, T0 + 500, 0), (fence + 20, T0 + 500, 0)],
+                true,
+                at,
+            )
             .unwrap();
-        assert_eq!(node.fence_hwm(), fence + 10);
-        assert!(restored.lease > loaded.lease, "a new lease id each");
+        assert_eq!(node.fence_hwm(), fence + 20, "raised to the highest");
+        assert!(restored[0].lease > loaded.lease, "a new lease id each");
+        assert!(restored[1].lease > restored[0].lease);
     }
 }

@@ -102,11 +102,56 @@ pub fn local_deadline(wall_deadline_ms: i64, longest_ms: i64, now: Now) -> i64 {
         .saturating_add(remaining.min(longest_ms.max(0)))
 }
 
+/// How close a Redis expiry must be to the lease's end to be an earlier
+/// build's ([`is_earlier_builds_expiry`]).
+pub const LEGACY_SLACK_MS: i64 = 10;
+
+/// Whether a lock key's Redis expiry (Unix ms; negative: none) was set by
+/// an earlier build, which gave lock keys an expiry at the lease's end
+/// (`deadline_ms`, monotonic): equal to it within [`LEGACY_SLACK_MS`]. The
+/// glue drops such an expiry (the lease is the node's), once, at the
+/// value's first renewal or sweep visit; an expiry at another time is a
+/// user's administrative delete and stays. Only a value that came from
+/// outside (an RDB, RESTORE, the master) is ever asked about. A rule of
+/// its own, not a `Node` call: it is asked inside the node's writes.
+pub fn is_earlier_builds_expiry(expiry_ms: i64, deadline_ms: i64, now: Now) -> bool {
+    expiry_ms >= 0 && (expiry_ms - wall_deadline(deadline_ms, now)).abs() <= LEGACY_SLACK_MS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const WALL: i64 = 1_700_000_000_000_000;
+
+    #[test]
+    fn only_an_expiry_at_the_leases_end_is_an_earlier_builds() {
+        let now = Now {
+            mono_us: 5_000_000,
+            wall_us: WALL,
+        };
+        let deadline_ms = 5_000 + 2_000;
+        let end = WALL / 1000 + 2_000;
+        assert!(is_earlier_builds_expiry(end, deadline_ms, now));
+        assert!(is_earlier_builds_expiry(
+            end - LEGACY_SLACK_MS,
+            deadline_ms,
+            now
+        ));
+        assert!(is_earlier_builds_expiry(
+            end + LEGACY_SLACK_MS,
+            deadline_ms,
+            now
+        ));
+        // A user's expiry elsewhere, or none.
+        assert!(!is_earlier_builds_expiry(
+            end + LEGACY_SLACK_MS + 1,
+            deadline_ms,
+            now
+        ));
+        assert!(!is_earlier_builds_expiry(end - 500, deadline_ms, now));
+        assert!(!is_earlier_builds_expiry(-1, deadline_ms, now));
+    }
 
     #[test]
     fn deadlines_convert_both_ways_whatever_the_clocks_origin() {

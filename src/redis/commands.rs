@@ -24,7 +24,7 @@ use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
 use crate::core::protocol::{self, info_field};
 use crate::core::time::Now;
-use crate::core::{holders, Lock, LockRead, Mode};
+use crate::core::{Lock, Mode};
 
 /// One row of the command table.
 pub struct Command {
@@ -345,7 +345,7 @@ fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let key = engine::key_of(ctx, argv.key_bytes());
     let mut store = open_for_write(ctx, argv);
     let (decided, out) = outputs::decide(|n| {
-        let a = args::parse_acquire(argv.bytes(), n.limits().max_ttl_ms)?;
+        let a = args::parse_acquire(argv.bytes())?;
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let request = AcquireRequest {
             token: a.token,
@@ -394,10 +394,7 @@ fn report_numkeys(ctx: Ctx, argv: &Argv, flags: u64) -> Reply {
 /// Every argument's bytes (a multi-key command's argv is not cut at
 /// `ffi::MAX_ARGS`).
 fn all_bytes<'a>(argv: &Argv<'a>) -> Vec<&'a [u8]> {
-    argv.all()
-        .iter()
-        .map(|s| ffi::string_bytes_of(*s))
-        .collect()
+    argv.all().iter().map(ffi::string_bytes_of).collect()
 }
 
 /// `LOCK.ACQUIREALL numkeys key [key ...] token ttl-ms [SHARED] [LIMIT n]
@@ -409,7 +406,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Ok(report_numkeys(ctx, argv, ACQUIRE_ALL_KEY_FLAGS));
     }
     let bytes = all_bytes(argv);
-    let a = args::parse_acquire_all(&bytes, engine::limits().max_ttl_ms)?;
+    let a = args::parse_acquire_all(&bytes)?;
     let names = &argv.all()[a.keys.clone()];
     let keys: Vec<_> = bytes[a.keys.clone()]
         .iter()
@@ -520,7 +517,7 @@ fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let key = engine::key_of(ctx, argv.key_bytes());
     let mut store = open_for_write(ctx, argv);
     let (extended, out) = outputs::decide(|n| {
-        let a = args::parse_extend(argv.bytes(), n.limits().max_ttl_ms)?;
+        let a = args::parse_extend(argv.bytes())?;
         let cond = engine::conditions(ctx, false);
         let mut acl = WaiterAcl {
             ctx,
@@ -557,13 +554,10 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let store = ReadKey::open(ctx, argv.key())?;
     let now = node::mono_ms();
     let key = engine::key_of(ctx, argv.key_bytes());
-    let Some(waiters) = engine::with_engine(|n| n.holder(&key, &store, now).map(|(_, w)| w)) else {
+    let Some(held) = engine::with_engine(|n| n.info(&key, &store, now)) else {
         return Ok(Reply::Null);
     };
     let show_tokens = may_write_key(ctx, argv.key());
-    // The newest holder's fields first (the only holder's when exclusive):
-    // replies read by name or by position stay as they were.
-    let live: Vec<Lock<'_>> = holders(&store).filter(|l| l.is_live(now)).collect();
     let holder_fields = |held: &Lock<'_>| {
         let token = match show_tokens {
             true => Value::Bytes(held.token.to_vec()),
@@ -580,14 +574,15 @@ fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             (info_field::GRANTED, granted),
         ]
     };
-    let Some(newest) = live.iter().max_by_key(|l| l.fence) else {
-        return Ok(Reply::Null);
+    // The newest holder's fields first (the only holder's when exclusive):
+    // replies read by name or by position stay as they were.
+    let [token, fence, ttl, granted] = holder_fields(&held.live[held.newest]);
+    let (mode, limit) = match held.mode {
+        Mode::Shared { limit } => ("shared", limit.map(i64::from)),
+        Mode::Exclusive => ("exclusive", None),
     };
-    let [token, fence, ttl, granted] = holder_fields(newest);
-    let (mode, limit) = match store.mode() {
-        Some(Mode::Shared { limit }) => ("shared", limit.map(i64::from)),
-        _ => ("exclusive", None),
-    };
+    let waiters = held.waiters;
+    let live = held.live;
     Ok(Reply::Map(vec![
         token,
         fence,

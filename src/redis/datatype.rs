@@ -68,8 +68,9 @@ use super::node::{self, STATS};
 use crate::core::args;
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
+use crate::core::protocol::command;
 use crate::core::time;
-use crate::core::{Lock, Mode};
+use crate::core::{Lock, LockRead, Mode};
 
 /// The type's unlink2 callback: a lock key left the keyspace.
 pub use super::ffi::UnlinkFn;
@@ -397,6 +398,16 @@ pub enum LockValue {
     Shared(NonNull<SharedBlock>),
 }
 
+// A value seen where it lies (the sweep's scan): read as a store.
+impl LockRead for LockValue {
+    fn mode(&self) -> Option<Mode> {
+        Some(LockValue::mode(self))
+    }
+    fn holder_at(&self, i: usize) -> Option<Lock<'_>> {
+        LockValue::holder_at(self, i)
+    }
+}
+
 impl LockValue {
     /// # Safety
     /// `value` is a live value of this type.
@@ -682,16 +693,17 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // times on this node's clock. Nothing is allocated for the keyspace
         // until the value is valid and taken.
         let accepted = decoded.and_then(|value| {
-            let mut holders = Vec::with_capacity(value.holders.len());
-            for h in value.holders {
-                let fence = h.fence;
-                let loaded = engine::with_engine(|n| {
-                    n.accept_loaded(h.fence, restoring, h.deadline_ms, h.granted_ms, now)
-                })
-                .map_err(|e| codec::DecodeError::Fence(fence, e))?;
-                holders.push((h, loaded));
-            }
-            Ok((value.mode, holders))
+            let times: Vec<(i64, i64, i64)> = value
+                .holders
+                .iter()
+                .map(|h| (h.fence, h.deadline_ms, h.granted_ms))
+                .collect();
+            let loaded = engine::with_engine(|n| n.accept_value(&times, restoring, now))
+                .map_err(|(fence, e)| codec::DecodeError::Fence(fence, e))?;
+            Ok((
+                value.mode,
+                value.holders.into_iter().zip(loaded).collect::<Vec<_>>(),
+            ))
         });
         let (mode, holders) = match accepted {
             Ok(taken) => taken,
@@ -786,7 +798,9 @@ extern "C" fn aof_rewrite(
             // SAFETY: `aof` is the IO context Redis gave this callback.
             let ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(aof)) };
             let words = args::shared_set_args(mode, &holders);
-            ffi::emit_aof_words(aof, ctx, c"LOCK._SHARED", key, &words);
+            // SAFETY: `aof` and `key` are what Redis gave this callback,
+            // which has not returned.
+            unsafe { ffi::emit_aof_words(aof, ctx, command::SET_SHARED_C, key, &words) };
             return;
         }
         let (token, fence, deadline_ms, granted_ms) = holders[0];
@@ -796,7 +810,7 @@ extern "C" fn aof_rewrite(
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
-                c"LOCK._SET".as_ptr(),
+                command::SET_C.as_ptr(),
                 c"sblll".as_ptr(),
                 key,
                 token.as_ptr(),

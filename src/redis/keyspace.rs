@@ -25,20 +25,9 @@ use super::node;
 use super::propagation;
 use crate::core::args;
 use crate::core::error::LockError;
+use crate::core::protocol::command;
 use crate::core::time::{self, Now};
 use crate::core::{holders, Lock, LockRead, LockStore, Mode};
-
-/// How close a Redis expiry must be to the lease's end to be an earlier
-/// build's (see `drop_legacy_expiry`).
-pub const LEGACY_SLACK_MS: i64 = 10;
-
-/// Whether a key's Redis expiry (Unix ms; negative: none) is an earlier
-/// build's: equal to the lease's end, within [`LEGACY_SLACK_MS`]. One rule
-/// for a renewal and the sweep.
-pub fn is_legacy_expiry(expiry_ms: i64, lock: &Lock<'_>, now: Now) -> bool {
-    expiry_ms >= 0
-        && (expiry_ms - time::wall_deadline(lock.deadline_ms, now)).abs() <= LEGACY_SLACK_MS
-}
 
 /// Set while this node replaces or deletes a lock through a [`LockKey`]:
 /// Redis calls the type's unlink callback inside that write, and the node
@@ -216,7 +205,8 @@ impl LockKey {
         let Some(lock) = self.value.as_ref().and_then(LockValue::exclusive) else {
             return;
         };
-        if !is_legacy_expiry(self.key.key().abs_expire(), &lock, now) {
+        let expiry_ms = self.key.key().abs_expire();
+        if !time::is_earlier_builds_expiry(expiry_ms, lock.deadline_ms, now) {
             return;
         }
         self.key.set_expire(raw::REDISMODULE_NO_EXPIRE as i64);
@@ -290,7 +280,7 @@ pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
                 })
                 .collect();
             let words = args::shared_set_args(mode, &holders);
-            ffi::replicate_words(ctx, c"LOCK._SHARED", name, &words);
+            ffi::replicate_words(ctx, command::SET_SHARED_C, name, &words);
         }
     }
 }

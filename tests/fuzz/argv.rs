@@ -60,7 +60,14 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             problems.push("token");
         }
     };
-    let ttl_ok = |t: &[u8]| canonical(t).is_some_and(|v| (1..=MAX_TTL).contains(&v));
+    // A lease is parsed first (a positive integer; one too large for 64
+    // bits reads as the longest); its bound, lock.max-ttl-ms, is the
+    // node's, checked once the whole command parsed.
+    let positive_digits =
+        |t: &[u8]| !t.is_empty() && t[0] != b'0' && t.iter().all(u8::is_ascii_digit);
+    let ttl_ok = |t: &[u8]| canonical(t).is_some_and(|v| v >= 1) || positive_digits(t);
+    let ttl_too_large = |t: &[u8]| ttl_ok(t) && canonical(t).is_none_or(|v| v > MAX_TTL);
+    let mut over_max_ttl = false;
     let mut may_refuse_min_fence = false;
     let mut min_fence_too_large = false;
     let mut blocks = false;
@@ -70,6 +77,7 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             if !ttl_ok(&argv[3]) {
                 problems.push("ttl-ms");
             }
+            over_max_ttl = ttl_too_large(&argv[3]);
             let (mut block, mut min, mut shared, mut limit) = (false, false, false, false);
             let mut i = 4;
             while i < n {
@@ -126,6 +134,7 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             if !ttl_ok(&argv[3]) {
                 problems.push("ttl-ms");
             }
+            over_max_ttl = ttl_too_large(&argv[3]);
         }
         "LOCK.FENCE" => match n {
             2 => {}
@@ -136,6 +145,9 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
     }
     if !problems.is_empty() {
         return Expect::Error(problems);
+    }
+    if over_max_ttl {
+        return Expect::Error(vec!["ttl-ms"]);
     }
     if min_fence_too_large {
         return Expect::Error(vec!["MINFENCE"]);
