@@ -160,7 +160,8 @@ fn refuses_the_request(e: &Error) -> bool {
     match e {
         Error::Redis(r) => {
             !e.is_busy()
-                && (r.kind() == redis::ErrorKind::ResponseError || r.code() == Some("NOPERM"))
+                && (r.kind() == redis::ErrorKind::ResponseError
+                    || r.code() == Some(redis_lock_core::protocol::code::NO_PERMISSION))
         }
         _ => false,
     }
@@ -336,7 +337,7 @@ impl LockClient {
         let refused: Vec<usize> = read
             .iter()
             .enumerate()
-            .filter(|(_, r)| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some("NOPERM")))
+            .filter(|(_, r)| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some(redis_lock_core::protocol::code::NO_PERMISSION)))
             .map(|(i, _)| i)
             .collect();
         if let Some(&i) = refused.first() {

@@ -113,7 +113,7 @@ impl Error {
 
     /// Whether a node's ACL refused this user the command (`NOPERM`).
     pub fn is_acl_refusal(&self) -> bool {
-        matches!(self, Error::Redis(r) if r.code() == Some("NOPERM"))
+        matches!(self, Error::Redis(r) if r.code() == Some(code::NO_PERMISSION))
     }
 
     /// Whether a node refused this client's credentials (a wrong password

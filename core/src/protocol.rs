@@ -10,6 +10,8 @@ use crate::limits::{
 
 /// The commands, as clients send them.
 pub mod command {
+    use std::ffi::CStr;
+
     pub const ACQUIRE: &str = "LOCK.ACQUIRE";
     pub const RELEASE: &str = "LOCK.RELEASE";
     pub const EXTEND: &str = "LOCK.EXTEND";
@@ -27,11 +29,23 @@ pub mod command {
     /// if fence is at least the gate's mark, and records it as the mark.
     pub const FENCED: &str = "LOCK.FENCED";
     /// Internal: the replicated and AOF form of a gate's mark.
-    pub const GATE: &str = "LOCK._GATE";
+    pub const GATE: &str = text_of(GATE_C);
     /// Internal: the replicated and AOF form of a grant or renewal.
-    pub const SET: &str = "LOCK._SET";
+    pub const SET: &str = text_of(SET_C);
     /// Internal: the replicated and AOF form of a shared key, whole.
-    pub const SET_SHARED: &str = "LOCK._SHARED";
+    pub const SET_SHARED: &str = text_of(SET_SHARED_C);
+    /// The internal commands' names as the module writes them into the
+    /// replication stream and the AOF (C strings).
+    pub const GATE_C: &CStr = c"LOCK._GATE";
+    pub const SET_C: &CStr = c"LOCK._SET";
+    pub const SET_SHARED_C: &CStr = c"LOCK._SHARED";
+
+    const fn text_of(name: &'static CStr) -> &'static str {
+        match name.to_str() {
+            Ok(text) => text,
+            Err(_) => panic!("command names are ASCII"),
+        }
+    }
     /// `ACQUIRE`'s option words.
     pub const BLOCK: &str = "BLOCK";
     pub const MINFENCE: &str = "MINFENCE";

@@ -40,6 +40,7 @@ use std::ptr::NonNull;
 use redis_module::raw;
 
 use crate::core::error::LockError;
+use crate::core::protocol::command;
 
 /// A context Redis gave the module: the one a callback was called with
 /// (valid during that callback, and never kept past it), or a detached one
@@ -469,29 +470,60 @@ pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
     user_may_write_key(name.get(), key)
 }
 
+/// A user looked up by name for an ACL check, freed on drop.
+struct ModuleUser {
+    ptr: NonNull<raw::RedisModuleUser>,
+    free: unsafe extern "C" fn(*mut raw::RedisModuleUser),
+}
+
+impl ModuleUser {
+    /// The user named `name` (None: no such user now, or no ACL API).
+    fn named(name: RString) -> Option<ModuleUser> {
+        let (get, free) = (
+            optional_api!(RedisModule_GetModuleUserFromUserName)?,
+            optional_api!(RedisModule_FreeModuleUser)?,
+        );
+        // SAFETY: `name` is a string Redis gave the caller.
+        let ptr = NonNull::new(unsafe { get(name.0) })?;
+        Some(ModuleUser { ptr, free })
+    }
+}
+
+impl Drop for ModuleUser {
+    fn drop(&mut self) {
+        // SAFETY: came from RM_GetModuleUserFromUserName, freed once.
+        unsafe { (self.free)(self.ptr.as_ptr()) };
+    }
+}
+
+/// Whether the ACL API this module asks is there (Redis 7.0 and later).
+fn acl_api_present() -> bool {
+    optional_api!(RedisModule_GetModuleUserFromUserName).is_some()
+        && optional_api!(RedisModule_FreeModuleUser).is_some()
+}
+
 /// Whether the user named `user_name` may write `key`. No when that user
 /// no longer exists; yes without the ACL API.
 pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
-    let api = (
-        optional_api!(RedisModule_GetModuleUserFromUserName),
-        optional_api!(RedisModule_ACLCheckKeyPermissions),
-        optional_api!(RedisModule_FreeModuleUser),
-    );
-    let (Some(get_user), Some(check), Some(free_user)) = api else {
+    let Some(check) = optional_api!(RedisModule_ACLCheckKeyPermissions) else {
         return true;
     };
-    // SAFETY: `user_name` is a string Redis gave the caller.
-    let user = unsafe { get_user(user_name.0) };
-    if user.is_null() {
-        return false; // the user was deleted meanwhile
+    if !acl_api_present() {
+        return true;
     }
-    // SAFETY: `user` was just returned (not NULL) and is freed below; `key`
-    // is a handle Redis gave the caller.
-    let allowed = unsafe { check(user, key.0, raw::REDISMODULE_CMD_KEY_UPDATE as c_int) }
-        == raw::REDISMODULE_OK as c_int;
-    // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
-    unsafe { free_user(user) };
-    allowed
+    let Some(user) = ModuleUser::named(user_name) else {
+        return false; // the user was deleted meanwhile
+    };
+    // SAFETY: `user` is live until dropped below; `key` is a handle Redis
+    // gave the caller.
+    let answer = unsafe {
+        check(
+            user.ptr.as_ptr(),
+            key.0,
+            raw::REDISMODULE_CMD_KEY_UPDATE as c_int,
+        )
+    };
+    answer == raw::REDISMODULE_OK as c_int
 }
 
 /// Whether the user named `user_name` may still run `LOCK.ACQUIRE` on
@@ -502,28 +534,22 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
     if !user_may_write_key(user_name, key) {
         return false;
     }
-    let api = (
-        optional_api!(RedisModule_GetModuleUserFromUserName),
-        optional_api!(RedisModule_ACLCheckCommandPermissions),
-        optional_api!(RedisModule_FreeModuleUser),
-    );
-    let (Some(get_user), Some(check), Some(free_user)) = api else {
+    let Some(check) = optional_api!(RedisModule_ACLCheckCommandPermissions) else {
         return true;
     };
-    // SAFETY: `user_name` is a string Redis gave the caller.
-    let user = unsafe { get_user(user_name.0) };
-    if user.is_null() {
-        return false;
+    if !acl_api_present() {
+        return true;
     }
-    let words = [b"LOCK.ACQUIRE".as_slice(), b"t", b"1"].map(|w| OwnedString::new(ctx, w));
+    let Some(user) = ModuleUser::named(user_name) else {
+        return false;
+    };
+    let name = crate::core::protocol::command::ACQUIRE.as_bytes();
+    let words = [name, b"t", b"1"].map(|w| OwnedString::new(ctx, w));
     let mut argv = [words[0].get(), key, words[1].get(), words[2].get()].map(RString::as_ptr);
-    // SAFETY: `user` was just returned (not NULL) and is freed below; argv
-    // holds four valid strings, alive for the call (`words` and `key`).
-    let allowed = unsafe { check(user, argv.as_mut_ptr(), argv.len() as c_int) }
-        == raw::REDISMODULE_OK as c_int;
-    // SAFETY: `user` came from RM_GetModuleUserFromUserName, freed once.
-    unsafe { free_user(user) };
-    allowed
+    // SAFETY: `user` is live until dropped below; argv holds four valid
+    // strings, alive for the call (`words` and `key`).
+    let answer = unsafe { check(user.ptr.as_ptr(), argv.as_mut_ptr(), argv.len() as c_int) };
+    answer == raw::REDISMODULE_OK as c_int
 }
 
 // ---- the server and the context ----
@@ -887,7 +913,13 @@ pub fn replicate_gate(ctx: Ctx, name: RString, mark: i64) {
     // SAFETY: ctx and name are handles Redis gave the caller; the format
     // "sl" names a RedisModuleString and a long long.
     unsafe {
-        api!(RedisModule_Replicate)(ctx.0, c"LOCK._GATE".as_ptr(), c"sl".as_ptr(), name.0, mark)
+        api!(RedisModule_Replicate)(
+            ctx.0,
+            command::GATE_C.as_ptr(),
+            c"sl".as_ptr(),
+            name.0,
+            mark,
+        )
     };
 }
 
@@ -906,7 +938,7 @@ pub fn replicate_lock_set(
     unsafe {
         api!(RedisModule_Replicate)(
             ctx.0,
-            c"LOCK._SET".as_ptr(),
+            command::SET_C.as_ptr(),
             c"sblll".as_ptr(),
             name,
             token.as_ptr(),
@@ -939,7 +971,11 @@ pub fn replicate_words(ctx: Ctx, command: &CStr, name: RString, words: &[Vec<u8>
 
 /// Writes `command key word...` to an AOF being rewritten (`ctx`: the IO's
 /// context, for the strings).
-pub fn emit_aof_words(
+///
+/// # Safety
+/// `aof` and `key` are the IO context and key name Redis gave the calling
+/// `aof_rewrite` callback, which has not returned.
+pub unsafe fn emit_aof_words(
     aof: *mut raw::RedisModuleIO,
     ctx: Ctx,
     command: &CStr,
@@ -948,8 +984,8 @@ pub fn emit_aof_words(
 ) {
     let owned: Vec<OwnedString> = words.iter().map(|w| OwnedString::new(ctx, w)).collect();
     let mut argv: Vec<*mut raw::RedisModuleString> = owned.iter().map(|o| o.get().0).collect();
-    // SAFETY: `aof` and `key` are what Redis gave the caller's callback;
-    // the format "sv" as in `replicate_words`.
+    // SAFETY: `aof` and `key` are what Redis gave the caller's callback
+    // (the caller's contract); the format "sv" as in `replicate_words`.
     unsafe {
         api!(RedisModule_EmitAOF)(
             aof,
@@ -1570,10 +1606,11 @@ fn call_reply_bytes(reply: *mut raw::RedisModuleCallReply) -> Option<Vec<u8>> {
 }
 
 /// The bytes of a string Redis gave the caller, valid during its callback.
-pub fn string_bytes_of<'a>(s: RString) -> &'a [u8] {
+pub fn string_bytes_of(s: &RString) -> &[u8] {
     // SAFETY: a string Redis gave the caller, alive for its callback (the
-    // module never keeps one past it, see the file doc).
-    unsafe { string_bytes(s) }
+    // module never keeps one past it, see the file doc); the bytes are
+    // borrowed no longer than the handle they were read through.
+    unsafe { string_bytes(*s) }
 }
 
 /// Runs the command `argv` (its name first) through RM_Call with the
@@ -1589,7 +1626,7 @@ pub fn call(ctx: Ctx, argv: &[RString], format: &CStr) -> Result<CallReply, c_in
     // A Redis string is NUL-terminated (an sds): its bytes serve as the
     // C name unless a NUL inside would cut it short, naming another
     // command.
-    let bytes = string_bytes_of(*name);
+    let bytes = string_bytes_of(name);
     if bytes.is_empty() || bytes.contains(&0) {
         return Err(libc::ENOENT);
     }

@@ -26,6 +26,7 @@ use super::ffi::{api, context_flags, guard, log_warning, Ctx, KeyRef, OpenKey, W
 use super::node;
 use crate::core::error::LockError;
 use crate::core::guarded;
+use crate::core::protocol::command;
 
 /// Native type names are exactly 9 characters.
 pub const TYPE_NAME: &std::ffi::CStr = c"lock_gate";
@@ -189,7 +190,7 @@ extern "C" fn aof_rewrite(
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
-                c"LOCK._GATE".as_ptr(),
+                command::GATE_C.as_ptr(),
                 c"sl".as_ptr(),
                 key,
                 mark(value),

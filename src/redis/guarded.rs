@@ -128,7 +128,7 @@ impl LowerName {
 
 /// How the inner command `inner` (its name first) may run, or why not.
 fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
-    let name = ffi::string_bytes_of(inner[0]);
+    let name = ffi::string_bytes_of(&inner[0]);
     // Asked only for a script command (the flags cost a little to read).
     let in_script = guarded::is_script_command(name)
         && ffi::context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LUA != 0;
@@ -138,7 +138,7 @@ fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
     };
     let flags = flags_of(ctx, lower.get()).unwrap_or_default();
     if flags.contains(CommandFlags::CONTAINER) && inner.len() > 1 {
-        let sub = ffi::string_bytes_of(inner[1]);
+        let sub = ffi::string_bytes_of(&inner[1]);
         if let Some(full) = LowerName::new(&[name, sub]) {
             if let Some(sub_flags) = flags_of(ctx, full.get()) {
                 return guarded::check_inner(full.get(), sub_flags, in_script);
@@ -164,7 +164,7 @@ fn run(ctx: Ctx, inner: &[RString], how: Guarded) -> Result<CallReply, LockError
 /// called the command directly.
 #[cold]
 fn refusal(ctx: Ctx, inner: &[RString], how: Guarded, errno: c_int) -> LockError {
-    let shown = crate::core::error::show_arg(ffi::string_bytes_of(inner[0]));
+    let shown = crate::core::error::show_arg(ffi::string_bytes_of(&inner[0]));
     if errno == libc::EACCES {
         return LockError::InnerRefused(format!(
             "NOPERM this user has no permissions to run the {shown} command or to access one of its keys"
@@ -203,7 +203,7 @@ fn report_keys(ctx: Ctx, argv: &Argv, command_at: usize, key_flags: u64) {
     let inner = all.get(command_at..).filter(|i| {
         i.len() <= MAX_INNER_ARGS_FOR_KEYS
             && i.first()
-                .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(*name)))
+                .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(name)))
     });
     if let Some(inner) = inner {
         for (pos, flags) in ffi::command_keys(ctx, inner) {

@@ -149,8 +149,9 @@ impl Skip {
 /// Records that the calling test did not run, and why: printed, and
 /// appended to `REDIS_LOCK_SKIP_LOG` when set (one tab-separated line:
 /// kind, server binary, test binary, test, reason), which `make test`
-/// counts and lists in its summary (`scripts/test-summary.sh`), so a
-/// skipped test is never reported as a pass. The caller returns at once.
+/// counts and lists in its summary (`scripts/test-run.sh`, which sets it),
+/// so a skipped test is never reported as a pass. The caller returns at
+/// once.
 pub fn skip(kind: Skip, reason: &str) {
     eprintln!("skipped: {reason}");
     println!("skipped: {reason}");
@@ -718,7 +719,7 @@ impl Server {
         (0..n)
             .map(|_| {
                 Server::builder()
-                    .module_arg("restart-delay-ms", &delay)
+                    .module_arg(redis_lock_core::protocol::RESTART_DELAY_MS.name(), &delay)
                     .start()
             })
             .collect()

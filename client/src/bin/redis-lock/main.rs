@@ -378,7 +378,7 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
             exit::NO_PERMISSION,
             &format!("authentication failed: {e} (check the user and password in --url or $REDIS_LOCK_URL)"),
         ),
-        Error::Redis(r) if r.code() == Some("NOPERM") => {
+        Error::Redis(r) if r.code() == Some(redis_lock_core::protocol::code::NO_PERMISSION) => {
             fail(exit::NO_PERMISSION, &format!("permission denied: {r}"))
         }
         Error::Redis(r) if r.code() == Some("WRONGTYPE") => fail(
