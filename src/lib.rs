@@ -2,15 +2,19 @@
 //!
 //! Where things are:
 //! * the command table ............ `redis::commands::COMMANDS`
-//! * the lock state machine ....... `core::lock`
-//! * fencing rules ................ `core::fence`
+//! * the lock state machine ....... behind `core::node::Node`
+//!   (`core/src/node.rs`), which makes every lock decision; the state
+//!   machine itself (`core/src/lock.rs`) is private to the core crate
+//! * fencing rules ................ `core::node::Node` too (the mark, in the
+//!   private `core/src/fence.rs`); the gate's rule in `core::guarded`
 //! * argument parsing ............. `core::args`
 //! * the persistence format ....... `redis::datatype`
-//! * module options, start-up ..... this file
+//! * module options, start-up ..... `module` (`src/module.rs`)
 //!
-//! `unsafe` code lives in `redis::ffi` (the FFI facade) and
-//! `redis::datatype` (the value's memory layout and the type callbacks)
-//! only; every block says why it is sound.
+//! `unsafe` code lives in `redis::ffi` (the FFI facade), `redis::datatype`
+//! (the lock value's memory layout and the type callbacks) and
+//! `redis::gate` (the fence gate type's value and callbacks) only; every
+//! block says why it is sound.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 

@@ -289,8 +289,13 @@ reply and copying it to the caller), reading and freeing three more arguments ab
 the module's own work (the lock key opened and checked by the node, the inner command's flags \
 from a cache, the refusal rules) about 1,400, down from 3,700 in the first cut (which formatted \
 the call's format string and copied and lowercased the command name on the heap each time). \
-With the module's share at zero the floor is still about 1.9× the bare `SET`. The one way \
-under it is not to use `RM_Call`: a command filter that rewrites the guarded command into the \
+With the module's share at zero the floor is still about 2.1× the bare `SET` ((10,900 − \
+1,400) / about 4,500, the bare `SET`'s count in the table above). The 1.5× target leaves a \
+budget of about 2,250 instructions above the bare `SET`: reading and freeing the three extra \
+arguments (about 1,500) and the server's dispatch of the outer module command use most of it \
+before `RM_Call` starts, and `RM_Call` alone adds about 2,600. So the target is out of reach \
+for any command of this shape (one command run inside another through the module API), \
+whatever the module's own share. The one way under the floor is not to use `RM_Call`: a command filter that rewrites the guarded command into the \
 inner one, which Redis then runs natively. It was not taken, because a filter runs when a \
 command is read, not when it runs: a guarded write queued in `MULTI`, or held back by `CLIENT \
 PAUSE WRITE` (as a failover does), would be checked at that moment and run later, after its \

@@ -3,6 +3,9 @@
 //! ARCHITECTURE.md, Dependencies; `tests/layering.rs` checks it):
 //!
 //! * `commands`  — the command table and one handler per command
+//! * `guarded`   — `LOCK.EXEC` and `LOCK.FENCED`: the inner command run
+//!   through RM_Call once the node allowed it
+//! * `gate`      — the `lock_gate` data type (a fence gate's mark)
 //! * `events`    — server events and the type's unlink callback
 //! * `handoff`   — what a run of the hand-off timer does; flush, SWAPDB
 //! * `sweep`     — the background reclamation of ended locks
@@ -19,11 +22,12 @@
 //!   its inbox of inputs from callbacks that cannot enter the node
 //! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
-//! * `node`      — the clock, lease ids, key and waiter identities, cached
-//!   server state, counters
+//! * `node`      — the clock, key and waiter identities, cached server
+//!   configuration, counters (lease ids are the core node's)
 //! * `ffi`       — the FFI facade: every raw module API (and libc) call
-//!   outside `datatype`, behind small safe functions; with `datatype` (the
-//!   value's memory layout, the type callbacks) the only `unsafe` code
+//!   outside `datatype` and `gate`, behind small safe functions; with
+//!   those two (their values' memory layout, the type callbacks) the only
+//!   `unsafe` code
 
 pub mod blocked;
 pub mod commands;
