@@ -412,3 +412,62 @@ fn multi_key_locks_keep_their_keys_in_one_slot() {
         .unwrap();
     assert_eq!(released, 2);
 }
+
+/// Above `MAX_INNER_ARGS_FOR_KEYS` (256) arguments the guarded commands do
+/// not report the inner command's keys (Redis 7.0 leaks its key buffer
+/// past that), so Redis cannot check them against the lock's slot: an
+/// `MSET` of 129 pairs in another slot of the same node ran under
+/// `LOCK.EXEC`. In a cluster such a long inner command is refused before
+/// anything runs; at 255 arguments the keys are still checked (CROSSSLOT).
+#[test]
+fn a_guarded_command_too_long_for_its_keys_to_be_checked_is_refused_in_a_cluster() {
+    let cluster = Cluster::start(false);
+    let node = &cluster.nodes[0];
+    let (lock, slot) = key_on(node, "plain:", 0, None);
+    // A hash tag in another slot served by the same node.
+    let tag = (0..)
+        .map(|i| format!("tag{i}"))
+        .find(|t| {
+            let s = key_slot(node, t);
+            s != slot && s <= MASTER_RANGES[0].1
+        })
+        .unwrap();
+    let mut c = node.conn();
+    let f = acquire(&mut c, &lock, "w", 60_000).unwrap().to_string();
+    let gate = format!("{{{lock}}}gate");
+    let mset = |pairs: usize| -> Vec<String> {
+        let mut args = vec!["MSET".to_string()];
+        for i in 0..pairs {
+            args.push(format!("{{{tag}}}k{i}"));
+            args.push("x".to_string());
+        }
+        args
+    };
+    for (pairs, code) in [(127, "CROSSSLOT"), (129, "NOTGUARDABLE")] {
+        let inner = mset(pairs);
+        let inner: Vec<&str> = inner.iter().map(String::as_str).collect();
+        let mut exec = vec!["LOCK.EXEC", &lock, "w"];
+        exec.extend(&inner);
+        let e = run_err(&mut c, &exec);
+        assert!(e.starts_with(code), "{pairs} pairs: {e}");
+        let mut fenced = vec!["LOCK.FENCED", &gate, &f];
+        fenced.extend(&inner);
+        let e = run_err(&mut c, &fenced);
+        assert!(e.starts_with(code), "{pairs} pairs: {e}");
+    }
+    // The rule is the length: all keys in the gate's slot are refused too.
+    let e = run_err(
+        &mut c,
+        &[
+            &["LOCK.FENCED", &format!("{{{tag}}}gate"), &f][..],
+            &mset(129).iter().map(String::as_str).collect::<Vec<_>>(),
+        ]
+        .concat(),
+    );
+    assert!(e.starts_with("NOTGUARDABLE") && e.contains("256"), "{e}");
+    for key in [format!("{{{tag}}}k0"), format!("{{{tag}}}gate"), gate] {
+        let exists: i64 = redis::cmd("EXISTS").arg(&key).query(&mut c).unwrap();
+        assert_eq!(exists, 0, "{key}: nothing ran, no gate made");
+    }
+    assert!(fence(&mut c, &lock).is_some(), "the lock is still held");
+}

@@ -630,3 +630,26 @@ fn guards_inside_scripts_transactions_and_chains_keep_the_server_up() {
     let pong: String = redis::cmd("PING").query(&mut c).unwrap();
     assert_eq!(pong, "PONG");
 }
+
+/// The bound on an inner command's length is a cluster's (see
+/// tests/cluster.rs: past 256 arguments its keys are not checked against
+/// the lock's slot): a single server has no slots, and a 300-pair `MSET`
+/// runs guarded under both commands.
+#[test]
+fn outside_a_cluster_a_long_inner_command_runs_guarded() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let mut args = vec!["k".to_string(), "a".to_string(), "MSET".to_string()];
+    for i in 0..300 {
+        args.push(format!("d{i}"));
+        args.push(i.to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_eq!(exec(&mut c, &args).unwrap(), redis::Value::Okay);
+    assert_eq!(get(&mut c, "d299").as_deref(), Some("299"));
+    let mut fenced: Vec<&[u8]> = vec![b"LOCK.FENCED", b"g", b"7"];
+    fenced.extend(args[2..].iter().map(|a| a.as_bytes()));
+    assert_eq!(run(&mut c, &fenced).unwrap(), redis::Value::Okay);
+    assert_eq!(fence(&mut c, "g"), Some(7));
+}

@@ -71,6 +71,10 @@ pub enum LockError {
     MissingCommand(&'static str),
     /// The inner command (lower case) may not run guarded, and why.
     NotGuardable(String, &'static str),
+    /// In a cluster, an inner command of this many arguments (its name
+    /// included): more than `guarded::MAX_INNER_ARGS_FOR_KEYS`, so its keys
+    /// would not be checked against the guarding key's slot.
+    TooLongForCluster(usize),
     /// A fence argument (`FENCE`, `LOCK.FENCED`'s) that is not a positive
     /// integer within the clock bound.
     BadFenceArg(String),
@@ -214,6 +218,11 @@ impl fmt::Display for LockError {
             ),
             MissingCommand(cmd) => write!(f, "ERR {cmd} needs a command to run after its arguments"),
             NotGuardable(name, why) => write!(f, "NOTGUARDABLE {name} cannot run guarded: {why}"),
+            TooLongForCluster(n) => write!(
+                f,
+                "NOTGUARDABLE a command of {n} arguments cannot run guarded in a cluster: above {} its keys are not checked against the guarding key's slot",
+                crate::guarded::MAX_INNER_ARGS_FOR_KEYS
+            ),
             BadFenceArg(v) => write!(
                 f,
                 "ERR invalid fence {v}: must be a positive integer at most 2^50 above the clock in µs"

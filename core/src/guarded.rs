@@ -244,6 +244,25 @@ pub fn check_inner(
     Ok(Guarded::Command)
 }
 
+/// Above this many arguments (its name included) an inner command's keys
+/// are not reported to a key-position request: Redis 7.0's
+/// `RM_GetCommandKeysWithFlags` leaks its key buffer beyond that.
+pub const MAX_INNER_ARGS_FOR_KEYS: usize = 256;
+
+/// Whether an inner command of `args` arguments (its name included) may
+/// run guarded. In a cluster (`cluster`) Redis checks that every key of a
+/// guarded command hashes to the guarding key's slot only among the keys
+/// reported, and the inner command's are not reported above
+/// [`MAX_INNER_ARGS_FOR_KEYS`]: RM_Call would still check that they share
+/// a slot of this node, but not the lock's, so such a command is refused.
+/// Outside a cluster there is no slot to keep, and any length runs.
+pub fn check_inner_length(args: usize, cluster: bool) -> Result<(), LockError> {
+    if cluster && args > MAX_INNER_ARGS_FOR_KEYS {
+        return Err(LockError::TooLongForCluster(args));
+    }
+    Ok(())
+}
+
 /// The gate's rule: `fence` passes if it is at least the gate's `mark`
 /// (None: a new gate), and is the mark from then on.
 pub fn pass(mark: Option<i64>, fence: i64) -> Result<i64, LockError> {
@@ -348,6 +367,24 @@ mod tests {
             let refused = check_inner(name, flags, false).unwrap_err();
             assert!(refused.to_string().starts_with("NOTGUARDABLE"), "{refused}");
         }
+    }
+
+    #[test]
+    fn in_a_cluster_an_inner_command_too_long_for_its_keys_to_be_reported_is_refused() {
+        let bound = MAX_INNER_ARGS_FOR_KEYS;
+        assert_eq!(check_inner_length(bound, true), Ok(()));
+        assert_eq!(
+            check_inner_length(bound + 1, true),
+            Err(TooLongForCluster(bound + 1))
+        );
+        let text = check_inner_length(bound + 3, true).unwrap_err().to_string();
+        assert!(
+            text.starts_with("NOTGUARDABLE") && text.contains("259") && text.contains("256"),
+            "{text}"
+        );
+        // No slots outside a cluster: any length runs.
+        assert_eq!(check_inner_length(bound + 1, false), Ok(()));
+        assert_eq!(check_inner_length(100_000, false), Ok(()));
     }
 
     #[test]

@@ -104,7 +104,8 @@ pub mod code {
     /// `LOCK.FENCED`: the fence is below the gate's mark: nothing ran.
     pub const STALE_FENCE: &str = "STALEFENCE";
     /// `LOCK.EXEC`/`LOCK.FENCED`: the inner command may not be guarded
-    /// (blocking, MULTI, pub/sub, admin, no-script, `LOCK.*`).
+    /// (blocking, MULTI, pub/sub, admin, no-script, `LOCK.*`, or in a
+    /// cluster too long for its keys to be checked).
     pub const NOT_GUARDABLE: &str = "NOTGUARDABLE";
 }
 
@@ -242,6 +243,7 @@ mod tests {
             LockError::NotGuardable("get".into(), "x"),
             code::NOT_GUARDABLE,
         );
+        starts(LockError::TooLongForCluster(300), code::NOT_GUARDABLE);
     }
 
     #[test]

@@ -41,10 +41,6 @@ pub const GATE_KEY_FLAGS: u64 = (raw::REDISMODULE_CMD_KEY_RW
     | raw::REDISMODULE_CMD_KEY_UPDATE
     | raw::REDISMODULE_CMD_KEY_INSERT) as u64;
 
-/// Above this many arguments an inner command's keys are not reported to
-/// a key-position request (see `report_keys`).
-const MAX_INNER_ARGS_FOR_KEYS: usize = 256;
-
 thread_local! {
     /// The server's flags of each command seen (`COMMAND INFO`, by lower
     /// case name or `container|sub`). Only commands the server knows are
@@ -128,6 +124,10 @@ impl LowerName {
 
 /// How the inner command `inner` (its name first) may run, or why not.
 fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
+    // The cluster flag is read only for a long command (it costs a call).
+    if inner.len() > guarded::MAX_INNER_ARGS_FOR_KEYS {
+        guarded::check_inner_length(inner.len(), ffi::in_cluster(ctx))?;
+    }
     let name = ffi::string_bytes_of(&inner[0]);
     // Asked only for a script command (the flags cost a little to read).
     let in_script = guarded::is_script_command(name)
@@ -199,9 +199,11 @@ fn report_keys(ctx: Ctx, argv: &Argv, command_at: usize, key_flags: u64) {
     // would exhaust the stack.
     // Nor past 256 arguments: Redis 7.0's RM_GetCommandKeysWithFlags
     // leaks its key buffer beyond that. RM_Call checks the inner command's
-    // ACL and cluster slots itself, so nothing goes unchecked.
+    // ACL itself, and that its keys share a slot of this node, but not
+    // that it is the guarding key's: in a cluster such a command is
+    // refused before it runs (`plan`, `guarded::check_inner_length`).
     let inner = all.get(command_at..).filter(|i| {
-        i.len() <= MAX_INNER_ARGS_FOR_KEYS
+        i.len() <= guarded::MAX_INNER_ARGS_FOR_KEYS
             && i.first()
                 .is_some_and(|name| !guarded::is_lock_command(ffi::string_bytes_of(name)))
     });
