@@ -136,6 +136,10 @@ fn bad_arguments_and_unguardable_commands_are_refused_before_anything_runs() {
         (vec!["k", "a", "BLPOP", "list", "0"], "NOTGUARDABLE"),
         (vec!["k", "a", "MULTI"], "NOTGUARDABLE"),
         (vec!["k", "a", "EXEC"], "NOTGUARDABLE"),
+        (vec!["k", "a", "DISCARD"], "NOTGUARDABLE 'discard'"),
+        // No script may call WAIT (Redis 7.0 flags it no-script, Valkey 8
+        // blocking): refused, whichever reason the server's flags give.
+        (vec!["k", "a", "WAIT", "0", "0"], "NOTGUARDABLE 'wait'"),
         (vec!["k", "a", "WATCH", "d"], "NOTGUARDABLE"),
         (vec!["k", "a", "SUBSCRIBE", "ch"], "NOTGUARDABLE"),
         (vec!["k", "a", "PUBLISH", "ch", "m"], "NOTGUARDABLE"),
@@ -165,6 +169,170 @@ fn bad_arguments_and_unguardable_commands_are_refused_before_anything_runs() {
     // A lock key that is not a lock.
     let e = exec_err(&mut c, &["list", "a", "GET", "d"]);
     assert!(e.starts_with("WRONGTYPE"), "{e}");
+}
+
+/// The refusals of `LOCK.FENCED` are `LOCK.EXEC`'s (one check of the inner
+/// command serves both), and a refused command records nothing: with a
+/// fence above the gate's mark, a transaction, pub/sub, lock, admin or
+/// blocking command leaves the data, the lock it names, the config and
+/// the gate's mark as they were.
+#[test]
+fn lock_fenced_refuses_what_lock_exec_refuses_and_records_nothing() {
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
+    let _: () = redis::cmd("RPUSH")
+        .arg("list")
+        .arg("x")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(10)
+        .query(&mut c)
+        .unwrap();
+    for inner in [
+        vec!["MULTI"],
+        vec!["DISCARD"],
+        vec!["WATCH", "d"],
+        vec!["SUBSCRIBE", "ch"],
+        vec!["LOCK.RELEASE", "k", "a"],
+        vec!["lock.acquire", "d2", "a", "1000"],
+        vec!["CONFIG", "SET", "maxmemory", "1"],
+        vec!["SHUTDOWN", "NOSAVE"],
+        vec!["BLPOP", "list", "0"],
+        vec!["BLMOVE", "list", "d2", "LEFT", "RIGHT", "0"],
+        vec!["WAIT", "0", "0"],
+    ] {
+        let mut args = vec!["LOCK.FENCED", "g", "20"];
+        args.extend(&inner);
+        let e = run_err(&mut c, &args);
+        assert!(e.starts_with("NOTGUARDABLE"), "{inner:?}: {e}");
+        assert_eq!(fence(&mut c, "g"), Some(10), "{inner:?}: mark unchanged");
+    }
+    assert_eq!(get(&mut c, "d").as_deref(), Some("v"));
+    let len: i64 = redis::cmd("LLEN").arg("list").query(&mut c).unwrap();
+    assert_eq!(len, 1, "nothing popped");
+    let exists: i64 = redis::cmd("EXISTS").arg("d2").query(&mut c).unwrap();
+    assert_eq!(exists, 0, "nothing moved or acquired");
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("a"), "still held");
+    let max: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(max[1], "0");
+    // The same fence with a command that may run: it runs, and is the mark.
+    let got = run(&mut c, &[b"LOCK.FENCED", b"g", b"20", b"GET", b"d"]).unwrap();
+    assert_eq!(got, redis::Value::BulkString(b"v".to_vec()));
+    assert_eq!(fence(&mut c, "g"), Some(20));
+}
+
+/// An inner command that runs and fails answers its own error on a RESP3
+/// connection too, word for word what the command says called directly;
+/// it ran, so `LOCK.FENCED` records its fence, and the data is unchanged.
+#[test]
+fn an_inner_commands_error_comes_back_verbatim_in_resp3() {
+    let s = Server::start();
+    let mut c = s.conn3();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("SET").arg("d").arg("abc").query(&mut c).unwrap();
+    let direct = run_err(&mut c, &["INCR", "d"]);
+    assert!(
+        direct.starts_with("ERR") && direct.contains("integer"),
+        "{direct}"
+    );
+    assert_eq!(exec_err(&mut c, &["k", "a", "INCR", "d"]), direct);
+    assert_eq!(
+        run_err(&mut c, &["LOCK.FENCED", "g", "5", "INCR", "d"]),
+        direct
+    );
+    assert_eq!(fence(&mut c, "g"), Some(5), "the failed command ran");
+    let direct = run_err(&mut c, &["HSET", "d", "f", "v"]);
+    assert!(direct.starts_with("WRONGTYPE"), "{direct}");
+    assert_eq!(exec_err(&mut c, &["k", "a", "HSET", "d", "f", "v"]), direct);
+    assert_eq!(get(&mut c, "d").as_deref(), Some("abc"));
+}
+
+/// `min-replicas-to-write 1` with no replica: a guarded write gets
+/// `NOREPLICAS`, as the write called directly does, and nothing runs (the
+/// data and the gate's mark are read back).
+#[test]
+fn without_the_replicas_min_replicas_to_write_asks_for_nothing_runs() {
+    if skip_unless(Needs::OwnServer, "sets min-replicas-to-write") {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(10)
+        .query(&mut c)
+        .unwrap();
+    config_set(&mut c, "min-replicas-to-write", "1");
+    let direct = run_err(&mut c, &["SET", "d", "direct"]);
+    assert!(direct.starts_with("NOREPLICAS"), "{direct}");
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "w"]);
+    assert!(e.starts_with("NOREPLICAS"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "20", "SET", "d", "w"]);
+    assert!(e.starts_with("NOREPLICAS"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "20"]);
+    assert!(e.starts_with("NOREPLICAS"), "{e}");
+    assert_eq!(get(&mut c, "d").as_deref(), Some("v"));
+    assert_eq!(fence(&mut c, "g"), Some(10));
+    config_set(&mut c, "min-replicas-to-write", "0");
+    assert_eq!(
+        exec(&mut c, &["k", "a", "SET", "d", "w"]).unwrap(),
+        redis::Value::Okay
+    );
+}
+
+/// After a failed background save (the RDB file's path is a directory, so
+/// the child's rename fails, as root too) with a save point configured,
+/// the server refuses writes with `MISCONF`: a guarded write gets it, and
+/// nothing runs; once a save succeeds, the write runs.
+#[test]
+fn after_a_failed_save_a_guarded_write_gets_misconf_and_nothing_runs() {
+    if skip_unless(Needs::OwnServer, "makes its own RDB file fail") {
+        return;
+    }
+    let s = Server::builder().config("dbfilename", "fails.rdb").start();
+    let mut c = s.conn();
+    acquire(&mut c, "k", "a", 60_000).unwrap();
+    let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(10)
+        .query(&mut c)
+        .unwrap();
+    config_set(&mut c, "save", "3600 1");
+    config_set(&mut c, "stop-writes-on-bgsave-error", "yes");
+    let blocker = s.dir.join("fails.rdb");
+    std::fs::create_dir_all(&blocker).unwrap();
+    let _: String = redis::cmd("BGSAVE").query(&mut c).unwrap();
+    wait_until(Duration::from_secs(20), || {
+        let info: String = redis::cmd("INFO").arg("persistence").query(&mut c).unwrap();
+        info.contains("rdb_last_bgsave_status:err") && info.contains("rdb_bgsave_in_progress:0")
+    });
+    let direct = run_err(&mut c, &["SET", "d", "direct"]);
+    assert!(direct.starts_with("MISCONF"), "{direct}");
+    let e = exec_err(&mut c, &["k", "a", "SET", "d", "w"]);
+    assert!(e.starts_with("MISCONF"), "{e}");
+    let e = run_err(&mut c, &["LOCK.FENCED", "g", "20", "SET", "d", "w"]);
+    assert!(e.starts_with("MISCONF"), "{e}");
+    assert_eq!(get(&mut c, "d").as_deref(), Some("v"));
+    assert_eq!(fence(&mut c, "g"), Some(10));
+    // A save that succeeds lifts the refusal.
+    std::fs::remove_dir(&blocker).unwrap();
+    let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
+    assert_eq!(
+        exec(&mut c, &["k", "a", "SET", "d", "w"]).unwrap(),
+        redis::Value::Okay
+    );
+    assert_eq!(get(&mut c, "d").as_deref(), Some("w"));
 }
 
 #[test]
