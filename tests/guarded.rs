@@ -821,3 +821,92 @@ fn outside_a_cluster_a_long_inner_command_runs_guarded() {
     assert_eq!(run(&mut c, &fenced).unwrap(), redis::Value::Okay);
     assert_eq!(fence(&mut c, "g"), Some(7));
 }
+
+/// A replica attached after a gate exists gets its mark through the full
+/// sync (the RDB the master sends), not the replication stream: the
+/// replica answers the mark and never ran `LOCK._GATE`; a later
+/// `LOCK.FENCED` reaches it through the stream.
+#[test]
+fn a_replica_attached_after_a_gate_exists_gets_its_mark_by_full_sync() {
+    if skip_unless(Needs::OwnServer, "two servers, one a replica") {
+        return;
+    }
+    let master = Server::start();
+    let mut m = master.conn();
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(5)
+        .query(&mut m)
+        .unwrap();
+    let replica = Server::start();
+    let mut r = replica.conn();
+    assert_eq!(fence(&mut r, "g"), None);
+    replica.replicate_from(&master);
+    assert!(
+        info_number(&mut m, "stats", "sync_full") >= 1,
+        "a full sync"
+    );
+    assert_eq!(fence(&mut r, "g"), Some(5), "the mark came with the RDB");
+    let calls = command_calls(&mut r);
+    assert!(!calls.contains_key("lock._gate"), "{calls:?}");
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg("g")
+        .arg(9)
+        .query(&mut m)
+        .unwrap();
+    let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(fence(&mut r, "g"), Some(9));
+}
+
+/// A mark far above this node's clock (2^51 µs, beyond the 2^50 bound
+/// `LOCK.FENCED` and `RESTORE` apply) in the node's own data, as after the
+/// clock was stepped back since it was recorded: no command can write one,
+/// so the AOF carries it (`LOCK._GATE key mark`, as the AOF rewrite writes
+/// gates). It loads as it is at start, through `DEBUG RELOAD` (the node's
+/// RDB) and through a full sync to a replica attached after; the gate
+/// still refuses lower fences. The same value by `RESTORE` is refused, so
+/// each load above would have dropped it (or stopped the server) had it
+/// been judged by the clock.
+#[test]
+fn a_mark_far_ahead_of_the_clock_in_the_nodes_own_data_loads_as_it_is() {
+    if skip_unless(Needs::OwnServer, "writes its server's AOF before it starts") {
+        return;
+    }
+    let mark = now_ms() * 1000 + (1 << 51);
+    let mut s = Server::start();
+    s.shutdown();
+    s.wipe_data();
+    let m = mark.to_string();
+    let aof = format!(
+        "*3\r\n$10\r\nLOCK._GATE\r\n$1\r\nh\r\n${}\r\n{m}\r\n",
+        m.len()
+    );
+    std::fs::write(s.dir.join("appendonly.aof"), aof).unwrap();
+    s.set_config("appendonly", "yes");
+    s.restart();
+    let mut c = s.conn();
+    assert_eq!(fence(&mut c, "h"), Some(mark), "loaded from the AOF");
+    let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
+    assert_eq!(fence(&mut c, "h"), Some(mark), "through the node's RDB");
+    let e = run_err(
+        &mut c,
+        &["LOCK.FENCED", "h", &(now_ms() * 1000).to_string()],
+    );
+    assert!(e.starts_with("STALEFENCE"), "{e}");
+    // From a user the same value is beyond the bound.
+    let dump: Vec<u8> = redis::cmd("DUMP").arg("h").query(&mut c).unwrap();
+    let e = restore(&mut c, "h2", &dump).unwrap_err();
+    assert!(error_text(&e).starts_with("ERR"), "{e}");
+    assert_eq!(fence(&mut c, "h2"), None);
+    let replica = Server::start();
+    replica.replicate_from(&s);
+    assert_eq!(fence(&mut replica.conn(), "h"), Some(mark), "a full sync");
+    // And a restart from the rewritten AOF (its RDB preamble).
+    let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    s.wait_persistence_idle();
+    s.kill9();
+    s.restart();
+    assert_eq!(fence(&mut s.conn(), "h"), Some(mark), "after the rewrite");
+}
