@@ -61,7 +61,8 @@ test-redis:
 # history check under faults (on Redis 8.2: the server here that runs
 # under libfaketime, so clock steps are among them), which rewrites
 # docs/reliability.md, and three minutes of fenced writes under pauses and
-# restarts (client/tests/fenced_history.rs).
+# restarts (client/tests/fenced_history.rs), which rewrites
+# docs/fenced-history.md.
 # tests/leaks.rs: a million lock lifecycles must leave used_memory where it
 # was, and valgrind must find no leak or invalid access in the module.
 # Redis's own test suite with the module loaded is `make redis-suite`, apart
@@ -72,7 +73,7 @@ stress:
 	cargo build --release
 	REDIS_SERVER=$(REDIS8_SERVER) HISTORY_SECONDS=300 HISTORY_REPORT=docs/reliability.md cargo test --release --test history -- --nocapture
 	FAULT_SECONDS=120 cargo test -p redis-lock-client --test faults -- --nocapture
-	FENCED_HISTORY_SECONDS=180 REDIS_SERVER=redis-server cargo test -p redis-lock-client --test fenced_history -- --nocapture
+	FENCED_HISTORY_SECONDS=180 FENCED_HISTORY_REPORT=docs/fenced-history.md REDIS_SERVER=redis-server cargo test -p redis-lock-client --test fenced_history -- --nocapture
 	SOAK_CYCLES=1000000 REDIS_SERVER=redis-server cargo test --release --test leaks -- --nocapture
 	REDIS_SERVER=redis-server cargo test --release --test leaks -- --ignored --nocapture
 	REDIS_SERVER=$(VALKEY_SERVER) cargo test --release --test leaks -- --ignored --nocapture

@@ -16,7 +16,9 @@
 //! * an acknowledged write missing from the data (the AOF lost it).
 //!
 //! `FENCED_HISTORY_SECONDS` sets the length (default 8 s in `make test`;
-//! `make stress` runs minutes and prints the counts).
+//! `make stress` runs minutes), `FENCED_HISTORY_SEED` the random choices;
+//! `FENCED_HISTORY_REPORT=path` (relative to the workspace) writes the
+//! counts and the verdict as markdown (`make stress`: docs/fenced-history.md).
 
 use redis_lock_testkit as common;
 
@@ -54,6 +56,8 @@ struct Attempt {
     resource: usize,
     fence: i64,
     outcome: Outcome,
+    /// The holder paused longer than its lease before writing.
+    paused_past_lease: bool,
 }
 
 fn aof_server() -> Server {
@@ -172,6 +176,7 @@ async fn worker(
             resource,
             fence,
             outcome,
+            paused_past_lease: u128::from(pause) > TTL.as_millis(),
         });
         // The lock is let go without a release half the time: its lease ends.
         if rng.gen_bool(0.5) {
@@ -227,6 +232,8 @@ fn fenced_writes_under_pauses_lease_losses_and_restarts_never_go_backwards() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
     let started = std::time::Instant::now();
     let mut restarts = 0;
+    // Restarts of a Redlock group node, the single lock node, the data node.
+    let mut restarted = [0usize; 3];
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(rng.gen_range(500..1500)));
         let victim = rng.gen_range(0..5);
@@ -239,7 +246,13 @@ fn fenced_writes_under_pauses_lease_losses_and_restarts_never_go_backwards() {
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..300)));
         server.restart();
         restarts += 1;
+        restarted[match victim {
+            0..=2 => 0,
+            3 => 1,
+            _ => 2,
+        }] += 1;
     }
+    let elapsed = started.elapsed().as_secs();
     stop.store(true, Ordering::Relaxed);
     runtime.block_on(async {
         for t in tasks {
@@ -312,6 +325,19 @@ fn fenced_writes_under_pauses_lease_losses_and_restarts_never_go_backwards() {
         count(Path::Exec, Outcome::Refused),
         count(Path::Exec, Outcome::Unknown),
     );
+    if let Ok(path) = std::env::var("FENCED_HISTORY_REPORT") {
+        let path = common::workspace_root().join(path);
+        let run = Run {
+            version: data.version(),
+            seconds: elapsed,
+            seed,
+            restarted,
+            attempts: &attempts,
+            failures: &failures,
+        };
+        std::fs::write(&path, run.markdown()).unwrap();
+        println!("fenced history: report written to {}", path.display());
+    }
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
     // The history exercised what it is about: writes that got through, and
     // stale holders stopped on both paths.
@@ -320,4 +346,120 @@ fn fenced_writes_under_pauses_lease_losses_and_restarts_never_go_backwards() {
         count(Path::Fenced, Outcome::Refused) > 0 && count(Path::Exec, Outcome::Refused) > 0,
         "no stale holder was refused: {counts:?}"
     );
+}
+
+/// What `FENCED_HISTORY_REPORT` writes.
+struct Run<'a> {
+    version: String,
+    seconds: u64,
+    seed: u64,
+    /// Restarts of a group node, the single lock node, the data node.
+    restarted: [usize; 3],
+    attempts: &'a [Attempt],
+    failures: &'a [String],
+}
+
+impl Run<'_> {
+    fn markdown(&self) -> String {
+        let env = |name: &str, default: &str| std::env::var(name).unwrap_or(default.into());
+        let command = format!(
+            "FENCED_HISTORY_SECONDS={} FENCED_HISTORY_REPORT={} REDIS_SERVER={} \
+             cargo test -p redis-lock-client --test fenced_history -- --nocapture",
+            env("FENCED_HISTORY_SECONDS", "8"),
+            env("FENCED_HISTORY_REPORT", ""),
+            env("REDIS_SERVER", "redis-server"),
+        );
+        let out = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+                .unwrap_or_default()
+        };
+        let date = out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+        let root = common::workspace_root();
+        let root = root.to_string_lossy();
+        let module = match std::env::var("REDIS_LOCK_MODULE") {
+            Ok(path) => format!("the module `{path}`"),
+            Err(_) => {
+                let git = |args: &[&str]| out("git", &[&["-C", &root][..], args].concat());
+                let dirty =
+                    !git(&["status", "--porcelain", "--", "src", "core", "Cargo.toml"]).is_empty();
+                format!(
+                    "the module built from commit {}{}",
+                    git(&["rev-parse", "--short", "HEAD"]),
+                    if dirty {
+                        " plus uncommitted changes"
+                    } else {
+                        ""
+                    }
+                )
+            }
+        };
+        let mut s = String::from("# Fenced writes: the randomized history\n\n");
+        s += &format!(
+            "Written by `make stress`, which runs\n\n```sh\n{command}\n```\n\n\
+             on {date}, against {} with {module}, for {} s (seed {}: \
+             `FENCED_HISTORY_SEED={}` repeats the same random choices, not the same timing). \
+             The test is `client/tests/fenced_history.rs`; `make test` runs it for 8 s.\n\n",
+            self.version, self.seconds, self.seed, self.seed
+        );
+        s += &format!(
+            "{WORKERS} workers took {} ms leases on {RESOURCES} resources and wrote under them \
+             (`RPUSH` of the grant's fence to the resource's list): half through `LOCK.FENCED` \
+             on a data node with the lock on a Redlock group of three nodes, half through \
+             `LOCK.EXEC` with the lock and the data on one node. Before writing, 30% of the \
+             holders paused 150-400 ms (past the lease when above {} ms), the rest 0-40 ms. \
+             Every node runs with `appendonly yes`, `appendfsync always`; one at a time was \
+             killed (-9) and restarted every 0.5-1.5 s.\n\n",
+            TTL.as_millis(),
+            TTL.as_millis()
+        );
+        s += "| path | attempts | accepted | refused (nothing ran) | unknown (no answer) | paused past the lease |\n";
+        s += "|---|--:|--:|--:|--:|--:|\n";
+        for (path, name, refused) in [
+            (
+                Path::Fenced,
+                "`LOCK.FENCED` (Redlock group + gate)",
+                "STALEFENCE",
+            ),
+            (Path::Exec, "`LOCK.EXEC` (lock's own node)", "NOTHELD"),
+        ] {
+            let of = |o: Option<Outcome>| {
+                self.attempts
+                    .iter()
+                    .filter(|a| a.path == path && o.is_none_or(|o| a.outcome == o))
+                    .count()
+            };
+            let paused = self
+                .attempts
+                .iter()
+                .filter(|a| a.path == path && a.paused_past_lease)
+                .count();
+            s += &format!(
+                "| {name} | {} | {} | {} ({refused}) | {} | {paused} |\n",
+                of(None),
+                of(Some(Outcome::Accepted)),
+                of(Some(Outcome::Refused)),
+                of(Some(Outcome::Unknown)),
+            );
+        }
+        let [group, single, data] = self.restarted;
+        s += &format!(
+            "\nRestarts (kill -9, then start on the same data): {} in all, {group} of Redlock \
+             group nodes, {single} of the single lock node, {data} of the data node.\n\n",
+            group + single + data
+        );
+        if self.failures.is_empty() {
+            s += "**Verdict: no violation.** No accepted write's fence was below one accepted \
+                  before it for the same resource, no write the server refused is in the data, \
+                  and every acknowledged write is.\n";
+        } else {
+            s += &format!("**Verdict: {} violations:**\n\n", self.failures.len());
+            for f in self.failures {
+                s += &format!("- {f}\n");
+            }
+        }
+        s
+    }
 }
