@@ -146,29 +146,59 @@ fn recipe_file(dir: &std::path::Path, name: &str, sql: &str) -> PathBuf {
     path
 }
 
+/// What a PostgreSQL scenario leaves to judge.
+struct Stale {
+    /// A's fence, and what its stale write printed (its status too).
+    a_fence: i64,
+    a: Output,
+    /// B's fence, as its write saw it (`REDIS_LOCK_FENCE`).
+    b_fence: i64,
+}
+
+impl Stale {
+    /// A's psql ran to its end (exit 0: it reached the server and its SQL
+    /// was valid) and printed `rows=0` after its write, if it wrote.
+    fn a_ran(&self) -> String {
+        let a = text(&self.a);
+        assert!(self.a.status.success(), "A's psql failed: {a}");
+        a
+    }
+}
+
 /// Runs one PostgreSQL recipe through the scenario: `sql` is a psql file
-/// using `:fence` and `:'who'`; `check` reads the table back (B's write
-/// must be there), `a_out` judges what A's stale write printed.
-async fn postgres_scenario(pg: &Postgres, sql: &str, check: &str, want: &str) -> String {
+/// using `:fence` and `:'who'`; each holder first prints its fence
+/// (`A fence=...`), and the recipe `rows=:ROW_COUNT` after its write.
+/// B's write must succeed; the caller judges the table and A.
+async fn postgres_scenario(pg: &Postgres, sql: &str) -> Stale {
     let s = Server::start();
     let dir = std::env::temp_dir().join(format!("redis-lock-recipe-{}", common::free_port()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = recipe_file(&dir, "write.sql", sql);
     let psql = pg.psql_args().join(" ");
     let write = format!(
-        "{psql} -v fence=\"$REDIS_LOCK_FENCE\" -v who=\"$WHO\" -f {}",
+        "echo \"$WHO fence=$REDIS_LOCK_FENCE\" && \
+         {psql} -v fence=\"$REDIS_LOCK_FENCE\" -v who=\"$WHO\" -f {}",
         file.display()
     );
     let key = "pg:resource";
     let a_grant = grant_for_a(&[s.url()], key).await;
     let a = paused_holder(&a_grant, &write);
     wait_free(&[&s], key);
-    let b = run_holder(&[s.url()], key, &write);
-    assert!(!text(&b).contains("stale"), "B: {}", text(&b));
+    let b = text(&run_holder(&[s.url()], key, &write));
+    assert!(!b.contains("stale"), "B: {b}");
+    let b_fence: i64 = b
+        .lines()
+        .find_map(|l| l.strip_prefix("B fence="))
+        .and_then(|f| f.trim().parse().ok())
+        .unwrap_or_else(|| panic!("B printed no fence: {b}"));
+    assert!(b_fence > a_grant.fence, "B's grant is the later one");
     let a = resume(a);
-    assert_eq!(pg.psql(check).unwrap(), want, "the table after A resumed");
     let _ = std::fs::remove_dir_all(&dir);
-    text(&a)
+    Stale {
+        a_fence: a_grant.fence,
+        a,
+        b_fence,
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,18 +211,22 @@ async fn postgres_row_update_with_a_fence_column_refuses_the_stale_holder() {
          INSERT INTO accounts (id, owner) VALUES (1, 'nobody');",
     )
     .unwrap();
-    let a = postgres_scenario(
+    let run = postgres_scenario(
         &pg,
         "UPDATE accounts SET owner = :'who', fence = :fence \
-         WHERE id = 1 AND fence <= :fence RETURNING 'updated';\n",
-        "SELECT owner FROM accounts WHERE id = 1",
-        "B",
+         WHERE id = 1 AND fence <= :fence RETURNING 'updated';\n\
+         \\echo rows=:ROW_COUNT\n",
     )
     .await;
-    // 0 rows: A learns it is stale.
-    assert!(
-        !a.contains("updated"),
-        "A's stale update changed a row: {a}"
+    // A's update ran and matched no row: A learns it is stale.
+    let a = run.a_ran();
+    assert!(a.contains(&format!("A fence={}", run.a_fence)), "A: {a}");
+    assert!(a.contains("rows=0") && !a.contains("updated"), "A: {a}");
+    assert_eq!(
+        pg.psql("SELECT owner || ':' || fence FROM accounts WHERE id = 1")
+            .unwrap(),
+        format!("B:{}", run.b_fence),
+        "the row is B's, with B's fence"
     );
 }
 
@@ -203,16 +237,22 @@ async fn postgres_upsert_keeps_the_higher_fence() {
     };
     pg.psql("CREATE TABLE settings (k text PRIMARY KEY, v text, fence bigint NOT NULL);")
         .unwrap();
-    let a = postgres_scenario(
+    let run = postgres_scenario(
         &pg,
         "INSERT INTO settings (k, v, fence) VALUES ('mode', :'who', :fence) \
          ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v, fence = EXCLUDED.fence \
-         WHERE settings.fence <= EXCLUDED.fence RETURNING 'written';\n",
-        "SELECT v FROM settings WHERE k = 'mode'",
-        "B",
+         WHERE settings.fence <= EXCLUDED.fence RETURNING 'written';\n\
+         \\echo rows=:ROW_COUNT\n",
     )
     .await;
-    assert!(!a.contains("written"), "A's stale upsert wrote: {a}");
+    let a = run.a_ran();
+    assert!(a.contains("rows=0") && !a.contains("written"), "A: {a}");
+    assert_eq!(
+        pg.psql("SELECT v || ':' || fence FROM settings WHERE k = 'mode'")
+            .unwrap(),
+        format!("B:{}", run.b_fence),
+        "the setting is B's, with B's fence"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,23 +267,38 @@ async fn postgres_transaction_that_locks_the_fence_row_first() {
          INSERT INTO items VALUES ('a', 10, NULL), ('b', 10, NULL);",
     )
     .unwrap();
-    let a = postgres_scenario(
+    let run = postgres_scenario(
         &pg,
         "BEGIN;\n\
          SELECT fence <= :fence AS fresh FROM fences WHERE resource = 'stock' FOR UPDATE \\gset\n\
          \\if :fresh\n\
            UPDATE fences SET fence = :fence WHERE resource = 'stock';\n\
            UPDATE items SET qty = qty - 1, last_by = :'who' WHERE sku IN ('a', 'b');\n\
+           \\echo rows=:ROW_COUNT\n\
            COMMIT;\n\
          \\else\n\
            ROLLBACK;\n\
            \\echo stale\n\
          \\endif\n",
-        "SELECT string_agg(sku || '=' || qty || ':' || last_by, ',' ORDER BY sku) FROM items",
-        "a=9:B,b=9:B",
     )
     .await;
-    assert!(a.contains("stale"), "A was not told it is stale: {a}");
+    // A read the fence row, saw it stale and rolled back: no update ran.
+    let a = run.a_ran();
+    assert!(a.contains("stale") && !a.contains("rows="), "A: {a}");
+    assert_eq!(
+        pg.psql("SELECT fence FROM fences WHERE resource = 'stock'")
+            .unwrap(),
+        run.b_fence.to_string(),
+        "the fence row holds B's fence"
+    );
+    assert_eq!(
+        pg.psql(
+            "SELECT string_agg(sku || '=' || qty || ':' || last_by, ',' ORDER BY sku) FROM items"
+        )
+        .unwrap(),
+        "a=9:B,b=9:B",
+        "only B's transaction changed the items"
+    );
 }
 
 // ---- Redis ----
