@@ -95,21 +95,21 @@ pub fn limits() -> Limits {
 }
 
 /// The server's state as the node needs it, for every decision (commands,
-/// the timer, the sweep): one reading of the context's flags. Whether this
-/// node is a replica is asked then, never cached: a cached copy could say
-/// "master" on a replica that was not told. `may_block`: the command asked
-/// to BLOCK, and the calling client may block here.
+/// the timer, the sweep), composed here only: the role as the server last
+/// announced it (`node::SERVER`, its one record), and the memory flags.
+/// `may_block`: the command asked to BLOCK, and the calling client may
+/// block here.
 pub fn conditions(ctx: Ctx, may_block: bool) -> Conditions {
-    let flags = context_flags(ctx);
     let mut cond = Conditions::empty();
-    cond.set(
-        Conditions::REPLICA,
-        flags & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0,
-    );
+    cond.set(Conditions::REPLICA, SERVER.replica.load(Relaxed));
     cond.set(Conditions::MAY_BLOCK, may_block);
     cond.set(Conditions::EVICTABLE, SERVER.evictable.load(Relaxed));
-    // Never set without maxmemory (Redis reports no OOM then).
-    cond.set(Conditions::OOM, flags & raw::REDISMODULE_CTX_FLAGS_OOM != 0);
+    if SERVER.maxmemory.load(Relaxed) {
+        cond.set(
+            Conditions::OOM,
+            context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_OOM != 0,
+        );
+    }
     cond
 }
 

@@ -16,10 +16,16 @@ use super::ffi::{
 use super::node::SERVER;
 use super::{blocked, engine, handoff, keyspace, propagation, sweep, timer};
 
-/// Reads the memory policy into `node::SERVER`,
+/// Reads the role and the memory policy into `node::SERVER`,
 /// warning when the policy starts to allow evicting locks.
 pub fn read_server_state(ctx: Ctx) {
     let flags = context_flags(ctx);
+    SERVER
+        .replica
+        .store(flags & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0, Relaxed);
+    SERVER
+        .maxmemory
+        .store(flags & raw::REDISMODULE_CTX_FLAGS_MAXMEMORY != 0, Relaxed);
     // Lock keys carry no Redis expiry: only an allkeys-* policy can pick
     // one (volatile-* evicts keys with an expiry only).
     let evictable = flags & raw::REDISMODULE_CTX_FLAGS_EVICT != 0
@@ -45,7 +51,7 @@ pub extern "C" fn on_loading(
         if subevent == raw::REDISMODULE_SUBEVENT_LOADING_ENDED {
             propagation::check_replication_state(ctx);
             read_server_state(ctx);
-            if !ffi::is_replica(ctx) {
+            if !SERVER.replica.load(Relaxed) {
                 engine::start_serving();
             }
         }
@@ -62,7 +68,11 @@ pub extern "C" fn on_role_changed(
         propagation::replicas_possible();
         propagation::refresh_aof_state(ctx);
         read_server_state(ctx);
-        if subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER {
+        // The event says which role this is (the flags read above say the
+        // same: Redis changes the role before it fires the event).
+        let now_master = subevent == raw::REDISMODULE_EVENT_REPLROLECHANGED_NOW_MASTER;
+        SERVER.replica.store(!now_master, Relaxed);
+        if now_master {
             engine::start_serving();
         }
     })

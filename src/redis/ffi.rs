@@ -554,11 +554,6 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
 
 // ---- the server and the context ----
 
-/// True on a replica (also one with `replica-read-only no`).
-pub fn is_replica(ctx: Ctx) -> bool {
-    context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_SLAVE != 0
-}
-
 /// True while CLIENT PAUSE WRITE/ALL or a FAILOVER holds writes back: the
 /// module must not write to the keyspace then (Redis asserts, or loses the
 /// write, if a timer does).
