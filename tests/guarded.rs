@@ -34,6 +34,15 @@ fn info_count(s: &Server, name: &str) -> i64 {
     s.info_field(name)
 }
 
+/// `LOCK.FENCED gate fence` without a command: checks and records the mark.
+fn raise_gate(c: &mut Connection, gate: &str, fence: i64) {
+    let _: () = redis::cmd("LOCK.FENCED")
+        .arg(gate)
+        .arg(fence)
+        .query(c)
+        .unwrap();
+}
+
 fn config_set(c: &mut Connection, name: &str, value: &str) {
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -104,11 +113,7 @@ fn exec_counts_what_ran_and_what_was_refused() {
     exec(&mut c, &["k", "a", "SET", "d", "1"]).unwrap();
     exec(&mut c, &["k", "a", "GET", "d"]).unwrap();
     exec_err(&mut c, &["k", "b", "SET", "d", "2"]);
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(9)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 9);
     run_err(&mut c, &["LOCK.FENCED", "g", "3", "SET", "d", "3"]);
     assert_eq!(info_count(&s, "exec_ran"), 2);
     assert_eq!(info_count(&s, "exec_notheld"), 1);
@@ -187,11 +192,7 @@ fn lock_fenced_refuses_what_lock_exec_refuses_and_records_nothing() {
         .arg("x")
         .query(&mut c)
         .unwrap();
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(10)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 10);
     for inner in [
         vec!["MULTI"],
         vec!["DISCARD"],
@@ -267,11 +268,7 @@ fn without_the_replicas_min_replicas_to_write_asks_for_nothing_runs() {
     let mut c = s.conn();
     acquire(&mut c, "k", "a", 60_000).unwrap();
     let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(10)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 10);
     config_set(&mut c, "min-replicas-to-write", "1");
     let direct = run_err(&mut c, &["SET", "d", "direct"]);
     assert!(direct.starts_with("NOREPLICAS"), "{direct}");
@@ -303,11 +300,7 @@ fn after_a_failed_save_a_guarded_write_gets_misconf_and_nothing_runs() {
     let mut c = s.conn();
     acquire(&mut c, "k", "a", 60_000).unwrap();
     let _: () = redis::cmd("SET").arg("d").arg("v").query(&mut c).unwrap();
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(10)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 10);
     config_set(&mut c, "save", "3600 1");
     config_set(&mut c, "stop-writes-on-bgsave-error", "yes");
     let blocker = s.dir.join("fails.rdb");
@@ -636,11 +629,7 @@ fn a_gates_mark_survives_reload_rewrite_and_restore() {
         .config("aof-use-rdb-preamble", "no")
         .start();
     let mut c = s.conn();
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(1234)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 1234);
     let _: () = redis::cmd("DEBUG").arg("RELOAD").query(&mut c).unwrap();
     assert_eq!(fence(&mut c, "g"), Some(1234));
     let _: () = redis::cmd("BGREWRITEAOF").query(&mut c).unwrap();
@@ -680,11 +669,7 @@ fn gates_are_refused_where_eviction_could_drop_them() {
     assert!(e.contains("maxmemory-policy"), "{e}");
     assert_eq!(fence(&mut c, "g"), None);
     config_set(&mut c, "maxmemory-policy", "noeviction");
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(5)
-        .query(&mut c)
-        .unwrap();
+    raise_gate(&mut c, "g", 5);
     assert_eq!(fence(&mut c, "g"), Some(5));
 }
 
@@ -833,11 +818,7 @@ fn a_replica_attached_after_a_gate_exists_gets_its_mark_by_full_sync() {
     }
     let master = Server::start();
     let mut m = master.conn();
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(5)
-        .query(&mut m)
-        .unwrap();
+    raise_gate(&mut m, "g", 5);
     let replica = Server::start();
     let mut r = replica.conn();
     assert_eq!(fence(&mut r, "g"), None);
@@ -849,11 +830,7 @@ fn a_replica_attached_after_a_gate_exists_gets_its_mark_by_full_sync() {
     assert_eq!(fence(&mut r, "g"), Some(5), "the mark came with the RDB");
     let calls = command_calls(&mut r);
     assert!(!calls.contains_key("lock._gate"), "{calls:?}");
-    let _: () = redis::cmd("LOCK.FENCED")
-        .arg("g")
-        .arg(9)
-        .query(&mut m)
-        .unwrap();
+    raise_gate(&mut m, "g", 9);
     let n: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut m).unwrap();
     assert_eq!(n, 1);
     assert_eq!(fence(&mut r, "g"), Some(9));
