@@ -1157,17 +1157,16 @@ struct Tally {
 
 impl Tally {
     fn check(&self, d: &Drained) {
-        let handed: Vec<u8> = d
+        let handed_to: Vec<&Wake<u8, u8>> = d
             .wakes
             .iter()
             .filter(|w| matches!(w.outcome, Outcome::Granted { renewed: false, .. }))
+            .collect();
+        let handed: Vec<u8> = handed_to
+            .iter()
             .flat_map(|w| std::iter::once(w.key).chain(w.also.iter().map(|(k, _)| *k)))
             .collect();
-        let handed_waiters = d
-            .wakes
-            .iter()
-            .filter(|w| matches!(w.outcome, Outcome::Granted { renewed: false, .. }))
-            .count();
+        let handed_waiters = handed_to.len();
         let timed_out = d
             .wakes
             .iter()

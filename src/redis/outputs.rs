@@ -54,10 +54,9 @@ impl Drop for Decided {
             // lock, among others) is carried out by the timer, at once,
             // rather than dropped. The output that panicked is not
             // retried, so a fault that always panics cannot loop.
+            // (The timer's run arms it again for the node's next wake-up.)
             let left: Vec<_> = self.outputs.drain(..).collect();
-            let next_wakeup = self.next_wakeup;
             timer::queue(|inbox| inbox.outputs.extend(left));
-            timer::arm_for(next_wakeup);
             return;
         }
         self.outputs.clear();
