@@ -13,8 +13,8 @@ use redis_module::{redis_module, Context, RedisString, Status};
 use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::protocol::OPTIONS;
 use crate::redis::{
-    blocked, commands, datatype, engine, events, ffi, gate, handoff, info, propagation, sweep,
-    timer,
+    blocked, commands, datatype, engine, events, evicted, ffi, gate, handoff, info, propagation,
+    sweep, timer,
 };
 
 /// Where each option's value lives (the node's limits), in the order of
@@ -110,12 +110,13 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     ffi::set_module_options(ctx, options as c_int)
         .ok_or("RedisModule_SetModuleOptions is not available")?;
     datatype::register(ctx, events::on_unlink)?;
-    gate::register(ctx)?;
+    gate::register(ctx, evicted::on_gate_unlinked)?;
     commands::register(ctx)?;
     timer::init(ctx, handoff::run)?;
     blocked::init();
     propagation::init(ctx);
     events::subscribe(ctx)?;
+    evicted::subscribe(ctx)?;
     events::read_server_state(ctx);
     sweep::start(ctx);
     redis_module::raw::register_info_function(ctx.as_ptr(), Some(info::info_section));

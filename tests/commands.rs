@@ -971,3 +971,62 @@ fn commands_that_change_nothing_do_not_abort_watch() {
     let exec: Value = redis::cmd("EXEC").query(&mut c).unwrap();
     assert_eq!(exec, Value::Nil);
 }
+
+/// Every command's info (arity, key spec, docs) is accepted by the server
+/// at load: `LOCK.FENCED`'s was refused at every start (its gate's key
+/// spec set both INSERT and UPDATE, which exclude each other), leaving it
+/// arity -1, no key spec and no COMMAND DOCS, with only a line in the log.
+#[test]
+fn the_server_accepts_every_commands_info() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let v = s.version();
+    let names: Vec<String> = redis::cmd("COMMAND")
+        .arg("LIST")
+        .arg("FILTERBY")
+        .arg("PATTERN")
+        .arg("lock.*")
+        .query(&mut c)
+        .unwrap();
+    assert!(names.len() >= 12, "{v}: {names:?}");
+    for name in &names {
+        let info: Vec<Value> = redis::cmd("COMMAND")
+            .arg("INFO")
+            .arg(name)
+            .query(&mut c)
+            .unwrap();
+        let Value::Array(parts) = &info[0] else {
+            panic!("{v} {name}: {info:?}")
+        };
+        let arity: i64 = redis::from_redis_value(&parts[1]).unwrap();
+        assert_ne!(arity, -1, "{v} {name}: no arity declared");
+        // The key specs (the 9th field) name at least the first key.
+        let Value::Array(specs) = &parts[8] else {
+            panic!("{v} {name}: {parts:?}")
+        };
+        assert!(!specs.is_empty(), "{v} {name}: no key spec");
+        let docs = run(&mut c, &[b"COMMAND", b"DOCS", name.as_bytes()]).unwrap();
+        assert!(
+            format!("{docs:?}").contains("summary"),
+            "{v} {name}: no COMMAND DOCS: {docs:?}"
+        );
+    }
+    let info: Vec<Value> = redis::cmd("COMMAND")
+        .arg("INFO")
+        .arg("LOCK.FENCED")
+        .query(&mut c)
+        .unwrap();
+    let text = format!("{info:?}");
+    assert!(text.contains("int(-3)"), "{v}: {text}");
+    for flag in ["RW", "access", "update"] {
+        assert!(
+            text.contains(flag),
+            "{v}: LOCK.FENCED's gate lacks {flag}: {text}"
+        );
+    }
+    let log = s.log();
+    assert!(
+        !log.contains("refused the command info") && !log.contains("are not declared"),
+        "{v}: {log}"
+    );
+}

@@ -453,58 +453,6 @@ fn above_maxmemory_writes_are_refused_and_reads_run() {
     assert_eq!(get(&mut c, "d").as_deref(), Some("v"));
 }
 
-#[test]
-fn a_function_guarded_as_a_whole_runs_its_writes_together() {
-    let s = Server::start();
-    let mut c = s.conn();
-    let v = s.version();
-    let lib = "#!lua name=guardlib\n\
-        redis.register_function('transfer', function(keys, args)\n\
-          redis.call('DECRBY', keys[1], args[1])\n\
-          return redis.call('INCRBY', keys[2], args[1])\n\
-        end)";
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(lib)
-        .query(&mut c)
-        .unwrap();
-    let _: () = redis::cmd("MSET")
-        .arg("{o}a")
-        .arg(10)
-        .arg("{o}b")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
-    acquire(&mut c, "{o}lock", "t", 60_000).unwrap();
-    let got = exec(
-        &mut c,
-        &[
-            "{o}lock", "t", "FCALL", "transfer", "2", "{o}a", "{o}b", "3",
-        ],
-    );
-    assert_eq!(got.unwrap(), redis::Value::Int(3), "{v}");
-    let e = exec_err(
-        &mut c,
-        &[
-            "{o}lock", "other", "FCALL", "transfer", "2", "{o}a", "{o}b", "3",
-        ],
-    );
-    assert!(e.starts_with("NOTHELD"), "{e}");
-    let got = exec(
-        &mut c,
-        &[
-            "{o}lock",
-            "t",
-            "EVAL",
-            "return redis.call('GET', KEYS[1])",
-            "1",
-            "{o}a",
-        ],
-    );
-    assert_eq!(got.unwrap(), redis::Value::BulkString(b"7".to_vec()));
-    assert_eq!(get(&mut c, "{o}b").as_deref(), Some("3"));
-}
-
 /// The commands the replica ran, from INFO commandstats: `name -> calls`.
 fn command_calls(c: &mut Connection) -> std::collections::HashMap<String, i64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
@@ -599,8 +547,18 @@ fn a_gate_runs_fences_at_or_above_its_mark_and_refuses_lower_ones() {
     let e = run_err(&mut c, &["LOCK.FENCED", "g", "30", "GET"]);
     assert!(e.starts_with("ERR"), "{e}");
     assert_eq!(fence(&mut c, "g"), Some(20));
-    // A command that deletes its own gate does not reset the mark.
-    fenced(&mut c, &["g", "25", "DEL", "g"]).unwrap();
+    // A command that names its own gate is refused: it could overwrite
+    // the gate and take the mark with it (SET g x, then DEL g).
+    for inner in [&["DEL", "g"][..], &["SET", "g", "x"], &["RENAME", "d", "g"]] {
+        let mut argv = vec!["LOCK.FENCED", "g", "25"];
+        argv.extend(inner);
+        let e = run_err(&mut c, &argv);
+        assert!(e.starts_with("NOTGUARDABLE") && e.contains("gate"), "{e}");
+    }
+    assert_eq!(fence(&mut c, "g"), Some(20));
+    assert_eq!(get(&mut c, "d").as_deref(), Some("ab"));
+    // One that deletes it without naming it does not reset the mark.
+    fenced(&mut c, &["g", "25", "FLUSHDB"]).unwrap();
     assert_eq!(fence(&mut c, "g"), Some(25));
     // The gate is not a lock, a lock not a gate; bad fences are refused.
     let e = run_err(&mut c, &["LOCK.ACQUIRE", "g", "t", "1000"]);
@@ -755,22 +713,37 @@ fn guards_inside_scripts_transactions_and_chains_keep_the_server_up() {
         .query(&mut c)
         .unwrap();
     assert_eq!(ok, "OK");
-    let (n, m): (i64, i64) = redis::pipe()
-        .atomic()
-        .cmd("LOCK.EXEC")
-        .arg("k")
-        .arg("t")
-        .arg("INCR")
-        .arg("n")
-        .cmd("LOCK.EXEC")
-        .arg("k")
-        .arg("t")
-        .arg("EVAL")
-        .arg("return redis.call('INCR', 'n')")
-        .arg(0)
-        .query(&mut c)
-        .unwrap();
-    assert_eq!((n, m), (1, 2));
+    // In a transaction: a guarded command runs, a guarded script is
+    // refused (a busy one would expose the caller of EXEC as it would any
+    // guarded command's), and the server lives.
+    let mut raw = RawConn::connect(&s);
+    raw.pipeline(&[
+        &["MULTI"],
+        &["LOCK.EXEC", "k", "t", "INCR", "n"],
+        &[
+            "LOCK.EXEC",
+            "k",
+            "t",
+            "EVAL",
+            "return redis.call('INCR', 'n')",
+            "0",
+        ],
+        &["EXEC"],
+    ]);
+    assert_eq!(raw.read(), Resp::Simple("OK".into()));
+    assert_eq!(raw.read(), Resp::Simple("QUEUED".into()));
+    assert_eq!(raw.read(), Resp::Simple("QUEUED".into()));
+    match raw.read() {
+        Resp::Array(replies) => {
+            assert_eq!(replies[0], Resp::Int(1));
+            assert!(
+                matches!(&replies[1], Resp::Error(e) if e.starts_with("NOTGUARDABLE")),
+                "{replies:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(get(&mut c, "n").as_deref(), Some("1"));
     // COMMAND GETKEYS of a long chain of nested guards.
     let mut cmd = redis::cmd("COMMAND");
     cmd.arg("GETKEYS");

@@ -10,6 +10,7 @@ use bitflags::bitflags;
 use super::args::{parse_i64, parse_token};
 use super::error::{show_arg, LockError};
 use super::fence::within_clock_lead;
+use super::limits::CLOCK_FENCES_FROM;
 use super::protocol::command;
 
 /// `LOCK.EXEC key token [FENCE fence] command [arg ...]`
@@ -171,20 +172,17 @@ impl CommandFlags {
     }
 }
 
-/// How a guardable command is run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Guarded {
-    /// A plain command, run under a script's rules (min-replicas-to-write,
-    /// disk errors, a read-only replica), as the caller's user.
-    Command,
-    /// A script or function (`EVAL*`, `FCALL*`): the script engine applies
-    /// those rules to each command the script runs.
-    Script,
-}
-
-/// The commands that run a script: flagged no-script (a script may not
-/// start another), but running one whole under a guard is the way to guard
-/// several writes at once.
+/// The commands that run a script or function. None runs guarded: a
+/// guarded command runs its inner command inside its own call, through the
+/// server's call of it on the module's client, and a script that runs past
+/// `busy-reply-threshold` makes the server serve events while it is busy,
+/// protecting only that client. The client whose guarded command is on the
+/// stack may then disconnect or pipeline its next command, which crashed
+/// Redis 7.0, 8.2 and Valkey 8.1; and in a cluster the script's undeclared
+/// keys were filed under the lock's slot. Several writes are guarded as one
+/// the other way round: the user's script checks the lock (`LOCK.FENCE key
+/// token`, `LOCK.FENCED gate fence`) and then writes, run by the server as
+/// any script.
 const SCRIPT_COMMANDS: [&[u8]; 6] = [
     b"eval",
     b"evalsha",
@@ -194,18 +192,18 @@ const SCRIPT_COMMANDS: [&[u8]; 6] = [
     b"fcall_ro",
 ];
 
+/// Commands that move whole databases: `SWAPDB` would put another
+/// database's key where a gate was, under the gate's own check.
+const WHOLE_DATABASE_COMMANDS: [&[u8]; 1] = [b"swapdb"];
+
 /// Whether the command `name` (any case; `container|sub` for a
-/// subcommand), with the server's `flags` for it, may run guarded, and how.
+/// subcommand), with the server's `flags` for it, may run guarded.
 /// Refused: `LOCK.*` (a guard inside a guard, or a lock changed under its
-/// own check), commands that block, change the connection's state or
-/// transaction (`MULTI`, `WATCH`, `SUBSCRIBE`: pub/sub and no-script), and
-/// admin commands. `in_script`: the guard itself was called from a script
-/// or function, which cannot start another (the server asserts on it).
-pub fn check_inner(
-    name: &[u8],
-    flags: CommandFlags,
-    in_script: bool,
-) -> Result<Guarded, LockError> {
+/// own check), scripts and functions (see [`SCRIPT_COMMANDS`]), commands
+/// that block, change the connection's state or transaction (`MULTI`,
+/// `WATCH`, `SUBSCRIBE`: pub/sub and no-script), admin commands, commands
+/// of other modules, and `SWAPDB`.
+pub fn check_inner(name: &[u8], flags: CommandFlags) -> Result<(), LockError> {
     let refuse = |why| {
         Err(LockError::NotGuardable(
             show_arg(&name.to_ascii_lowercase()),
@@ -216,10 +214,16 @@ pub fn check_inner(
         return refuse("lock commands are not run guarded");
     }
     if is_script_command(name) {
-        if in_script {
-            return refuse("a script or function cannot run another");
-        }
-        return Ok(Guarded::Script);
+        return refuse(
+            "scripts and functions are not run guarded; check the lock inside the script instead \
+             (LOCK.FENCE key token, or LOCK.FENCED gate fence, then the writes)",
+        );
+    }
+    if WHOLE_DATABASE_COMMANDS
+        .iter()
+        .any(|c| c.eq_ignore_ascii_case(name))
+    {
+        return refuse("it moves whole databases");
     }
     if flags.contains(CommandFlags::BLOCKING) {
         return refuse("it may block");
@@ -234,14 +238,32 @@ pub fn check_inner(
         return refuse("it cannot run in a script or transaction (MULTI, WATCH, ...)");
     }
     // A module command may block its caller without declaring it, which
-    // makes the server abort when it runs inside another command; a script
-    // that calls it is answered an error instead.
+    // makes the server abort when it runs inside another command.
     if flags.contains(CommandFlags::MODULE) {
-        return refuse(
-            "commands of other modules run guarded only from a script or function (EVAL, FCALL)",
-        );
+        return refuse("commands of other modules are not run guarded");
     }
-    Ok(Guarded::Command)
+    Ok(())
+}
+
+/// `LOCK.FENCED`'s inner command may not name its own gate (any argument
+/// equal to the gate's key, a key or not): a command that overwrote the
+/// gate (`SET gate x`, `RENAME other gate`) would take the mark with it,
+/// and the gate would accept any fence once that key was deleted. A
+/// command that deletes keys without naming them (`FLUSHDB`) is repaired:
+/// the mark is recorded after the command ran.
+/// `name` is the inner command's name, `args` its arguments after it.
+pub fn check_gate_not_named<'a>(
+    gate: &[u8],
+    name: &[u8],
+    mut args: impl Iterator<Item = &'a [u8]>,
+) -> Result<(), LockError> {
+    if args.any(|arg| arg == gate) {
+        return Err(LockError::NotGuardable(
+            show_arg(&name.to_ascii_lowercase()),
+            "it names the gate's own key, which would lose its mark",
+        ));
+    }
+    Ok(())
 }
 
 /// Above this many arguments (its name included) an inner command's keys
@@ -264,8 +286,19 @@ pub fn check_inner_length(args: usize, cluster: bool) -> Result<(), LockError> {
 }
 
 /// The gate's rule: `fence` passes if it is at least the gate's `mark`
-/// (None: a new gate), and is the mark from then on.
-pub fn pass(mark: Option<i64>, fence: i64) -> Result<i64, LockError> {
+/// (None: a new gate), and is the mark from then on. A clock fence (at
+/// least [`CLOCK_FENCES_FROM`]) must also reach `floor`: the node's first
+/// fence since it last loaded its data or was promoted, so a mark lost
+/// with the data (a restart from an older RDB, a failover before the last
+/// `LOCK.FENCED` reached the replica, a gate created since the last save)
+/// lets no fence issued before then through.
+pub fn pass(mark: Option<i64>, fence: i64, floor: i64) -> Result<i64, LockError> {
+    if fence >= CLOCK_FENCES_FROM && fence < floor {
+        return Err(LockError::StaleFence {
+            fence,
+            mark: mark.unwrap_or(0).max(floor),
+        });
+    }
     match mark {
         Some(mark) if fence < mark => Err(LockError::StaleFence { fence, mark }),
         Some(mark) => Ok(mark.max(fence)),
@@ -336,26 +369,25 @@ mod tests {
     #[test]
     fn which_commands_run_guarded() {
         let none = CommandFlags::empty();
-        assert_eq!(
-            check_inner(b"SET", CommandFlags::WRITE, false),
-            Ok(Guarded::Command)
-        );
-        assert_eq!(
-            check_inner(b"SET", CommandFlags::WRITE, true),
-            Ok(Guarded::Command)
-        );
-        assert_eq!(
-            check_inner(b"FCALL", CommandFlags::NOSCRIPT, false),
-            Ok(Guarded::Script)
-        );
-        assert_eq!(
-            check_inner(b"evalsha", CommandFlags::NOSCRIPT, false),
-            Ok(Guarded::Script)
-        );
-        // A script cannot start another.
-        assert!(check_inner(b"EVAL", CommandFlags::NOSCRIPT, true).is_err());
+        assert_eq!(check_inner(b"SET", CommandFlags::WRITE), Ok(()));
+        assert_eq!(check_inner(b"flushdb", CommandFlags::WRITE), Ok(()));
         for (name, flags) in [
-            (&b"LOCK.RELEASE"[..], none),
+            (&b"EVAL"[..], CommandFlags::NOSCRIPT),
+            (b"evalsha", CommandFlags::NOSCRIPT),
+            (b"Eval_Ro", CommandFlags::NOSCRIPT),
+            (b"evalsha_ro", CommandFlags::NOSCRIPT),
+            (b"FCALL", CommandFlags::NOSCRIPT),
+            (b"fcall_ro", none),
+        ] {
+            let refused = check_inner(name, flags).unwrap_err().to_string();
+            assert!(
+                refused.starts_with("NOTGUARDABLE") && refused.contains("LOCK.FENCE"),
+                "{refused}"
+            );
+        }
+        for (name, flags) in [
+            (&b"SWAPDB"[..], CommandFlags::WRITE),
+            (b"LOCK.RELEASE", none),
             (b"lock.exec", none),
             (b"BLPOP", CommandFlags::BLOCKING | CommandFlags::WRITE),
             (b"multi", CommandFlags::NOSCRIPT),
@@ -364,7 +396,7 @@ mod tests {
             (b"config|set", CommandFlags::ADMIN | CommandFlags::NOSCRIPT),
             (b"json.set", CommandFlags::MODULE | CommandFlags::WRITE),
         ] {
-            let refused = check_inner(name, flags, false).unwrap_err();
+            let refused = check_inner(name, flags).unwrap_err();
             assert!(refused.to_string().starts_with("NOTGUARDABLE"), "{refused}");
         }
     }
@@ -389,9 +421,71 @@ mod tests {
 
     #[test]
     fn the_gate_takes_fences_at_or_above_its_mark() {
-        assert_eq!(pass(None, 3), Ok(3));
-        assert_eq!(pass(Some(3), 3), Ok(3));
-        assert_eq!(pass(Some(3), 9), Ok(9));
-        assert_eq!(pass(Some(9), 3), Err(StaleFence { fence: 3, mark: 9 }));
+        assert_eq!(pass(None, 3, 0), Ok(3));
+        assert_eq!(pass(Some(3), 3, 0), Ok(3));
+        assert_eq!(pass(Some(3), 9, 0), Ok(9));
+        assert_eq!(pass(Some(9), 3, 0), Err(StaleFence { fence: 3, mark: 9 }));
+    }
+
+    #[test]
+    fn after_a_load_or_promotion_clock_fences_from_before_are_refused() {
+        let floor = 1_800_000_000_000_000;
+        let before = floor - 5;
+        // A gate lost with the data, or one whose mark went back.
+        assert_eq!(
+            pass(None, before, floor),
+            Err(StaleFence {
+                fence: before,
+                mark: floor
+            })
+        );
+        assert_eq!(
+            pass(Some(before - 10), before, floor),
+            Err(StaleFence {
+                fence: before,
+                mark: floor
+            })
+        );
+        assert_eq!(pass(None, floor, floor), Ok(floor));
+        assert_eq!(pass(Some(before), floor + 7, floor), Ok(floor + 7));
+        // A mark above the floor is the gate's own rule.
+        assert_eq!(
+            pass(Some(floor + 9), floor + 7, floor),
+            Err(StaleFence {
+                fence: floor + 7,
+                mark: floor + 9
+            })
+        );
+        // Counters of the user's own are not a clock's: the mark alone.
+        assert_eq!(pass(Some(5000), 5005, floor), Ok(5005));
+        assert_eq!(pass(None, 5, floor), Ok(5));
+        assert_eq!(
+            pass(Some(5010), 5005, floor),
+            Err(StaleFence {
+                fence: 5005,
+                mark: 5010
+            })
+        );
+    }
+
+    #[test]
+    fn a_command_may_not_name_its_own_gate() {
+        let check =
+            |inner: &[&[u8]]| check_gate_not_named(b"g", inner[0], inner[1..].iter().copied());
+        assert_eq!(check(&[b"SET", b"d", b"1"]), Ok(()));
+        for inner in [
+            &[&b"SET"[..], b"g", b"x"][..],
+            &[b"rename", b"d", b"g"],
+            &[b"COPY", b"d", b"g", b"REPLACE"],
+            &[b"SET", b"d", b"g"],
+        ] {
+            let e = check(inner).unwrap_err().to_string();
+            assert!(e.starts_with("NOTGUARDABLE") && e.contains("gate"), "{e}");
+        }
+        // The command's name is not an argument.
+        assert_eq!(
+            check_gate_not_named(b"get", b"GET", [&b"d"[..]].into_iter()),
+            Ok(())
+        );
     }
 }

@@ -19,6 +19,13 @@ pub const DEFAULT_MAX_TTL_MS: i64 = 7 * 86_400_000;
 /// years. Whatever is loaded, at least 2^62 tokens stay available.
 pub const MAX_FENCE_LEAD: i64 = 1 << 50;
 
+/// Fences at or above this are a clock's µs (2^50 µs is September 2005):
+/// every fence this module issues is, and so is a Redlock group's. A
+/// fence below it is a counter of the user's own, which no clock orders.
+/// After a node loaded its data or was promoted, its gates refuse a clock
+/// fence issued before then (see `Node::pass_gate`).
+pub const CLOCK_FENCES_FROM: i64 = 1 << 50;
+
 /// The default limit of BLOCK waiters queued on one key.
 pub const DEFAULT_MAX_WAITERS_PER_KEY: i64 = 100_000;
 

@@ -333,6 +333,9 @@ pub struct Node<K, C> {
     /// When the node last started serving as master (loaded its data or
     /// was promoted), monotonic ms: the restart delay runs from here.
     serving_since_ms: i64,
+    /// The node's first fence since it last started serving: gates refuse
+    /// clock fences below it (see `guarded::pass`).
+    gate_floor: i64,
     /// Grants whose reply never reached their client: (key, fence, lease),
     /// and when the timer must take them back.
     undelivered: Vec<(K, i64, u64)>,
@@ -354,6 +357,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
             waiters: Waiters::default(),
             limits: Limits::default(),
             serving_since_ms: 0,
+            gate_floor: 0,
             undelivered: Vec::new(),
             undelivered_at_ms: None,
             retry_at_ms: None,
@@ -1211,6 +1215,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     pub fn start_serving(&mut self, now: Now) {
         self.fences.raise_to_clock(now.wall_us);
         self.serving_since_ms = now.mono_ms();
+        // Every fence issued before now is at most the mark; every later
+        // one is above it. A gate's mark may have been lost with the data
+        // (see `guarded::pass`).
+        self.gate_floor = self.fences.hwm().saturating_add(1);
     }
 
     /// Locks may have changed under every waited-on key that `affected`
@@ -1272,13 +1280,18 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// holds the key's lock now (with exactly `fence`, when given), or why
     /// not. Reads only: an ended lease is the sweep's and the timer's to
     /// reclaim, so the guarded command changes nothing but its own effect.
+    /// A replica refuses (also with `replica-read-only no`): its copy of
+    /// the lease is its master's as last replicated, and a write there
+    /// would be the replica's alone.
     pub fn check_holder(
         &self,
         store: &impl LockRead,
         token: &[u8],
         fence: Option<i64>,
+        cond: Conditions,
         now_ms: i64,
     ) -> Result<i64, LockError> {
+        refuse_on_replica(cond)?;
         let why = match lock::holders(store).find(|l| l.token == token) {
             None if lock::is_held(store, now_ms) => NotHeld::OtherToken,
             None => NotHeld::Free,
@@ -1300,6 +1313,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// group, another node), so they do not raise the node's mark.
     /// Gates are kept like locks: not on a replica, not where
     /// maxmemory-policy may evict them, and no new one above maxmemory.
+    /// A clock fence issued before the node last loaded its data or was
+    /// promoted is refused by every gate ([`guarded::pass`]).
     pub fn pass_gate(
         &self,
         mark: Option<i64>,
@@ -1314,7 +1329,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             None => self.limits.check_can_keep_new(cond)?,
             Some(_) => self.limits.check_not_evictable(cond)?,
         }
-        guarded::pass(mark, fence)
+        guarded::pass(mark, fence, self.gate_floor)
     }
 
     /// `LOCK.INFO key`: what is held now, or None when nobody holds it.

@@ -33,7 +33,7 @@
 
 use std::ffi::CStr;
 use std::marker::PhantomData;
-use std::os::raw::{c_int, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 
@@ -1035,6 +1035,20 @@ pub fn subscribe_to_server_event(ctx: Ctx, id: u64, callback: EventFn) -> Option
     // SAFETY: ctx is the load context Redis gave the caller; the callback
     // is a plain function.
     Some(unsafe { subscribe(ctx.0, event, callback) } == raw::REDISMODULE_OK as c_int)
+}
+
+/// A keyspace-notification callback: (context in the key's db, the event
+/// type, its name, the key).
+pub type KeyspaceFn = extern "C" fn(Ctx, c_int, *const c_char, RString) -> c_int;
+
+/// Subscribes `callback` to the keyspace events of `types`
+/// (`REDISMODULE_NOTIFY_*`). The server calls it for those events only.
+pub fn subscribe_to_keyspace_events(ctx: Ctx, types: c_int, callback: KeyspaceFn) -> bool {
+    let callback = raw_callback!(callback as KeyspaceFn);
+    // SAFETY: ctx is the load context Redis gave the caller; the callback
+    // is a plain function.
+    let status = unsafe { api!(RedisModule_SubscribeToKeyspaceEvents)(ctx.0, types, callback) };
+    status == raw::REDISMODULE_OK as c_int
 }
 
 /// The db a FLUSHDB event is about (-1: all), from the `event` and `data`

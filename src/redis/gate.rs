@@ -19,11 +19,15 @@
 
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicPtr, Ordering::Relaxed};
+use std::sync::OnceLock;
 
 use redis_module::raw;
 
-use super::ffi::{api, context_flags, guard, log_warning, Ctx, KeyRef, OpenKey, Write};
-use super::node;
+use super::ffi::{
+    self, api, context_flags, guard, log_warning, raw_callback, Ctx, KeyOpt, KeyRef, OpenKey,
+    UnlinkFn, Write,
+};
+use super::node::{self, Key};
 use crate::core::error::LockError;
 use crate::core::guarded;
 use crate::core::protocol::command;
@@ -34,7 +38,15 @@ const ENCODING_VERSION: c_int = 1;
 
 static GATE_TYPE: AtomicPtr<raw::RedisModuleType> = AtomicPtr::new(std::ptr::null_mut());
 
-pub fn register(ctx: Ctx) -> Result<(), &'static str> {
+/// Told of every gate that leaves the keyspace: its key and mark.
+pub type UnlinkedFn = fn(Key, i64);
+
+static ON_UNLINKED: OnceLock<UnlinkedFn> = OnceLock::new();
+
+/// Registers the type; `on_unlinked` hears of every gate leaving the
+/// keyspace (DEL, overwrite, eviction, expiry, ...), with its mark.
+pub fn register(ctx: Ctx, on_unlinked: UnlinkedFn) -> Result<(), &'static str> {
+    let _ = ON_UNLINKED.set(on_unlinked);
     let mut methods = raw::RedisModuleTypeMethods {
         version: 4,
         rdb_load: Some(rdb_load),
@@ -52,7 +64,7 @@ pub fn register(ctx: Ctx) -> Result<(), &'static str> {
         defrag: None,
         mem_usage2: None,
         free_effort2: None,
-        unlink2: None,
+        unlink2: raw_callback!(unlink as UnlinkFn),
         copy2: None,
         aux_save2: None,
     };
@@ -121,6 +133,20 @@ pub fn set_mark(key: &OpenKey<Write>, mark: i64) {
             value.cast(),
         )
     };
+}
+
+extern "C" fn unlink(opt: KeyOpt, value: *const c_void) {
+    guard("gate unlink", (), || {
+        if value.is_null() {
+            return;
+        }
+        // SAFETY: Redis passes a value of this type, alive during the call.
+        let m = unsafe { mark(value) };
+        if let Some(hear) = ON_UNLINKED.get() {
+            let (db, name) = ffi::unlinked_key(opt);
+            hear((db, name[..].into()), m);
+        }
+    })
 }
 
 extern "C" fn free(value: *mut c_void) {

@@ -24,22 +24,24 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::raw;
 
 use super::engine;
+use super::evicted;
 use super::ffi::{self, Argv, CallReply, Ctx, OpenKey, RString, Read, Reply, Write};
 use super::gate;
 use super::keyspace::ReadKey;
 use super::node::{self, STATS};
 use crate::core::error::LockError;
-use crate::core::guarded::{self, CommandFlags, Guarded};
+use crate::core::guarded::{self, CommandFlags};
 use crate::core::protocol::command;
 
 /// The lock key's key-spec flags in `LOCK.EXEC`: read only.
 pub const EXEC_KEY_FLAGS: u64 =
     (raw::REDISMODULE_CMD_KEY_RO | raw::REDISMODULE_CMD_KEY_ACCESS) as u64;
-/// The gate's key-spec flags in `LOCK.FENCED`: its mark is written.
+/// The gate's key-spec flags in `LOCK.FENCED`: its mark is read and
+/// written (created on first use), as `SET`'s key is. UPDATE and INSERT
+/// exclude each other: the server refuses a key spec with both.
 pub const GATE_KEY_FLAGS: u64 = (raw::REDISMODULE_CMD_KEY_RW
     | raw::REDISMODULE_CMD_KEY_ACCESS
-    | raw::REDISMODULE_CMD_KEY_UPDATE
-    | raw::REDISMODULE_CMD_KEY_INSERT) as u64;
+    | raw::REDISMODULE_CMD_KEY_UPDATE) as u64;
 
 thread_local! {
     /// The server's flags of each command seen (`COMMAND INFO`, by lower
@@ -122,48 +124,46 @@ impl LowerName {
     }
 }
 
-/// How the inner command `inner` (its name first) may run, or why not.
-fn plan(ctx: Ctx, inner: &[RString]) -> Result<Guarded, LockError> {
+/// Whether the inner command `inner` (its name first) may run guarded, or
+/// why not.
+fn plan(ctx: Ctx, inner: &[RString]) -> Result<(), LockError> {
     // The cluster flag is read only for a long command (it costs a call).
     if inner.len() > guarded::MAX_INNER_ARGS_FOR_KEYS {
         guarded::check_inner_length(inner.len(), ffi::in_cluster(ctx))?;
     }
     let name = ffi::string_bytes_of(&inner[0]);
-    // Asked only for a script command (the flags cost a little to read).
-    let in_script = guarded::is_script_command(name)
-        && ffi::context_flags(ctx) & raw::REDISMODULE_CTX_FLAGS_LUA != 0;
     let Some(lower) = LowerName::new(&[name]) else {
         // No command has such a name: RM_Call says so.
-        return guarded::check_inner(name, CommandFlags::empty(), in_script);
+        return guarded::check_inner(name, CommandFlags::empty());
     };
     let flags = flags_of(ctx, lower.get()).unwrap_or_default();
     if flags.contains(CommandFlags::CONTAINER) && inner.len() > 1 {
         let sub = ffi::string_bytes_of(&inner[1]);
         if let Some(full) = LowerName::new(&[name, sub]) {
             if let Some(sub_flags) = flags_of(ctx, full.get()) {
-                return guarded::check_inner(full.get(), sub_flags, in_script);
+                return guarded::check_inner(full.get(), sub_flags);
             }
         }
     }
-    guarded::check_inner(lower.get(), flags, in_script)
+    guarded::check_inner(lower.get(), flags)
 }
 
-/// Runs the inner command as planned: its reply, or why it did not run.
-fn run(ctx: Ctx, inner: &[RString], how: Guarded) -> Result<CallReply, LockError> {
-    // A script's own commands meet the script rules (S) in the script
-    // engine; EVAL and FCALL themselves are no-script commands, which S
-    // refuses.
-    let flags: &CStr = match how {
-        Guarded::Command => c"CSM!0v",
-        Guarded::Script => c"CM!0v",
-    };
-    ffi::call(ctx, inner, flags).map_err(|errno| refusal(ctx, inner, how, errno))
+/// The inner command's RM_Call flags: as the caller's user (`C`), under a
+/// script's rules (`S`) and maxmemory (`M`), replicated as itself (`!`),
+/// in the caller's protocol (`0`), its strings verbatim (`v`).
+const CALL_FLAGS: &CStr = c"CSM!0v";
+/// The same, with errors as replies (`E`): why the call was refused.
+const CALL_FLAGS_WHY: &CStr = c"CSM!0Ev";
+
+/// Runs the inner command: its reply, or why it did not run.
+fn run(ctx: Ctx, inner: &[RString]) -> Result<CallReply, LockError> {
+    ffi::call(ctx, inner, CALL_FLAGS).map_err(|errno| refusal(ctx, inner, errno))
 }
 
 /// Why RM_Call ran nothing, as the caller would have been told had it
 /// called the command directly.
 #[cold]
-fn refusal(ctx: Ctx, inner: &[RString], how: Guarded, errno: c_int) -> LockError {
+fn refusal(ctx: Ctx, inner: &[RString], errno: c_int) -> LockError {
     let shown = crate::core::error::show_arg(ffi::string_bytes_of(&inner[0]));
     if errno == libc::EACCES {
         return LockError::InnerRefused(format!(
@@ -173,11 +173,7 @@ fn refusal(ctx: Ctx, inner: &[RString], how: Guarded, errno: c_int) -> LockError
     // The same call again with E (errors as replies) meets the same
     // refusal before running (nothing ran in between) and says why in
     // the server's own words.
-    let flags: &CStr = match how {
-        Guarded::Command => c"CSM!0Ev",
-        Guarded::Script => c"CM!0Ev",
-    };
-    match ffi::call(ctx, inner, flags) {
+    match ffi::call(ctx, inner, CALL_FLAGS_WHY) {
         Ok(reply) if ffi::is_error_reply(&reply) => {
             LockError::InnerRefused(ffi::call_reply_string(&reply).unwrap_or_default())
         }
@@ -223,18 +219,21 @@ pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     }
     let a = guarded::parse_exec(argv.bytes(), argv.all().len())?;
     let inner = &argv.all()[a.command_at..];
-    let how = plan(ctx, inner)?;
+    plan(ctx, inner)?;
     {
         let store = ReadKey::open(ctx, argv.key())?;
         let now_ms = node::mono_ms();
-        if let Err(e) = engine::with_engine(|n| n.check_holder(&store, a.token, a.fence, now_ms)) {
+        let cond = engine::conditions(ctx, false);
+        if let Err(e) =
+            engine::with_engine(|n| n.check_holder(&store, a.token, a.fence, cond, now_ms))
+        {
             STATS.exec_notheld.fetch_add(1, Relaxed);
             return Err(e);
         }
         // The lock's key is closed before the command runs: it may be one
         // of the command's keys.
     }
-    let reply = run(ctx, inner, how)?;
+    let reply = run(ctx, inner)?;
     STATS.exec_ran.fetch_add(1, Relaxed);
     Ok(Reply::Call(reply))
 }
@@ -251,28 +250,38 @@ pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     }
     let a = guarded::parse_fenced(argv.bytes(), argv.all().len())?;
     let inner = a.command_at.map(|at| &argv.all()[at..]);
-    let plan = inner.map(|i| plan(ctx, i)).transpose()?;
+    if let Some(inner) = inner {
+        plan(ctx, inner)?;
+        let args = inner[1..].iter().map(ffi::string_bytes_of);
+        guarded::check_gate_not_named(argv.key_bytes(), ffi::string_bytes_of(&inner[0]), args)?;
+    }
     let now_us = node::conversion_now().wall_us;
     let cond = engine::conditions(ctx, false);
     let decide = |mark| engine::with_engine(|n| n.pass_gate(mark, a.fence, cond, now_us));
+    // A gate maxmemory evicted keeps its mark until it is put back.
+    let gate_key = engine::key_of(ctx, argv.key_bytes());
+    let kept = evicted::pending_mark(&gate_key);
     {
         let key = OpenKey::<Read>::open(ctx, argv.key());
         let mark = match &key {
             Some(k) => gate::mark_of(k.key())?,
             None => None,
         };
-        if let Err(e) = decide(mark) {
+        if let Err(e) = decide(mark.max(kept)) {
             if matches!(e, LockError::StaleFence { .. }) {
                 STATS.fenced_stale.fetch_add(1, Relaxed);
             }
             return Err(e);
         }
     }
-    let reply = match (inner, plan) {
-        (Some(inner), Some(how)) => Some(run(ctx, inner, how)?),
-        _ => None,
+    let reply = match inner {
+        Some(inner) => Some(run(ctx, inner)?),
+        None => None,
     };
     record(ctx, argv.key(), a.fence);
+    if kept.is_some() {
+        evicted::settled(&gate_key);
+    }
     STATS.fenced_ran.fetch_add(1, Relaxed);
     Ok(match reply {
         Some(reply) => Reply::Call(reply),

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 
 use super::engine;
+use super::evicted;
 use super::ffi::{self, cluster_nodes, in_cluster, key_exists, Ctx, RString};
 use super::keyspace::LockKey;
 use super::node::{self, Client, Key};
@@ -12,12 +13,13 @@ use super::outputs::{self, Site, WaiterAcl};
 use super::timer::Inbox;
 use crate::core::cluster;
 use crate::core::error::LockError;
-use crate::core::node::{Keyspace, Served};
+use crate::core::node::{Conditions, Keyspace, Served};
 
 /// A run of the hand-off timer (`timer`, which calls it): feeds the inbox
 /// to the node and has it run its timer ([`Node::run_timer`]) over the
 /// keyspace, entering the engine once; then carries out what it decided
-/// (first what a decision cut short by a panic had left).
+/// (first what a decision cut short by a panic had left). Evicted gates
+/// are put back first (`evicted`).
 ///
 /// [`Node::run_timer`]: crate::core::node::Node::run_timer
 pub fn run(ctx: Ctx, inbox: Inbox) {
@@ -27,6 +29,11 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
     let now = node::now();
     let now_ms = now.mono_ms();
     let cond = engine::background_conditions(ctx);
+    evicted::put_back(
+        ctx,
+        cond.contains(Conditions::REPLICA),
+        cond.contains(Conditions::WRITES_PAUSED),
+    );
     let changed: HashSet<&Key> = inbox.changed.iter().collect();
     let mut keys = Keys {
         ctx,

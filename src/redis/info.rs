@@ -31,6 +31,7 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             ("exec_notheld", &STATS.exec_notheld),
             ("fenced_ran", &STATS.fenced_ran),
             ("fenced_stale", &STATS.fenced_stale),
+            ("gates_put_back", &STATS.gates_put_back),
         ];
         for (name, counter) in counters {
             raw::add_info_field_unsigned_long_long(ctx, name, counter.load(Relaxed));

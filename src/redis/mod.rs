@@ -6,6 +6,7 @@
 //! * `guarded`   — `LOCK.EXEC` and `LOCK.FENCED`: the inner command run
 //!   through RM_Call once the node allowed it
 //! * `gate`      — the `lock_gate` data type (a fence gate's mark)
+//! * `evicted`   — gates maxmemory evicted, their marks kept and put back
 //! * `events`    — server events and the type's unlink callback
 //! * `handoff`   — what a run of the hand-off timer does; flush, SWAPDB
 //! * `sweep`     — the background reclamation of ended locks
@@ -34,6 +35,7 @@ pub mod commands;
 pub mod datatype;
 pub mod engine;
 pub mod events;
+pub mod evicted;
 pub mod ffi;
 pub mod gate;
 pub mod guarded;

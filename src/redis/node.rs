@@ -137,6 +137,8 @@ pub struct Stats {
     pub exec_notheld: AtomicU64,
     pub fenced_ran: AtomicU64,
     pub fenced_stale: AtomicU64,
+    /// Gates maxmemory evicted and the timer put back (`evicted`).
+    pub gates_put_back: AtomicU64,
     /// Lock values in the keyspace; a lease that ended still counts until
     /// its key is reclaimed.
     pub locks: AtomicI64,
@@ -160,6 +162,7 @@ pub static STATS: Stats = Stats {
     exec_notheld: AtomicU64::new(0),
     fenced_ran: AtomicU64::new(0),
     fenced_stale: AtomicU64::new(0),
+    gates_put_back: AtomicU64::new(0),
     redirects: AtomicU64::new(0),
     locks: AtomicI64::new(0),
 };
