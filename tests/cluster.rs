@@ -471,3 +471,101 @@ fn a_guarded_command_too_long_for_its_keys_to_be_checked_is_refused_in_a_cluster
     }
     assert!(fence(&mut c, &lock).is_some(), "the lock is still held");
 }
+
+/// A guarded script in a cluster filed its undeclared keys under the
+/// lock's slot (Valkey 8.1, Redis 8.2: `GET` then missed the key, a
+/// reshard failed at `MIGRATE`, and a lock taken that way was granted
+/// again to another token). Scripts are refused inside a guard, and a
+/// plain script (the README's way to guard several writes) touches keys
+/// as the server's script rules allow: no key lands outside its slot and
+/// no lock is granted twice, with or without `allow-cross-slot-keys`.
+#[test]
+fn scripts_neither_misfile_keys_nor_grant_a_lock_twice_in_a_cluster() {
+    let cluster = Cluster::start(false);
+    let node = &cluster.nodes[0];
+    let v = node.version();
+    let mut c = node.conn();
+    let (lock, lock_slot) = key_on(node, "lock:", 0, None);
+    let (other, other_slot) = (0..)
+        .map(|i| key_on(node, &format!("other{i}:"), 0, None))
+        .find(|(_, s)| *s != lock_slot)
+        .unwrap();
+    let f = acquire(&mut c, &lock, "w", 60_000).unwrap();
+    let set_other = format!("return redis.call('SET', '{other}', 'v')");
+    let e = run_err(&mut c, &["LOCK.EXEC", &lock, "w", "EVAL", &set_other, "0"]);
+    assert!(e.starts_with("NOTGUARDABLE"), "{v}: {e}");
+    let e = run_err(
+        &mut c,
+        &[
+            "LOCK.FENCED",
+            &lock,
+            &f.to_string(),
+            "EVAL",
+            &set_other,
+            "0",
+        ],
+    );
+    assert!(
+        e.starts_with("NOTGUARDABLE") || e.starts_with("WRONGTYPE"),
+        "{v}: {e}"
+    );
+    let count = |slot: u16| -> i64 {
+        redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query(&mut node.conn())
+            .unwrap()
+    };
+    assert_eq!(count(lock_slot), 1, "{v}: only the lock in its slot");
+    assert_eq!(count(other_slot), 0, "{v}");
+    // The way that works: a script over keys of one slot that checks the
+    // lock, then writes.
+    let data = format!("{{{lock}}}data");
+    let lock_tagged = format!("{{{lock}}}lock");
+    acquire(&mut c, &lock_tagged, "w", 60_000).unwrap();
+    let ok: String = redis::cmd("EVAL")
+        .arg(
+            "if not redis.call('LOCK.FENCE', KEYS[1], ARGV[1]) then \
+               return redis.error_reply('NOTHELD') end \
+             return redis.call('SET', KEYS[2], 'paid')",
+        )
+        .arg(2)
+        .arg(&lock_tagged)
+        .arg(&data)
+        .arg("w")
+        .query(&mut c)
+        .unwrap();
+    assert_eq!(ok, "OK", "{v}");
+    // A plain script that takes a lock on a key it did not declare, in
+    // another slot of this node: the server's script rules decide; if the
+    // grant happened, the lock is in its own slot and nobody else gets it.
+    let other_lock = format!("{{{other}}}lock");
+    for script in [
+        "return redis.call('LOCK.ACQUIRE', ARGV[1], 'a', 60000)",
+        "#!lua flags=allow-cross-slot-keys\nreturn redis.call('LOCK.ACQUIRE', ARGV[1], 'a', 60000)",
+    ] {
+        for declared in [&[][..], &[lock.as_str()][..]] {
+            let mut eval = redis::cmd("EVAL");
+            eval.arg(script)
+                .arg(declared.len())
+                .arg(declared)
+                .arg(&other_lock);
+            let granted = eval.query::<Option<i64>>(&mut c);
+            let second = acquire(&mut c, &other_lock, "b", 60_000);
+            match granted {
+                Ok(Some(_)) => {
+                    assert_eq!(second, None, "{v} {script} {declared:?}: granted twice");
+                    assert_eq!(count(other_slot), 1, "{v}: filed in its own slot");
+                    assert_eq!(holder(&mut c, &other_lock).as_deref(), Some("a"), "{v}");
+                    release(&mut c, &other_lock, "a");
+                }
+                Ok(None) => panic!("{v}: the key was free"),
+                Err(e) => {
+                    assert!(second.is_some(), "{v} {script}: {e}");
+                    release(&mut c, &other_lock, "b");
+                }
+            }
+            assert_eq!(count(other_slot), 0, "{v}");
+        }
+    }
+}
