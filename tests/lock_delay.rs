@@ -1,6 +1,8 @@
 //! `lock.lock-delay-ms`: after a lease ends without a release (its holder
 //! died or stalled), the key grants nothing for that long, so writes the
 //! stalled holder had in flight drain before the next holder starts.
+//! On a shared key the ended holder keeps its place for the delay: what is
+//! compatible with it is granted, a writer and an over-limit holder wait.
 //! Waiters keep their place and are served after it; a release, a delete
 //! or FLUSHALL does not start it; the option changes apply to keys already
 //! held back. Off (0) by default.
@@ -127,4 +129,62 @@ fn without_the_option_an_ended_lease_is_granted_at_once() {
     acquire(&mut c, "job", "a", 30).unwrap();
     sleep(Duration::from_millis(60));
     assert!(acquire(&mut c, "job", "b", 1000).is_some());
+}
+
+fn acquire_shared(
+    c: &mut Connection,
+    key: &str,
+    token: &str,
+    ttl: i64,
+    limit: Option<i64>,
+) -> Option<i64> {
+    let mut cmd = redis::cmd("LOCK.ACQUIRE");
+    cmd.arg(key).arg(token).arg(ttl).arg("SHARED");
+    if let Some(n) = limit {
+        cmd.arg("LIMIT").arg(n);
+    }
+    cmd.query(c).unwrap()
+}
+
+/// On a shared key the ended holder keeps its place for the delay, as if
+/// it still held: what is compatible with it is granted (another reader
+/// beside an ended reader), what is not waits (a writer), and a
+/// semaphore's permit stays taken (a LIMIT 1 key grants no second
+/// holder). Readers do not conflict with a stalled reader's writes in
+/// flight; a writer and an over-limit holder would.
+#[test]
+fn a_shared_holder_that_ends_unreleased_keeps_its_place_for_the_delay() {
+    let s = Server::start();
+    let v = s.version();
+    let mut c = s.conn();
+    config_set(&mut c, "2000");
+    // A reader and a permit end unreleased.
+    let sent = Instant::now();
+    acquire_shared(&mut c, "report", "r1", 100, None).unwrap();
+    acquire_shared(&mut c, "sem", "p1", 100, Some(1)).unwrap();
+    wait_until(Duration::from_secs(5), || fence(&mut c, "report").is_none());
+    // (A few commands take far less than the delay, even on a loaded
+    // machine: the checks below all fall inside it.)
+    let delay_runs = || sent.elapsed() < Duration::from_millis(100 + 1900);
+    // A writer: held back by the ended reader alone.
+    assert_eq!(acquire(&mut c, "report", "w", 60_000), None, "{v}");
+    // The permit stays taken.
+    let p2 = acquire_shared(&mut c, "sem", "p2", 60_000, Some(1));
+    assert_eq!(p2, None, "{v}");
+    // Another reader: granted at once, beside the ended one.
+    let r2 = acquire_shared(&mut c, "report", "r2", 60_000, None);
+    assert!(r2.is_some(), "{v}");
+    release(&mut c, "report", "r2");
+    // The writer still waits for the ended reader's place.
+    assert_eq!(acquire(&mut c, "report", "w", 60_000), None, "{v}");
+    assert!(delay_runs(), "{v}: too slow to judge");
+    // The ended reader's own token is a new reader like any other.
+    let again = acquire_shared(&mut c, "report", "r1", 60_000, None);
+    assert!(again.is_some(), "{v}");
+    release(&mut c, "report", "r1");
+    // After the delay: the second permit is granted, and the writer.
+    sleep(Duration::from_millis(2200).saturating_sub(sent.elapsed()));
+    let p2 = acquire_shared(&mut c, "sem", "p2", 60_000, Some(1));
+    assert!(p2.is_some(), "{v}");
+    assert!(acquire(&mut c, "report", "w", 60_000).is_some(), "{v}");
 }
