@@ -467,9 +467,62 @@ pub fn parse_shared_set<'a>(argv: &[&'a [u8]]) -> Result<SharedSetArgs<'a>, Lock
     Ok(SharedSetArgs { mode, holders })
 }
 
+/// `LOCK._HOLD key limit token fence deadline-ms granted-ms`: one holder of
+/// a shared key, added or renewed (the form of [`shared_set_args`] with
+/// one holder).
+pub fn parse_hold<'a>(argv: &[&'a [u8]]) -> Result<(Mode, SetArgs<'a>), LockError> {
+    if argv.len() != 7 {
+        return Err(LockError::WrongArity("lock._hold"));
+    }
+    let mut a = parse_shared_set(argv)?;
+    let holder = a.holders.pop().ok_or(LockError::Internal)?;
+    Ok((a.mode, holder))
+}
+
+/// `LOCK._DROP key token`: one holder of a shared key, gone.
+pub fn parse_drop<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
+    if argv.len() != 3 {
+        return Err(LockError::WrongArity("lock._drop"));
+    }
+    parse_token(argv[2])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_holder_of_a_shared_key_is_written_and_read_back() {
+        let mode = Mode::Shared { limit: Some(3) };
+        let words = shared_set_args(mode, &[(&b"r1"[..], 7, 1_000, 900)]);
+        let mut argv: Vec<&[u8]> = vec![b"lock._hold", b"k"];
+        argv.extend(words.iter().map(|w| &w[..]));
+        let (m, h) = parse_hold(&argv).unwrap();
+        assert_eq!(m, mode);
+        assert_eq!(
+            (h.token, h.fence, h.deadline_ms, h.granted_ms),
+            (&b"r1"[..], 7, 1_000, 900)
+        );
+        // Exactly one holder, of a shared mode.
+        let two = shared_set_args(mode, &[(&b"a"[..], 1, 9, 0), (&b"b"[..], 2, 9, 0)]);
+        let mut argv: Vec<&[u8]> = vec![b"lock._hold", b"k"];
+        argv.extend(two.iter().map(|w| &w[..]));
+        assert_eq!(parse_hold(&argv), Err(LockError::WrongArity("lock._hold")));
+        let ex: Vec<&[u8]> = vec![b"lock._hold", b"k", b"0", b"t", b"1", b"9", b"0"];
+        assert_eq!(
+            parse_hold(&ex),
+            Err(LockError::BadInternalArgument("limit"))
+        );
+        assert_eq!(parse_drop(&[b"lock._drop", b"k", b"t"]), Ok(&b"t"[..]));
+        assert_eq!(
+            parse_drop(&[b"lock._drop", b"k"]),
+            Err(LockError::WrongArity("lock._drop"))
+        );
+        assert_eq!(
+            parse_drop(&[b"lock._drop", b"k", b""]),
+            Err(LockError::TokenEmpty)
+        );
+    }
 
     #[test]
     fn a_shared_key_is_written_and_read_back_whole() {

@@ -1104,6 +1104,35 @@ impl Harness {
                     let now = self.stores.get(&key).map(copy_of);
                     self.replicated.insert(key, now.unwrap_or_default());
                 }
+                // As a replica applies `LOCK._HOLD`: the one holder upserted
+                // (the key made anew when absent or in another mode).
+                Output::Holder(key, lease) => {
+                    let Some(store) = self.stores.get(&key) else {
+                        continue;
+                    };
+                    let Some(h) = store.holders.iter().find(|h| h.lease == lease) else {
+                        continue;
+                    };
+                    let mode = lock::LockRead::mode(store);
+                    let there = self.replicated.entry(key).or_default();
+                    if there.0 != mode {
+                        *there = (mode, Vec::new());
+                    }
+                    match there.1.iter_mut().find(|o| o.token == h.token) {
+                        Some(o) => *o = h.clone(),
+                        None => there.1.push(h.clone()),
+                    }
+                }
+                // As a replica applies `LOCK._DROP`: the key goes with its
+                // last holder.
+                Output::HolderLeft(key, token) => {
+                    if let Some(there) = self.replicated.get_mut(&key) {
+                        there.1.retain(|o| o.token[..] != token[..]);
+                        if there.1.is_empty() {
+                            self.replicated.remove(&key);
+                        }
+                    }
+                }
                 Output::Event(key, event) => match event {
                     Event::Release => d.released.push(key),
                     Event::Expire => d.expired.push(key),

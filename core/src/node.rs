@@ -1412,6 +1412,44 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         Ok(())
     }
 
+    /// `LOCK._HOLD key limit token fence deadline-ms granted-ms` from the
+    /// master or the AOF: one holder of a shared key, added or renewed (a
+    /// key absent here, or in another mode, is made anew with it). The
+    /// fence is checked and raises the mark first (a refused one changes
+    /// nothing); times as for [`apply_set`](Self::apply_set).
+    pub fn apply_hold(
+        &mut self,
+        store: &mut impl LockStore,
+        mode: Mode,
+        holder: &args::SetArgs<'_>,
+        now: Now,
+    ) -> Result<(), LockError> {
+        if !mode.is_shared() {
+            return Err(LockError::BadInternalArgument("limit"));
+        }
+        self.fences.observe(holder.fence, now.wall_us)?;
+        let (deadline_ms, granted_ms) =
+            self.local_times(holder.deadline_ms, holder.granted_ms, now);
+        let lock = Lock {
+            fence: holder.fence,
+            deadline_ms,
+            token: holder.token,
+            granted_ms,
+            lease: self.next_lease(),
+        };
+        match store.mode() {
+            Some(held) if held == mode => store.add(lock),
+            _ => store.put(mode, lock),
+        }
+        Ok(())
+    }
+
+    /// `LOCK._DROP key token` from the master or the AOF: that holder of a
+    /// shared key is gone (the key with its last holder).
+    pub fn apply_drop(&mut self, store: &mut impl LockStore, token: &[u8]) {
+        store.remove(token);
+    }
+
     /// Whether a decoded value's fence may be loaded now: within the bounds
     /// of the mark and the clock, and for a `RESTORE` (`restoring`), of the
     /// clock alone too (nothing changes).

@@ -23,9 +23,19 @@ pub enum Output<K, C> {
     /// is small, and a command's come by the handful.
     Wake(Box<Wake<K, C>>),
     /// `key`'s lock was written or deleted by a decision here: replicate
-    /// what the key holds now (`LOCK._SET` for a lock, `DEL` for none).
-    /// Never for a lock applied from outside (the master, the AOF).
+    /// what the key holds now (`LOCK._SET` for a lock, `LOCK._SHARED` for
+    /// a shared key, `DEL` for none). Never for a lock applied from
+    /// outside (the master, the AOF).
     Changed(K),
+    /// One holder of `key`, a shared key, was added or renewed by a
+    /// decision here, with lease id `lease`: replicate that holder alone
+    /// (`LOCK._HOLD`), so a change costs what it changes, not the key's
+    /// thousands of holders. None has that lease any more when a later
+    /// change of the same decision replaced or removed it: nothing to do.
+    Holder(K, u64),
+    /// The holder of `token` left `key`, a shared key that keeps others:
+    /// replicate its removal alone (`LOCK._DROP`).
+    HolderLeft(K, Box<[u8]>),
     /// A keyspace event (`notify-keyspace-events` with `d`) on `key`.
     Event(K, Event),
     /// A statistic of `INFO lock`.
@@ -186,7 +196,7 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
         }
         let lease = self.next_lease();
         self.store.add(stamped(h, lease));
-        self.out.push_back(Output::Changed(self.key.clone()));
+        self.out.push_back(Output::Holder(self.key.clone(), lease));
     }
 
     fn renew(&mut self, token: &[u8], deadline_ms: i64) {
@@ -194,7 +204,11 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
         debug_assert!(holders(&*self.store).any(|l| l.token == token));
         let lease = self.next_lease();
         self.store.renew(token, deadline_ms, lease);
-        self.out.push_back(Output::Changed(self.key.clone()));
+        let out = match self.store.mode() {
+            Some(Mode::Shared { .. }) => Output::Holder(self.key.clone(), lease),
+            _ => Output::Changed(self.key.clone()),
+        };
+        self.out.push_back(out);
     }
 
     fn set_mode(&mut self, mode: Mode) {
@@ -217,8 +231,15 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
             }
             Removal::Ended => self.expired(deadline_ms, granted_ms),
         }
+        let shared = matches!(self.store.mode(), Some(Mode::Shared { .. }));
         self.store.remove(token);
-        self.out.push_back(Output::Changed(self.key.clone()));
+        // A shared key that keeps other holders loses this one alone; one
+        // that went with it (or an exclusive key) is replicated whole.
+        let out = match shared && self.store.mode().is_some() {
+            true => Output::HolderLeft(self.key.clone(), token.into()),
+            false => Output::Changed(self.key.clone()),
+        };
+        self.out.push_back(out);
     }
 }
 

@@ -34,11 +34,17 @@ pub mod command {
     pub const SET: &str = text_of(SET_C);
     /// Internal: the replicated and AOF form of a shared key, whole.
     pub const SET_SHARED: &str = text_of(SET_SHARED_C);
+    /// Internal: one holder of a shared key, added or renewed.
+    pub const HOLD: &str = text_of(HOLD_C);
+    /// Internal: one holder of a shared key, gone.
+    pub const DROP: &str = text_of(DROP_C);
     /// The internal commands' names as the module writes them into the
     /// replication stream and the AOF (C strings).
     pub const GATE_C: &CStr = c"LOCK._GATE";
     pub const SET_C: &CStr = c"LOCK._SET";
     pub const SET_SHARED_C: &CStr = c"LOCK._SHARED";
+    pub const HOLD_C: &CStr = c"LOCK._HOLD";
+    pub const DROP_C: &CStr = c"LOCK._DROP";
 
     const fn text_of(name: &'static CStr) -> &'static str {
         match name.to_str() {

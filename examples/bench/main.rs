@@ -14,6 +14,7 @@ mod load;
 mod multikey;
 mod scale;
 mod semaphore;
+mod shared_repl;
 mod stats;
 mod svg;
 mod sweep;
@@ -31,7 +32,7 @@ struct Options {
     seconds: f64,
     out: String,
     /// Run one section only: cost, guarded, memory, scaling, host,
-    /// contention, sweep, multikey or semaphore.
+    /// contention, sweep, multikey, semaphore or sharedrepl.
     only: Option<String>,
 }
 
@@ -167,6 +168,10 @@ fn main() {
     }
     if o.runs("semaphore") {
         semaphore::section(&mut doc, &o);
+        save(&doc);
+    }
+    if o.runs("sharedrepl") {
+        shared_repl::section(&mut doc, &o);
         save(&doc);
     }
     println!("{doc}");

@@ -106,7 +106,7 @@ const ACQUIRE_ALL_KEY_FLAGS: u64 = RW | ACCESS | UPDATE;
 const RELEASE_ALL_KEY_FLAGS: u64 = RW | DELETE;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 12] = [
+pub static COMMANDS: [Command; 14] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -316,6 +316,35 @@ pub static COMMANDS: [Command; 12] = [
                 ..arg(c"holder", STRING, c"Each holder: token, fence, deadline-ms and granted-ms (Unix ms).")
             },
         ],
+    },
+    Command {
+        name: c"lock._hold",
+        callback: command_callback!(hold),
+        flags: c"write",
+        arity: 7,
+        key_flags: RW | UPDATE,
+        keys: KeyPlace::First,
+        acl_categories: c"write",
+        summary: c"Internal: the replicated and AOF form of one holder of a shared lock, added or renewed. Refused from ordinary clients.",
+        args: &[
+            LOCK_KEY,
+            arg(c"limit", INTEGER, c"The key's LIMIT, or -1 for none."),
+            TOKEN,
+            arg(c"fence", INTEGER, c"The holder's fencing token."),
+            arg(c"deadline-ms", INTEGER, c"When its lease ends (Unix ms)."),
+            arg(c"granted-ms", INTEGER, c"When it was granted (Unix ms)."),
+        ],
+    },
+    Command {
+        name: c"lock._drop",
+        callback: command_callback!(drop_holder),
+        flags: c"write",
+        arity: 3,
+        key_flags: RW | DELETE,
+        keys: KeyPlace::First,
+        acl_categories: c"write",
+        summary: c"Internal: the replicated and AOF form of one holder leaving a shared lock. Refused from ordinary clients.",
+        args: &[LOCK_KEY, TOKEN],
     },
 ];
 
@@ -627,6 +656,33 @@ fn set_shared(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     })
 }
 
+/// `LOCK._HOLD key limit token fence deadline-ms granted-ms`: one holder of
+/// a shared key, added or renewed, as the master or an earlier run wrote
+/// it (a change replicates what it changed, not the key's every holder).
+fn hold(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let (mode, holder) = trusted(ctx, protocol::command::HOLD, || {
+        args::parse_hold(argv.bytes())
+    })?;
+    apply_from_outside(
+        ctx,
+        argv,
+        &format!("LOCK._HOLD with fence {}", holder.fence),
+        |n, store, now| n.apply_hold(store, mode, &holder, now),
+    )
+}
+
+/// `LOCK._DROP key token`: one holder of a shared key gone, as the master
+/// or an earlier run wrote it.
+fn drop_holder(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let token = trusted(ctx, protocol::command::DROP, || {
+        args::parse_drop(argv.bytes())
+    })?;
+    apply_from_outside(ctx, argv, "LOCK._DROP", |n, store, _| {
+        n.apply_drop(store, token);
+        Ok(())
+    })
+}
+
 /// An internal command's arguments, parsed only when it comes from the
 /// master or the AOF (an ordinary client is refused, naming `command`).
 fn trusted<T>(
@@ -667,8 +723,8 @@ fn apply_from_outside(
 /// on one side fails the module's load in every test instead of drifting.
 fn check_names() -> Result<(), String> {
     use protocol::command::{
-        ACQUIRE, ACQUIRE_ALL, EXEC, EXTEND, FENCE, FENCED, GATE, INFO, RELEASE, RELEASE_ALL, SET,
-        SET_SHARED,
+        ACQUIRE, ACQUIRE_ALL, DROP, EXEC, EXTEND, FENCE, FENCED, GATE, HOLD, INFO, RELEASE,
+        RELEASE_ALL, SET, SET_SHARED,
     };
     let names = [
         ACQUIRE,
@@ -683,6 +739,8 @@ fn check_names() -> Result<(), String> {
         ACQUIRE_ALL,
         RELEASE_ALL,
         SET_SHARED,
+        HOLD,
+        DROP,
     ];
     for (c, name) in COMMANDS.iter().zip(names) {
         if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {

@@ -11,6 +11,10 @@
 //! * a grant or renewal as `LOCK._SET key token fence deadline-ms granted-ms`,
 //!   the deadline on the wall clock
 //! * a release, take-back or reclamation as `DEL key`
+//! * one holder of a shared key added or renewed as `LOCK._HOLD key limit
+//!   token fence deadline-ms granted-ms`, one leaving (the key keeping
+//!   others) as `LOCK._DROP key token`; a shared key made, or its mode
+//!   changed, whole as `LOCK._SHARED`
 //!
 //! Unless nothing can receive effects: see `propagation`.
 
@@ -248,6 +252,16 @@ impl LockKey {
     pub fn replicate(&self, now: Now) {
         replicate(self.ctx, self.name, self, now);
     }
+
+    /// Replicates its holder with lease id `lease` (`Output::Holder`).
+    pub fn replicate_holder(&self, lease: u64, now: Now) {
+        replicate_holder(self.ctx, self.name, self, lease, now);
+    }
+
+    /// Replicates that `token` left it (`Output::HolderLeft`).
+    pub fn replicate_drop(&self, token: &[u8]) {
+        replicate_drop(self.ctx, self.name, token);
+    }
 }
 
 /// Replicates key `name` (in the context's selected db) as an absolute
@@ -283,6 +297,35 @@ pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
             ffi::replicate_words(ctx, command::SET_SHARED_C, name, &words);
         }
     }
+}
+
+/// Replicates one holder of key `name`, a shared key: the one with lease
+/// id `lease`, as `LOCK._HOLD key limit token fence deadline-ms
+/// granted-ms` (none: a later change of the decision replaced or removed
+/// it, and replicates itself). A key no longer shared goes whole.
+pub fn replicate_holder(ctx: Ctx, name: RString, key: &impl LockRead, lease: u64, now: Now) {
+    hit_if_set(&PANIC_ON_REPLICATE, "REDIS_LOCK_PANIC_ON_REPLICATE", name);
+    if !propagation::effects_needed() {
+        return count_write(ctx);
+    }
+    let Some(mode @ Mode::Shared { .. }) = key.mode() else {
+        return replicate(ctx, name, key, now);
+    };
+    let Some(lock) = holders(key).find(|l| l.lease == lease) else {
+        return;
+    };
+    let (deadline_ms, granted_ms) = time::wall_times(lock.deadline_ms, lock.granted_ms, now);
+    let words = args::shared_set_args(mode, &[(lock.token, lock.fence, deadline_ms, granted_ms)]);
+    ffi::replicate_words(ctx, command::HOLD_C, name, &words);
+}
+
+/// Replicates `LOCK._DROP key token`: that holder left the shared key.
+pub fn replicate_drop(ctx: Ctx, name: RString, token: &[u8]) {
+    hit_if_set(&PANIC_ON_REPLICATE, "REDIS_LOCK_PANIC_ON_REPLICATE", name);
+    if !propagation::effects_needed() {
+        return count_write(ctx);
+    }
+    ffi::replicate_words(ctx, command::DROP_C, name, &[token.to_vec()]);
 }
 
 /// Counts a write for RDB save points without propagating anything:

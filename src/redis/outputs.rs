@@ -1,7 +1,8 @@
 //! What the node decided, carried out. One entry into the engine makes a
 //! decision and takes everything it queued ([`decide`]); then, outside the
 //! engine, [`carry_out`] executes it in order: each waiter gets its one
-//! reply (through `blocked`), each changed key is replicated as it is now,
+//! reply (through `blocked`), each changed key is replicated as it is now
+//! (one holder of a shared key alone, when only that holder changed),
 //! each keyspace event is emitted and each statistic counted. Nothing here
 //! decides what happens: that is `core::node`'s, as `core::output` data.
 //! Also whether a waiter's user may still take the lock when its turn
@@ -190,6 +191,34 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                         }
                     });
                     last_changed = Some(key);
+                }
+            },
+            Output::Holder(key, lease) => match &site {
+                Site::Command { store, .. } => store.replicate_holder(lease, now()),
+                Site::Keys { stores, .. } => {
+                    if let Some(i) = index_of(&key) {
+                        stores[i].replicate_holder(lease, now());
+                    }
+                }
+                Site::Background => {
+                    node::in_db(ctx, &key, |name| {
+                        if let Ok(read) = ReadKey::open(ctx, name) {
+                            keyspace::replicate_holder(ctx, name, &read, lease, now());
+                        }
+                    });
+                }
+            },
+            Output::HolderLeft(key, token) => match &site {
+                Site::Command { store, .. } => store.replicate_drop(&token),
+                Site::Keys { stores, .. } => {
+                    if let Some(i) = index_of(&key) {
+                        stores[i].replicate_drop(&token);
+                    }
+                }
+                Site::Background => {
+                    node::in_db(ctx, &key, |name| {
+                        keyspace::replicate_drop(ctx, name, &token)
+                    });
                 }
             },
             Output::Event(key, event) => {

@@ -268,6 +268,44 @@ fn damaged_lock_set_commands_in_the_aof_are_refused() {
     assert!(log.contains("refusing LOCK._SET"), "{log}");
 }
 
+/// The delta forms of a shared key, damaged: `LOCK._HOLD` lines with bad
+/// limits, fences, deadlines and tokens, and `LOCK._DROP` of nobody or of
+/// a bad token, appended to a good AOF, are refused or change nothing, and
+/// the locks are as they were.
+#[test]
+fn damaged_shared_holder_commands_in_the_aof_are_refused() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "starts the server binary by hand on damaged files",
+    ) {
+        return;
+    }
+    let deadline = (now_us() / 1000 + 600_000).to_string();
+    let too_far = (now_us() + 2 * MAX_FENCE_LEAD).to_string();
+    let big = vec![b'x'; 513];
+    let d = deadline.as_bytes();
+    let mut bad: Vec<Vec<&[u8]>> = vec![];
+    for limit in [&b"0"[..], b"-2", b"x", b"", b"99999999999999999999"] {
+        bad.push(vec![b"LOCK._HOLD", b"", limit, b"tok", b"5", d, b"0"]);
+    }
+    for fence in [&b"0"[..], b"-1", b"abc", b"", too_far.as_bytes()] {
+        bad.push(vec![b"LOCK._HOLD", b"", b"-1", b"tok", fence, d, b"0"]);
+    }
+    for dl in [&b"-1"[..], b"abc", b"253402300800001"] {
+        bad.push(vec![b"LOCK._HOLD", b"", b"-1", b"tok", b"5", dl, b"0"]);
+    }
+    bad.push(vec![b"LOCK._HOLD", b"", b"-1", b"", b"5", d, b"0"]);
+    bad.push(vec![b"LOCK._HOLD", b"", b"-1", &big, b"5", d, b"0"]);
+    bad.push(vec![b"LOCK._HOLD", b"", b"-1", b"tok", b"5", d]);
+    bad.push(vec![b"LOCK._DROP", b"", b""]);
+    bad.push(vec![b"LOCK._DROP", b"", &big]);
+    bad.push(vec![b"LOCK._DROP", b"", b"nobody"]);
+    bad.push(vec![b"LOCK._DROP", b""]);
+    let (log, started) = load_aof_with(&bad);
+    assert!(started, "{log}");
+    assert!(log.contains("refusing LOCK._HOLD"), "{log}");
+}
+
 /// Commands of the wrong arity in the AOF: Redis 7.0 hands them to the
 /// module, which refuses them; Valkey refuses the whole file.
 #[test]

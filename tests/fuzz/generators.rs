@@ -217,13 +217,15 @@ fn any_arg(rng: &mut Rng, target: &Target) -> Vec<u8> {
     }
 }
 
-pub const COMMANDS: [&str; 6] = [
+pub const COMMANDS: [&str; 8] = [
     "LOCK.ACQUIRE",
     "LOCK.RELEASE",
     "LOCK.EXTEND",
     "LOCK.FENCE",
     "LOCK.INFO",
     "LOCK._SET",
+    "LOCK._HOLD",
+    "LOCK._DROP",
 ];
 
 /// One argv: mostly the command's own shape with a few mutations, some
@@ -289,6 +291,16 @@ pub fn argv(rng: &mut Rng, target: &Target) -> Vec<Vec<u8>> {
                 .to_string()
                 .into_bytes(),
         ]),
+        "LOCK._HOLD" => argv.extend([
+            rng.range(-1, 4).to_string().into_bytes(),
+            token(rng),
+            number(rng, clock),
+            (clock / 1000 + rng.range(-1000, 600_000))
+                .to_string()
+                .into_bytes(),
+            (clock / 1000).to_string().into_bytes(),
+        ]),
+        "LOCK._DROP" => argv.push(token(rng)),
         _ => {}
     }
     // Mutations: replace, insert, delete, duplicate.
