@@ -46,6 +46,9 @@ pub struct Decided {
 /// allocates none.
 static SPARE: Mutex<VecDeque<Output<Key, Client>>> = Mutex::new(VecDeque::new());
 
+/// The largest buffer kept as [`SPARE`] (outputs): a command's few fit.
+const SPARE_MAX: usize = 256;
+
 impl Drop for Decided {
     fn drop(&mut self) {
         if std::thread::panicking() {
@@ -61,6 +64,12 @@ impl Drop for Decided {
             return;
         }
         self.outputs.clear();
+        // A burst (a thousand timeouts in one timer run) leaves a large
+        // buffer: not kept, so what the module holds between bursts does
+        // not depend on how late a run came.
+        if self.outputs.capacity() > SPARE_MAX {
+            return;
+        }
         if let Ok(mut spare) = SPARE.try_lock() {
             if spare.capacity() < self.outputs.capacity() {
                 std::mem::swap(&mut *spare, &mut self.outputs);
