@@ -1254,11 +1254,15 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
 /// A token made for one acquisition that has not reached a [`LockGuard`]
 /// yet. Dropped armed (the acquisition's future was dropped at an await,
 /// or it failed, or it ended "not granted" after a late grant was left),
-/// it releases the token on every node in the background: at once, over
-/// the connections the acquisition used (so it arrives after any ACQUIRE
-/// already sent on them), and once more a little later (for a request stuck
-/// on a connection given up on). A BLOCK wait in flight is undone by its own
-/// task (see `Node::acquire_waiting`).
+/// it releases the token on every node: at once, on the dropping thread
+/// over fresh connections (a program that returns from `main` right after
+/// a `select!` cut its acquisition stops its runtime before any task it
+/// spawned runs: the lock stayed for its TTL), and once more a little
+/// later in the background, over the connections the acquisition used (so
+/// it arrives after any ACQUIRE still queued on them, and after a request
+/// stuck on a connection given up on). A BLOCK wait in flight is undone by
+/// its own task (see `Node::acquire_waiting`), or by the server when the
+/// runtime's end closes its connection.
 struct Unclaimed {
     group: Arc<Group>,
     keys: Keys,
@@ -1292,24 +1296,25 @@ impl Drop for Unclaimed {
         let keys = self.keys.clone();
         let token = std::mem::take(&mut self.token);
         let ttl = self.ttl;
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    let released = group.release_everywhere(&keys, &token, ttl).await;
-                    tokio::time::sleep(2 * group.node_timeout(ttl)).await;
-                    let later = group.release_everywhere(&keys, &token, ttl).await;
-                    tracing::debug!(
-                        key = &*keys.name(),
-                        released = released + later,
-                        "released an acquisition that ended without a guard"
-                    );
-                });
-            }
-            // No runtime (dropped outside one): its connections are gone
-            // with it, so fresh ones cannot overtake anything.
-            Err(_) => {
-                std::thread::spawn(move || group.release_everywhere_blocking(&keys, &token, ttl));
-            }
+        // Now, whatever comes next: the runtime may be about to stop.
+        let released = group.release_everywhere_blocking(&keys, &token, ttl);
+        tracing::debug!(
+            key = &*keys.name(),
+            released,
+            "released an acquisition that ended without a guard"
+        );
+        // No runtime (dropped outside one): its connections are gone with
+        // it, and nothing queued on them can arrive later.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::time::sleep(2 * group.node_timeout(ttl)).await;
+                let later = group.release_everywhere(&keys, &token, ttl).await;
+                tracing::debug!(
+                    key = &*keys.name(),
+                    released = later,
+                    "released an acquisition that ended without a guard, again"
+                );
+            });
         }
     }
 }

@@ -74,10 +74,13 @@
 //!
 //! Acquiring is cancel-safe: dropping the future of an acquisition (a
 //! `tokio::time::timeout`, a `select!` against a shutdown signal) at any
-//! point leaves no lock behind. Its token is made by the library, so the
-//! library releases it in the background, on every node the request may
-//! have reached, over the connections the request used (a release cannot
-//! overtake the request it undoes). A wait in a server's line keeps its
+//! point leaves no lock behind, also when the program returns from `main`
+//! right after (a `select!` against Ctrl-C): its token is made by the
+//! library, so the drop releases it at once, on every node the request may
+//! have reached, from the dropping thread (a round trip per node, before
+//! the runtime can stop), and once more a little later in the background,
+//! over the connections the request used (so a request still queued there
+//! cannot land after the release). A wait in a server's line keeps its
 //! place until its turn or its timeout, and a grant that comes when nobody
 //! waits for it any more is released at once. A token named with
 //! [`Acquire::token`] is not released so (it may hold the lock already).
