@@ -158,6 +158,7 @@ const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 /// `lock.max-ttl-ms`, a token too long, an ACL refusal, no module.
 fn refuses_the_request(e: &Error) -> bool {
     match e {
+        Error::ModuleMissing { .. } => true,
         Error::Redis(r) => {
             !e.is_busy()
                 && (r.kind() == redis::ErrorKind::ResponseError
@@ -934,6 +935,19 @@ impl LockClient {
                 _ => None,
             })
             .collect();
+        // A node without the module is a group misconfigured, not a node
+        // down: the rest would grant and survive no further failure.
+        if let Some(at) = replies
+            .iter()
+            .position(|r| matches!(r, Err(Error::ModuleMissing { .. })))
+        {
+            self.inner
+                .group
+                .release_except(keys, token, ttl, None)
+                .await;
+            let missing = replies.into_iter().nth(at).and_then(|r| r.err());
+            return Err(missing.expect("the reply found above"));
+        }
         let order_reply = match order.map(|o| &replies[o]) {
             Some(Ok(Some(f))) => Reply::Granted(*f),
             Some(Ok(None)) => Reply::Refused,
@@ -1178,7 +1192,9 @@ impl<'a> Acquire<'a> {
 
     /// Runs `f` while holding the lock, renewing it in the background, then
     /// releases it. `f` gets the [`Lease`]: its fencing token for the
-    /// resource, and [`Lease::lost`] to stop work if the lock is lost.
+    /// resource, [`Lease::lost`] to stop work if the lock is lost, and the
+    /// guarded writes ([`Lease::exec`] on the lock's node, [`Lease::fenced`]
+    /// behind a gate), as the guard has them.
     /// Not acquired within the wait: `Ok(None)`, as from awaiting the
     /// acquisition (one convention for "not acquired"). Lost before `f`
     /// finished (a renewal refused, or none within the validity):

@@ -41,6 +41,15 @@ pub enum Error {
         /// The highest fence the gate has accepted.
         mark: i64,
     },
+    /// A node answered but does not know the `LOCK.*` commands: the
+    /// redis-lock module is not loaded there. Never counted as a node
+    /// that is down: a Redlock group with such a node refuses every
+    /// acquisition (releasing what the others granted) instead of running
+    /// on the rest, which would survive no further failure.
+    ModuleMissing {
+        /// The node, without credentials.
+        node: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -64,6 +73,10 @@ impl fmt::Display for Error {
             Error::StaleFence { fence, mark } => write!(
                 f,
                 "stale fence {fence}: the gate has accepted {mark}, so a later holder has written; nothing ran"
+            ),
+            Error::ModuleMissing { node } => write!(
+                f,
+                "{node} does not know the LOCK commands: load the redis-lock module there (--loadmodule /path/to/libredis_lock.so, or MODULE LOAD), or leave that node out"
             ),
         }
     }
@@ -127,8 +140,14 @@ impl Error {
     /// Whether a node does not know the `LOCK.*` commands (the module is
     /// not loaded there).
     pub fn is_module_missing(&self) -> bool {
-        matches!(self, Error::Redis(r) if r.kind() == redis::ErrorKind::ResponseError
-            && r.to_string().contains("unknown command"))
+        match self {
+            Error::ModuleMissing { .. } => true,
+            Error::Redis(r) => {
+                r.kind() == redis::ErrorKind::ResponseError
+                    && r.to_string().contains("unknown command")
+            }
+            _ => false,
+        }
     }
 }
 

@@ -20,6 +20,9 @@ use crate::keys::Keys;
 #[derive(Clone)]
 pub struct Lease {
     shared: Arc<Shared>,
+    /// The nodes that granted it (set by its guard): where
+    /// [`exec`](Lease::exec) runs.
+    group: Option<Arc<Group>>,
 }
 
 /// Without the token: it is the holder's credential, not for logs.
@@ -152,6 +155,7 @@ impl Lease {
                 extending: tokio::sync::Mutex::new(()),
                 lost: LostSignal::default(),
             }),
+            group: None,
         }
     }
 
@@ -251,6 +255,36 @@ impl Lease {
         guarded
     }
 
+    /// Runs `cmd` on the lock's node only while this grant holds the lock
+    /// there, checked and run in one step by the server (`LOCK.EXEC ...
+    /// FENCE fence`): `cmd`'s reply, or [`Error::NotHeld`](crate::Error::NotHeld)
+    /// when the lease has ended or another holder has the lock (nothing
+    /// ran). For locks on one node (a Sentinel or cluster URL counts as
+    /// one); a Redlock group's lock guards its data with a fence gate
+    /// instead ([`Lease::fenced`]). Sent once, never retried: the reply of
+    /// a write that timed out is unknown (`Error::Timeout`); the wait for
+    /// it lasts the lease's validity, and at least the node timeout. The
+    /// same as [`LockGuard::exec`]: a lease handed to a task (or to
+    /// `with_lock`'s closure) writes as its guard does.
+    pub async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
+        let Some(group) = &self.group else {
+            return Err(crate::Error::Config(
+                "this lease has no guard: exec runs through the lock's client".into(),
+            ));
+        };
+        let [node] = group.nodes.as_slice() else {
+            return Err(crate::Error::Config(format!(
+                "exec runs on the lock's node: this lock is held on a group of {} nodes; use a fence gate (Lease::fenced) for their data",
+                group.nodes.len()
+            )));
+        };
+        let limit = self
+            .valid_until()
+            .saturating_duration_since(Instant::now())
+            .max(group.node_timeout(self.ttl()));
+        node.send_once(self.exec_cmd(cmd), limit).await
+    }
+
     /// `cmd` behind the fence gate `gate`: `LOCK.FENCED gate fence cmd...`,
     /// which runs `cmd` only if this grant's fence is at least the highest
     /// the gate has accepted, and records it. For data on any Redis node
@@ -333,7 +367,8 @@ impl std::fmt::Debug for LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(group: Arc<Group>, lease: Lease, renew: bool) -> LockGuard {
+    pub(crate) fn new(group: Arc<Group>, mut lease: Lease, renew: bool) -> LockGuard {
+        lease.group = Some(group.clone());
         let stop = CancellationToken::new();
         let task = tokio::spawn(keep(group.clone(), lease.clone(), stop.clone(), renew));
         LockGuard {
@@ -379,27 +414,9 @@ impl LockGuard {
     }
 
     /// Runs `cmd` on the lock's node only while this grant holds the lock
-    /// there, checked and run in one step by the server (`LOCK.EXEC ...
-    /// FENCE fence`): `cmd`'s reply, or [`Error::NotHeld`](crate::Error::NotHeld)
-    /// when the lease has ended or another holder has the lock (nothing
-    /// ran). For locks on one node (a Sentinel or cluster URL counts as
-    /// one); a Redlock group's lock guards its data with a fence gate
-    /// instead ([`Lease::fenced`]). Sent once, never retried: the reply of
-    /// a write that timed out is unknown (`Error::Timeout`); the wait for
-    /// it lasts the lease's validity, and at least the node timeout.
+    /// there: [`Lease::exec`].
     pub async fn exec<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T> {
-        let [node] = self.group.nodes.as_slice() else {
-            return Err(crate::Error::Config(format!(
-                "exec runs on the lock's node: this lock is held on a group of {} nodes; use a fence gate (Lease::fenced) for their data",
-                self.group.nodes.len()
-            )));
-        };
-        let lease = &self.lease;
-        let limit = lease
-            .valid_until()
-            .saturating_duration_since(Instant::now())
-            .max(self.group.node_timeout(lease.ttl()));
-        node.send_once(lease.exec_cmd(cmd), limit).await
+        self.lease.exec(cmd).await
     }
 
     /// Stops renewing, then releases on every node. True if the lock was

@@ -360,6 +360,17 @@ impl Node {
         &self.addr
     }
 
+    /// An error as this node's: "unknown command" is
+    /// [`Error::ModuleMissing`], naming it.
+    pub(crate) fn named(&self, e: Error) -> Error {
+        match e {
+            e @ Error::Redis(_) if e.is_module_missing() => Error::ModuleMissing {
+                node: self.shown.clone(),
+            },
+            e => e,
+        }
+    }
+
     /// The node as `redis://host:port/db`, without credentials.
     pub fn url(&self) -> &str {
         &self.shown
@@ -430,7 +441,9 @@ impl Node {
         limit: Duration,
     ) -> Result<T> {
         let mut conn = self.connection(limit).await?;
-        let result = within(limit, async { Ok(cmd.query_async::<T>(&mut conn).await?) }).await;
+        let result = within(limit, async { Ok(cmd.query_async::<T>(&mut conn).await?) })
+            .await
+            .map_err(|e| self.named(e));
         let broken = match &result {
             Err(Error::Timeout) => true,
             Err(Error::Redis(e)) => {
@@ -483,6 +496,7 @@ impl Node {
         };
         self.acquire_on_own(keys, token, blocking, wait, limit)
             .await
+            .map_err(|e| self.named(e))
     }
 
     /// An ACQUIRE (`cmd(wait)`, made again for a retry with the wait left)

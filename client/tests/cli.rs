@@ -1380,3 +1380,76 @@ fn run_with_several_keys_holds_them_all_with_one_fence() {
     ]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
 }
+
+/// Issue 31: `--limit N` alone is a semaphore, as the library's `.limit(n)`
+/// is (it demanded `--shared`); a limit of 0, an exit status of 0 for "not
+/// acquired" or "lost" (a refused lock reported as success), and an empty
+/// key are usage errors (64) naming the problem, and take no lock.
+#[test]
+fn limit_alone_is_a_semaphore_and_meaningless_values_are_refused() {
+    let s = Server::start();
+    let u = s.url();
+    let hold = |token: &str| {
+        redis_lock(&[
+            "acquire", "--url", &u, "--key", "sem", "--ttl", "30s", "--limit", "2", "--token",
+            token,
+        ])
+    };
+    assert_eq!(
+        hold("a").status.code(),
+        Some(0),
+        "{}",
+        text(&hold("a").stderr)
+    );
+    assert_eq!(hold("b").status.code(), Some(0));
+    assert_eq!(
+        hold("c").status.code(),
+        Some(75),
+        "the third permit is refused"
+    );
+    let info = common::lock_info_reply(&mut s.conn(), "sem");
+    assert!(format!("{info:?}").contains("shared"), "{info:?}");
+    let out = redis_lock(&[
+        "run", "--url", &u, "--key", "sem", "--limit", "2", "--", "true",
+    ]);
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    for (args, word) in [
+        (vec!["--conflict-exit-code", "0"], "0 means success"),
+        (vec!["--lost-exit-code", "0"], "0 means success"),
+        (vec!["--conflict-exit-code", "256"], "1 to 255"),
+        (vec!["--limit", "0"], "limit"),
+    ] {
+        let mut all = vec!["run", "--url", &u, "--key", "free"];
+        all.extend(args.iter().copied());
+        all.extend(["--", "true"]);
+        let out = redis_lock(&all);
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(word),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let out = redis_lock(&[
+        "acquire",
+        "--url",
+        &u,
+        "--key",
+        "",
+        "--ttl",
+        "1s",
+        "--conflict-exit-code",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let out = redis_lock(&["run", "--url", &u, "--key", "", "--", "true"]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--key"), "{}", text(&out.stderr));
+    let n: i64 = redis::cmd("DBSIZE").query(&mut s.conn()).unwrap();
+    assert_eq!(n, 1, "only the semaphore was taken");
+}

@@ -412,3 +412,46 @@ async fn the_clients_exec_and_fenced_say_not_held_and_stale_as_their_own_errors(
     drop(guard);
     drop(old);
 }
+
+/// Issue 31: `with_lock` hands its closure a `Lease`, which had no `exec`
+/// (the blocking facade's closure gets the guard): the async closure could
+/// not write under the lock's own check. The lease writes as its guard
+/// does, also from a task it was handed to, and not once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_locks_lease_runs_guarded_writes_as_its_guard_does() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let kept = locks
+        .acquire("job", Duration::from_secs(30))
+        .with_lock(|lease| async move {
+            let mut set = redis::cmd("SET");
+            set.arg("job:out").arg("done");
+            let ok: String = lease.exec(&set).await.unwrap();
+            assert_eq!(ok, "OK");
+            let in_task = lease.clone();
+            let n: i64 = tokio::spawn(async move {
+                let mut incr = redis::cmd("INCR");
+                incr.arg("job:n");
+                in_task.exec(&incr).await.unwrap()
+            })
+            .await
+            .unwrap();
+            assert_eq!(n, 1);
+            lease
+        })
+        .await
+        .unwrap()
+        .expect("acquired");
+    // Released when the closure returned: the lease writes nothing now.
+    let mut set = redis::cmd("SET");
+    set.arg("job:out").arg("late");
+    match kept.exec::<String>(&set).await {
+        Err(Error::NotHeld(_)) => {}
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    let out: String = redis::cmd("GET")
+        .arg("job:out")
+        .query(&mut s.conn())
+        .unwrap();
+    assert_eq!(out, "done");
+}

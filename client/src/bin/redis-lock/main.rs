@@ -104,7 +104,8 @@ impl Nodes {
         Keys::from(&self.keys[..])
     }
 
-    /// An acquisition in the mode asked for (--shared, --limit).
+    /// An acquisition in the mode asked for (--shared, --limit: a limit
+    /// is a shared key's).
     fn mode<'a>(&self, acquisition: Acquire<'a>) -> Acquire<'a> {
         match (self.shared, self.limit) {
             (_, Some(n)) => acquisition.limit(n),
@@ -136,16 +137,17 @@ struct Nodes {
     /// named, taken all or nothing with one fencing token (a wait stands in
     /// every key's line at once; on Redis Cluster the keys must share a
     /// slot: one hash tag).
-    #[arg(long = "key", value_name = "KEY", required = true)]
+    #[arg(long = "key", value_name = "KEY", required = true,
+          value_parser = clap::builder::NonEmptyStringValueParser::new())]
     keys: Vec<String>,
     /// Take the lock shared: the reader's side of a read/write lock (many
     /// shared holders at once, a plain holder alone; one FIFO line).
     #[arg(long)]
     shared: bool,
-    /// With --shared: at most N holders at once (a counting semaphore; the
-    /// limit belongs to the key, so every holder names the same; one node
-    /// only).
-    #[arg(long, value_name = "N", requires = "shared")]
+    /// At most N holders at once: a counting semaphore, shared (--shared
+    /// is implied). The limit belongs to the key, so every holder names
+    /// the same; one node only.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
     /// The --url nodes are distinct servers: use a Redlock group even where
     /// the nodes' user may not run INFO, by which they are told apart
@@ -159,12 +161,13 @@ struct Nodes {
 /// command's own 75 or 76 cannot be mistaken for them (like `flock -E`).
 #[derive(Args, Clone, Copy)]
 struct Codes {
-    /// Exit with N when the lock is not acquired within --wait.
-    #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+    /// Exit with N (1 to 255: 0 would report a lock not taken as success)
+    /// when the lock is not acquired within --wait.
+    #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED, value_parser = exit_code)]
     conflict_exit_code: u8,
-    /// Exit with N when the lock is lost (or its validity ran out) before
-    /// the command ended.
-    #[arg(long, value_name = "N", default_value_t = exit::LOST)]
+    /// Exit with N (1 to 255) when the lock is lost (or its validity ran
+    /// out) before the command ended.
+    #[arg(long, value_name = "N", default_value_t = exit::LOST, value_parser = exit_code)]
     lost_exit_code: u8,
 }
 
@@ -176,6 +179,18 @@ struct Grant {
     /// and counts as not acquired (exit 75), so a failover cannot lose it.
     #[arg(long, value_name = "N[:TIMEOUT]", value_parser = parse_replicas)]
     wait_replicas: Option<(u32, Duration)>,
+}
+
+/// An exit status that says something went wrong: 1 to 255 (0 would say
+/// the lock was taken, or held to the end, when it was not).
+fn exit_code(text: &str) -> Result<u8, String> {
+    match text.trim().parse::<u8>() {
+        Ok(0) => Err("0 means success: give a status from 1 to 255".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "invalid exit status '{text}': give a number from 1 to 255"
+        )),
+    }
 }
 
 /// `N` or `N:TIMEOUT` for --wait-replicas.
@@ -236,9 +251,9 @@ enum Command {
         /// of export lines.
         #[arg(long)]
         json: bool,
-        /// Exit with N when the lock is not acquired within --wait
-        /// (default 75).
-        #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED)]
+        /// Exit with N (1 to 255) when the lock is not acquired within
+        /// --wait (default 75).
+        #[arg(long, value_name = "N", default_value_t = exit::NOT_ACQUIRED, value_parser = exit_code)]
         conflict_exit_code: u8,
         #[command(flatten)]
         grant: Grant,
@@ -370,6 +385,7 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
             exit::NOT_ACQUIRED,
             &format!("a lock node asks to try again later: {e}"),
         ),
+        Error::ModuleMissing { .. } => fail(exit::UNAVAILABLE, &e.to_string()),
         e if e.is_module_missing() => fail(
             exit::UNAVAILABLE,
             &format!("a node does not know the LOCK commands: is the redis-lock module loaded there? ({e})"),
