@@ -50,6 +50,17 @@ pub enum Error {
         /// The node, without credentials.
         node: String,
     },
+    /// A `rediss://` node ended a connection as it was set up: the TLS
+    /// handshake failed on the server's side, most often because it asks
+    /// clients for a certificate (`tls-auth-clients yes`) and none, or one
+    /// its CA did not sign, was given. Retried like any connection
+    /// failure (a server restarting fails the same way).
+    TlsRefused {
+        /// The node, without credentials.
+        node: String,
+        /// What the connection reported.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -73,6 +84,10 @@ impl fmt::Display for Error {
             Error::StaleFence { fence, mark } => write!(
                 f,
                 "stale fence {fence}: the gate has accepted {mark}, so a later holder has written; nothing ran"
+            ),
+            Error::TlsRefused { node, detail } => write!(
+                f,
+                "{node} ended the TLS connection as it was set up ({detail}): if the server asks for a client certificate (tls-auth-clients yes), give one its CA signed, as tls_cert and tls_key in the URL's query; check tls_ca too (the CA that signed the server's certificate)"
             ),
             Error::ModuleMissing { node } => write!(
                 f,
@@ -104,7 +119,7 @@ impl Error {
     /// tried again ([`is_busy`](Self::is_busy)). A wait goes on through these.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
-            Error::Timeout => true,
+            Error::Timeout | Error::TlsRefused { .. } => true,
             Error::Redis(e) => {
                 e.is_io_error()
                     || e.is_connection_dropped()

@@ -177,8 +177,77 @@ pub(crate) const SENTINEL_SCHEME: &str = "redis-sentinel://";
 /// The URL scheme for a Redis Cluster: `redis-cluster://host:port[,...]/`.
 pub(crate) const CLUSTER_SCHEME: &str = "redis-cluster://";
 
+/// The query parameters a node URL may carry: this client's TLS files and
+/// what the `redis` crate reads (`protocol`; `db`, `user` and `pass` for a
+/// Unix socket).
+const URL_PARAMETERS: [&str; 7] = [
+    "tls_cert", "tls_key", "tls_ca", "protocol", "db", "user", "pass",
+];
+
+/// Mistakes in a node URL that would otherwise surface as something else:
+/// an unknown (often misspelled) query parameter, which the `redis` crate
+/// ignores; a fragment (`#insecure`, TLS without checking the server's
+/// certificate, is not built in); parameters on a Sentinel or cluster URL,
+/// whose hosts this client reaches without TLS.
+fn check_url(url: &str) -> Result<()> {
+    let shown = shown_url(url);
+    let (base, fragment) = match url.split_once('#') {
+        Some((b, f)) => (b, Some(f)),
+        None => (url, None),
+    };
+    let query = base.split_once('?').map(|(_, q)| q);
+    let scheme = [SENTINEL_SCHEME, CLUSTER_SCHEME]
+        .into_iter()
+        .find(|s| url.starts_with(s));
+    if let Some(scheme) = scheme {
+        if query.is_some() || fragment.is_some() {
+            return Err(Error::Config(format!(
+                "{shown}: a {scheme} URL takes no parameters (this client reaches Sentinel and cluster nodes without TLS)"
+            )));
+        }
+        return Ok(());
+    }
+    match fragment {
+        Some("insecure") => {
+            return Err(Error::Config(format!(
+                "{shown}: #insecure (TLS without checking the server's certificate) is not supported: trust the server's CA with ?tls_ca=ca.pem"
+            )))
+        }
+        Some(f) => {
+            return Err(Error::Config(format!(
+                "{shown}: unknown URL fragment #{f}"
+            )))
+        }
+        None => {}
+    }
+    for pair in query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter(|p| !p.is_empty())
+    {
+        let name = pair.split_once('=').map_or(pair, |(n, _)| n);
+        if !URL_PARAMETERS.contains(&name) {
+            return Err(Error::Config(format!(
+                "{shown}: unknown parameter '{name}' (the TLS files are tls_cert, tls_key and tls_ca)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A node URL for messages: without its credentials, query or fragment.
+fn shown_url(url: &str) -> String {
+    let end = url.find(['?', '#']).unwrap_or(url.len());
+    let url = &url[..end];
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+        _ => url.to_string(),
+    }
+}
+
 impl Node {
     pub fn new(url: &str) -> Result<Node> {
+        check_url(url)?;
         if let Some(rest) = url.strip_prefix(SENTINEL_SCHEME) {
             return Node::sentinel(url, rest);
         }
@@ -360,6 +429,22 @@ impl Node {
         &self.addr
     }
 
+    /// A connection this call opened that broke at its first command, on a
+    /// `rediss://` node: the server ended the TLS setup
+    /// ([`Error::TlsRefused`]), which the connection reports only as a
+    /// driver that "unexpectedly terminated".
+    fn as_tls_refusal(&self, e: Error) -> Error {
+        let broke = matches!(&e, Error::Redis(r) if r.is_io_error() || r.is_connection_dropped());
+        if broke && self.shown.starts_with("rediss://") {
+            let detail = e.to_string();
+            return Error::TlsRefused {
+                node: self.shown.clone(),
+                detail,
+            };
+        }
+        e
+    }
+
     /// An error as this node's: "unknown command" is
     /// [`Error::ModuleMissing`], naming it.
     pub(crate) fn named(&self, e: Error) -> Error {
@@ -440,10 +525,18 @@ impl Node {
         cmd: &redis::Cmd,
         limit: Duration,
     ) -> Result<T> {
-        let mut conn = self.connection(limit).await?;
+        let fresh = self.conn.lock().await.is_none();
+        let mut conn = match self.connection(limit).await {
+            Ok(conn) => conn,
+            Err(e) => return Err(self.as_tls_refusal(e)),
+        };
         let result = within(limit, async { Ok(cmd.query_async::<T>(&mut conn).await?) })
             .await
-            .map_err(|e| self.named(e));
+            .map_err(|e| self.named(e))
+            .map_err(|e| match fresh {
+                true => self.as_tls_refusal(e),
+                false => e,
+            });
         let broken = match &result {
             Err(Error::Timeout) => true,
             Err(Error::Redis(e)) => {

@@ -292,3 +292,120 @@ fn a_client_certificate_from_the_url() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A client certificate the server's CA did not sign: made by a CA of its
+/// own in `dir/other`.
+fn foreign_certificate(dir: &Path) -> PathBuf {
+    let other = dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    throwaway_ca(&other);
+    client_certificate(&other);
+    other
+}
+
+/// Issue 31: what the library and the command say when TLS or the URL is
+/// wrong. A missing or foreign client certificate said "Multiplexed
+/// connection driver unexpectedly terminated"; now the error names the
+/// node and the TLS setup. A misspelled parameter (`tls_crt`) was taken
+/// for a missing one ("give tls_cert and tls_key together"), `#insecure`
+/// exited 69 naming a cargo feature, a Sentinel URL with `?tls_cert=` said
+/// "bad database number", and every bad URL ended "(expected
+/// redis://host:port/)" even when it was well formed. Each is a usage
+/// error (64) that says what is wrong.
+#[test]
+fn tls_and_url_mistakes_are_named() {
+    let Some((s, dir, base)) = tls_server("mistakes", true) else {
+        return;
+    };
+    client_certificate(&dir);
+    let other = foreign_certificate(&dir);
+    let path = |d: &Path, f: &str| d.join(f).display().to_string();
+    let run = |url: &str| {
+        let out = Command::new(BIN)
+            .args([
+                "run", "--url", url, "--key", "k", "--ttl", "5s", "--", "true",
+            ])
+            .env_remove("REDIS_LOCK_URL")
+            .env_remove("SSL_CERT_FILE")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let library = |url: &str| -> String {
+        match LockClient::new(&[url]) {
+            Err(e) => e.to_string(),
+            Ok(locks) => runtime.block_on(async {
+                match locks
+                    .try_acquire("k", std::time::Duration::from_secs(5))
+                    .await
+                {
+                    Err(e) => e.to_string(),
+                    Ok(g) => panic!("{url}: acquired {g:?}"),
+                }
+            }),
+        }
+    };
+    // No client certificate, and one from another CA.
+    let ca = path(&dir, "ca.pem");
+    for url in [
+        format!("{base}?tls_ca={ca}"),
+        format!(
+            "{base}?tls_cert={}&tls_key={}&tls_ca={ca}",
+            path(&other, "client.pem"),
+            path(&other, "client.key")
+        ),
+    ] {
+        let said = library(&url);
+        assert!(
+            said.contains("TLS")
+                && said.contains("client certificate")
+                && said.contains("127.0.0.1"),
+            "{url}: {said}"
+        );
+        let (code, said) = run(&url);
+        assert_eq!(code, Some(69), "{said}");
+        assert!(said.contains("client certificate"), "{said}");
+    }
+    // Mistakes in the URL: usage errors that say what is wrong.
+    let port = base
+        .trim_start_matches("rediss://127.0.0.1:")
+        .trim_end_matches('/');
+    for (url, says) in [
+        (format!("{base}?tls_crt=x&tls_key=y"), "tls_crt"),
+        (format!("{base}?tls_ca={ca}&colour=blue"), "colour"),
+        (format!("{base}#insecure"), "#insecure"),
+        (format!("{base}#other"), "#other"),
+        (
+            format!("redis-sentinel://127.0.0.1:{port}/mymaster?tls_cert=a"),
+            "redis-sentinel://",
+        ),
+        (
+            format!("redis-cluster://127.0.0.1:{port}/?tls_ca={ca}"),
+            "redis-cluster://",
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/?tls_cert=a&tls_key=b"),
+            "rediss://",
+        ),
+    ] {
+        let (code, said) = run(&url);
+        assert_eq!(code, Some(64), "{url}: {said}");
+        assert!(said.contains(says), "{url}: {said}");
+        assert!(
+            !said.contains("expected redis://host:port/"),
+            "{url}: {said}"
+        );
+        assert!(!said.contains("bad database number"), "{url}: {said}");
+        let lib = library(&url);
+        assert!(lib.contains(says), "{url}: {lib}");
+    }
+    // Only a URL that does not parse is told the expected form.
+    let (code, said) = run("redis://:99999/");
+    assert_eq!(code, Some(64), "{said}");
+    assert!(said.contains("expected redis://host:port/"), "{said}");
+    assert_eq!(s.info_field("grants"), 0);
+}

@@ -363,11 +363,14 @@ fn client_for(given: &[String], options: Options) -> Result<LockClient, ExitCode
             urls.len() / 2 + 1
         );
     }
-    LockClient::with_options(&urls, options).map_err(|e| {
-        fail(
+    LockClient::with_options(&urls, options).map_err(|e| match e {
+        // The URL did not parse at all: show the form.
+        redis_lock_client::Error::Redis(_) => fail(
             exit::USAGE,
             &format!("bad --url: {e} (expected redis://host:port/)"),
-        )
+        ),
+        // The client's own refusal says what is wrong.
+        _ => fail(exit::USAGE, &format!("bad --url: {e}")),
     })
 }
 
@@ -385,7 +388,9 @@ fn failed_call(e: redis_lock_client::Error) -> ExitCode {
             exit::NOT_ACQUIRED,
             &format!("a lock node asks to try again later: {e}"),
         ),
-        Error::ModuleMissing { .. } => fail(exit::UNAVAILABLE, &e.to_string()),
+        Error::ModuleMissing { .. } | Error::TlsRefused { .. } => {
+            fail(exit::UNAVAILABLE, &e.to_string())
+        }
         e if e.is_module_missing() => fail(
             exit::UNAVAILABLE,
             &format!("a node does not know the LOCK commands: is the redis-lock module loaded there? ({e})"),
