@@ -1170,8 +1170,10 @@ impl<'a> Acquire<'a> {
     /// lock. Many shared holders hold a key at once, each with a fencing
     /// token of its own; an exclusive holder (a plain acquisition, the
     /// writer) holds it alone. Waiting readers and writers take turns in one
-    /// FIFO line. One key only; on a Redlock group a reader and a writer
-    /// still never hold it together (their majorities share a node).
+    /// FIFO line. With [`LockClient::acquire_all`] every key is taken shared,
+    /// with one fence for all of them. On a Redlock group a reader and a
+    /// writer still never hold a key together (their majorities share a
+    /// node).
     pub fn shared(mut self) -> Self {
         if !self.keys.mode().is_shared() {
             self.keys = self.keys.in_mode(Mode::Shared { limit: None });

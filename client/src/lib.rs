@@ -50,6 +50,26 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # What else a lock can be
+//!
+//! * **Shared** ([`Acquire::shared`]): the reader's side of a read/write
+//!   lock; a plain acquisition is the writer, and both wait in one FIFO
+//!   line.
+//! * **A counting semaphore** ([`Acquire::limit`]): at most `n` holders of
+//!   the key at once (one node, with replicas if you like).
+//! * **Several keys at once** ([`LockClient::acquire_all`]): all or
+//!   nothing, one fence for every key, without deadlocks between callers
+//!   that name the keys in different orders.
+//! * **Guarded writes**: [`Lease::exec`] runs a command on the lock's node
+//!   only while this grant holds the lock (`LOCK.EXEC`), checked and run
+//!   in one step; [`Lease::fenced`] runs it on any node with the module
+//!   only if the fence is at least the highest a gate has accepted
+//!   (`LOCK.FENCED`): a holder paused past its lease cannot write once a
+//!   later holder has. [`Error::NotHeld`] and [`Error::StaleFence`] say so.
+//! * **Grants that survive a failover** ([`Options::wait_replicas`]): a
+//!   grant counts only once that many replicas of each node acknowledged
+//!   it (`WAIT`); otherwise it is released and not acquired.
+//!
 //! # Node URLs
 //!
 //! Each URL given to [`LockClient::new`] is one node of the group:

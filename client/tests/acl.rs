@@ -21,7 +21,22 @@ const LOCK_COMMANDS: &[&str] = &[
     "+lock.info",
 ];
 
-const RECIPE_EXTRA: &[&str] = &["+time", "+info", "+config|get", "+wait", "+ping"];
+/// The README's whole ACL recipe for the client and the command (Security),
+/// read from the README: its rules after the key pattern.
+fn recipe() -> Vec<String> {
+    let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();
+    let at = readme
+        .find("The whole recipe for the client and the command")
+        .expect("the README's whole recipe");
+    let line = readme[at..]
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER app"))
+        .expect("its ACL SETUSER line");
+    line.split_whitespace()
+        .filter(|w| w.starts_with('+'))
+        .map(str::to_string)
+        .collect()
+}
 
 /// A user `name` with `rules` on `s`; its URL (`host` names the server).
 fn user(s: &Server, host: &str, name: &str, rules: &[&str]) -> String {
@@ -64,8 +79,11 @@ fn nodes_up() -> Option<Vec<Server>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recipe_gives_every_feature() {
     let Some(nodes) = nodes_up() else { return };
-    let mut rules = LOCK_COMMANDS.to_vec();
-    rules.extend(RECIPE_EXTRA);
+    let recipe = recipe();
+    let rules: Vec<&str> = recipe.iter().map(String::as_str).collect();
+    for c in LOCK_COMMANDS {
+        assert!(rules.contains(c), "the recipe lacks {c}");
+    }
     let urls: Vec<String> = nodes
         .iter()
         .map(|s| user(s, "127.0.0.1", "app", &rules))
@@ -106,6 +124,40 @@ async fn the_recipe_gives_every_feature() {
         assert_eq!(calls(s, "time").1, 0, "TIME was refused");
         assert_eq!(calls(s, "info").1, 0, "INFO was refused");
     }
+    // The command over two keys, with a guarded write under the lock (the
+    // user may also run the inner command): exit 77 before the recipe
+    // named LOCK.ACQUIREALL, LOCK.RELEASEALL and LOCK.EXEC.
+    let node = &nodes[0];
+    let mut with_set = rules.clone();
+    with_set.push("+set");
+    let url = user(node, "127.0.0.1", "app2", &with_set);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-lock"))
+        .args([
+            "run", "--url", &url, "--key", "{acl}a", "--key", "{acl}b", "--",
+        ])
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "redis-cli -e -p {} --user app2 --pass pw --no-auth-warning \
+                 LOCK.EXEC \"$REDIS_LOCK_KEY\" \"$REDIS_LOCK_TOKEN\" SET {{acl}}done yes",
+                node.port
+            ),
+        ])
+        .env_remove("REDIS_LOCK_URL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let done: Option<String> = redis::cmd("GET")
+        .arg("{acl}done")
+        .query(&mut node.conn())
+        .unwrap();
+    assert_eq!(done.as_deref(), Some("yes"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1453,3 +1453,63 @@ fn limit_alone_is_a_semaphore_and_meaningless_values_are_refused() {
     let n: i64 = redis::cmd("DBSIZE").query(&mut s.conn()).unwrap();
     assert_eq!(n, 1, "only the semaphore was taken");
 }
+
+/// The README's shell lines for guarded writes, taken from the README
+/// itself: with the grant they write and exit 0; with a stale fence or a
+/// token that does not hold the lock, the write is refused and the line
+/// exits non-zero, so the script and `redis-lock run` fail. Without `-e`
+/// (issue 31) redis-cli exited 0 on `NOTHELD` and `STALEFENCE`.
+#[test]
+fn the_readmes_shell_lines_fail_when_the_guarded_write_is_refused() {
+    let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();
+    let line = |needle: &str| -> String {
+        let l = readme
+            .lines()
+            .find(|l| l.trim_start().starts_with('\'') && l.contains(needle))
+            .unwrap_or_else(|| panic!("no README line with {needle}"));
+        l.trim().trim_matches('\'').to_string()
+    };
+    let exec = line("LOCK.EXEC");
+    let fenced = line("LOCK.FENCED");
+    let s = Server::start();
+    let port = s.port.to_string();
+    // The lines name no port (and the gate's node as `-h data`): point
+    // them at the test's server.
+    let local = |l: &str| {
+        l.replace("redis-cli -e -h data", &format!("redis-cli -e -p {port}"))
+            .replace("redis-cli -e LOCK", &format!("redis-cli -e -p {port} LOCK"))
+    };
+    let sh = |l: &str, env: &[(&str, String)]| {
+        let mut c = Command::new("sh");
+        c.arg("-c").arg(local(l));
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let mut conn = s.conn();
+    let held = common::acquire(&mut conn, "order:{17}:lock", "tok", 60_000).unwrap();
+    let grant = |token: &str, fence: i64| {
+        vec![
+            ("REDIS_LOCK_KEY", "order:{17}:lock".to_string()),
+            ("REDIS_LOCK_TOKEN", token.to_string()),
+            ("REDIS_LOCK_FENCE", fence.to_string()),
+        ]
+    };
+    let out = sh(&exec, &grant("tok", held));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sh(&exec, &grant("stale", held));
+    assert!(
+        !out.status.success(),
+        "NOTHELD must fail the line: {}",
+        text(&out.stdout)
+    );
+    let out = sh(&fenced, &grant("tok", held));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = sh(&fenced, &grant("tok", held - 1));
+    assert!(
+        !out.status.success(),
+        "STALEFENCE must fail the line: {}",
+        text(&out.stdout)
+    );
+}

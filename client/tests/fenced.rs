@@ -455,3 +455,128 @@ async fn with_locks_lease_runs_guarded_writes_as_its_guard_does() {
         .unwrap();
     assert_eq!(out, "done");
 }
+
+/// docs/fencing.md's "many rows" recipe, with A paused *inside* its
+/// transaction, after its fence check passed (issue 31: the doc did not
+/// say what then happens). B, granted once A's lease ended, waits on the
+/// row lock A holds; A resumes and commits; then B runs, reading what A
+/// wrote. Both decrements land, in that order, and the fence row ends
+/// with B's fence: the database serialized the two, as the doc now says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_transaction_paused_after_its_check_commits_before_the_next_holder() {
+    let Some(pg) = Postgres::start_or_skip() else {
+        return;
+    };
+    pg.psql(
+        "CREATE TABLE fences (resource text PRIMARY KEY, fence bigint NOT NULL);
+         INSERT INTO fences VALUES ('stock', 0);
+         CREATE TABLE items (sku text PRIMARY KEY, qty int NOT NULL, last_by text);
+         INSERT INTO items VALUES ('a', 10, NULL), ('b', 10, NULL);",
+    )
+    .unwrap();
+    let recipe = |pause: &str| {
+        format!(
+            "BEGIN;\n\
+             SELECT fence <= :fence AS fresh FROM fences WHERE resource = 'stock' FOR UPDATE \\gset\n\
+             \\if :fresh\n\
+               {pause}\
+               UPDATE fences SET fence = :fence WHERE resource = 'stock';\n\
+               UPDATE items SET qty = qty - 1, last_by = :'who' WHERE sku IN ('a', 'b');\n\
+               \\echo rows=:ROW_COUNT\n\
+               COMMIT;\n\
+             \\else\n\
+               ROLLBACK;\n\
+               \\echo stale\n\
+             \\endif\n"
+        )
+    };
+    let s = Server::start();
+    let dir = std::env::temp_dir().join(format!("redis-lock-recipe-{}", common::free_port()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A stops itself (psql, the shell's parent) right after its check.
+    let a_sql = recipe_file(&dir, "a.sql", &recipe("\\! kill -STOP $PPID\n"));
+    let b_sql = recipe_file(&dir, "b.sql", &recipe(""));
+    let key = "pg:paused";
+    let a_grant = grant_for_a(&[s.url()], key).await;
+    let psql = pg.psql_args();
+    let a = Command::new(&psql[0])
+        .args(&psql[1..])
+        .args([
+            "-v",
+            &format!("fence={}", a_grant.fence),
+            "-v",
+            "who=A",
+            "-f",
+        ])
+        .arg(&a_sql)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a_pid = a.id();
+    common::wait_until(Duration::from_secs(20), || {
+        process_state(a_pid) == Some('T')
+    });
+    wait_free(&[&s], key);
+    // B: granted now, its transaction waits on A's row lock.
+    let write = format!(
+        "echo \"B fence=$REDIS_LOCK_FENCE\" && {} -v fence=\"$REDIS_LOCK_FENCE\" -v who=B -f {}",
+        psql.join(" "),
+        b_sql.display()
+    );
+    let b = Command::new(BIN)
+        .args([
+            "run",
+            "--url",
+            &s.url(),
+            "--key",
+            key,
+            "--ttl",
+            "10s",
+            "--wait",
+            "20s",
+            "--",
+        ])
+        .args(["sh", "-c", &write])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_until(Duration::from_secs(20), || {
+        pg.psql("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            .is_ok_and(|n| n.trim() != "0")
+    });
+    let a = resume(a);
+    let b = b.wait_with_output().unwrap();
+    assert!(b.status.success(), "B: {}", text(&b));
+    let (a, b) = (text(&a), text(&b));
+    assert!(
+        a.contains("rows=2") && !a.contains("stale"),
+        "A committed: {a}"
+    );
+    assert!(
+        b.contains("rows=2") && !b.contains("stale"),
+        "B ran after: {b}"
+    );
+    let b_fence: i64 = b
+        .lines()
+        .find_map(|l| l.strip_prefix("B fence="))
+        .and_then(|f| f.trim().parse().ok())
+        .unwrap();
+    assert!(b_fence > a_grant.fence);
+    assert_eq!(
+        pg.psql("SELECT fence FROM fences WHERE resource = 'stock'")
+            .unwrap(),
+        b_fence.to_string(),
+        "the fence row ends with B's fence"
+    );
+    assert_eq!(
+        pg.psql(
+            "SELECT string_agg(sku || '=' || qty || ':' || last_by, ',' ORDER BY sku) FROM items"
+        )
+        .unwrap(),
+        "a=8:B,b=8:B",
+        "both decrements landed, A's first"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
