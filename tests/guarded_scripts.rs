@@ -286,3 +286,100 @@ fn a_function_that_checks_the_lock_itself_runs_its_writes_together() {
         .unwrap();
     assert_eq!(got, (7, 3), "{v}: only the holder's transfer ran");
 }
+
+/// A small xorshift, seeded from the clock (the seed is printed on
+/// failure).
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Random guarded commands from clients that wait for the reply, leave at
+/// once, or pipeline their next command, with every kind of inner command
+/// the attack tried (slow scripts and functions, blocking, pub/sub,
+/// transactions, lock commands, plain writes, junk), on a server whose
+/// busy-reply-threshold is low. The server answers throughout, no script
+/// ever runs guarded, and a pipelined PING is always answered after its
+/// guarded command.
+#[test]
+fn random_guarded_commands_from_clients_that_leave_or_pipeline_keep_the_server_up() {
+    let s = Server::builder()
+        .config("busy-reply-threshold", "20")
+        .start();
+    let v = s.version();
+    let mut c = s.conn();
+    load_spin_function(&mut c, 50);
+    let fence = acquire(&mut c, "k", "t", 600_000).unwrap();
+    let seed = now_ms() as u64 | 1;
+    let mut rng = Rng(seed);
+    let spin_eval = format!("{} return redis.call('INCR', 'n')", spin(50));
+    let inners: Vec<Vec<String>> = [
+        vec!["EVAL", &spin_eval, "0"],
+        vec!["EVAL_RO", "return 1", "0"],
+        vec!["FCALL", "spin", "1", "n"],
+        vec!["FCALL_RO", "spin", "1", "n"],
+        vec!["EVALSHA", "0000000000000000000000000000000000000000", "0"],
+        vec!["SET", "d", "v"],
+        vec!["INCR", "d2"],
+        vec!["MSET", "a", "1", "b", "2"],
+        vec!["GET", "d"],
+        vec!["BLPOP", "list", "1"],
+        vec!["SUBSCRIBE", "ch"],
+        vec!["MULTI"],
+        vec!["WAIT", "1", "100"],
+        vec!["LOCK.ACQUIRE", "k2", "x", "1000"],
+        vec!["SWAPDB", "0", "1"],
+        vec!["no-such-command", "x"],
+        vec!["SET"],
+    ]
+    .iter()
+    .map(|v| v.iter().map(|a| a.to_string()).collect())
+    .collect();
+    let f = fence.to_string();
+    for step in 0..300 {
+        let inner = &inners[rng.below(inners.len() as u64) as usize];
+        let mut argv: Vec<&str> = match rng.below(2) {
+            0 => vec!["LOCK.EXEC", "k", "t"],
+            _ => vec!["LOCK.FENCED", "g", &f],
+        };
+        argv.extend(inner.iter().map(String::as_str));
+        let mut conn = RawConn::connect(&s);
+        match rng.below(3) {
+            0 => {
+                conn.send(&argv);
+                let _ = conn.read();
+            }
+            1 => {
+                conn.send(&argv);
+                drop(conn);
+            }
+            _ => {
+                conn.pipeline(&[&argv, &["PING"]]);
+                let first = conn.read();
+                assert_ne!(
+                    first,
+                    Resp::Simple("PONG".into()),
+                    "{v} seed {seed} step {step}"
+                );
+                assert_eq!(
+                    conn.read(),
+                    Resp::Simple("PONG".into()),
+                    "{v} seed {seed} step {step}: {argv:?} then PING"
+                );
+            }
+        }
+        if step % 50 == 0 {
+            alive(&s);
+        }
+    }
+    alive(&s);
+    assert_eq!(holder(&mut c, "k").as_deref(), Some("t"), "{v}: the lock kept");
+    let n: Option<i64> = redis::cmd("GET").arg("n").query(&mut c).unwrap();
+    assert_eq!(n, None, "{v} seed {seed}: a guarded script ran");
+}
