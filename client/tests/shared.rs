@@ -129,9 +129,9 @@ fn the_command_takes_shared_locks_and_permits() {
     }
     let third = run(&["--shared", "--limit", "2"]);
     assert_eq!(third.status.code(), Some(75), "{third:?}");
+    // --limit alone is the same semaphore (issue 31: it was a usage error).
     let bare = run(&["--limit", "2"]);
-    assert_eq!(bare.status.code(), Some(64), "a usage error: {bare:?}");
-    assert!(String::from_utf8_lossy(&bare.stderr).contains("--shared"));
+    assert_eq!(bare.status.code(), Some(75), "the key is full: {bare:?}");
     let info = common::lock_info_reply(&mut s.conn(), "jobs");
     assert!(format!("{info:?}").contains("shared"), "{info:?}");
     // Several --key with --shared: one reader's hold of every key.
