@@ -379,7 +379,11 @@ fn random_guarded_commands_from_clients_that_leave_or_pipeline_keep_the_server_u
         }
     }
     alive(&s);
-    assert_eq!(holder(&mut c, "k").as_deref(), Some("t"), "{v}: the lock kept");
+    assert_eq!(
+        holder(&mut c, "k").as_deref(),
+        Some("t"),
+        "{v}: the lock kept"
+    );
     let n: Option<i64> = redis::cmd("GET").arg("n").query(&mut c).unwrap();
     assert_eq!(n, None, "{v} seed {seed}: a guarded script ran");
 }
