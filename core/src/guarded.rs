@@ -199,7 +199,7 @@ const WHOLE_DATABASE_COMMANDS: [&[u8]; 1] = [b"swapdb"];
 /// Whether the command `name` (any case; `container|sub` for a
 /// subcommand), with the server's `flags` for it, may run guarded.
 /// Refused: `LOCK.*` (a guard inside a guard, or a lock changed under its
-/// own check), scripts and functions (see [`SCRIPT_COMMANDS`]), commands
+/// own check), scripts and functions (see `SCRIPT_COMMANDS`), commands
 /// that block, change the connection's state or transaction (`MULTI`,
 /// `WATCH`, `SUBSCRIBE`: pub/sub and no-script), admin commands, commands
 /// of other modules, and `SWAPDB`.
