@@ -1278,9 +1278,10 @@ impl<'a> std::future::IntoFuture for Acquire<'a> {
 /// spawned runs: the lock stayed for its TTL), and once more a little
 /// later in the background, over the connections the acquisition used (so
 /// it arrives after any ACQUIRE still queued on them, and after a request
-/// stuck on a connection given up on). A BLOCK wait in flight is undone by
-/// its own task (see `Node::acquire_waiting`), or by the server when the
-/// runtime's end closes its connection.
+/// stuck on a connection given up on, or a grant handed to a wait whose
+/// connection was closing). A BLOCK wait in flight leaves the server's
+/// line: its task closes its connection (see `Node::acquire_waiting`), as
+/// a runtime that ends does.
 struct Unclaimed {
     group: Arc<Group>,
     keys: Keys,

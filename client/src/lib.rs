@@ -100,9 +100,10 @@
 //! have reached, from the dropping thread (a round trip per node, before
 //! the runtime can stop), and once more a little later in the background,
 //! over the connections the request used (so a request still queued there
-//! cannot land after the release). A wait in a server's line keeps its
-//! place until its turn or its timeout, and a grant that comes when nobody
-//! waits for it any more is released at once. A token named with
+//! cannot land after the release). A wait in a server's line leaves it at
+//! once: its connection is closed, so the server drops the waiter, or takes
+//! back a grant it had not yet delivered (one it had delivered is released
+//! as above). A token named with
 //! [`Acquire::token`] is not released so (it may hold the lock already).
 //!
 //! # Auto-renewal

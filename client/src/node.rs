@@ -632,14 +632,13 @@ impl Node {
     }
 
     /// One ACQUIRE (a BLOCK wait, or one with replica acknowledgement) on a
-    /// connection of its own, run by a task that owns the connection, so
-    /// that the caller's future may be dropped at any point (a `timeout`,
-    /// a `select!`) without leaving a grant nobody knows of: the redis
-    /// crate keeps a dropped connection's socket open until the replies in
-    /// flight arrive, so the server still grants (hands the lock to this
-    /// waiter when its turn comes). The task waits for that reply, past the
-    /// caller's own deadline if need be, and releases a grant the caller is
-    /// no longer there to take, over the same connection.
+    /// connection of its own, run by a task that owns the connection. When
+    /// the caller's future is dropped (a `timeout`, a `select!`) the task
+    /// drops the connection, which closes it: the server drops the waiter
+    /// from its line, or takes back a grant it had not delivered. When the
+    /// caller gives up on it (its patience ran out) the task waits for the
+    /// reply, and releases a grant the caller is no longer there to take,
+    /// over the same connection.
     async fn acquire_on_own_once(
         &self,
         keys: &Keys,
@@ -1070,14 +1069,23 @@ async fn acquire_in_task(
     };
     tokio::pin!(query);
     let answered = tokio::select! {
-        reply = &mut query => Some(reply),
-        _ = tokio::time::sleep(patience) => None,
-        // Nobody to tell: keep listening (below) for a grant to undo.
+        reply = &mut query => Some(Some(reply)),
+        _ = tokio::time::sleep(patience) => Some(None),
+        // The acquisition was dropped (a `select!`, a `timeout`): nobody
+        // waits for this any more.
         _ = tx.as_mut().expect("not sent yet").closed() => None,
     };
     let reply = match answered {
-        Some(reply) => reply,
-        None => {
+        // Leave the line now: dropping every handle of the connection (the
+        // request, its clone, the connection) stops its driver and closes
+        // the socket, and the server drops this waiter, or takes back a
+        // grant it had not delivered yet. A grant it had delivered is the
+        // dropped acquisition's to release (`Unclaimed`), which it does at
+        // once and again a little later. (A cluster connection may keep its
+        // place until its turn or its timeout.)
+        None => return,
+        Some(Some(reply)) => reply,
+        Some(None) => {
             if let Some(tx) = tx.take() {
                 let _ = tx.send(Err(Error::Timeout));
             }
