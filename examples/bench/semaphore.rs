@@ -145,7 +145,7 @@ fn row_seconds(o: &Options) -> f64 {
 /// Sum of `calls` in INFO commandstats, leaving out INFO itself and what
 /// setting up a connection or the harness sends (HELLO, PING, QUIT, CLIENT,
 /// SELECT, CONFIG, SCRIPT).
-fn server_calls(c: &mut redis::Connection) -> u64 {
+pub(crate) fn server_calls(c: &mut redis::Connection) -> u64 {
     let text: String = redis::cmd("INFO").arg("commandstats").query(c).unwrap();
     const LEFT_OUT: &[&str] = &[
         "info", "hello", "ping", "quit", "client", "select", "config", "script",
@@ -439,7 +439,7 @@ fn run_peer(
 }
 
 /// The raw text of field `k` of a JSON object with scalar and array fields.
-fn json_field<'a>(json: &'a str, k: &str) -> Option<&'a str> {
+pub(crate) fn json_field<'a>(json: &'a str, k: &str) -> Option<&'a str> {
     let pat = format!("\"{k}\":");
     let rest = json[json.find(&pat)? + pat.len()..].trim_start();
     let end = if rest.starts_with('[') {
@@ -462,13 +462,13 @@ fn json_field<'a>(json: &'a str, k: &str) -> Option<&'a str> {
     Some(rest[..end].trim())
 }
 
-fn json_str(json: &str, k: &str) -> Option<String> {
+pub(crate) fn json_str(json: &str, k: &str) -> Option<String> {
     let v = json_field(json, k)?;
     let s = v.strip_prefix('"')?.strip_suffix('"')?;
     Some(s.replace("\\n", " ").replace("\\\"", "\""))
 }
 
-fn json_numbers(json: &str, k: &str) -> Option<Vec<u64>> {
+pub(crate) fn json_numbers(json: &str, k: &str) -> Option<Vec<u64>> {
     json_field(json, k)?
         .trim_matches(|c| c == '[' || c == ']')
         .split(',')

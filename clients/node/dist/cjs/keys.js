@@ -1,0 +1,125 @@
+"use strict";
+var __createBinding = (this && this.__createBinding) || (Object.create ? (function(o, m, k, k2) {
+    if (k2 === undefined) k2 = k;
+    var desc = Object.getOwnPropertyDescriptor(m, k);
+    if (!desc || ("get" in desc ? !m.__esModule : desc.writable || desc.configurable)) {
+      desc = { enumerable: true, get: function() { return m[k]; } };
+    }
+    Object.defineProperty(o, k2, desc);
+}) : (function(o, m, k, k2) {
+    if (k2 === undefined) k2 = k;
+    o[k2] = m[k];
+}));
+var __setModuleDefault = (this && this.__setModuleDefault) || (Object.create ? (function(o, v) {
+    Object.defineProperty(o, "default", { enumerable: true, value: v });
+}) : function(o, v) {
+    o["default"] = v;
+});
+var __importStar = (this && this.__importStar) || (function () {
+    var ownKeys = function(o) {
+        ownKeys = Object.getOwnPropertyNames || function (o) {
+            var ar = [];
+            for (var k in o) if (Object.prototype.hasOwnProperty.call(o, k)) ar[ar.length] = k;
+            return ar;
+        };
+        return ownKeys(o);
+    };
+    return function (mod) {
+        if (mod && mod.__esModule) return mod;
+        var result = {};
+        if (mod != null) for (var k = ownKeys(mod), i = 0; i < k.length; i++) if (k[i] !== "default") __createBinding(result, mod, k[i]);
+        __setModuleDefault(result, mod);
+        return result;
+    };
+})();
+Object.defineProperty(exports, "__esModule", { value: true });
+exports.fencedArgs = exports.Keys = exports.drift = void 0;
+exports.checkMs = checkMs;
+exports.randomToken = randomToken;
+const p = __importStar(require("./protocol.js"));
+/** Whole milliseconds of a duration given in ms: positive, finite, within
+ * what the module accepts. */
+function checkMs(ms, what) {
+    if (typeof ms !== 'number' || !Number.isFinite(ms) || !(ms > 0)) {
+        throw new RangeError(`${what} must be a positive number of milliseconds, not ${String(ms)}`);
+    }
+    const whole = Math.ceil(ms);
+    if (whole > p.MAX_BLOCK_MS)
+        throw new RangeError(`${what} is longer than the module accepts (${p.MAX_BLOCK_MS} ms)`);
+    return whole;
+}
+/** Redlock's allowance for clock drift, as the Rust client: 1% of the TTL
+ * plus 2 ms. A lease is valid for its TTL less this and less the time its
+ * request took. */
+const drift = (ttlMs) => ttlMs * 0.01 + 2;
+exports.drift = drift;
+/** An unguessable holder token: 128 random bits as hex. */
+function randomToken() {
+    const bytes = new Uint8Array(16);
+    globalThis.crypto.getRandomValues(bytes);
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
+}
+class Keys {
+    names;
+    shared;
+    limit;
+    constructor(names, shared = false, limit) {
+        if (!Array.isArray(names) || names.length === 0)
+            throw new RangeError('a lock needs at least one key');
+        for (const k of names) {
+            if (typeof k !== 'string' || k.length === 0)
+                throw new RangeError(`a key must be a non-empty string, not ${JSON.stringify(k)}`);
+        }
+        if (new Set(names).size !== names.length)
+            throw new RangeError('a key is named twice');
+        if (limit !== undefined) {
+            if (!Number.isInteger(limit) || limit < 1)
+                throw new RangeError(`limit must be a positive integer, not ${String(limit)}`);
+            shared = true;
+        }
+        this.names = [...names];
+        this.shared = shared;
+        this.limit = limit;
+    }
+    get first() {
+        return this.names[0];
+    }
+    mode() {
+        const words = [];
+        if (this.shared)
+            words.push(p.SHARED);
+        if (this.limit !== undefined)
+            words.push(p.LIMIT, this.limit);
+        return words;
+    }
+    /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several). */
+    acquire(token, ttlMs, blockMs) {
+        const args = this.names.length === 1
+            ? [p.ACQUIRE, this.first, token, ttlMs]
+            : [p.ACQUIRE_ALL, this.names.length, ...this.names, token, ttlMs];
+        args.push(...this.mode());
+        if (blockMs !== undefined)
+            args.push(p.BLOCK, blockMs);
+        return args;
+    }
+    release(token) {
+        return this.names.length === 1
+            ? [p.RELEASE, this.first, token]
+            : [p.RELEASE_ALL, this.names.length, ...this.names, token];
+    }
+    /** One `LOCK.EXTEND` per key: the lock is held while every key is. */
+    extends(token, ttlMs) {
+        return this.names.map((k) => [p.EXTEND, k, token, ttlMs]);
+    }
+    /** `LOCK.EXEC key token FENCE fence command...`, checked on the first key
+     * (every key of the lock has the same holder and fence). */
+    exec(token, fence, command) {
+        if (!Array.isArray(command) || command.length === 0)
+            throw new RangeError('exec needs a command');
+        return [p.EXEC, this.first, token, p.FENCE_WORD, fence, ...command];
+    }
+}
+exports.Keys = Keys;
+/** `LOCK.FENCED gate fence [command...]`. */
+const fencedArgs = (gate, fence, command) => [p.FENCED, gate, fence, ...command];
+exports.fencedArgs = fencedArgs;

@@ -1,0 +1,122 @@
+// The user's client, as this package talks to it: ioredis (`Redis`,
+// `Cluster`) or node-redis (`createClient`, `createCluster`), told apart by
+// their shape. A command is an array of arguments; a reply comes back as
+// the client gives it (numbers, strings, null).
+
+/** An argument of a command. */
+export type Arg = string | number | Buffer;
+
+/** What this package needs of a connection. */
+export interface Conn {
+  /** Sends one command; its reply. */
+  send(args: Arg[]): Promise<unknown>;
+  /** `host:port` (or the cluster), for messages. */
+  readonly name: string;
+}
+
+/** A connection of its own for a blocking wait (a BLOCKed command holds its
+ * connection: ioredis and node-redis queue everything behind it). */
+export interface WaitConn extends Conn {
+  /** Done with it: back to the pool. */
+  idle(): void;
+  /** Closed at once (an aborted wait: the server drops its place in line,
+   * or takes back a grant it could not deliver). */
+  destroy(): void;
+}
+
+/** ioredis or node-redis, as the user made it. */
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+export type RedisLike = any;
+
+/** The user's client as a [`Conn`] that can open wait connections. */
+export interface Client extends Conn {
+  /** A connection for a blocking wait (from a pool of idle ones). */
+  waitConn(): Promise<WaitConn>;
+  /** Closes the idle wait connections. */
+  close(): Promise<void>;
+}
+
+const text = (a: Arg): string | Buffer => (typeof a === 'number' ? String(a) : a);
+
+function isNodeRedis(client: RedisLike): boolean {
+  return typeof client?.sendCommand === 'function' && typeof client?.isOpen === 'boolean';
+}
+
+function nameOf(client: RedisLike): string {
+  const o = client?.options;
+  if (o?.host || o?.port) return `redis://${o.host ?? '127.0.0.1'}:${o.port ?? 6379}`;
+  if (o?.url) return String(o.url);
+  if (o?.socket?.port) return `redis://${o.socket.host ?? '127.0.0.1'}:${o.socket.port}`;
+  return 'the server';
+}
+
+/** One connection: the user's client, or a wait connection made from it. */
+function conn(client: RedisLike, nodeRedis: boolean, name: string): Conn {
+  return {
+    name,
+    send: nodeRedis
+      ? (args) => client.sendCommand(args.map(text))
+      : (args) => client.call(...(args.map(text) as [string, ...Arg[]])),
+  };
+}
+
+/** The user's client; wait connections are duplicates of it, kept idle
+ * between waits (so a grant costs no connection setup). */
+export function wrap(client: RedisLike): Client {
+  const nodeRedis = isNodeRedis(client);
+  if (!nodeRedis && typeof client?.call !== 'function') {
+    throw new TypeError('redis-lock-client takes an ioredis client (Redis, Cluster) or a node-redis one (createClient)');
+  }
+  const name = nameOf(client);
+  const idle: RedisLike[] = [];
+  const open = async (): Promise<RedisLike> => {
+    if (nodeRedis) {
+      const dup = client.duplicate();
+      dup.on?.('error', () => {});
+      await dup.connect();
+      return dup;
+    }
+    // No retries, no offline queue: a wait that broke must not be sent
+    // again behind the caller's back (it would queue at the back).
+    const dup = client.duplicate({
+      maxRetriesPerRequest: 0,
+      enableOfflineQueue: true,
+      commandTimeout: undefined,
+      retryStrategy: () => null,
+      lazyConnect: false,
+    });
+    dup.on?.('error', () => {});
+    return dup;
+  };
+  const destroy = (dup: RedisLike) => {
+    try {
+      if (nodeRedis) (dup.destroy ?? dup.disconnect).call(dup);
+      else dup.disconnect(false);
+    } catch {
+      // already gone
+    }
+  };
+  return {
+    ...conn(client, nodeRedis, name),
+    async waitConn(): Promise<WaitConn> {
+      const dup = idle.pop() ?? (await open());
+      let destroyed = false;
+      return {
+        ...conn(dup, nodeRedis, name),
+        idle: () => {
+          // Only a connection still open and never closed here: a close
+          // takes a moment to show in the client's state.
+          const open = nodeRedis ? dup.isOpen : dup.status === 'ready';
+          if (!destroyed && open) idle.push(dup);
+        },
+        destroy: () => {
+          destroyed = true;
+          destroy(dup);
+        },
+      };
+    },
+    async close(): Promise<void> {
+      while (idle.length) destroy(idle.pop());
+    },
+  };
+}

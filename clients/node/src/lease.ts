@@ -1,0 +1,163 @@
+// A held lock: its fencing token, renewal, guarded writes and release.
+import { Arg, Client, Conn, RedisLike, wrap } from './client.js';
+import { translate } from './errors.js';
+import { drift, fencedArgs, Keys } from './keys.js';
+
+const now = (): number => performance.now();
+
+/** A held lock. `fence` goes with every write to the protected resource,
+ * which keeps the highest it has seen and refuses lower ones. `signal` is
+ * aborted when the lock is lost: a renewal refused, or the lease's validity
+ * (its TTL less the time the grant took and 1% + 2 ms for clock drift) ran
+ * out without one. `await using lease = ...` releases it. */
+export class Lease {
+  /** The fencing token. */
+  readonly fence: number;
+  /** This holder's token: the credential for release and extend. */
+  readonly token: string;
+  private readonly lost = new AbortController();
+  private readonly keysOf: Keys;
+  private readonly client: Client;
+  private ttlMs: number;
+  private until: number;
+  private timer?: ReturnType<typeof setTimeout>;
+  private released = false;
+  private renewing?: Promise<unknown>;
+
+  /** @internal */
+  constructor(client: Client, keys: Keys, token: string, fence: number, ttlMs: number, started: number,
+              private readonly renew: boolean) {
+    this.client = client;
+    this.keysOf = keys;
+    this.token = token;
+    this.fence = Number(fence);
+    this.ttlMs = ttlMs;
+    this.until = started + ttlMs - drift(ttlMs);
+    this.schedule(started + ttlMs / 3);
+  }
+
+  /** The locked key (the first, for a lock of several keys). */
+  get key(): string {
+    return this.keysOf.first;
+  }
+
+  /** Every key of the lock. */
+  get keys(): string[] {
+    return [...this.keysOf.names];
+  }
+
+  /** Aborted when the lock is lost. */
+  get signal(): AbortSignal {
+    return this.lost.signal;
+  }
+
+  /** Until when (`performance.now()` ms) the lock is surely held. */
+  get validUntil(): number {
+    return this.until;
+  }
+
+  /** Held, and within its validity. */
+  isValid(): boolean {
+    return !this.lost.signal.aborted && now() < this.until;
+  }
+
+  private lose(why: string): void {
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = undefined;
+    if (!this.lost.signal.aborted) this.lost.abort(new Error(`the lock on ${this.key} was lost: ${why}`));
+  }
+
+  /** The next wake-up: a renewal (if renewing) or the validity's end. */
+  private schedule(renewAt: number): void {
+    if (this.released || this.lost.signal.aborted) return;
+    const wake = this.renew ? Math.min(renewAt, this.until) : this.until;
+    this.timer = setTimeout(() => void this.tick(renewAt), Math.max(0, wake - now()));
+    // A lease does not keep the process alive by itself.
+    this.timer.unref?.();
+  }
+
+  private async tick(renewAt: number): Promise<void> {
+    if (this.released) return;
+    if (now() >= this.until) return this.lose('its validity ran out without a renewal');
+    if (!this.renew || now() < renewAt) return this.schedule(renewAt);
+    const started = now();
+    let held: boolean;
+    try {
+      this.renewing = this.extendNow(this.ttlMs);
+      held = (await this.renewing) as boolean;
+    } catch {
+      // Retried while the validity allows; it runs out otherwise.
+      return this.schedule(now() + Math.min(this.ttlMs / 10, 100));
+    }
+    if (this.released) return;
+    if (!held) return this.lose('a renewal was refused');
+    this.until = started + this.ttlMs - drift(this.ttlMs);
+    this.schedule(started + this.ttlMs / 3);
+  }
+
+  private async extendNow(ttlMs: number): Promise<boolean> {
+    let all = true;
+    for (const args of this.keysOf.extends(this.token, Math.ceil(ttlMs))) {
+      all = (await this.call(this.client, args)) === 1 && all;
+    }
+    return all;
+  }
+
+  private async call(conn: Conn, args: Arg[]): Promise<unknown> {
+    try {
+      return await conn.send(args);
+    } catch (e) {
+      throw translate(e, conn.name);
+    }
+  }
+
+  /** Sets the lease to `ttlMs` (default: its TTL) from now; later renewals
+   * use it. False, and `signal` aborted, if the lock was lost. */
+  async extend(ttlMs: number = this.ttlMs): Promise<boolean> {
+    if (this.lost.signal.aborted) return false;
+    const started = now();
+    if (!(await this.extendNow(ttlMs))) {
+      this.lose('an extend was refused');
+      return false;
+    }
+    this.ttlMs = ttlMs;
+    this.until = started + ttlMs - drift(ttlMs);
+    if (this.timer) clearTimeout(this.timer);
+    this.schedule(started + ttlMs / 3);
+    return true;
+  }
+
+  /** Runs `command` on the lock's node only while this grant holds the
+   * lock, checked and run in one step by the server (`LOCK.EXEC key token
+   * FENCE fence command...`): its reply, or `NotHeldError` (nothing ran). */
+  exec(command: Arg[]): Promise<unknown> {
+    return this.call(this.client, this.keysOf.exec(this.token, this.fence, command));
+  }
+
+  /** Runs `command` behind the fence gate `gate` (`LOCK.FENCED gate fence
+   * command...`): only if this grant's fence is at least the highest the
+   * gate has accepted, which it then records. Its reply, or
+   * `StaleFenceError` (a later holder has written; nothing ran). `client`:
+   * the data's node, if not the lock's. No command: check and record. */
+  fenced(gate: string, command: Arg[] = [], client?: RedisLike): Promise<unknown> {
+    const conn = client ? wrap(client) : this.client;
+    return this.call(conn, fencedArgs(gate, this.fence, command));
+  }
+
+  /** Stops renewing (waiting for a renewal in flight), then releases. True
+   * if the lock was still held and is now free. */
+  async release(): Promise<boolean> {
+    if (this.released) return false;
+    this.released = true;
+    if (this.timer) clearTimeout(this.timer);
+    if (this.renewing) await this.renewing.catch(() => {});
+    const reply = await this.call(this.client, this.keysOf.release(this.token));
+    return Number(reply ?? 0) >= 1;
+  }
+
+  /** `await using lease = await locks.acquire(...)`: released at the end
+   * of the block. */
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.release().catch(() => {});
+  }
+}

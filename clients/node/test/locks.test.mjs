@@ -1,0 +1,166 @@
+// The package against a real server with the module, over ioredis and
+// node-redis both.
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import {
+  Locks,
+  LockLostError,
+  ModuleMissingError,
+  NotAcquiredError,
+  NotHeldError,
+  StaleFenceError,
+} from 'redis-lock-client';
+
+import { CLIENTS } from './clients.mjs';
+import { Server } from './server.mjs';
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** Runs `body(locks, server, client)` for each client, on a fresh server. */
+function each(name, body, options = {}) {
+  for (const kind of CLIENTS) {
+    test(`${name} (${kind.name})`, async () => {
+      const server = await Server.start(options);
+      const client = await kind.open(server.port);
+      const locks = new Locks(client, options.locks);
+      try {
+        await body(locks, server, client, kind);
+      } finally {
+        await locks.close();
+        await kind.close(client).catch(() => {});
+        await server.stop();
+      }
+    });
+  }
+}
+
+each('a grant has a fence, and a release frees the key', async (locks, server) => {
+  const lease = await locks.acquire('order:42', 30_000);
+  assert.ok(lease && lease.fence > 1e15 && Number.isSafeInteger(lease.fence));
+  assert.equal(await server.command('LOCK.FENCE', 'order:42'), lease.fence);
+  assert.equal(await locks.acquire('order:42', 30_000), null, 'held by another');
+  assert.equal(await lease.release(), true);
+  assert.equal(await server.command('LOCK.FENCE', 'order:42'), null);
+  const again = await locks.acquire('order:42', 30_000);
+  assert.ok(again.fence > lease.fence, 'fences rise');
+  await again[Symbol.asyncDispose]();
+  assert.equal(await server.command('LOCK.FENCE', 'order:42'), null, 'disposed: released');
+});
+
+each('a wait stands in the server line and is handed the lock at once', async (locks, server) => {
+  const first = await locks.acquire('job', 30_000);
+  const waiting = locks.acquire('job', 30_000, { timeoutMs: 10_000 });
+  while ((await server.info('waiters')) !== 1) await sleep(10);
+  const released = performance.now();
+  await first.release();
+  const lease = await waiting;
+  assert.ok(lease.fence > first.fence);
+  assert.ok(performance.now() - released < 1000, 'handed over, no polling');
+  assert.equal(await server.info('handoffs'), 1);
+  await lease.release();
+  const held = await locks.acquire('job', 30_000);
+  assert.equal(await locks.acquire('job', 30_000, { timeoutMs: 200 }), null);
+  assert.equal(await server.info('waiters'), 0);
+  await held.release();
+});
+
+each('using renews, releases, and reports a lock lost meanwhile', async (locks, server) => {
+  const out = await locks.using('k', 300, async (signal, lease) => {
+    await sleep(1000);
+    assert.equal(signal.aborted, false);
+    assert.equal(await server.command('LOCK.FENCE', 'k'), lease.fence);
+    return 42;
+  });
+  assert.equal(out, 42);
+  assert.equal(await server.command('LOCK.FENCE', 'k'), null);
+  assert.ok((await server.info('extends')) >= 2);
+  await assert.rejects(
+    locks.using('short', 300, { renew: false }, async (signal) => {
+      await new Promise((r) => signal.addEventListener('abort', r, { once: true }));
+    }),
+    LockLostError,
+  );
+  const held = await locks.acquire('busy', 30_000);
+  await assert.rejects(locks.using('busy', 30_000, { timeoutMs: 100 }, async () => 1), NotAcquiredError);
+  await held.release();
+});
+
+each('exec and fenced write only for the current holder', async (locks, server, client) => {
+  const old = await locks.acquire('doc', 200, { renew: false });
+  assert.equal(await old.exec(['SET', 'doc:body', 'v1']), 'OK');
+  assert.equal(await old.fenced('doc:gate', ['SET', 'doc:copy', 'v1']), 'OK');
+  await sleep(350);
+  await assert.rejects(old.exec(['SET', 'doc:body', 'stale']), NotHeldError);
+  const fresh = await locks.acquire('doc', 30_000);
+  assert.equal(await fresh.fenced('doc:gate', ['SET', 'doc:copy', 'v2'], client), 'OK');
+  const e = await old.fenced('doc:gate', ['SET', 'doc:copy', 'stale']).catch((x) => x);
+  assert.ok(e instanceof StaleFenceError, String(e));
+  assert.deepEqual([e.fence, e.mark], [old.fence, fresh.fence]);
+  assert.equal(await server.command('GET', 'doc:body'), 'v1');
+  assert.equal(await server.command('GET', 'doc:copy'), 'v2');
+  await fresh.release();
+});
+
+each('acquireAll, shared holders and a semaphore', async (locks, server) => {
+  const both = await locks.acquireAll(['{o}a', '{o}b'], 30_000);
+  assert.equal(await server.command('LOCK.FENCE', '{o}a'), both.fence);
+  assert.equal(await server.command('LOCK.FENCE', '{o}b'), both.fence);
+  assert.equal(await locks.acquireAll(['{o}b', '{o}c'], 30_000), null);
+  assert.equal(await server.command('EXISTS', '{o}c'), 0, 'all or nothing');
+  await both.release();
+  const r1 = await locks.acquire('report', 30_000, { shared: true });
+  const r2 = await locks.acquire('report', 30_000, { shared: true });
+  assert.ok(r1 && r2 && r1.fence !== r2.fence);
+  assert.equal(await locks.acquire('report', 30_000), null, 'the writer waits');
+  const permits = [];
+  for (let i = 0; i < 3; i++) permits.push(await locks.acquire('sem', 30_000, { limit: 2 }));
+  assert.ok(permits[0] && permits[1] && permits[2] === null);
+  for (const l of [r1, r2, permits[0], permits[1]]) await l.release();
+});
+
+each('bad arguments are refused before anything is sent', async (locks, server) => {
+  for (const bad of [0, -1, NaN, Infinity]) await assert.rejects(locks.acquire('k', bad), RangeError);
+  await assert.rejects(locks.acquire('', 1000), RangeError);
+  await assert.rejects(locks.acquireAll(['a', 'a'], 1000), RangeError);
+  await assert.rejects(locks.acquire('k', 1000, { limit: 0 }), RangeError);
+  assert.equal(await server.command('DBSIZE'), 0);
+});
+
+each('an aborted wait leaves no lock and no place in line', async (locks, server) => {
+  // Aborted at random moments while the holder releases at random moments.
+  let aborted = 0;
+  for (let round = 0; round < 30; round++) {
+    const key = `abort:${round}`;
+    const holder = await locks.acquire(key, 30_000);
+    const controller = new AbortController();
+    const waiting = locks.acquire(key, 30_000, { timeoutMs: 5000, signal: controller.signal });
+    const releasing = sleep(Math.random() * 30).then(() => holder.release());
+    await sleep(Math.random() * 30);
+    controller.abort();
+    try {
+      const lease = await waiting;
+      if (lease) await lease.release();
+    } catch (e) {
+      aborted += 1;
+      assert.equal(e?.name, 'AbortError', String(e));
+    }
+    await releasing;
+    const deadline = Date.now() + 2000;
+    while ((await server.command('LOCK.FENCE', key)) !== null || (await server.info('waiters')) !== 0) {
+      assert.ok(Date.now() < deadline, `round ${round}: a lock or a waiter was left`);
+      await sleep(10);
+    }
+  }
+  assert.ok(aborted > 0);
+});
+
+each(
+  'a server without the module says how to load it',
+  async (locks) => {
+    const e = await locks.acquire('k', 30_000).catch((x) => x);
+    assert.ok(e instanceof ModuleMissingError, String(e));
+    assert.match(e.message, /--loadmodule/);
+  },
+  { module: false },
+);

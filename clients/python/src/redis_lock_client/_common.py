@@ -1,0 +1,170 @@
+"""What the sync and asyncio clients share: the commands they send, how
+the server's errors read, and the lease's arithmetic. Nothing here talks to
+a server."""
+
+from __future__ import annotations
+
+import math
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any, List, Optional, Sequence, Tuple
+
+from redis.exceptions import RedisError, ResponseError
+
+from . import _protocol as p
+from .errors import ModuleMissing, NotHeld, StaleFence
+
+#: Times are seconds (floats), as redis-py's ``Lock`` takes them.
+Seconds = float
+
+
+def random_token() -> str:
+    """128 random bits as hex: unguessable, so only its holder releases."""
+    return secrets.token_hex(16)
+
+
+def to_ms(seconds: Seconds, what: str) -> int:
+    """A positive duration in whole milliseconds (rounded up)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(seconds).__name__}")
+    if not seconds > 0 or math.isinf(seconds):
+        raise ValueError(f"{what} must be a positive number of seconds, not {seconds!r}")
+    ms = math.ceil(seconds * 1000)
+    if ms > p.MAX_BLOCK_MS:
+        raise ValueError(f"{what} is longer than the module accepts ({p.MAX_BLOCK_MS} ms)")
+    return ms
+
+
+#: When a cancelled acquisition's token is released again (seconds after).
+UNDO_AGAIN_S = (0.25, 1.0)
+
+
+def drift(ttl: Seconds) -> Seconds:
+    """Redlock's allowance for clock drift, as the Rust client: 1% of the
+    TTL plus 2 ms. A lease is valid for its TTL less this and less the time
+    its request took."""
+    return ttl * 0.01 + 0.002
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The keys of one lock (one, or several taken all or nothing) and its
+    mode: exclusive, shared, or a counting semaphore of ``limit``."""
+
+    names: Tuple[str, ...]
+    shared: bool = False
+    limit: Optional[int] = None
+
+    @staticmethod
+    def of(names: Sequence[str], shared: bool, limit: Optional[int]) -> "Keys":
+        names = tuple(names)
+        if not names:
+            raise ValueError("a lock needs at least one key")
+        for k in names:
+            if not isinstance(k, (str, bytes)) or len(k) == 0:
+                raise ValueError(f"a key must be a non-empty string, not {k!r}")
+        if len(set(names)) != len(names):
+            raise ValueError("a key is named twice")
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"limit must be a positive integer, not {limit!r}")
+            shared = True
+        return Keys(names, shared, limit)
+
+    @property
+    def first(self) -> str:
+        return self.names[0]
+
+    def _mode(self) -> List[Any]:
+        words: List[Any] = []
+        if self.shared:
+            words.append(p.SHARED)
+        if self.limit is not None:
+            words += [p.LIMIT, self.limit]
+        return words
+
+    def acquire(self, token: str, ttl_ms: int, block_ms: Optional[int] = None) -> List[Any]:
+        """``LOCK.ACQUIRE`` (one key) or ``LOCK.ACQUIREALL`` (several)."""
+        if len(self.names) == 1:
+            args: List[Any] = [p.ACQUIRE, self.first, token, ttl_ms]
+        else:
+            args = [p.ACQUIRE_ALL, len(self.names), *self.names, token, ttl_ms]
+        args += self._mode()
+        if block_ms is not None:
+            args += [p.BLOCK, block_ms]
+        return args
+
+    def release(self, token: str) -> List[Any]:
+        if len(self.names) == 1:
+            return [p.RELEASE, self.first, token]
+        return [p.RELEASE_ALL, len(self.names), *self.names, token]
+
+    def extends(self, token: str, ttl_ms: int) -> List[List[Any]]:
+        """One ``LOCK.EXTEND`` per key: the lock is held while every key is."""
+        return [[p.EXTEND, k, token, ttl_ms] for k in self.names]
+
+
+def exec_args(keys: Keys, token: str, fence: int, command: Sequence[Any]) -> List[Any]:
+    """``LOCK.EXEC key token FENCE fence command...`` (checked on the first
+    key: every key of the lock has the same holder and fence)."""
+    if not command:
+        raise ValueError("exec needs a command")
+    return [p.EXEC, keys.first, token, p.FENCE_WORD, fence, *command]
+
+
+def fenced_args(gate: str, fence: int, command: Sequence[Any]) -> List[Any]:
+    """``LOCK.FENCED gate fence [command...]`` (no command: check and record)."""
+    return [p.FENCED, gate, fence, *command]
+
+
+_STALE = re.compile(r"fence (\d+) is below the gate's mark (\d+)")
+
+
+def translate(error: RedisError, server: str) -> Exception:
+    """The server's refusals as this package's errors: ``NOTHELD`` is
+    :class:`NotHeld`, ``STALEFENCE`` :class:`StaleFence`, an unknown
+    command :class:`ModuleMissing`; anything else as it came."""
+    if not isinstance(error, ResponseError):
+        return error
+    text = str(error)
+    word = text.split(" ", 1)[0]
+    if word == p.NOT_HELD:
+        return NotHeld(text)
+    if word == p.STALE_FENCE:
+        m = _STALE.search(text)
+        if m:
+            return StaleFence(int(m.group(1)), int(m.group(2)), text)
+    if "unknown command" in text and "LOCK." in text.upper():
+        return ModuleMissing(server)
+    return error
+
+
+def server_name(client: Any) -> str:
+    """``redis://host:port/db`` of a redis-py client, for messages."""
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    if "host" in kwargs:
+        scheme = "rediss" if "ssl_cert_reqs" in kwargs or "ssl_keyfile" in kwargs else "redis"
+        return f"{scheme}://{kwargs['host']}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    nodes = getattr(client, "startup_nodes", None)
+    if nodes:
+        return "redis-cluster://" + ",".join(f"{n.host}:{n.port}" for n in nodes)
+    return "the server"
+
+
+def wait_kwargs(kwargs: dict) -> dict:
+    """The connection settings for a blocking wait: the client's own, with
+    no socket timeout (a wait in the server's line may outlast it: a read
+    that timed out would leave the line) and no retry (a retried BLOCK
+    would queue again at the back)."""
+    out = dict(kwargs)
+    out["socket_timeout"] = None
+    out.pop("retry", None)
+    out.pop("retry_on_timeout", None)
+    out.pop("retry_on_error", None)
+    return out
+
+

@@ -1,0 +1,28 @@
+# Generated from core/src/protocol.rs by tests/client_protocol.rs
+# (CLIENT_PROTOCOL_BLESS=1 cargo test --test client_protocol rewrites it):
+# the command names, option words and error codes the module and every
+# client share. Do not edit.
+ACQUIRE = "LOCK.ACQUIRE"
+RELEASE = "LOCK.RELEASE"
+EXTEND = "LOCK.EXTEND"
+FENCE = "LOCK.FENCE"
+INFO = "LOCK.INFO"
+ACQUIRE_ALL = "LOCK.ACQUIREALL"
+RELEASE_ALL = "LOCK.RELEASEALL"
+EXEC = "LOCK.EXEC"
+FENCED = "LOCK.FENCED"
+BLOCK = "BLOCK"
+MINFENCE = "MINFENCE"
+SHARED = "SHARED"
+LIMIT = "LIMIT"
+FENCE_WORD = "FENCE"
+LINE_FULL = "LINEFULL"
+TRY_AGAIN = "TRYAGAIN"
+READ_ONLY = "READONLY"
+OUT_OF_MEMORY = "OOM"
+WRONG_TYPE = "WRONGTYPE"
+NO_PERMISSION = "NOPERM"
+NOT_HELD = "NOTHELD"
+STALE_FENCE = "STALEFENCE"
+NOT_GUARDABLE = "NOTGUARDABLE"
+MAX_BLOCK_MS = 316224000000

@@ -1,0 +1,378 @@
+"""The blocking client: :class:`Locks` over a ``redis.Redis`` or
+``redis.RedisCluster``, :class:`Lease` for a held lock."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TypeVar
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from . import _common as c
+from .errors import LockLost, NotAcquired
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Lease:
+    """A held lock: its fencing token, renewal, guarded writes and release.
+
+    ``fence`` goes with every write to the protected resource, which keeps
+    the highest it has seen and refuses lower ones. ``lost`` (a
+    ``threading.Event``) is set when the lock is lost: a renewal refused,
+    or the lease's validity (its TTL less the time the grant took and 1%
+    + 2 ms for clock drift) ran out without one.
+    """
+
+    def __init__(self, locks: "Locks", keys: c.Keys, token: str, fence: int, ttl: float,
+                 started: float, renew: bool) -> None:
+        self._locks = locks
+        self._keys = keys
+        self.token: str = token
+        self.fence: int = int(fence)
+        self.ttl: float = ttl
+        self.lost = threading.Event()
+        self._lock = threading.Lock()
+        self._valid_until = started + ttl - c.drift(ttl)
+        self._since = started
+        self._stop = threading.Event()
+        self._released = False
+        self._keeper: Optional[threading.Thread] = None
+        self._renew = renew
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"redis-lock renew {keys.first}", daemon=True
+        )
+        self._keeper.start()
+
+    def __repr__(self) -> str:  # no token: it is the holder's credential
+        return f"Lease(keys={list(self._keys.names)!r}, fence={self.fence}, valid={self.is_valid()})"
+
+    @property
+    def key(self) -> str:
+        """The locked key (the first, for a lock of several keys)."""
+        return self._keys.first
+
+    @property
+    def keys(self) -> Sequence[str]:
+        """Every key of the lock."""
+        return self._keys.names
+
+    @property
+    def valid_until(self) -> float:
+        """Until when (``time.monotonic()``) the lock is surely held."""
+        with self._lock:
+            return self._valid_until
+
+    def is_valid(self) -> bool:
+        """Held, and within its validity."""
+        return not self.lost.is_set() and time.monotonic() < self.valid_until
+
+    # ---- renewal ----
+
+    def _keep(self) -> None:
+        next_renew = self._since + self.ttl / 3
+        while True:
+            deadline = self.valid_until
+            wake = min(next_renew, deadline) if self._renew else deadline
+            if self._stop.wait(max(0.0, wake - time.monotonic())):
+                return
+            now = time.monotonic()
+            if now >= self.valid_until:
+                self._lose()
+                return
+            if not self._renew or now < next_renew:
+                continue
+            started = time.monotonic()
+            try:
+                held = self._extend_now(self.ttl)
+            except RedisError:
+                # Retried while the validity allows; it runs out otherwise.
+                next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
+                continue
+            if self._stop.is_set():
+                return
+            if not held:
+                self._lose()
+                return
+            with self._lock:
+                self._valid_until = started + self.ttl - c.drift(self.ttl)
+                self._since = started
+            next_renew = started + self.ttl / 3
+
+    def _extend_now(self, ttl: float) -> bool:
+        ms = c.to_ms(ttl, "ttl")
+        replies = [self._locks._call(*args) for args in self._keys.extends(self.token, ms)]
+        return all(r == 1 for r in replies)
+
+    def _lose(self) -> None:
+        self.lost.set()
+
+    def extend(self, ttl: Optional[float] = None) -> bool:
+        """Sets the lease to ``ttl`` (default: its TTL) from now; later
+        renewals use it. False, and ``lost`` set, if the lock was lost."""
+        if self.lost.is_set():
+            return False
+        ttl = self.ttl if ttl is None else ttl
+        started = time.monotonic()
+        if not self._extend_now(ttl):
+            self._lose()
+            return False
+        with self._lock:
+            self.ttl = ttl
+            self._valid_until = started + ttl - c.drift(ttl)
+            self._since = started
+        return True
+
+    # ---- guarded writes ----
+
+    def exec(self, *command: Any) -> Any:
+        """Runs ``command`` on the lock's node only while this grant holds
+        the lock, checked and run in one step by the server (``LOCK.EXEC
+        key token FENCE fence command...``): its reply, or :class:`NotHeld`
+        (nothing ran). Sent once, never retried."""
+        args = c.exec_args(self._keys, self.token, self.fence, command)
+        return self._locks._send_once(self._locks._client, self._keys.first, args)
+
+    def fenced(self, gate: str, *command: Any, client: Any = None) -> Any:
+        """Runs ``command`` behind the fence gate ``gate`` (``LOCK.FENCED
+        gate fence command...``): only if this grant's fence is at least the
+        highest the gate has accepted, which it then records. Its reply, or
+        :class:`StaleFence` (a later holder has written; nothing ran).
+        ``client``: the data's node, if not the lock's. Without a command
+        it only checks and records. Sent once, never retried."""
+        args = c.fenced_args(gate, self.fence, command)
+        return self._locks._send_once(client or self._locks._client, gate, args)
+
+    # ---- release ----
+
+    def release(self) -> bool:
+        """Stops renewing (waiting for a renewal in flight), then releases.
+        True if the lock was still held and is now free."""
+        if self._released:
+            return False
+        self._released = True
+        self._stop.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join()
+        reply = self._locks._call(*self._keys.release(self.token))
+        return int(reply or 0) >= 1
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        lost = not self.is_valid()
+        try:
+            self.release()
+        except RedisError:
+            pass  # the work is done: the lease ends by itself
+        if lost and kind is None:
+            raise LockLost(f"the lock on {self.key} was lost while the work ran "
+                           "(it may have overlapped another holder)")
+
+
+class Locks:
+    """Locks over your own redis-py client (``redis.Redis`` or
+    ``redis.RedisCluster``). Opens no connection of its own except those
+    blocking waits need: a wait in the server's line holds its connection,
+    so waits go over a pool of their own with the client's settings and no
+    socket timeout.
+
+    ``renew``: renew held locks in the background at a third of their TTL.
+    """
+
+    def __init__(self, client: Any, *, renew: bool = True) -> None:
+        self._client = client
+        self._renew = renew
+        self._cluster = hasattr(client, "get_node_from_key")
+        self._server = c.server_name(client)
+        self._waits: Dict[Any, Any] = {}
+        self._waits_lock = threading.Lock()
+
+    # ---- acquiring ----
+
+    def acquire(self, key: str, ttl: float = 30, timeout: float = 0, *, shared: bool = False,
+                limit: Optional[int] = None, token: Optional[str] = None) -> Optional[Lease]:
+        """Takes the lock on ``key`` for ``ttl`` seconds: a :class:`Lease`,
+        or None if another holder has it and ``timeout`` seconds passed
+        (0: one attempt). A wait stands in the server's FIFO line and is
+        handed the lock the moment it frees. ``shared``: a reader's side of
+        a read/write lock; ``limit``: a counting semaphore of that many
+        holders (shared). ``token``: your own holder token (default: a
+        random one)."""
+        return self._acquire(c.Keys.of([key], shared, limit), ttl, timeout, token)
+
+    def acquire_all(self, keys: Sequence[str], ttl: float = 30, timeout: float = 0, *,
+                    shared: bool = False, limit: Optional[int] = None,
+                    token: Optional[str] = None) -> Optional[Lease]:
+        """Every key of ``keys``, all or nothing, with one fence (``LOCK.ACQUIREALL``)."""
+        return self._acquire(c.Keys.of(keys, shared, limit), ttl, timeout, token)
+
+    @contextmanager
+    def lock(self, key: str, ttl: float = 30, *, timeout: Optional[float] = None,
+             shared: bool = False, limit: Optional[int] = None) -> Iterator[Lease]:
+        """``with locks.lock("k", ttl=30) as lease:`` waits in the server's
+        line (for ever with ``timeout=None``, else :class:`NotAcquired`),
+        renews in the background, releases on exit; :class:`LockLost` if
+        the lock was lost while the block ran."""
+        with self._held(c.Keys.of([key], shared, limit), ttl, timeout) as lease:
+            yield lease
+
+    @contextmanager
+    def lock_all(self, keys: Sequence[str], ttl: float = 30, *, timeout: Optional[float] = None,
+                 shared: bool = False, limit: Optional[int] = None) -> Iterator[Lease]:
+        """:meth:`lock` over several keys, all or nothing, one fence."""
+        with self._held(c.Keys.of(keys, shared, limit), ttl, timeout) as lease:
+            yield lease
+
+    def synchronized(self, key: str, ttl: float = 30, *, timeout: Optional[float] = None,
+                     shared: bool = False, limit: Optional[int] = None) -> Callable[[F], F]:
+        """A decorator: the function runs under the lock (as :meth:`lock`)."""
+
+        def decorate(f: F) -> F:
+            if inspect.iscoroutinefunction(f):
+                raise TypeError("a coroutine function: use redis_lock_client.asyncio.Locks")
+
+            @functools.wraps(f)
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                with self.lock(key, ttl, timeout=timeout, shared=shared, limit=limit):
+                    return f(*args, **kwargs)
+
+            return wrapper  # type: ignore[return-value]
+
+        return decorate
+
+    @contextmanager
+    def _held(self, keys: c.Keys, ttl: float, timeout: Optional[float]) -> Iterator[Lease]:
+        wait = None if timeout is None else timeout
+        lease = self._acquire(keys, ttl, wait, None)
+        if lease is None:
+            raise NotAcquired(f"{keys.first} was not granted within {timeout} s")
+        with lease:
+            yield lease
+
+    def _acquire(self, keys: c.Keys, ttl: float, timeout: Optional[float],
+                 token: Optional[str]) -> Optional[Lease]:
+        ttl_ms = c.to_ms(ttl, "ttl")
+        own = token is None
+        token = token or c.random_token()
+        started = time.monotonic()
+        lease: Optional[Lease] = None
+        try:
+            if timeout is not None and timeout <= 0:
+                fence = self._call(*keys.acquire(token, ttl_ms))
+            else:
+                # BLOCK 0 waits for ever; a wait of under a ms waits one.
+                block_ms = 0 if timeout is None else max(1, c.to_ms(timeout, "timeout"))
+                fence = self._wait(keys, keys.acquire(token, ttl_ms, block_ms))
+            if fence is None:
+                return None
+            if own and time.monotonic() - started >= ttl / 2:
+                # The wait used up half the lease: renew now for a validity
+                # measured from here.
+                started = time.monotonic()
+                fence = self._call(*keys.acquire(token, ttl_ms)) or fence
+            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew)
+            return lease
+        except BaseException:
+            # Interrupted (Ctrl-C can strike anywhere, the lease's own
+            # start included) or failed with the request perhaps granted:
+            # a token of ours holds nothing the caller will ever see.
+            if lease is not None:
+                lease._stop.set()
+            if own:
+                self._undo(keys, token)
+            raise
+
+    def _undo(self, keys: c.Keys, token: str) -> None:
+        """Releases a token of ours that nothing holds for the caller: now,
+        and again a little later. A wait whose connection closed may still
+        have been handed the lock before the server saw it close (a reply
+        sent is a grant the server will not take back); the later releases,
+        once the close is seen, undo that grant."""
+        self._release_quietly(keys, token)
+        for delay in c.UNDO_AGAIN_S:
+            t = threading.Timer(delay, self._release_quietly, (keys, token))
+            t.daemon = True
+            t.start()
+
+    def _release_quietly(self, keys: c.Keys, token: str) -> None:
+        try:
+            self._call(*keys.release(token))
+        except BaseException:  # noqa: BLE001 - best effort, the lease ends anyway
+            pass
+
+    # ---- talking to the server ----
+
+    def _call(self, *args: Any) -> Any:
+        try:
+            return self._client.execute_command(*args)
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+
+    def _wait_client(self, key: str) -> Any:
+        """A client for blocking waits on ``key``'s node: its own pool, the
+        user's settings, no socket timeout, no retries."""
+        if self._cluster:
+            node = self._client.get_node_from_key(key)
+            ident: Any = (node.host, node.port)
+            kwargs = dict(self._client.nodes_manager.connection_kwargs)
+            kwargs.update(host=node.host, port=node.port)
+            connection_class = kwargs.pop("connection_class", redis.Connection)
+        else:
+            ident = None
+            pool = self._client.connection_pool
+            kwargs = dict(pool.connection_kwargs)
+            connection_class = pool.connection_class
+        with self._waits_lock:
+            waits = self._waits.get(ident)
+            if waits is None:
+                kwargs = c.wait_kwargs(kwargs)
+                kwargs["retry"] = Retry(NoBackoff(), 0)
+                pool = redis.ConnectionPool(connection_class=connection_class, **kwargs)
+                waits = redis.Redis(connection_pool=pool)
+                self._waits[ident] = waits
+            return waits
+
+    def _wait(self, keys: c.Keys, args: list) -> Any:
+        try:
+            return self._wait_client(keys.first).execute_command(*args)
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+
+    def _send_once(self, client: Any, key: str, args: list) -> Any:
+        """One command on one connection, never retried (a guarded write
+        must not run twice)."""
+        if hasattr(client, "get_node_from_key"):
+            client = client.get_node_from_key(key).redis_connection
+        pool = client.connection_pool
+        conn = _connection(pool, args[0])
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+        finally:
+            pool.release(conn)
+
+    def close(self) -> None:
+        """Closes the pools of blocking waits (the user's client is theirs)."""
+        with self._waits_lock:
+            for w in self._waits.values():
+                w.close()
+            self._waits.clear()
+
+
+def _connection(pool: Any, name: str) -> Any:
+    """A connection of ``pool`` (redis-py 6 takes no command name; 5 needs one)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection(name)

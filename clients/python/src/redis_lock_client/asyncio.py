@@ -1,0 +1,323 @@
+"""The asyncio client: :class:`Locks` over a ``redis.asyncio.Redis`` (or
+``redis.asyncio.RedisCluster``), :class:`Lease` for a held lock. The same
+API as the blocking one, awaited: ``async with locks.lock("k", ttl=30) as
+lease:``, ``lease.lost`` an ``asyncio.Event``. A task cancelled while it
+waits leaves no lock and no place in line behind."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence, TypeVar
+
+import redis.asyncio as aredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+try:  # redis-py 5 has one Retry for asyncio apart
+    from redis.asyncio.retry import Retry
+except ImportError:  # pragma: no cover
+    from redis.retry import Retry  # type: ignore[assignment]
+
+from . import _common as c
+from .errors import (LockError, LockLost, ModuleMissing, NotAcquired, NotHeld,  # noqa: F401
+                     StaleFence)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["Locks", "Lease", "LockError", "LockLost", "ModuleMissing", "NotAcquired", "NotHeld",
+           "StaleFence"]
+
+
+class Lease:
+    """A held lock (see :class:`redis_lock_client.Lease`); ``lost`` is an
+    ``asyncio.Event``, set when the lock is lost."""
+
+    def __init__(self, locks: "Locks", keys: c.Keys, token: str, fence: int, ttl: float,
+                 started: float, renew: bool) -> None:
+        self._locks = locks
+        self._keys = keys
+        self.token: str = token
+        self.fence: int = int(fence)
+        self.ttl: float = ttl
+        self.lost = asyncio.Event()
+        self._valid_until = started + ttl - c.drift(ttl)
+        self._renew = renew
+        self._released = False
+        self._next_renew = started + ttl / 3
+        self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    def __repr__(self) -> str:  # no token: it is the holder's credential
+        return f"Lease(keys={list(self._keys.names)!r}, fence={self.fence}, valid={self.is_valid()})"
+
+    @property
+    def key(self) -> str:
+        return self._keys.first
+
+    @property
+    def keys(self) -> Sequence[str]:
+        return self._keys.names
+
+    @property
+    def valid_until(self) -> float:
+        """Until when (``time.monotonic()``) the lock is surely held."""
+        return self._valid_until
+
+    def is_valid(self) -> bool:
+        return not self.lost.is_set() and time.monotonic() < self._valid_until
+
+    async def _keep(self) -> None:
+        while True:
+            wake = min(self._next_renew, self._valid_until) if self._renew else self._valid_until
+            await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            now = time.monotonic()
+            if now >= self._valid_until:
+                self.lost.set()
+                return
+            if not self._renew or now < self._next_renew:
+                continue
+            started = time.monotonic()
+            try:
+                held = await self._extend_now(self.ttl)
+            except RedisError:
+                self._next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
+                continue
+            if not held:
+                self.lost.set()
+                return
+            self._valid_until = started + self.ttl - c.drift(self.ttl)
+            self._next_renew = started + self.ttl / 3
+
+    async def _extend_now(self, ttl: float) -> bool:
+        ms = c.to_ms(ttl, "ttl")
+        replies = [await self._locks._call(*args) for args in self._keys.extends(self.token, ms)]
+        return all(r == 1 for r in replies)
+
+    async def extend(self, ttl: Optional[float] = None) -> bool:
+        """Sets the lease to ``ttl`` (default: its TTL) from now."""
+        if self.lost.is_set():
+            return False
+        ttl = self.ttl if ttl is None else ttl
+        started = time.monotonic()
+        if not await self._extend_now(ttl):
+            self.lost.set()
+            return False
+        self.ttl = ttl
+        self._valid_until = started + ttl - c.drift(ttl)
+        self._next_renew = started + ttl / 3
+        return True
+
+    async def exec(self, *command: Any) -> Any:
+        """``LOCK.EXEC``: runs ``command`` only while this grant holds the
+        lock (:class:`NotHeld` otherwise; nothing ran). Sent once."""
+        args = c.exec_args(self._keys, self.token, self.fence, command)
+        return await self._locks._send_once(self._locks._client, self._keys.first, args)
+
+    async def fenced(self, gate: str, *command: Any, client: Any = None) -> Any:
+        """``LOCK.FENCED``: runs ``command`` only if this fence is at least
+        the gate's mark (:class:`StaleFence` otherwise). Sent once."""
+        args = c.fenced_args(gate, self.fence, command)
+        return await self._locks._send_once(client or self._locks._client, gate, args)
+
+    async def release(self) -> bool:
+        """Stops renewing (waiting for a renewal in flight), then releases."""
+        if self._released:
+            return False
+        self._released = True
+        self._keeper.cancel()
+        try:
+            await self._keeper
+        except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            pass
+        reply = await self._locks._call(*self._keys.release(self.token))
+        return int(reply or 0) >= 1
+
+    async def __aenter__(self) -> "Lease":
+        return self
+
+    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
+        lost = not self.is_valid()
+        try:
+            await asyncio.shield(self.release())
+        except RedisError:
+            pass
+        if lost and kind is None:
+            raise LockLost(f"the lock on {self.key} was lost while the work ran "
+                           "(it may have overlapped another holder)")
+
+
+class Locks:
+    """Locks over your own ``redis.asyncio.Redis`` (see
+    :class:`redis_lock_client.Locks`)."""
+
+    def __init__(self, client: Any, *, renew: bool = True) -> None:
+        self._client = client
+        self._renew = renew
+        self._cluster = hasattr(client, "get_node_from_key")
+        self._server = c.server_name(client)
+        self._waits: Dict[Any, Any] = {}
+        self._undoing: set = set()
+
+    async def acquire(self, key: str, ttl: float = 30, timeout: float = 0, *,
+                      shared: bool = False, limit: Optional[int] = None,
+                      token: Optional[str] = None) -> Optional[Lease]:
+        """A :class:`Lease`, or None when not granted within ``timeout``."""
+        return await self._acquire(c.Keys.of([key], shared, limit), ttl, timeout, token)
+
+    async def acquire_all(self, keys: Sequence[str], ttl: float = 30, timeout: float = 0, *,
+                          shared: bool = False, limit: Optional[int] = None,
+                          token: Optional[str] = None) -> Optional[Lease]:
+        return await self._acquire(c.Keys.of(keys, shared, limit), ttl, timeout, token)
+
+    @asynccontextmanager
+    async def lock(self, key: str, ttl: float = 30, *, timeout: Optional[float] = None,
+                   shared: bool = False, limit: Optional[int] = None) -> AsyncIterator[Lease]:
+        """``async with locks.lock("k", ttl=30) as lease:``."""
+        async with self._held(c.Keys.of([key], shared, limit), ttl, timeout) as lease:
+            yield lease
+
+    @asynccontextmanager
+    async def lock_all(self, keys: Sequence[str], ttl: float = 30, *,
+                       timeout: Optional[float] = None, shared: bool = False,
+                       limit: Optional[int] = None) -> AsyncIterator[Lease]:
+        async with self._held(c.Keys.of(keys, shared, limit), ttl, timeout) as lease:
+            yield lease
+
+    def synchronized(self, key: str, ttl: float = 30, *, timeout: Optional[float] = None,
+                     shared: bool = False, limit: Optional[int] = None) -> Callable[[F], F]:
+        """A decorator for coroutine functions: each call runs under the lock."""
+
+        def decorate(f: F) -> F:
+            if not inspect.iscoroutinefunction(f):
+                raise TypeError("not a coroutine function: use redis_lock_client.Locks")
+
+            @functools.wraps(f)
+            async def wrapper(*args: Any, **kwargs: Any) -> Any:
+                async with self.lock(key, ttl, timeout=timeout, shared=shared, limit=limit):
+                    return await f(*args, **kwargs)
+
+            return wrapper  # type: ignore[return-value]
+
+        return decorate
+
+    @asynccontextmanager
+    async def _held(self, keys: c.Keys, ttl: float,
+                    timeout: Optional[float]) -> AsyncIterator[Lease]:
+        lease = await self._acquire(keys, ttl, timeout, None)
+        if lease is None:
+            raise NotAcquired(f"{keys.first} was not granted within {timeout} s")
+        async with lease:
+            yield lease
+
+    async def _acquire(self, keys: c.Keys, ttl: float, timeout: Optional[float],
+                       token: Optional[str]) -> Optional[Lease]:
+        ttl_ms = c.to_ms(ttl, "ttl")
+        own = token is None
+        token = token or c.random_token()
+        started = time.monotonic()
+        lease: Optional[Lease] = None
+        try:
+            if timeout is not None and timeout <= 0:
+                fence = await self._call(*keys.acquire(token, ttl_ms))
+            else:
+                block_ms = 0 if timeout is None else max(1, c.to_ms(timeout, "timeout"))
+                fence = await self._wait(keys, keys.acquire(token, ttl_ms, block_ms))
+            if fence is None:
+                return None
+            if own and time.monotonic() - started >= ttl / 2:
+                started = time.monotonic()
+                fence = await self._call(*keys.acquire(token, ttl_ms)) or fence
+            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew)
+            return lease
+        except BaseException:
+            # Cancelled, or failed with the request perhaps granted: the
+            # wait's connection is closed (the server drops its place in
+            # line, or takes back a grant it could not deliver), and a
+            # token of ours is released.
+            if lease is not None:
+                lease._keeper.cancel()
+            if own:
+                await asyncio.shield(self._undo(keys, token))
+            raise
+
+    async def _undo(self, keys: c.Keys, token: str) -> None:
+        """Releases a token of ours that nothing holds for the caller: now,
+        and again a little later (see :meth:`redis_lock_client.Locks._undo`)."""
+        await self._release_quietly(keys, token)
+
+        async def later() -> None:
+            for delay in c.UNDO_AGAIN_S:
+                await asyncio.sleep(delay)
+                await self._release_quietly(keys, token)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
+
+    async def _release_quietly(self, keys: c.Keys, token: str) -> None:
+        try:
+            await self._call(*keys.release(token))
+        except BaseException:  # noqa: BLE001 - best effort
+            pass
+
+    async def _call(self, *args: Any) -> Any:
+        try:
+            return await self._client.execute_command(*args)
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+
+    def _wait_client(self, key: str) -> Any:
+        if self._cluster:
+            node = self._client.get_node_from_key(key)
+            ident: Any = (node.host, node.port)
+            kwargs = dict(self._client.connection_kwargs)
+            kwargs.update(host=node.host, port=node.port)
+            connection_class = kwargs.pop("connection_class", aredis.Connection)
+        else:
+            ident = None
+            pool = self._client.connection_pool
+            kwargs = dict(pool.connection_kwargs)
+            connection_class = pool.connection_class
+        waits = self._waits.get(ident)
+        if waits is None:
+            kwargs = c.wait_kwargs(kwargs)
+            kwargs["retry"] = Retry(NoBackoff(), 0)
+            pool = aredis.ConnectionPool(connection_class=connection_class, **kwargs)
+            waits = aredis.Redis(connection_pool=pool)
+            self._waits[ident] = waits
+        return waits
+
+    async def _wait(self, keys: c.Keys, args: list) -> Any:
+        try:
+            return await self._wait_client(keys.first).execute_command(*args)
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+
+    async def _send_once(self, client: Any, key: str, args: list) -> Any:
+        if hasattr(client, "get_node_from_key"):
+            node = client.get_node_from_key(key)
+            try:
+                return await node.execute_command(*args)
+            except RedisError as e:
+                raise c.translate(e, self._server) from None
+        pool = client.connection_pool
+        try:
+            conn = await pool.get_connection()
+        except TypeError:
+            conn = await pool.get_connection(args[0])
+        try:
+            await conn.send_command(*args)
+            return await conn.read_response()
+        except RedisError as e:
+            raise c.translate(e, self._server) from None
+        finally:
+            await pool.release(conn)
+
+    async def aclose(self) -> None:
+        """Closes the pools of blocking waits (the user's client is theirs)."""
+        for w in self._waits.values():
+            await w.aclose() if hasattr(w, "aclose") else await w.close()
+        self._waits.clear()

