@@ -26,7 +26,9 @@ export type Routine<T> = (signal: AbortSignal, lease: Lease) => Promise<T>;
 
 const now = (): number => performance.now();
 
-/** When an aborted acquisition's token is released again (ms after). */
+/** An aborted acquisition's token is released at once, again this long
+ * after, and again in the background at these times (ms). */
+const UNDO_SETTLE_MS = 10;
 const UNDO_AGAIN_MS = [250, 1000];
 
 /** Locks over your own client: an ioredis `Redis` or `Cluster`, or a
@@ -136,6 +138,10 @@ export class Locks {
    * once the close is seen, undo that grant. */
   private async undo(keys: Keys, token: string): Promise<void> {
     const release = () => this.call(this.client, keys.release(token)).catch(() => {});
+    await release();
+    // Once more after a moment (the server has seen the close by then),
+    // before the caller goes on, then in the background.
+    await new Promise((r) => setTimeout(r, UNDO_SETTLE_MS));
     await release();
     for (const ms of UNDO_AGAIN_MS) setTimeout(release, ms).unref?.();
   }

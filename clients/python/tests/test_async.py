@@ -24,8 +24,21 @@ def holder_of(r: redis.Redis, key: str):
     return fields[b"token"].decode(), fields[b"fence"]
 
 
-def run(coro):
-    return asyncio.run(coro)
+def run(coro, limit: float = 60):
+    """Runs ``coro`` in a fresh loop; past ``limit`` seconds every task's
+    stack is printed and the test fails (instead of hanging)."""
+
+    async def bounded():
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=limit)
+        if not done:
+            for t in asyncio.all_tasks():
+                t.print_stack()
+            task.cancel()
+            raise AssertionError(f"the test's coroutine did not end within {limit} s")
+        return task.result()
+
+    return asyncio.run(bounded())
 
 
 def test_acquire_wait_hand_off_and_release(server):

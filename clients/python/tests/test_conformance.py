@@ -160,10 +160,18 @@ def run_sync(server, scenario):
         elif do == "wait_lost":
             assert checks.leases[step["lease"]].lost.wait(step["within_ms"] / 1000), checks.where(i, step)
         elif do == "cancelled_wait":
-            # Ctrl-C, to the main thread, while it waits.
+            # Ctrl-C, to the main thread, once it waits in the server's line
+            # (a signal there lands in its socket read).
             main = threading.main_thread().ident
-            timer = threading.Timer(step["cancel_after_ms"] / 1000, signal.pthread_kill,
-                                    (main, signal.SIGINT))
+
+            def interrupt():
+                time.sleep(step["cancel_after_ms"] / 1000)
+                deadline = time.monotonic() + 10
+                while server.info("waiters") < 1 and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                signal.pthread_kill(main, signal.SIGINT)
+
+            timer = threading.Thread(target=interrupt)
             try:
                 timer.start()
                 plain["renew"].acquire(step["key"], ttl=step["ttl_ms"] / 1000, timeout=30)

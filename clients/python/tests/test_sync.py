@@ -192,41 +192,57 @@ def test_bad_arguments_are_refused_before_anything_is_sent(server):
     assert server.client().dbsize() == 0
 
 
+WAITER = """
+import sys, redis
+from redis_lock_client import Locks
+locks = Locks(redis.Redis(port=int(sys.argv[1])))
+print("waiting", flush=True)
+lease = None
+try:
+    lease = locks.acquire(sys.argv[2], ttl=30, timeout=5)
+    print("granted" if lease else "not granted", flush=True)
+    if lease:
+        lease.release()  # what it knows it holds, it lets go
+except KeyboardInterrupt:
+    if lease:
+        lease.release()
+    print("interrupted", flush=True)
+"""
+
+
 def test_ctrl_c_while_waiting_leaves_no_lock_and_no_place_in_line(server):
-    """KeyboardInterrupt at random points of a wait, while the holder
-    releases at random moments: never a lock left, never a waiter."""
+    """A program waiting for the lock gets Ctrl-C (SIGINT) at random
+    moments, while the holder releases at random moments, and ends: never
+    a lock left, never a waiter."""
+    import subprocess
+    import sys
+
     r = server.client()
     locks = Locks(r)
     rng = random.Random(os.environ.get("PY_SEED", str(time.time_ns())))
-    previous = signal.getsignal(signal.SIGINT)
-    try:
-        for round_ in range(30):
-            key = f"ctrl-c:{round_}"
-            holder = locks.acquire(key, ttl=30)
-            # To the main thread, as a terminal's Ctrl-C mostly lands: a
-            # signal another thread takes is noticed only at the main
-            # thread's next check, wherever that falls.
-            main = threading.main_thread().ident
-            timer = threading.Timer(rng.uniform(0.0, 0.05), signal.pthread_kill, (main, signal.SIGINT))
-            release = threading.Timer(rng.uniform(0.0, 0.05), holder.release)
-            release.start()
-            got = None
-            try:
-                timer.start()  # (its interrupt may land in here too)
-                got = locks.acquire(key, ttl=30, timeout=5)
-                time.sleep(0.2)  # the interrupt lands here instead
-            except KeyboardInterrupt:
-                pass
-            timer.join()
-            release.join()
-            if got is not None:
-                got.release()
-            deadline = time.monotonic() + 2
-            while holder_of(r, key) is not None or server.info("waiters") != 0:
-                assert time.monotonic() < deadline, f"round {round_}: left {holder_of(r, key)}"
-                time.sleep(0.01)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    interrupted = 0
+    for round_ in range(20):
+        key = f"ctrl-c:{round_}"
+        holder = locks.acquire(key, ttl=30)
+        waiter = subprocess.Popen([sys.executable, "-c", WAITER, str(server.port), key],
+                                  stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "waiting"
+        deadline = time.monotonic() + 5
+        while server.info("waiters") != 1:
+            assert time.monotonic() < deadline, "the waiter queued"
+            time.sleep(0.002)
+        release = threading.Timer(rng.uniform(0.0, 0.01), holder.release)
+        release.start()
+        time.sleep(rng.uniform(0.0, 0.01))
+        waiter.send_signal(signal.SIGINT)
+        out, _ = waiter.communicate(timeout=20)
+        interrupted += "interrupted" in out
+        release.join()
+        deadline = time.monotonic() + 2
+        while holder_of(r, key) is not None or server.info("waiters") != 0:
+            assert time.monotonic() < deadline, f"round {round_}: left {holder_of(r, key)} ({out!r})"
+            time.sleep(0.01)
+    assert interrupted > 0
 
 
 def test_a_cluster_client_locks_and_writes_guarded(server_factory=None):

@@ -4,7 +4,9 @@ import { LockLostError, NotAcquiredError, translate } from './errors.js';
 import { checkMs, Keys, randomToken } from './keys.js';
 import { Lease } from './lease.js';
 const now = () => performance.now();
-/** When an aborted acquisition's token is released again (ms after). */
+/** An aborted acquisition's token is released at once, again this long
+ * after, and again in the background at these times (ms). */
+const UNDO_SETTLE_MS = 10;
 const UNDO_AGAIN_MS = [250, 1000];
 /** Locks over your own client: an ioredis `Redis` or `Cluster`, or a
  * node-redis client (`createClient`). It opens no connection of its own
@@ -106,6 +108,10 @@ export class Locks {
      * once the close is seen, undo that grant. */
     async undo(keys, token) {
         const release = () => this.call(this.client, keys.release(token)).catch(() => { });
+        await release();
+        // Once more after a moment (the server has seen the close by then),
+        // before the caller goes on, then in the background.
+        await new Promise((r) => setTimeout(r, UNDO_SETTLE_MS));
         await release();
         for (const ms of UNDO_AGAIN_MS)
             setTimeout(release, ms).unref?.();

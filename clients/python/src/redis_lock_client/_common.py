@@ -36,7 +36,10 @@ def to_ms(seconds: Seconds, what: str) -> int:
     return ms
 
 
-#: When a cancelled acquisition's token is released again (seconds after).
+#: A cancelled acquisition's token is released at once, again this long
+#: after (on the same thread or task: the server has seen the wait's
+#: connection close by then), and again in the background at these times.
+UNDO_SETTLE_S = 0.01
 UNDO_AGAIN_S = (0.25, 1.0)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import heapq
 import inspect
 import threading
 import time
@@ -19,6 +20,48 @@ from . import _common as c
 from .errors import LockLost, NotAcquired
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Keeper:
+    """One daemon thread for every lease of the process: it renews each at
+    a third of its TTL and sets ``lost`` when one is lost (a thread per
+    lease cost a thread's start on every grant, in the critical path of a
+    contended lock)."""
+
+    def __init__(self) -> None:
+        self._due: list = []
+        self._seq = 0
+        self._cond = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def schedule(self, lease: "Lease", at: float) -> None:
+        with self._cond:
+            self._seq += 1
+            heapq.heappush(self._due, (at, self._seq, lease))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="redis-lock keeper",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    timeout = self._due[0][0] - time.monotonic() if self._due else None
+                    self._cond.wait(timeout)
+                _, _, lease = heapq.heappop(self._due)
+            try:
+                after = lease._due()
+            except Exception:  # noqa: BLE001 - a lease's trouble is its own
+                after = None
+            if after is not None:
+                with self._cond:
+                    self._seq += 1
+                    heapq.heappush(self._due, (after, self._seq, lease))
+
+
+_KEEPER = _Keeper()
 
 
 class Lease:
@@ -44,12 +87,11 @@ class Lease:
         self._since = started
         self._stop = threading.Event()
         self._released = False
-        self._keeper: Optional[threading.Thread] = None
         self._renew = renew
-        self._keeper = threading.Thread(
-            target=self._keep, name=f"redis-lock renew {keys.first}", daemon=True
-        )
-        self._keeper.start()
+        # Held while a renewal is sent: a release waits for it.
+        self._renewing = threading.Lock()
+        self._next_renew = started + ttl / 3
+        _KEEPER.schedule(self, self._wake())
 
     def __repr__(self) -> str:  # no token: it is the holder's credential
         return f"Lease(keys={list(self._keys.names)!r}, fence={self.fence}, valid={self.is_valid()})"
@@ -76,35 +118,41 @@ class Lease:
 
     # ---- renewal ----
 
-    def _keep(self) -> None:
-        next_renew = self._since + self.ttl / 3
-        while True:
-            deadline = self.valid_until
-            wake = min(next_renew, deadline) if self._renew else deadline
-            if self._stop.wait(max(0.0, wake - time.monotonic())):
-                return
-            now = time.monotonic()
-            if now >= self.valid_until:
-                self._lose()
-                return
-            if not self._renew or now < next_renew:
-                continue
+    def _wake(self) -> float:
+        """When the keeper must look at this lease next."""
+        with self._lock:
+            deadline = self._valid_until
+        return min(self._next_renew, deadline) if self._renew else deadline
+
+    def _due(self) -> Optional[float]:
+        """Called by the keeper when the lease is due: loses it, or renews
+        it. The next time it is due, or None when done with it."""
+        if self._stop.is_set():
+            return None
+        now = time.monotonic()
+        if now >= self.valid_until:
+            self._lose()
+            return None
+        if not self._renew or now < self._next_renew:
+            return self._wake()
+        with self._renewing:
+            if self._stop.is_set():
+                return None
             started = time.monotonic()
             try:
                 held = self._extend_now(self.ttl)
             except RedisError:
                 # Retried while the validity allows; it runs out otherwise.
-                next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
-                continue
-            if self._stop.is_set():
-                return
-            if not held:
-                self._lose()
-                return
-            with self._lock:
-                self._valid_until = started + self.ttl - c.drift(self.ttl)
-                self._since = started
-            next_renew = started + self.ttl / 3
+                self._next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
+                return self._wake()
+        if not held:
+            self._lose()
+            return None
+        with self._lock:
+            self._valid_until = started + self.ttl - c.drift(self.ttl)
+            self._since = started
+        self._next_renew = started + self.ttl / 3
+        return self._wake()
 
     def _extend_now(self, ttl: float) -> bool:
         ms = c.to_ms(ttl, "ttl")
@@ -128,6 +176,8 @@ class Lease:
             self.ttl = ttl
             self._valid_until = started + ttl - c.drift(ttl)
             self._since = started
+        self._next_renew = started + ttl / 3
+        _KEEPER.schedule(self, self._wake())
         return True
 
     # ---- guarded writes ----
@@ -157,11 +207,14 @@ class Lease:
         True if the lock was still held and is now free."""
         if self._released:
             return False
-        self._released = True
         self._stop.set()
-        if self._keeper is not None and self._keeper is not threading.current_thread():
-            self._keeper.join()
+        # Wait for a renewal in flight: none may reach the server after
+        # the release.
+        with self._renewing:
+            pass
         reply = self._locks._call(*self._keys.release(self.token))
+        # Only now: a release cut short (Ctrl-C) may be called again.
+        self._released = True
         return int(reply or 0) >= 1
 
     def __enter__(self) -> "Lease":
@@ -297,6 +350,11 @@ class Locks:
         have been handed the lock before the server saw it close (a reply
         sent is a grant the server will not take back); the later releases,
         once the close is seen, undo that grant."""
+        self._release_quietly(keys, token)
+        # Once more after a moment, on this thread: by then the server has
+        # seen the wait's connection close (a program that ends on Ctrl-C
+        # runs no timer).
+        time.sleep(c.UNDO_SETTLE_S)
         self._release_quietly(keys, token)
         for delay in c.UNDO_AGAIN_S:
             t = threading.Timer(delay, self._release_quietly, (keys, token))

@@ -126,13 +126,14 @@ class Lease:
         """Stops renewing (waiting for a renewal in flight), then releases."""
         if self._released:
             return False
-        self._released = True
         self._keeper.cancel()
         try:
             await self._keeper
         except (asyncio.CancelledError, Exception):  # noqa: BLE001
             pass
         reply = await self._locks._call(*self._keys.release(self.token))
+        # Only now: a release cut short (cancelled) may be called again.
+        self._released = True
         return int(reply or 0) >= 1
 
     async def __aenter__(self) -> "Lease":
@@ -246,6 +247,8 @@ class Locks:
     async def _undo(self, keys: c.Keys, token: str) -> None:
         """Releases a token of ours that nothing holds for the caller: now,
         and again a little later (see :meth:`redis_lock_client.Locks._undo`)."""
+        await self._release_quietly(keys, token)
+        await asyncio.sleep(c.UNDO_SETTLE_S)
         await self._release_quietly(keys, token)
 
         async def later() -> None:
