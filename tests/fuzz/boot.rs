@@ -139,6 +139,15 @@ fn answers_ping(port: u16) -> bool {
 /// redis-check-rdb, which cannot judge module values, finds the file
 /// well-formed after the module refused a value; otherwise with 1.)
 pub fn check_refusal(status: ExitStatus, log: &str, what: &str) {
+    // A damage that shifted the stream can make the loader read a later
+    // value's bytes as a key name, and two such names can be the same:
+    // Redis then stops with a panic of its own (a plain string value
+    // damaged the same way does it too), with its reason in the log and no
+    // module code on the stack. Its refusal, not the module's crash.
+    let stack = log.split("STACK TRACE").nth(1).unwrap_or("");
+    if log.contains("Duplicated key found in RDB file") && !stack.contains("libredis_lock") {
+        return;
+    }
     assert!(
         status.signal().is_none() && matches!(status.code(), Some(0 | 1)),
         "{what}: the server ended with {status:?}; log:\n{log}"
