@@ -1030,3 +1030,62 @@ fn the_server_accepts_every_commands_info() {
         "{v}: {log}"
     );
 }
+
+/// Each user-facing command has its page, docs/commands/<name>.md
+/// (RedisJSON's naming), whose syntax line names every argument and option
+/// word that COMMAND DOCS gives it (issue 33: the pages are kept in step
+/// with the command table that feeds COMMAND DOCS); the internal ones are
+/// on docs/commands/internal.md, and the index lists them all.
+#[test]
+fn every_command_has_a_page_in_step_with_its_command_docs() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let root = workspace_root().join("docs/commands");
+    let index = std::fs::read_to_string(root.join("README.md")).expect("docs/commands/README.md");
+    let internal = std::fs::read_to_string(root.join("internal.md")).expect("internal.md");
+    let names: Vec<String> = redis::cmd("COMMAND")
+        .arg("LIST")
+        .arg("FILTERBY")
+        .arg("PATTERN")
+        .arg("lock.*")
+        .query(&mut c)
+        .unwrap();
+    let mut pages = 0;
+    for name in &names {
+        let upper = name.to_uppercase();
+        if name.starts_with("lock._") {
+            assert!(internal.contains(&upper), "internal.md lacks {upper}");
+            continue;
+        }
+        let page = std::fs::read_to_string(root.join(format!("{name}.md")))
+            .unwrap_or_else(|e| panic!("docs/commands/{name}.md: {e}"));
+        let syntax = page
+            .split("```text\n")
+            .nth(1)
+            .and_then(|b| b.lines().next())
+            .unwrap_or_else(|| panic!("{name}.md has no syntax block"));
+        assert!(syntax.starts_with(&upper), "{name}.md: {syntax}");
+        for arg in documented_args(&mut c, name) {
+            let field = |k: &str| {
+                arg.iter()
+                    .find(|(f, _)| f == k)
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_default()
+            };
+            let word = match field("token") {
+                t if !t.is_empty() => t,
+                _ => field("name"),
+            };
+            assert!(
+                syntax.to_lowercase().contains(&word.to_lowercase()),
+                "{name}.md's syntax `{syntax}` lacks {word} (COMMAND DOCS)"
+            );
+        }
+        assert!(
+            index.contains(&format!("{name}.md")),
+            "the index lacks {name}"
+        );
+        pages += 1;
+    }
+    assert!(pages >= 9, "{pages} pages");
+}

@@ -129,7 +129,14 @@ fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
 #[test]
 fn every_source_path_the_docs_name_exists() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut docs = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    let mut docs = vec![
+        root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
+        root.join("CONTRIBUTING.md"),
+        root.join("client/README.md"),
+        root.join("clients/python/README.md"),
+        root.join("clients/node/README.md"),
+    ];
     let mut pages = Vec::new();
     markdown_under(&root.join("docs"), &mut pages);
     pages.sort();
@@ -159,4 +166,64 @@ fn every_source_path_the_docs_name_exists() {
         checked >= 20 && inferred > 0,
         "only {checked} paths found ({inferred} bare file names): is the scanner broken?"
     );
+}
+
+/// Every Markdown page of the repository (README, ARCHITECTURE,
+/// CONTRIBUTING, the packages' READMEs, docs/).
+fn all_pages(root: &Path) -> Vec<PathBuf> {
+    let mut docs = vec![
+        root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
+        root.join("CONTRIBUTING.md"),
+        root.join("client/README.md"),
+        root.join("clients/python/README.md"),
+        root.join("clients/node/README.md"),
+    ];
+    let mut pages = Vec::new();
+    markdown_under(&root.join("docs"), &mut pages);
+    pages.sort();
+    docs.extend(pages);
+    docs
+}
+
+/// Docs say what the code does, and name no machine path (issue 33): no
+/// `/root/`, `/home/`, `/work/` or `/tmp/...` of the machine a page was
+/// written on; and every relative link (`[text](page.md#anchor)`)
+/// points at a file that exists.
+#[test]
+fn no_page_names_a_machine_path_and_every_relative_link_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut bad = Vec::new();
+    for doc in all_pages(root) {
+        let text = fs::read_to_string(&doc).unwrap();
+        let name = doc.strip_prefix(root).unwrap_or(&doc).display().to_string();
+        for (n, line) in text.lines().enumerate() {
+            for machine in ["/root/", "/home/", "/work/", "/tmp/redis-lock", "/tmp/venv"] {
+                if line.contains(machine) {
+                    bad.push(format!(
+                        "{name}:{}: a machine path ({machine}): {line}",
+                        n + 1
+                    ));
+                }
+            }
+            let mut rest = line;
+            while let Some(at) = rest.find("](") {
+                rest = &rest[at + 2..];
+                let target = rest.split(')').next().unwrap_or("");
+                let file = target.split('#').next().unwrap_or("");
+                let external = file.contains("://") || file.starts_with("mailto:");
+                if file.is_empty() || external || file.contains(' ') {
+                    continue;
+                }
+                let resolved = doc.parent().unwrap().join(file);
+                if !resolved.exists() {
+                    bad.push(format!(
+                        "{name}:{}: a link to {file}, which does not exist",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -51,7 +51,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     /// Warns once per command that a node's ACL refuses it, and what the
-    /// client does without it (README, "ACL").
+    /// client does without it (docs/operations.md, Security).
     fn refused(&self, node: &str, command: &'static str, lost: &str) {
         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if refused.contains(&command) {
@@ -61,7 +61,7 @@ impl Inner {
         tracing::warn!(
             node,
             command,
-            "a lock node's ACL refuses {command} to this user: {lost} (grant +{} to this user, see the README's ACL recipe)",
+            "a lock node's ACL refuses {command} to this user: {lost} (grant +{} to this user, see the ACL recipe in docs/operations.md, Security)",
             command.to_lowercase().replace(' ', "|")
         );
     }

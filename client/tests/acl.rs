@@ -21,13 +21,14 @@ const LOCK_COMMANDS: &[&str] = &[
     "+lock.info",
 ];
 
-/// The README's whole ACL recipe for the client and the command (Security),
-/// read from the README: its rules after the key pattern.
+/// The whole ACL recipe for the client and the command (docs/operations.md,
+/// Security), read from that page: its rules after the key pattern.
 fn recipe() -> Vec<String> {
-    let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(common::workspace_root().join("docs/operations.md")).unwrap();
     let at = readme
         .find("The whole recipe for the client and the command")
-        .expect("the README's whole recipe");
+        .expect("docs/operations.md's whole recipe");
     let line = readme[at..]
         .lines()
         .find(|l| l.starts_with("ACL SETUSER app"))

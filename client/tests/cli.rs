@@ -1454,19 +1454,20 @@ fn limit_alone_is_a_semaphore_and_meaningless_values_are_refused() {
     assert_eq!(n, 1, "only the semaphore was taken");
 }
 
-/// The README's shell lines for guarded writes, taken from the README
-/// itself: with the grant they write and exit 0; with a stale fence or a
+/// The shell lines for guarded writes in client/README.md, taken from that
+/// page itself: with the grant they write and exit 0; with a stale fence or a
 /// token that does not hold the lock, the write is refused and the line
 /// exits non-zero, so the script and `redis-lock run` fail. Without `-e`
 /// (issue 31) redis-cli exited 0 on `NOTHELD` and `STALEFENCE`.
 #[test]
 fn the_readmes_shell_lines_fail_when_the_guarded_write_is_refused() {
-    let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();
+    let readme =
+        std::fs::read_to_string(common::workspace_root().join("client/README.md")).unwrap();
     let line = |needle: &str| -> String {
         let l = readme
             .lines()
             .find(|l| l.trim_start().starts_with('\'') && l.contains(needle))
-            .unwrap_or_else(|| panic!("no README line with {needle}"));
+            .unwrap_or_else(|| panic!("no client/README.md line with {needle}"));
         l.trim().trim_matches('\'').to_string()
     };
     let exec = line("LOCK.EXEC");

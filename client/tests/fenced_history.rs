@@ -455,7 +455,7 @@ impl Run<'_> {
              cargo test -p redis-lock-client --test fenced_history -- --nocapture",
             env("FENCED_HISTORY_SECONDS", "8"),
             env("FENCED_HISTORY_REPORT", ""),
-            env("REDIS_SERVER", "redis-server"),
+            common::shown_path(&env("REDIS_SERVER", "redis-server")),
         );
         let out = |program: &str, args: &[&str]| {
             std::process::Command::new(program)

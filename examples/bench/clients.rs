@@ -295,7 +295,7 @@ pub fn section(doc: &mut String, o: &Options) {
          (every command a script runs counts; connection setup does not). *Wait* is from the call to \
          the grant; *fairness* is the most grants of any client divided by the fewest. Drivers: \
          `bench/clients/python_contention.py`, `bench/clients/node_contention.cjs`.\n",
-        crate::common::server_binary().rsplit('/').next().unwrap_or("redis-server")
+        crate::common::shown_path(&crate::common::server_binary())
     )
     .unwrap();
     let with = Server::builder().config("maxclients", "10000").start();

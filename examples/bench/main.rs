@@ -101,7 +101,7 @@ fn machine(server: &Server, cores: usize) -> String {
         .to_string();
     format!(
         "{cores} cores ({cpu}), server `{}` reporting redis_version {version}",
-        common::server_binary()
+        common::shown_path(&common::server_binary())
     )
 }
 
@@ -411,7 +411,7 @@ fn host_section(doc: &mut String, o: &Options) {
          filter and no keyspace-event subscription: a command that touches no lock runs none of its \
          code; what remains is its sweep of ended locks (at most 1 ms a slice, once a second while \
          locks exist) and the server cron event.\n",
-        common::server_binary()
+        common::shown_path(&common::server_binary())
     )
     .unwrap();
     writeln!(
@@ -642,7 +642,7 @@ fn cost_section(doc: &mut String, o: &Options) {
         let cpu_ratio = |a: usize, b: usize| paired(&cpu16, a, b);
         let cpu: Vec<f64> = cpu16.iter().map(|v| median(v)).collect();
         let base = at(Row::SetNxPx);
-        writeln!(doc, "### {name} (`{binary}`)\n").unwrap();
+        writeln!(doc, "### {name} (`{}`)\n", common::shown_path(&binary)).unwrap();
         writeln!(doc, "| command | ops/s, pipeline 1 | ops/s, pipeline 16 | vs SET NX PX (p16) | server CPU µs/command (p16) | vs SET NX PX | instructions/command | vs SET NX PX | I1 misses/command | LL misses/command |").unwrap();
         writeln!(doc, "|---|---|---|---|---|---|---|---|---|---|").unwrap();
         for (k, row) in rows.iter().enumerate() {

@@ -130,7 +130,7 @@ pub fn section(doc: &mut String, smoke: bool) {
             Duration::from_secs(120),
         )
     };
-    let binary = common::server_binary();
+    let binary = common::shown_path(&common::server_binary());
     writeln!(doc, "## 6. The sweep at scale\n").unwrap();
     writeln!(
         doc,

@@ -778,7 +778,7 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
 
 /// Puts `c` in its ACL categories (7.2+, Valkey 8): then `-@write` or
 /// `-@blocking` also stop the lock commands. On 7.0 module commands are in
-/// no category: name them in ACL rules (README, Security).
+/// no category: name them in ACL rules (docs/operations.md, Security).
 fn set_acl_categories(ctx: Ctx, c: &Command, lock_category: bool) {
     let mut categories = c.acl_categories.to_bytes().to_vec();
     if lock_category && !c.name.to_bytes().starts_with(b"lock._") {

@@ -233,6 +233,19 @@ thread_local! {
     static USING_EXTERNAL: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// A server binary's path as a document shows it: no path of the machine
+/// it ran on (a name in `PATH` as it is; a Python package's binary as
+/// `.../package/bin/name`; otherwise the file name).
+pub fn shown_path(path: &str) -> String {
+    if !path.contains('/') {
+        return path.to_string();
+    }
+    if let Some((_, inside)) = path.split_once("site-packages/") {
+        return format!(".../{inside}");
+    }
+    path.rsplit('/').next().unwrap_or(path).to_string()
+}
+
 pub fn server_binary() -> String {
     std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())
 }

@@ -170,7 +170,7 @@ impl Report<'_> {
     pub fn markdown(&self) -> String {
         let command = format!(
             "REDIS_SERVER={} HISTORY_SECONDS={} HISTORY_REPORT={} cargo test --release --test history -- --nocapture",
-            std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()),
+            redis_lock_testkit::shown_path(&std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into())),
             std::env::var("HISTORY_SECONDS").unwrap_or_else(|_| "10".into()),
             std::env::var("HISTORY_REPORT").unwrap_or_default()
         );
@@ -268,7 +268,7 @@ impl Report<'_> {
         }
         let total_unexcused: usize = self.violations().iter().map(|v| v.2).sum();
         s += "\n## Violations\n\n\
-              A violation is excused only by a fault the README documents as unsafe for that \
+              A violation is excused only by a fault the documentation (docs/guarantees.md) gives as unsafe for that \
               property, that happened between the operations involved: `DEL`/`UNLINK` of the key \
               and `FLUSHALL` (administrative releases), `SWAPDB` (the key then names another \
               database's lock, and waiters move with their database), a failover that lost the \
@@ -284,11 +284,11 @@ impl Report<'_> {
               writes excuse no second holder, with one documented exception: a lease written \
               while the master's wall clock was stepped, then read after a restart or by the \
               promoted replica (whose clock was not stepped), may be short by the step, since \
-              what is persisted and replicated is a wall-clock deadline (README, Leases and \
-              clocks; excused as clock-step). A clock step before a grant and data lost before \
+              what is persisted and replicated is a wall-clock deadline ([Leases and \
+              clocks](guarantees.md#leases-and-clocks); excused as clock-step). A clock step before a grant and data lost before \
               a later one is the one documented way fences go back (and a stale holder's write \
               with them). Excused violations are expected: they show the \
-              faults did break what the README says they can break, while the fenced resource \
+              faults did break what the documentation says they can break, while the fenced resource \
               still turned every stale holder away.\n\n\
               | check | what | cases checked | unexcused | excused |\n|---|---|--:|--:|---|\n";
         for (check, checked, unexcused, excused) in self.violations() {

@@ -172,13 +172,18 @@ def run_sync(server, scenario):
                 signal.pthread_kill(main, signal.SIGINT)
 
             timer = threading.Thread(target=interrupt)
+            # As an interactive program has it (a test run in the background
+            # of a shell starts with SIGINT ignored).
+            previous = signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 timer.start()
                 plain["renew"].acquire(step["key"], ttl=step["ttl_ms"] / 1000, timeout=30)
                 raise AssertionError(f"{checks.where(i, step)}: the wait was granted")
             except KeyboardInterrupt:
                 pass
-            timer.join()
+            finally:
+                timer.join()
+                signal.signal(signal.SIGINT, previous)
         else:
             raise AssertionError(f"unknown step {do}")
     client.close()

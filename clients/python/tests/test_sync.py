@@ -193,8 +193,11 @@ def test_bad_arguments_are_refused_before_anything_is_sent(server):
 
 
 WAITER = """
-import sys, redis
+import signal, sys, redis
 from redis_lock_client import Locks
+# As an interactive program has it: a test run in the background of a
+# shell (make test) starts with SIGINT ignored, which Python keeps.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 locks = Locks(redis.Redis(port=int(sys.argv[1])))
 print("waiting", flush=True)
 lease = None
