@@ -2,8 +2,8 @@
 //! (`argv[0]` is the command name, `argv[1]` the key); output is typed values or
 //! a [`LockError`] that names the problem. Nothing is allocated on success.
 
-use super::codec::MAX_STORED_HOLDERS;
 use super::error::{show_arg, LockError};
+use super::limits::MAX_STORED_HOLDERS;
 use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
 use super::lock::Mode;
 use super::time::known_grant;

@@ -23,10 +23,7 @@ use super::time::known_grant;
 /// The newest value encoding this build reads and the one it writes.
 pub const ENCODING_VERSION: i32 = 3;
 
-/// The most holders a stored value may have (a bound on what a damaged
-/// count can make the loader allocate; far above `lock.max-holders-per-key`'s
-/// default).
-pub const MAX_STORED_HOLDERS: i64 = 1 << 20;
+pub use crate::limits::MAX_STORED_HOLDERS;
 
 /// A key's mode as version 3 writes it: 0 exclusive, -1 shared without a
 /// limit, n ≥ 1 shared with limit n.

@@ -72,7 +72,7 @@ pub enum LockError {
     /// The inner command (lower case) may not run guarded, and why.
     NotGuardable(String, &'static str),
     /// In a cluster, an inner command of this many arguments (its name
-    /// included): more than `guarded::MAX_INNER_ARGS_FOR_KEYS`, so its keys
+    /// included): more than `limits::MAX_INNER_ARGS_FOR_KEYS`, so its keys
     /// would not be checked against the guarding key's slot.
     TooLongForCluster(usize),
     /// A fence argument (`FENCE`, `LOCK.FENCED`'s) that is not a positive
@@ -221,7 +221,7 @@ impl fmt::Display for LockError {
             TooLongForCluster(n) => write!(
                 f,
                 "NOTGUARDABLE a command of {n} arguments cannot run guarded in a cluster: above {} its keys are not checked against the guarding key's slot",
-                crate::guarded::MAX_INNER_ARGS_FOR_KEYS
+                crate::limits::MAX_INNER_ARGS_FOR_KEYS
             ),
             BadFenceArg(v) => write!(
                 f,
@@ -238,7 +238,7 @@ impl fmt::Display for LockError {
             BadLimit(v) => write!(
                 f,
                 "ERR invalid LIMIT {v}: must be an integer from 1 to {}",
-                crate::codec::MAX_STORED_HOLDERS
+                crate::limits::MAX_STORED_HOLDERS
             ),
             LimitWithoutShared => write!(
                 f,

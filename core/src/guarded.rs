@@ -266,10 +266,7 @@ pub fn check_gate_not_named<'a>(
     Ok(())
 }
 
-/// Above this many arguments (its name included) an inner command's keys
-/// are not reported to a key-position request: Redis 7.0's
-/// `RM_GetCommandKeysWithFlags` leaks its key buffer beyond that.
-pub const MAX_INNER_ARGS_FOR_KEYS: usize = 256;
+pub use super::limits::MAX_INNER_ARGS_FOR_KEYS;
 
 /// Whether an inner command of `args` arguments (its name included) may
 /// run guarded. In a cluster (`cluster`) Redis checks that every key of a

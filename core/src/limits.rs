@@ -26,6 +26,16 @@ pub const MAX_FENCE_LEAD: i64 = 1 << 50;
 /// fence issued before then (see `Node::pass_gate`).
 pub const CLOCK_FENCES_FROM: i64 = 1 << 50;
 
+/// The most holders a stored value may have (a bound on what a damaged
+/// count can make the loader allocate; far above `lock.max-holders-per-key`'s
+/// default).
+pub const MAX_STORED_HOLDERS: i64 = 1 << 20;
+
+/// Above this many arguments (its name included) an inner command's keys
+/// are not reported to a key-position request: Redis 7.0's
+/// `RM_GetCommandKeysWithFlags` leaks its key buffer beyond that.
+pub const MAX_INNER_ARGS_FOR_KEYS: usize = 256;
+
 /// The default limit of BLOCK waiters queued on one key.
 pub const DEFAULT_MAX_WAITERS_PER_KEY: i64 = 100_000;
 

@@ -203,7 +203,7 @@ pub const MAX_HOLDERS_PER_KEY: OptionSpec = OptionSpec::Numeric {
     name: "max-holders-per-key",
     default: 10_000,
     min: 1,
-    max: crate::codec::MAX_STORED_HOLDERS,
+    max: crate::limits::MAX_STORED_HOLDERS,
 };
 
 /// `lock.allow-eviction`: grant while `maxmemory-policy` can evict locks.
