@@ -33,7 +33,8 @@
 //! waiter is answered or leaves: the node must not depend on the glue's
 //! never reusing one (the glue's ids are never reused; Redis's handle
 //! addresses, which it once used, are).
-//! `PROPTEST_CASES` raises the case count (`make stress` does).
+//! 20,000 cases by default (seconds in release, as `make test` runs it);
+//! `PROPTEST_CASES` sets another count (`make stress` runs 300,000).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -2032,7 +2033,7 @@ fn compare(step: usize, op: &Op, mut model_told: Vec<(u8, Told)>, wakes: &[Wake<
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2000),
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(20_000),
         .. ProptestConfig::default()
     })]
 
