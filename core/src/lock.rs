@@ -22,12 +22,13 @@
 //! ([`LockError::NoUpgrade`]): two readers upgrading would wait for each
 //! other for ever.
 //!
-//! Time comes in as a [`Now`] (both clocks) or as monotonic ms (`now_ms`);
-//! fencing tokens from a [`FenceSource`]. Nothing here reads a clock or
-//! knows about Redis.
+//! Time comes in as monotonic ms (`now_ms`), and wall-clock µs where a
+//! fence is drawn; fencing tokens from a [`FenceSource`]. Nothing here
+//! reads a clock or knows about Redis.
 
 use super::error::LockError;
 use super::fence::FenceSource;
+#[cfg(test)]
 use super::time::Now;
 
 /// One holder of a key, borrowed from wherever it is stored (the keyspace
@@ -218,6 +219,9 @@ pub fn ms(us: i64) -> i64 {
     us.div_euclid(1000)
 }
 
+/// What the state machine's tests' [`acquire`] comes to (the node
+/// decides a real request: `node::Node::acquire_all`).
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquired {
     /// A new grant with a new fencing token.
@@ -342,11 +346,10 @@ fn fit_holders(
 }
 
 /// Takes the key for `token` in `mode` if that fits (see [`fit`]), with
-/// `MINFENCE min_fence` (0: none): Redlock's quorum fencing, where the
-/// granted token is at least `min_fence` and so is the node's mark, so
-/// every later grant exceeds it. Whether a new holder may be granted now
-/// (restart delay, eviction, memory, waiters in line) is the node's
-/// decision (`node::Node::acquire`), made before this is called.
+/// `MINFENCE min_fence` (0: none): the state machine's own steps, as the
+/// node composes them for a request (`node::Node::acquire_all`, which also
+/// decides whether a new holder may be granted now: restart delay,
+/// eviction, memory, waiters in line). For the state machine's tests.
 ///
 /// A holder that asks for a `min_fence` above its own token gets a *fresh*
 /// token, `max(mark + 1, min_fence)`: never a token another lock already
@@ -367,27 +370,8 @@ pub fn acquire(
     rules: Rules,
     now: Now,
 ) -> Result<Acquired, LockError> {
-    let fits = fit(store, token, mode, rules, now.mono_ms())?;
-    acquire_fitted(
-        store, fences, fits, token, mode, ttl_ms, min_fence, rules, now,
-    )
-}
-
-/// [`acquire`] with the request's [`fit`] decided already, on the store as
-/// it is now (a caller that looked before deciding does not look twice).
-#[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
-pub(crate) fn acquire_fitted(
-    store: &mut impl Ledger,
-    fences: &mut impl FenceSource,
-    fits: Fit,
-    token: &[u8],
-    mode: Mode,
-    ttl_ms: i64,
-    min_fence: i64,
-    rules: Rules,
-    now: Now,
-) -> Result<Acquired, LockError> {
     let now_ms = now.mono_ms();
+    let fits = fit(store, token, mode, rules, now_ms)?;
     let deadline_ms = deadline(now_ms, ttl_ms)?;
     match fits {
         Fit::Busy(_) => Ok(Acquired::Contended),
@@ -397,14 +381,8 @@ pub(crate) fn acquire_fitted(
                 true => Some(raised_fence(fences, min_fence, now.wall_us)?),
                 false => None,
             };
-            Ok(Acquired::Renewed(renew_holder(
-                store,
-                token,
-                mode,
-                raised,
-                deadline_ms,
-                now_ms,
-            )?))
+            let fence = renew_holder(store, token, mode, raised, deadline_ms, now_ms)?;
+            Ok(Acquired::Renewed(fence))
         }
         Fit::Fits => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;

@@ -844,32 +844,8 @@ impl Reference {
         if self.wrongtype.contains(&key) {
             return error(LockError::WrongType);
         }
-        match self.fit(key, &r.token, r.mode, now) {
-            Err(err) => error(err),
-            Ok(RefFit::Renews) => {
-                Told::Fence(self.grant(key, &r.token, r.mode, r.ttl, r.min_fence, now))
-            }
-            // Held, held back by lock-delay, or a full shared key.
-            Ok(RefFit::Busy) => match r.block {
-                Some(timeout) => match self.refuse_new_holder(&r.token) {
-                    Some(err) => error(err),
-                    None => self.enqueue(client, &[key], r, timeout, now),
-                },
-                None => Told::Nil,
-            },
-            Ok(RefFit::Fits) if self.refuse_new_holder(&r.token).is_some() => {
-                error(self.refuse_new_holder(&r.token).unwrap())
-            }
-            Ok(RefFit::Fits) => match (self.paused(now), r.block) {
-                (0, Some(timeout)) if self.has_line(key) => {
-                    self.enqueue(client, &[key], r, timeout, now)
-                }
-                (0, None) if self.has_line(key) => Told::Nil,
-                (0, _) => Told::Fence(self.grant(key, &r.token, r.mode, r.ttl, r.min_fence, now)),
-                (_, Some(timeout)) => self.enqueue(client, &[key], r, timeout, now),
-                (paused, None) => error(LockError::GrantsPaused(paused)),
-            },
-        }
+        // One key is the one-key case of ACQUIREALL, as in the node.
+        self.acquire_all(client, &[key], r, now, told)
     }
 
     /// `LOCK.ACQUIREALL`: every key or none; with BLOCK, a place in every
@@ -1572,28 +1548,12 @@ fn run(ops: &[Op]) {
                 });
                 let cond = h.cond(false);
                 let at = h.at(now);
-                let mut n = 0;
-                let mut refused = None;
-                for &key in &keys {
-                    let out = h.with_store(key, |node, store, denied| {
-                        node.release(
-                            &key,
-                            store,
-                            &token,
-                            cond,
-                            &mut |c: u8| !denied.contains(&c),
-                            at,
-                        )
-                    });
-                    match out {
-                        Ok(released) => n += i64::from(released),
-                        Err(e) => {
-                            refused = Some(e);
-                            break;
-                        }
-                    }
-                }
-                replies.1 = Some(refused.map_or(Told::ReleasedAll(n), error));
+                let out = h.with_stores(&keys, |node, stores, denied| {
+                    let mut admits: Vec<_> =
+                        keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
+                    node.release_all(&keys, stores, &token, cond, &mut admits, at)
+                });
+                replies.1 = Some(out.map_or_else(error, Told::ReleasedAll));
             }
             Op::Release { key, token: t, .. } => {
                 if model.gone.contains(&key) {

@@ -31,10 +31,10 @@ use crate::codec;
 use crate::error::{LockError, NotHeld};
 use crate::fence::{self, FenceCounter};
 use crate::guarded;
-use crate::lock::{self, Acquired, Fit, Lock, LockRead, LockStore, Mode, Rules};
+use crate::lock::{self, Fit, Lock, LockRead, LockStore, Mode, Rules};
 use crate::output::{push_wake, Event, Output, Recorder, Stat};
 use crate::time::{self, Now};
-use crate::waiters::{Group, HeldBack, Outcome, Request, Turn, WaiterId, Waiters, Wake};
+use crate::waiters::{Asked, Group, Head, Outcome, Request, WaiterId, Waiters, Wake};
 
 /// While writes must wait (replica, CLIENT PAUSE WRITE, FAILOVER), look
 /// again this soon.
@@ -423,129 +423,28 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     // ---- commands ----
 
-    /// `LOCK.ACQUIRE`. Any hand-off due on the key runs first, so nobody
-    /// barges in ahead of the line.
-    pub fn acquire<S: LockStore>(
+    /// `LOCK.ACQUIRE`: the one-key case of [`acquire_all`](Self::acquire_all)
+    /// (one decision for both). Any hand-off due on the key runs first, so
+    /// nobody barges in ahead of the line.
+    pub fn acquire<S: LockStore, A: Admission<C>>(
         &mut self,
         key: &K,
         store: Result<&mut S, LockError>,
         req: AcquireRequest<'_>,
         cond: Conditions,
-        admission: &mut impl Admission<C>,
+        admission: &mut A,
         now: Now,
     ) -> Result<Acquire<K>, LockError> {
-        let decided = self.decide_acquire(key, store, req, cond, admission, now);
-        let (stat, event) = match &decided {
-            Ok(Acquire::Granted(_)) => (Some(Stat::Grant), Some(Event::Acquire)),
-            Ok(Acquire::Renewed(_)) => (Some(Stat::Extend), Some(Event::Extend)),
-            Ok(Acquire::Contended) => (Some(Stat::Contended), None),
-            Err(LockError::EvictionUnsafe) => (Some(Stat::RefusedEvictable), None),
-            Ok(Acquire::Wait(_)) | Err(_) => (None, None),
-        };
-        // (push_back, not extend: this runs on every ACQUIRE.)
-        if let Some(stat) = stat {
-            self.outputs.push_back(Output::Count(stat));
-        }
-        if let Some(event) = event {
-            self.outputs.push_back(Output::Event(key.clone(), event));
-        }
-        decided
-    }
-
-    fn decide_acquire<S: LockStore>(
-        &mut self,
-        key: &K,
-        store: Result<&mut S, LockError>,
-        req: AcquireRequest<'_>,
-        cond: Conditions,
-        admission: &mut impl Admission<C>,
-        now: Now,
-    ) -> Result<Acquire<K>, LockError> {
-        self.limits.check_ttl(req.ttl_ms)?;
-        check_requested_min_fence(req.min_fence, now)?;
-        let store = self.open_in_command(key, store, cond, now)?;
-        self.settle_in_command(key, store, cond, admission, now);
-        let now_ms = now.mono_ms();
-        // Decide before writing: a contended ACQUIRE changes nothing (it
-        // would abort other clients' WATCH).
-        let rules = self.limits.rules();
-        let fits = lock::fit(store, req.token, req.mode, rules, now_ms)?;
-        let check_at_ms = match fits {
-            Fit::Renews => None,
-            // Held, or held back by lock-delay, or a full shared key: a
-            // waiter is looked at again when that ends, an ACQUIRE without
-            // BLOCK answered nil.
-            Fit::Busy(until) => Some(until),
-            Fit::Fits => {
-                self.limits.check_new_holder(req.token, cond)?;
-                match self.grants_paused_ms(now_ms) {
-                    // Anyone in line (a multi-key waiter waiting for its
-                    // other keys, a writer that shared holders keep out):
-                    // nobody passes them.
-                    0 if self.waiters.waiting_on(key) > 0 => Some(now_ms),
-                    0 => None,
-                    paused if req.block_ms.is_some() && cond.contains(Conditions::MAY_BLOCK) => {
-                        Some(now_ms.saturating_add(paused))
-                    }
-                    paused => return Err(LockError::GrantsPaused(paused)),
-                }
-            }
-        };
-        if let Some(check_at_ms) = check_at_ms {
-            return match req.block_ms {
-                Some(timeout_ms) if cond.contains(Conditions::MAY_BLOCK) => {
-                    self.limits.check_new_holder(req.token, cond)?;
-                    let max = self.limits.max_waiters_per_key;
-                    if self.waiters.waiting_on(key) >= max {
-                        return Err(LockError::TooManyWaiters(max as i64));
-                    }
-                    Ok(Acquire::Wait(WaitTicket {
-                        key: key.clone(),
-                        also: Box::default(),
-                        token: req.token.into(),
-                        mode: req.mode,
-                        ttl_ms: req.ttl_ms,
-                        timeout_ms,
-                        min_fence: req.min_fence,
-                        since_us: now.mono_us,
-                        check_at_ms,
-                    }))
-                }
-                _ => Ok(Acquire::Contended),
-            };
-        }
-        let mut ledger = Recorder {
-            store,
-            key,
-            out: &mut self.outputs,
-            leases: &mut self.leases,
-            now_ms,
-        };
-        let acquired = lock::acquire_fitted(
-            &mut ledger,
-            &mut self.fences,
-            fits,
-            req.token,
-            req.mode,
-            req.ttl_ms,
-            req.min_fence,
-            rules,
+        let keys = std::slice::from_ref(key);
+        let stores = store.map(std::slice::from_mut);
+        self.acquire_all(
+            keys,
+            stores,
+            req,
+            cond,
+            std::slice::from_mut(admission),
             now,
-        )?;
-        Ok(match acquired {
-            Acquired::Granted(fence) => Acquire::Granted(fence),
-            Acquired::Renewed(fence) => {
-                // The lease may now end sooner than the check planned; a
-                // downgrade lets the readers in line in now.
-                let check_at_ms = match req.mode.is_shared() {
-                    true => now_ms,
-                    false => now_ms.saturating_add(req.ttl_ms),
-                };
-                self.waiters.schedule(key, check_at_ms);
-                Acquire::Renewed(fence)
-            }
-            Acquired::Contended => Acquire::Contended,
-        })
+        )
     }
 
     /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [BLOCK timeout-ms]
@@ -600,25 +499,34 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     ) -> Result<Acquire<K>, LockError> {
         self.limits.check_ttl(req.ttl_ms)?;
         check_requested_min_fence(req.min_fence, now)?;
-        refuse_on_replica(cond)?;
-        let stores = stores?;
+        let stores = self.open_in_command(keys, stores, cond, now)?;
         debug_assert_eq!(keys.len(), stores.len());
         debug_assert_eq!(keys.len(), admissions.len());
         // Each key's line is served with its own key's admission (a
         // waiter's ACL is about the key it waits on).
         for ((key, store), admission) in keys.iter().zip(stores.iter_mut()).zip(admissions) {
-            self.settle_in_command(key, store, cond, admission, now);
+            self.hand_on_in_command(key, store, cond, admission, now);
         }
         let now_ms = now.mono_ms();
         let rules = self.limits.rules();
-        let fits = fit_all(stores, req.token, req.mode, rules, now_ms, |_, _| {})?;
+        // Decide before writing: a contended ACQUIRE changes nothing (it
+        // would abort other clients' WATCH).
+        // When the first key that holds the request back frees (None:
+        // none does).
+        let mut held_until: Option<i64> = None;
+        let fits = fit_all(stores, req.token, req.mode, rules, now_ms, |_, until| {
+            held_until = Some(held_until.map_or(until, |at| at.min(until)));
+        })?;
         if let AllFit::Renews(fence) = fits {
             let (token, mode, ttl_ms) = (req.token, req.mode, req.ttl_ms);
             let fence =
                 self.renew_all(keys, stores, token, mode, fence, ttl_ms, req.min_fence, now)?;
             return Ok(Acquire::Renewed(fence));
         }
-        let busy = fits == AllFit::Busy || keys.iter().any(|key| self.waiters.waiting_on(key) > 0);
+        // Anyone in line (a multi-key waiter waiting for its other keys, a
+        // writer that shared holders keep out): nobody passes them.
+        let in_line = keys.iter().any(|key| self.waiters.waiting_on(key) > 0);
+        let busy = fits == AllFit::Busy || in_line;
         let block = req
             .block_ms
             .filter(|_| cond.contains(Conditions::MAY_BLOCK));
@@ -635,7 +543,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             if keys.iter().any(|k| self.waiters.waiting_on(k) >= max) {
                 return Err(LockError::TooManyWaiters(max as i64));
             }
-            // Each key is looked at now: its line says when next.
+            // The lines are looked at again when the first lease (or
+            // lock-delay) that holds the request back ends; behind others,
+            // now (their line says when next); else when the restart delay
+            // ends.
+            let check_at_ms = match (held_until, in_line) {
+                (Some(until), _) => until,
+                (None, true) => now_ms,
+                (None, false) => now_ms.saturating_add(paused),
+            };
             return Ok(Acquire::Wait(WaitTicket {
                 key: keys[0].clone(),
                 also: keys[1..].into(),
@@ -645,7 +561,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
                 timeout_ms,
                 min_fence: req.min_fence,
                 since_us: now.mono_us,
-                check_at_ms: now_ms,
+                check_at_ms,
             }));
         }
         let (token, mode) = (req.token, req.mode);
@@ -751,8 +667,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         admission: &mut impl Admission<C>,
         now: Now,
     ) -> Result<bool, LockError> {
-        let store = self.open_in_command(key, store, cond, now)?;
-        self.settle_in_command(key, store, cond, admission, now);
+        let store = store.map(std::slice::from_mut);
+        let [store] = self.open_in_command(std::slice::from_ref(key), store, cond, now)? else {
+            unreachable!("one key, one store")
+        };
+        self.hand_on_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
         let mut ledger = self.ledger(key, store, now_ms);
         let released = lock::release(&mut ledger, token, now_ms);
@@ -766,7 +685,27 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         let delay = self.limits.lock_delay_ms;
         let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
         if released || reclaimed {
-            self.settle_in_command(key, store, cond, admission, now);
+            self.hand_on_in_command(key, store, cond, admission, now);
+        }
+        Ok(released)
+    }
+
+    /// `LOCK.RELEASEALL`: each key of `keys` released as by
+    /// [`release`](Self::release) (`stores[i]` and `admissions[i]` are
+    /// `keys[i]`'s, all opened before anything changes); how many it
+    /// released.
+    pub fn release_all<S: LockStore, A: Admission<C>>(
+        &mut self,
+        keys: &[K],
+        stores: &mut [S],
+        token: &[u8],
+        cond: Conditions,
+        admissions: &mut [A],
+        now: Now,
+    ) -> Result<i64, LockError> {
+        let mut released = 0;
+        for ((key, store), admission) in keys.iter().zip(stores).zip(admissions) {
+            released += i64::from(self.release(key, Ok(store), token, cond, admission, now)?);
         }
         Ok(released)
     }
@@ -785,8 +724,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         now: Now,
     ) -> Result<bool, LockError> {
         self.limits.check_ttl(ttl_ms)?;
-        let store = self.open_in_command(key, store, cond, now)?;
-        self.settle_in_command(key, store, cond, admission, now);
+        let store = store.map(std::slice::from_mut);
+        let [store] = self.open_in_command(std::slice::from_ref(key), store, cond, now)? else {
+            unreachable!("one key, one store")
+        };
+        self.hand_on_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
         let extended = lock::extend(&mut self.ledger(key, store, now_ms), token, ttl_ms, now_ms)?;
         let delay = self.limits.lock_delay_ms;
@@ -803,7 +745,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         // Ended leases still stored (another holder's, on a shared key)
         // are reclaimed when touched.
         if lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms) {
-            self.settle_in_command(key, store, cond, admission, now);
+            self.hand_on_in_command(key, store, cond, admission, now);
         }
         Ok(extended)
     }
@@ -868,7 +810,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         for _ in 0..MAX_TIMER_ROUNDS {
             while let Some(key) = this_round.pop_first() {
                 keys.with_key(&key, |store, served, admit| {
-                    self.settle(&key, store, served, cond, admit, now)
+                    self.hand_on_from_timer(&key, store, served, cond, admit, now)
                 });
                 for due in self.waiters.due_keys(now_ms) {
                     match due > key {
@@ -940,26 +882,45 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         if !group.first_everywhere {
             return false;
         }
-        let token = &*group.token;
+        self.take_turn(id, &group.keys, stores, &group.asked, cond, admissions, now)
+    }
+
+    /// The turn of waiter `id`, first in the line of every key of `keys`
+    /// (its one key, or a multi-key waiter's), each open: the one hand-off
+    /// decision. Granted every key with one fence when each is free for it
+    /// (or renewed when it holds them all under one grant already), the
+    /// grants allowed now (the restart delay) and it may take them (the
+    /// limits in force now, its ACL on every key): answered, true.
+    /// Failed (answered, true) when it can never be served as it asked or
+    /// may not take them now. Otherwise it stays first in line, and each key
+    /// that holds it back is looked at again when that ends: false.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
+    fn take_turn<S: LockStore, A: Admission<C>>(
+        &mut self,
+        id: WaiterId,
+        keys: &[K],
+        stores: &mut [S],
+        asked: &Asked<C>,
+        cond: Conditions,
+        admissions: &mut [A],
+        now: Now,
+    ) -> bool {
+        let now_ms = now.mono_ms();
+        let token = &*asked.token;
         let rules = self.limits.rules();
-        let mut busy_until = Vec::new();
-        let fits = fit_all(stores, token, group.mode, rules, now_ms, |i, until| {
-            busy_until.push((i, until));
+        let waiters = &mut self.waiters;
+        let fits = fit_all(stores, token, asked.mode, rules, now_ms, |i, until| {
+            waiters.reschedule(&keys[i], until);
         });
         let renews = match fits {
             Err(err) => return self.answer(id, Outcome::Failed(err), now),
             Ok(AllFit::Renews(fence)) => Some(fence),
-            Ok(AllFit::Busy) => {
-                for (i, until) in busy_until {
-                    self.waiters.schedule(&group.keys[i], until);
-                }
-                return false;
-            }
+            Ok(AllFit::Busy) => return false,
             Ok(AllFit::Fits) => {
                 let paused = self.grants_paused_ms(now_ms);
                 if paused > 0 {
                     self.waiters
-                        .schedule(&group.keys[0], now_ms.saturating_add(paused));
+                        .reschedule(&keys[0], now_ms.saturating_add(paused));
                     return false;
                 }
                 None
@@ -967,11 +928,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         };
         let admitted = self
             .limits
-            .check_turn(group.ttl_ms, token, renews.is_some(), cond, || {
-                admissions.iter_mut().all(|a| a.may_take(group.client))
+            .check_turn(asked.ttl_ms, token, renews.is_some(), cond, || {
+                admissions.iter_mut().all(|a| a.may_take(asked.client))
             });
-        let (mode, ttl_ms, min_fence) = (group.mode, group.ttl_ms, group.min_fence);
-        let keys = &group.keys;
+        let (mode, ttl_ms, min_fence) = (asked.mode, asked.ttl_ms, asked.min_fence);
         let taken = admitted.and_then(|()| match renews {
             Some(fence) => self.renew_all(keys, stores, token, mode, fence, ttl_ms, min_fence, now),
             None => self.grant_all(keys, stores, token, mode, ttl_ms, min_fence, now),
@@ -984,7 +944,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             .iter()
             .map(|s| lock::holder_of(s, token, now_ms).map_or(0, |l| l.lease));
         let lease = leases.next().unwrap_or(0);
-        let also = group.keys[1..].iter().cloned().zip(leases).collect();
+        let also = keys[1..].iter().cloned().zip(leases).collect();
         let outcome = Outcome::Granted {
             fence,
             lease,
@@ -1073,7 +1033,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// in line that may take it, or, when the key left this node, sends its
     /// line where it went (never a second lock for a key given away). A key
     /// that now holds another type fails its whole line with `store`'s error.
-    fn settle<S: LockStore>(
+    fn hand_on_from_timer<S: LockStore>(
         &mut self,
         key: &K,
         store: Result<&mut S, LockError>,
@@ -1091,79 +1051,72 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             return;
         }
         if let Served::Elsewhere(redirect) = served {
-            let wakes = self
-                .waiters
-                .fail_all(key, &LockError::Redirect(redirect), now.mono_us);
-            for wake in wakes {
-                push_wake(&mut self.outputs, wake);
-            }
-            return;
+            return self.fail_line(key, &LockError::Redirect(redirect), now);
         }
         match store {
-            Ok(store) => self.settle_in_command(key, store, cond, admission, now),
-            Err(err) => {
-                for wake in self.waiters.fail_all(key, &err, now.mono_us) {
-                    push_wake(&mut self.outputs, wake);
-                }
-            }
+            Ok(store) => self.hand_on_in_command(key, store, cond, admission, now),
+            Err(err) => self.fail_line(key, &err, now),
         }
     }
 
-    /// The key a write command touches: refused on a replica first; a key
-    /// of another type (WRONGTYPE) fails its whole line and the command.
+    /// The keys a write command touches: refused on a replica first; a key
+    /// of another type (WRONGTYPE) fails the command, and its whole line
+    /// when the command named that key alone (a multi-key command's error
+    /// names no key).
     fn open_in_command<'s, S: LockStore>(
         &mut self,
-        key: &K,
-        store: Result<&'s mut S, LockError>,
+        keys: &[K],
+        stores: Result<&'s mut [S], LockError>,
         cond: Conditions,
         now: Now,
-    ) -> Result<&'s mut S, LockError> {
+    ) -> Result<&'s mut [S], LockError> {
         refuse_on_replica(cond)?;
-        store.inspect_err(|err| {
-            for wake in self.waiters.fail_all(key, err, now.mono_us) {
-                push_wake(&mut self.outputs, wake);
+        stores.inspect_err(|err| {
+            if let [key] = keys {
+                self.fail_line(key, err, now);
             }
         })
     }
 
-    /// A key with waiters is settled before any command touches it (the
-    /// command's own key is served here, or Redis would have redirected it).
-    fn settle_in_command(
+    /// Every waiter on `key` fails with `err`.
+    fn fail_line(&mut self, key: &K, err: &LockError, now: Now) {
+        for wake in self.waiters.fail_all(key, err, now.mono_us) {
+            push_wake(&mut self.outputs, wake);
+        }
+    }
+
+    /// Hands `key` on, as far as it goes now: the first in line takes it
+    /// when its turn decides so ([`take_turn`](Self::take_turn)), then the
+    /// next (readers go together while the key has room), until one is
+    /// held back or the line is empty; a multi-key waiter first in line is
+    /// marked for the timer, and the line waits behind it. Run before any
+    /// command touches a key with waiters (the command's own key is served
+    /// here, or Redis would have redirected it), and by the timer.
+    fn hand_on_in_command<S: LockStore, A: Admission<C>>(
         &mut self,
         key: &K,
-        store: &mut impl LockStore,
+        store: &mut S,
         cond: Conditions,
-        admission: &mut impl Admission<C>,
+        admission: &mut A,
         now: Now,
     ) {
         if self.waiters.waiting_on(key) == 0 {
             return;
         }
-        let paused = self.grants_paused_ms(now.mono_ms());
-        let limits = self.limits;
-        // A hand-off applies the limits in force when it grants (the same
-        // checks as a new ACQUIRE's), and the waiter's ACL as it is now.
-        let admit = |turn: Turn<'_, C>| -> Result<(), LockError> {
-            limits.check_turn(turn.ttl_ms, turn.token, turn.renews, cond, || {
-                admission.may_take(turn.client)
-            })
-        };
-        let mut ledger = Recorder {
-            store,
-            key,
-            out: &mut self.outputs,
-            leases: &mut self.leases,
-            now_ms: now.mono_ms(),
-        };
-        let held_back = HeldBack {
-            grants_paused_ms: paused,
-            rules: limits.rules(),
-        };
-        let wakes =
-            self.waiters
-                .settle_checked(key, &mut ledger, &mut self.fences, now, held_back, admit);
-        for wake in wakes {
-            push_wake(&mut self.outputs, wake);
+        let (now_ms, now_us) = (now.mono_ms(), now.mono_us);
+        loop {
+            match self.waiters.head(key, now_ms, now_us) {
+                Head::Empty | Head::Group => return,
+                Head::TimedOut(wake) => push_wake(&mut self.outputs, wake),
+                Head::One(id, asked) => {
+                    let keys = std::slice::from_ref(key);
+                    let stores = std::slice::from_mut(store);
+                    let admissions = std::slice::from_mut(admission);
+                    if !self.take_turn(id, keys, stores, &asked, cond, admissions, now) {
+                        return;
+                    }
+                }
+            }
         }
     }
 
@@ -1192,7 +1145,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         let delay = self.limits.lock_delay_ms;
         let reclaimed = lock::reclaim(&mut self.ledger(key, store, now_ms), delay, now_ms);
         if reclaimed {
-            self.settle_in_command(key, store, cond, admission, now);
+            self.hand_on_in_command(key, store, cond, admission, now);
         }
         reclaimed
     }
@@ -1600,6 +1553,21 @@ fn fit_all<S: LockRead>(
     now_ms: i64,
     mut busy: impl FnMut(usize, i64),
 ) -> Result<AllFit, LockError> {
+    // One key (every ACQUIRE and one-key waiter): its fit is the answer,
+    // with nothing to collect.
+    if let [store] = stores {
+        return Ok(match lock::fit(store, token, mode, rules, now_ms)? {
+            Fit::Fits => AllFit::Fits,
+            Fit::Busy(until) => {
+                busy(0, until);
+                AllFit::Busy
+            }
+            Fit::Renews => match lock::holder_of(store, token, now_ms) {
+                Some(own) => AllFit::Renews(own.fence),
+                None => return Err(LockError::Internal),
+            },
+        });
+    }
     let mut fits = Vec::with_capacity(stores.len());
     for store in stores {
         fits.push(lock::fit(store, token, mode, rules, now_ms)?);
@@ -1739,6 +1707,159 @@ mod tests {
 
     fn tick(node: &mut N, store: &mut MemStore, now_ms: i64) {
         run_timer(node, store, Conditions::empty(), now_ms);
+    }
+
+    /// `(client, granted)` of each waiter answered.
+    fn answered(woken: &[Wake<&'static str, u32>]) -> Vec<(u32, bool)> {
+        woken.iter().map(|w| (w.client, is_grant(w))).collect()
+    }
+
+    fn hold(node: &mut N, store: &mut MemStore, token: &[u8], mode: Mode, ttl_ms: i64, at_ms: i64) {
+        let r = AcquireRequest {
+            mode,
+            ..req(token, ttl_ms, None)
+        };
+        let got = node.acquire(&"k", Ok(store), r, BLOCKING, &mut AdmitAll, now(at_ms));
+        assert!(matches!(got, Ok(Acquire::Granted(_))), "{got:?}");
+    }
+
+    fn release(node: &mut N, store: &mut MemStore, token: &[u8], at_ms: i64) {
+        let cond = Conditions::empty();
+        let got = node.release(&"k", Ok(store), token, cond, &mut AdmitAll, now(at_ms));
+        assert_eq!(got, Ok(true));
+    }
+
+    #[test]
+    fn the_lock_goes_to_the_first_in_line_when_its_lease_ends() {
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        wait(&mut node, &mut store, 1, req(b"a", 1000, Some(0)), T0);
+        wait(&mut node, &mut store, 2, req(b"b", 1000, Some(0)), T0);
+        assert_eq!(node.next_wakeup(), Some(T0 + 100), "the lease's end");
+        tick(&mut node, &mut store, T0 + 99);
+        assert!(wakes(&mut node).is_empty());
+        tick(&mut node, &mut store, T0 + 100);
+        assert_eq!(answered(&wakes(&mut node)), vec![(1, true)]);
+        assert_eq!(store.lock().unwrap().token, b"a");
+        assert_eq!(node.next_wakeup(), Some(T0 + 1100), "a's lease end");
+    }
+
+    /// A waiter whose timeout comes in the millisecond the lock frees is
+    /// answered timed out, never granted; the next in line gets the lock.
+    #[test]
+    fn a_waiter_is_never_granted_at_its_timeout() {
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        wait(&mut node, &mut store, 1, req(b"a", 1000, Some(100)), T0);
+        wait(&mut node, &mut store, 2, req(b"b", 1000, Some(0)), T0);
+        tick(&mut node, &mut store, T0 + 100);
+        let woken = wakes(&mut node);
+        assert_eq!(woken[0].outcome, Outcome::TimedOut);
+        assert_eq!(answered(&woken), vec![(1, false), (2, true)]);
+        tick(&mut node, &mut store, T0 + 200);
+        assert!(wakes(&mut node).is_empty(), "answered once");
+    }
+
+    /// One line for every mode: readers at the head go together up to the
+    /// limit; a writer waits for every holder, and readers behind it wait
+    /// behind it (writers are not starved, readers are not either).
+    #[test]
+    fn one_line_serves_readers_together_and_a_writer_alone_in_arrival_order() {
+        let shared = Mode::Shared { limit: Some(2) };
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        for (client, token, mode) in [
+            (1, &b"r1"[..], shared),
+            (2, b"r2", shared),
+            (3, b"r3", shared),
+            (4, b"w", Mode::Exclusive),
+            (5, b"r5", shared),
+        ] {
+            let r = AcquireRequest {
+                mode,
+                ..req(token, 1000, Some(0))
+            };
+            wait(&mut node, &mut store, client, r, T0);
+        }
+        tick(&mut node, &mut store, T0 + 100);
+        let two = answered(&wakes(&mut node));
+        assert_eq!(
+            two,
+            vec![(1, true), (2, true)],
+            "two readers at once: the limit"
+        );
+        assert_eq!(
+            node.next_wakeup(),
+            Some(T0 + 1100),
+            "the first reader's end"
+        );
+        release(&mut node, &mut store, b"r1", T0 + 200);
+        assert_eq!(answered(&wakes(&mut node)), vec![(3, true)]);
+        release(&mut node, &mut store, b"r2", T0 + 300);
+        assert!(wakes(&mut node).is_empty(), "r5 does not pass the writer");
+        assert_eq!(node.next_wakeup(), Some(T0 + 1200), "r3's end");
+        release(&mut node, &mut store, b"r3", T0 + 400);
+        assert_eq!(answered(&wakes(&mut node)), vec![(4, true)]);
+        assert_eq!(store.mode(), Some(Mode::Exclusive));
+        release(&mut node, &mut store, b"w", T0 + 500);
+        assert_eq!(answered(&wakes(&mut node)), vec![(5, true)]);
+        assert_eq!(node.total_waiters(), 0);
+    }
+
+    /// A waiter that can never be served as it asked (another limit than
+    /// the key's) is answered with why when its turn comes, and the line
+    /// goes on.
+    #[test]
+    fn a_waiter_asking_another_limit_is_refused_at_its_turn_and_the_line_goes_on() {
+        let (two, three) = (
+            Mode::Shared { limit: Some(2) },
+            Mode::Shared { limit: Some(3) },
+        );
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        for (client, token, mode) in [(1, &b"x"[..], two), (2, b"y", three), (3, b"z", two)] {
+            let r = AcquireRequest {
+                mode,
+                ..req(token, 1000, Some(0))
+            };
+            wait(&mut node, &mut store, client, r, T0);
+        }
+        release(&mut node, &mut store, b"h", T0 + 1);
+        let woken = wakes(&mut node);
+        assert_eq!(answered(&woken), vec![(1, true), (2, false), (3, true)]);
+        let mismatch = LockError::LimitMismatch {
+            held: Some(2),
+            asked: Some(3),
+        };
+        assert_eq!(woken[1].outcome, Outcome::Failed(mismatch));
+    }
+
+    /// A waiter whose token came to hold the key while it waited (written
+    /// from outside: a master's `LOCK._SET`, a `RESTORE`) is answered with
+    /// a renewal: the same fence, no new grant.
+    #[test]
+    fn a_waiter_whose_token_holds_the_key_at_its_turn_is_renewed() {
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        wait(&mut node, &mut store, 1, req(b"a", 1000, Some(0)), T0);
+        // The key now holds "a"'s lock, as a master's LOCK._SET writes it.
+        let wall_deadline_ms = T0 + 500;
+        node.apply_set(&mut store, b"a", 77, wall_deadline_ms, T0, now(T0 + 1))
+            .unwrap();
+        node.keys_changed(|_| true, T0 + 1);
+        tick(&mut node, &mut store, T0 + 2);
+        let woken = wakes(&mut node);
+        assert!(
+            matches!(
+                woken[0].outcome,
+                Outcome::Granted {
+                    fence: 77,
+                    renewed: true,
+                    ..
+                }
+            ),
+            "{woken:?}"
+        );
     }
 
     #[test]

@@ -30,9 +30,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
 
 use super::error::LockError;
-use super::fence::FenceSource;
-use super::lock::{self, Acquired, Fit, Ledger, Mode, Rules};
-use super::time::Now;
+use super::lock::{self, Mode};
 
 pub type WaiterId = u64;
 
@@ -65,24 +63,30 @@ pub struct Wake<K, C> {
     pub also: Vec<(K, u64)>,
 }
 
-/// What holds new grants back while a key is otherwise free.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct HeldBack {
-    /// `lock.restart-delay-ms` still running: no new grants for this long.
-    pub grants_paused_ms: i64,
-    /// The node's rules for a grant (`lock.lock-delay-ms`,
-    /// `lock.max-holders-per-key`).
-    pub rules: Rules,
+/// What a waiter asked for, as its turn is decided (`Node`'s hand-off).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Asked<C> {
+    pub client: C,
+    pub token: Box<[u8]>,
+    /// Exclusive, or shared (with the key's limit).
+    pub mode: Mode,
+    pub ttl_ms: i64,
+    /// MINFENCE (0: none).
+    pub min_fence: i64,
 }
 
-/// The waiter whose turn it is, as `settle_checked`'s `admit` sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct Turn<'a, C> {
-    pub client: C,
-    pub token: &'a [u8],
-    pub ttl_ms: i64,
-    /// The waiter's token holds the lock already: this turn renews it.
-    pub renews: bool,
+/// Who stands first in a line ([`Waiters::head`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Head<K, C> {
+    /// Nobody waits.
+    Empty,
+    /// A waiter whose timeout came: answered (this wake) and off the line.
+    TimedOut(Wake<K, C>),
+    /// A one-key waiter, with what it asked: the node decides its turn and
+    /// [`answer`](Waiters::answer)s it, or leaves it first in line.
+    One(WaiterId, Asked<C>),
+    /// A multi-key waiter, marked for the node ([`Waiters::groups_due`]).
+    Group,
 }
 
 /// A client asking to wait.
@@ -108,6 +112,18 @@ struct Waiter<K, C> {
     min_fence: i64,
     timeout_at_ms: Option<i64>,
     since_us: i64,
+}
+
+impl<K, C: Copy> Waiter<K, C> {
+    fn asked(&self) -> Asked<C> {
+        Asked {
+            client: self.client,
+            token: self.token.clone(),
+            mode: self.mode,
+            ttl_ms: self.ttl_ms,
+            min_fence: self.min_fence,
+        }
+    }
 }
 
 struct KeyQueue {
@@ -139,11 +155,8 @@ pub struct Waiters<K, C> {
 pub struct Group<K, C> {
     /// Every key it waits for, in the order it named them.
     pub keys: Vec<K>,
-    pub client: C,
-    pub token: Box<[u8]>,
-    pub mode: Mode,
-    pub ttl_ms: i64,
-    pub min_fence: i64,
+    /// What it asked for.
+    pub asked: Asked<C>,
     pub timeout_at_ms: Option<i64>,
     /// It is first in the line of every one of its keys.
     pub first_everywhere: bool,
@@ -335,11 +348,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         let w = &self.waiters[&id];
         Some(Group {
             keys,
-            client: w.client,
-            token: w.token.clone(),
-            mode: w.mode,
-            ttl_ms: w.ttl_ms,
-            min_fence: w.min_fence,
+            asked: w.asked(),
             timeout_at_ms: w.timeout_at_ms,
             first_everywhere,
         })
@@ -400,8 +409,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     }
 
     /// Sets `key`'s next check to exactly `at_ms`, dropping a pending one:
-    /// a settle knows the whole state of the key.
-    fn reschedule(&mut self, key: &K, at_ms: i64) {
+    /// a hand-off that found its first waiter held back knows the whole
+    /// state of the key (nobody behind passes the first).
+    pub fn reschedule(&mut self, key: &K, at_ms: i64) {
         if let Some(queue) = self.queues.get_mut(key) {
             if let Some(pending) = queue.check_at_ms.take() {
                 self.checks.remove(&(pending, key.clone()));
@@ -438,126 +448,27 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         keys
     }
 
-    /// The lock at `key` may be free: hand it on, first in line first,
-    /// skipping (and timing out) waiters whose timeout has passed, as far as
-    /// it goes now, and schedule the next check. `grants_paused_ms` > 0 is
-    /// restart-delay-ms: no new grants (renewals of the holder still go).
-    /// (The node always hands on through [`settle_checked`](Self::settle_checked).)
-    #[cfg(test)]
-    pub fn settle(
-        &mut self,
-        key: &K,
-        store: &mut impl Ledger,
-        fences: &mut impl FenceSource,
-        now: Now,
-        grants_paused_ms: i64,
-    ) -> Vec<Wake<K, C>> {
-        let held_back = HeldBack {
-            grants_paused_ms,
-            rules: Rules {
-                lock_delay_ms: 0,
-                max_holders: usize::MAX,
-            },
-        };
-        self.settle_checked(key, store, fences, now, held_back, |_| Ok(()))
-    }
-
-    /// [`settle`](Self::settle), where `admit` says whether the waiter whose
-    /// turn it is may still take the lock now: its user's ACL, or the
-    /// node's limits, may have changed while it waited. One that may not is
-    /// answered with `admit`'s error when its turn comes, and the lock goes
-    /// on to the next in line.
-    pub fn settle_checked<L: Ledger>(
-        &mut self,
-        key: &K,
-        store: &mut L,
-        fences: &mut impl FenceSource,
-        now: Now,
-        held_back: HeldBack,
-        mut admit: impl FnMut(Turn<'_, C>) -> Result<(), LockError>,
-    ) -> Vec<Wake<K, C>> {
-        let (now_ms, now_us) = (now.mono_ms(), now.mono_us);
-        let mut wakes = Vec::new();
+    /// Who stands first in `key`'s line now, as a hand-off looks at it: a
+    /// waiter whose timeout has come is answered and taken off the line
+    /// (one at a time: the caller queues each wake, then asks again); a
+    /// multi-key waiter is marked for the node to look at over all its
+    /// keys, and the line waits behind it.
+    pub fn head(&mut self, key: &K, now_ms: i64, now_us: i64) -> Head<K, C> {
         while let Some(id) = self.front(key) {
             let w = &self.waiters[&id];
             if w.timeout_at_ms.is_some_and(|at| at <= now_ms) {
-                wakes.extend(self.finish(id, Outcome::TimedOut, now_us));
-                continue;
+                match self.finish(id, Outcome::TimedOut, now_us) {
+                    Some(wake) => return Head::TimedOut(wake),
+                    None => continue,
+                }
             }
             if !w.also.is_empty() {
-                // A multi-key waiter: the node decides it over all its
-                // keys; the line waits behind it.
                 self.mark_group(id, now_ms);
-                break;
+                return Head::Group;
             }
-            // The head of the line is served when its mode fits the key:
-            // consecutive shared waiters go together while the key has
-            // room, an exclusive one waits for every holder to go, and
-            // whoever stands behind a waiter that does not fit waits too.
-            let fits = match lock::fit(store, &w.token, w.mode, held_back.rules, now_ms) {
-                Ok(fits) => fits,
-                // Another limit than the key's, or an upgrade: this waiter
-                // can never be served as it asked.
-                Err(err) => {
-                    wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
-                    continue;
-                }
-            };
-            let renews = match fits {
-                Fit::Renews => true,
-                Fit::Busy(until) => {
-                    self.reschedule(key, until);
-                    break;
-                }
-                Fit::Fits if held_back.grants_paused_ms > 0 => {
-                    let until = now_ms.saturating_add(held_back.grants_paused_ms);
-                    self.reschedule(key, until);
-                    break;
-                }
-                Fit::Fits => false,
-            };
-            let turn = Turn {
-                client: w.client,
-                token: &w.token,
-                ttl_ms: w.ttl_ms,
-                renews,
-            };
-            if let Err(err) = admit(turn) {
-                wakes.extend(self.finish(id, Outcome::Failed(err), now_us));
-                continue;
-            }
-            let w = &self.waiters[&id];
-            let acquired = lock::acquire_fitted(
-                store,
-                fences,
-                fits,
-                &w.token,
-                w.mode,
-                w.ttl_ms,
-                w.min_fence,
-                held_back.rules,
-                now,
-            );
-            let lease =
-                |store: &mut L| lock::holder_of(store, &w.token, now_ms).map_or(0, |l| l.lease);
-            let outcome = match acquired {
-                Ok(Acquired::Granted(fence)) => Outcome::Granted {
-                    fence,
-                    lease: lease(store),
-                    renewed: false,
-                },
-                Ok(Acquired::Renewed(fence)) => Outcome::Granted {
-                    fence,
-                    lease: lease(store),
-                    renewed: true,
-                },
-                // It fits, checked above.
-                Ok(Acquired::Contended) => Outcome::Failed(LockError::Internal),
-                Err(err) => Outcome::Failed(err),
-            };
-            wakes.extend(self.finish(id, outcome, now_us));
+            return Head::One(id, w.asked());
         }
-        wakes
+        Head::Empty
     }
 
     /// Every waiter on `key` fails with `err` (the key now holds another type).
@@ -664,9 +575,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
 
 #[cfg(test)]
 mod tests {
+    //! The lines themselves; who takes the lock at a turn is the node's
+    //! decision, tested there (`node`'s tests and the model).
     use super::*;
-    use crate::fence::FenceCounter;
-    use crate::lock::tests::MemStore;
 
     type W = Waiters<&'static str, u32>;
     const T0: i64 = 1_700_000_000_000;
@@ -685,61 +596,51 @@ mod tests {
         }
     }
 
-    fn held_by(store: &mut MemStore, fences: &mut FenceCounter, token: &[u8], until_ms: i64) {
-        let (mode, rules) = (Mode::Exclusive, Rules::default());
-        let ttl_ms = until_ms - T0;
-        lock::acquire(
-            store,
-            fences,
-            token,
-            mode,
-            ttl_ms,
-            0,
-            rules,
-            Now::same(us(T0)),
-        )
-        .unwrap();
-    }
-
-    fn outcomes(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, &'static str, bool)> {
-        wakes
-            .iter()
-            .map(|w| {
-                (
-                    w.client,
-                    w.key,
-                    matches!(w.outcome, Outcome::Granted { .. }),
-                )
-            })
-            .collect()
+    /// The client first in `key`'s line, or None.
+    fn first(w: &mut W, key: &'static str, now_ms: i64) -> Option<u32> {
+        match w.head(&key, now_ms, us(now_ms)) {
+            Head::One(_, asked) => Some(asked.client),
+            _ => None,
+        }
     }
 
     #[test]
-    fn the_lock_goes_to_the_first_in_line_when_it_frees() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"h", T0 + 100);
+    fn the_head_is_the_first_to_arrive_and_stays_until_answered() {
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
             .unwrap();
         w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
             .unwrap();
         assert_eq!(w.next_wakeup(), Some(T0 + 100));
-        assert!(w
-            .settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 99)), 0)
-            .is_empty());
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
-        assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
-        assert_eq!(store.lock().unwrap().token, b"a");
-        assert_eq!(w.next_wakeup(), Some(T0 + 1100), "a's lease end");
+        let Head::One(id, asked) = w.head(&"k", T0 + 100, us(T0 + 100)) else {
+            panic!("a one-key waiter first");
+        };
+        assert_eq!((asked.client, &*asked.token), (1, &b"a"[..]));
+        assert_eq!(
+            first(&mut w, "k", T0 + 100),
+            Some(1),
+            "looking takes nobody off"
+        );
+        let granted = Outcome::Granted {
+            fence: 7,
+            lease: 1,
+            renewed: false,
+        };
+        let wake = w.answer(id, granted, Vec::new(), us(T0 + 100)).unwrap();
+        assert_eq!((wake.client, wake.key), (1, "k"));
+        assert!(
+            w.answer(id, Outcome::TimedOut, Vec::new(), us(T0 + 101))
+                .is_none(),
+            "once"
+        );
+        assert_eq!(first(&mut w, "k", T0 + 100), Some(2));
     }
 
     /// Defect 1 of issue 8: a waiter that timed out on K1 left an id in
     /// K1's line; a new waiter on K2 with a reused client handle must not
-    /// be handed K1.
+    /// be found first in K1's line.
     #[test]
-    fn a_reused_client_handle_is_never_granted_another_keys_lock() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"A", T0 + 60_000);
+    fn a_reused_client_handle_is_never_first_in_another_keys_line() {
         let mut w = W::default();
         w.enqueue("K1", 7, req(b"B", 50), us(T0), T0 + 60_000, 10)
             .unwrap();
@@ -751,90 +652,50 @@ mod tests {
         // The handle 7 is reused for D, waiting on K2.
         w.enqueue("K2", 7, req(b"D", 3000), us(T0 + 60), T0 + 60_000, 10)
             .unwrap();
-        lock::release(&mut store, b"A", T0 + 70);
-        let wakes = w.settle(&"K1", &mut store, &mut fences, Now::same(us(T0 + 70)), 0);
-        assert_eq!(outcomes(&wakes), vec![(8, "K1", true)]);
-        assert_eq!(store.lock().unwrap().token, b"C");
-        assert_eq!(w.waiting_on(&"K2"), 1);
+        assert_eq!(first(&mut w, "K1", T0 + 70), Some(8));
+        assert_eq!(first(&mut w, "K2", T0 + 70), Some(7));
+        assert_eq!(w.waiting_on(&"K1"), 1);
     }
 
+    /// A head whose timeout has come is answered (timed out) and taken off
+    /// before anyone behind it is looked at: never granted at or after it.
     #[test]
-    fn a_waiter_is_never_granted_at_or_after_its_timeout() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"h", T0 + 100);
+    fn a_head_at_its_timeout_is_answered_timed_out_and_the_next_comes_up() {
         let mut w = W::default();
         w.enqueue("k", 1, req(b"a", 100), us(T0), T0 + 100, 10)
             .unwrap();
         w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
             .unwrap();
-        // Lease end and timeout in the same millisecond: timed out, and the
-        // next in line gets the lock.
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
-        assert_eq!(wakes[0].outcome, Outcome::TimedOut);
-        assert_eq!(outcomes(&wakes)[1], (2, "k", true));
+        assert_eq!(first(&mut w, "k", T0 + 99), Some(1));
+        let Head::TimedOut(wake) = w.head(&"k", T0 + 100, us(T0 + 100)) else {
+            panic!("timed out first");
+        };
+        assert_eq!((wake.client, wake.outcome), (1, Outcome::TimedOut));
+        assert_eq!(first(&mut w, "k", T0 + 100), Some(2));
         assert!(w.poll_timeouts(T0 + 200, us(T0 + 200)).is_empty(), "once");
     }
 
+    /// A multi-key waiter first in a line is marked for the node, and the
+    /// line waits behind it.
     #[test]
-    fn a_waiter_with_the_holders_token_is_answered_with_a_renewal() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"h", T0 + 100);
-        let fence = store.lock().unwrap().fence;
+    fn a_multi_key_head_is_marked_for_the_node() {
         let mut w = W::default();
-        w.enqueue("k", 1, req(b"h", 0), us(T0), T0 + 100, 10)
-            .unwrap();
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 1)), 0);
-        assert!(matches!(
-            wakes[0].outcome,
-            Outcome::Granted { fence: f, renewed: true, .. } if f == fence
-        ));
-    }
-
-    /// A waiter whose user lost the key (ACL SETUSER while it waited) is
-    /// failed with NOPERM when its turn comes; the next in line is granted.
-    #[test]
-    fn a_waiter_that_may_no_longer_take_the_lock_is_failed_and_skipped() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"h", T0 + 100);
-        let mut w = W::default();
-        w.enqueue("k", 1, req(b"a", 0), us(T0), T0 + 100, 10)
+        let also: Box<[&str]> = Box::new(["j"]);
+        let id = w
+            .enqueue_all("k", also, 1, req(b"a", 0), us(T0), T0 + 100, usize::MAX)
             .unwrap();
         w.enqueue("k", 2, req(b"b", 0), us(T0), T0 + 100, 10)
             .unwrap();
-        let wakes = w.settle_checked(
-            &"k",
-            &mut store,
-            &mut fences,
-            Now::same(us(T0 + 100)),
-            HeldBack::default(),
-            |t| {
-                if t.client == 1 {
-                    Err(LockError::NoPermission)
-                } else {
-                    Ok(())
-                }
-            },
+        assert_eq!(w.head(&"k", T0 + 5, us(T0 + 5)), Head::Group);
+        assert!(
+            w.groups_due(T0 + 4).is_empty(),
+            "marked for now, not before"
         );
-        assert_eq!(wakes[0].client, 1);
-        assert_eq!(wakes[0].outcome, Outcome::Failed(LockError::NoPermission));
-        assert_eq!(outcomes(&wakes)[1], (2, "k", true));
-        assert_eq!(store.lock().unwrap().token, b"b");
-        assert_eq!(w.total(), 0);
-    }
-
-    #[test]
-    fn restart_delay_holds_waiters_until_it_ends() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let mut w = W::default();
-        w.enqueue("k", 1, req(b"a", 0), us(T0), T0, 10).unwrap();
-        assert!(w
-            .settle(&"k", &mut store, &mut fences, Now::same(us(T0)), 500)
-            .is_empty());
-        assert_eq!(w.next_wakeup(), Some(T0 + 500));
-        assert_eq!(w.due_keys(T0 + 499), Vec::<&str>::new());
-        assert_eq!(w.due_keys(T0 + 500), vec!["k"]);
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 500)), 0);
-        assert_eq!(outcomes(&wakes), vec![(1, "k", true)]);
+        assert_eq!(w.groups_due(T0 + 5), vec![id]);
+        let group = w.group(id).unwrap();
+        assert_eq!(group.keys, vec!["k", "j"]);
+        assert!(group.first_everywhere);
+        assert_eq!(group.asked.client, 1);
     }
 
     #[test]
@@ -882,8 +743,14 @@ mod tests {
         assert_eq!(w.next_wakeup(), Some(T0 + 100));
         w.schedule(&"k", T0 + 50);
         assert_eq!(w.next_wakeup(), Some(T0 + 50));
-        assert_eq!(w.due_keys(T0 + 60), vec!["k"]);
-        assert_eq!(w.next_wakeup(), None, "the settle schedules the next");
+        w.reschedule(&"k", T0 + 70);
+        assert_eq!(
+            w.next_wakeup(),
+            Some(T0 + 70),
+            "exactly, the earlier one dropped"
+        );
+        assert_eq!(w.due_keys(T0 + 70), vec!["k"]);
+        assert_eq!(w.next_wakeup(), None, "the hand-off schedules the next");
     }
 
     #[test]
@@ -894,87 +761,14 @@ mod tests {
         w.enqueue((1, "k"), 2, req(b"b", 0), us(T0), T0 + 9, 10)
             .unwrap();
         w.rename_keys(|(db, k)| (1 - db, k));
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let wakes = w.settle(&(1, "k"), &mut store, &mut fences, Now::same(us(T0)), 0);
-        assert_eq!(wakes[0].client, 1);
-        assert_eq!(wakes[0].key, (1, "k"));
-        assert_eq!(w.due_keys(T0 + 9), vec![(0, "k")]);
-    }
-
-    fn moded(token: &[u8], mode: Mode) -> Request<'_> {
-        Request {
-            mode,
-            ..req(token, 0)
-        }
-    }
-
-    /// One line for every mode: readers at the head go together up to the
-    /// limit; a writer waits for every holder, and readers behind it wait
-    /// behind it (writers are not starved, readers are not either).
-    #[test]
-    fn one_line_serves_readers_together_and_a_writer_alone_in_arrival_order() {
-        let shared = Mode::Shared { limit: Some(2) };
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        held_by(&mut store, &mut fences, b"h", T0 + 100);
-        let mut w = W::default();
-        for (client, token, mode) in [
-            (1, &b"r1"[..], shared),
-            (2, b"r2", shared),
-            (3, b"r3", shared),
-            (4, b"w", Mode::Exclusive),
-            (5, b"r5", shared),
-        ] {
-            w.enqueue("k", client, moded(token, mode), us(T0), T0 + 100, 10)
-                .unwrap();
-        }
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 100)), 0);
-        assert_eq!(
-            outcomes(&wakes),
-            vec![(1, "k", true), (2, "k", true)],
-            "two readers at once: the limit"
-        );
-        assert_eq!(w.next_wakeup(), Some(T0 + 1100), "the first reader's end");
-        lock::release(&mut store, b"r1", T0 + 200);
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 200)), 0);
-        assert_eq!(outcomes(&wakes), vec![(3, "k", true)]);
-        // r2 and r3 hold it; the writer is first, r5 waits behind it.
-        lock::release(&mut store, b"r2", T0 + 300);
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 300)), 0);
-        assert!(wakes.is_empty(), "r5 does not pass the writer");
-        assert_eq!(w.next_wakeup(), Some(T0 + 1200), "r3's end");
-        lock::release(&mut store, b"r3", T0 + 400);
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 400)), 0);
-        assert_eq!(outcomes(&wakes), vec![(4, "k", true)]);
-        assert_eq!(lock::LockRead::mode(&store), Some(Mode::Exclusive));
-        lock::release(&mut store, b"w", T0 + 500);
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 500)), 0);
-        assert_eq!(outcomes(&wakes), vec![(5, "k", true)]);
-        assert_eq!(w.total(), 0);
-    }
-
-    /// A waiter that can never be served as it asked (another limit than
-    /// the key's, or an upgrade) is answered with why when its turn comes,
-    /// and the line goes on.
-    #[test]
-    fn a_waiter_asking_another_limit_is_refused_at_its_turn_and_the_line_goes_on() {
-        let (mut store, mut fences) = (MemStore::default(), FenceCounter::default());
-        let three = Mode::Shared { limit: Some(3) };
-        let rules = Rules::default();
-        let at = Now::same(us(T0));
-        lock::acquire(&mut store, &mut fences, b"h", three, 100, 0, rules, at).unwrap();
-        let mut w = W::default();
-        let two = Mode::Shared { limit: Some(2) };
-        w.enqueue("k", 1, moded(b"x", two), us(T0), T0, 10).unwrap();
-        w.enqueue("k", 2, moded(b"y", three), us(T0), T0, 10)
-            .unwrap();
-        let wakes = w.settle(&"k", &mut store, &mut fences, Now::same(us(T0 + 1)), 0);
-        assert_eq!(outcomes(&wakes), vec![(1, "k", false), (2, "k", true)]);
-        assert_eq!(
-            wakes[0].outcome,
-            Outcome::Failed(LockError::LimitMismatch {
-                held: Some(3),
-                asked: Some(2)
-            })
-        );
+        let client = |w: &mut Waiters<(i32, &str), u32>, key| match w.head(&key, T0, us(T0)) {
+            Head::One(_, asked) => asked.client,
+            _ => panic!("a waiter first"),
+        };
+        assert_eq!(client(&mut w, (1, "k")), 1);
+        assert_eq!(client(&mut w, (0, "k")), 2);
+        let mut due = w.due_keys(T0 + 9);
+        due.sort();
+        assert_eq!(due, vec![(0, "k"), (1, "k")], "checks moved too");
     }
 }

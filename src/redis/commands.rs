@@ -499,19 +499,24 @@ fn release_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         .iter()
         .map(|n| LockKey::open(ctx, *n))
         .collect::<Result<_, _>>()?;
+    let keys: Vec<_> = bytes[range]
+        .iter()
+        .map(|k| engine::key_of(ctx, k))
+        .collect();
     let now = node::now();
-    let mut released = 0;
-    for ((store, &name), key_bytes) in stores.iter_mut().zip(names).zip(&bytes[range]) {
-        let key = engine::key_of(ctx, key_bytes);
-        let (done, out) = outputs::decide(|n| {
-            let cond = engine::conditions(ctx, false);
-            let mut acl = WaiterAcl { ctx, name };
-            n.release(&key, Ok(store), token, cond, &mut acl, now)
-        });
-        outputs::carry_out(ctx, out, Site::Command { name, store, now });
-        released += i64::from(done?);
-    }
-    Ok(Reply::Integer(released))
+    let (released, out) = outputs::decide(|n| {
+        let cond = engine::conditions(ctx, false);
+        let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
+        n.release_all(&keys, &mut stores, token, cond, &mut acls, now)
+    });
+    let site = Site::Keys {
+        keys: &keys,
+        names,
+        stores: &stores,
+        now,
+    };
+    outputs::carry_out(ctx, out, site);
+    Ok(Reply::Integer(released?))
 }
 
 /// Inside MULTI/EXEC and Lua, BLOCK answers at once, as BLPOP does there.
