@@ -84,6 +84,7 @@ impl Default for Limits {
 
 impl Limits {
     /// What the state machine applies to a grant.
+    #[inline]
     pub fn rules(&self) -> Rules {
         Rules {
             lock_delay_ms: self.lock_delay_ms,
@@ -93,6 +94,7 @@ impl Limits {
 
     /// The longest lease a grant, renewal or extension may carry now: one
     /// rule for ACQUIRE, EXTEND and every hand-off.
+    #[inline]
     pub fn check_ttl(&self, ttl_ms: i64) -> Result<(), LockError> {
         if ttl_ms > self.max_ttl_ms {
             return Err(LockError::TtlTooLarge(
@@ -109,6 +111,7 @@ impl Limits {
     /// renewing its own lock is never refused for these: its same-token
     /// ACQUIRE is the safe retry after a lost reply, whatever the options
     /// became since it was granted. One rule for ACQUIRE and every hand-off.
+    #[inline]
     pub fn check_new_holder(&self, token: &[u8], cond: Conditions) -> Result<(), LockError> {
         args::check_token_limit(token, self.max_token_len)?;
         self.check_can_keep_new(cond)
@@ -116,6 +119,7 @@ impl Limits {
 
     /// Whether the server can keep a value it is asked to take on now (a
     /// new holder, a new gate): not evictable, and below maxmemory.
+    #[inline]
     pub fn check_can_keep_new(&self, cond: Conditions) -> Result<(), LockError> {
         self.check_not_evictable(cond)?;
         if cond.contains(Conditions::OOM) {
@@ -126,6 +130,7 @@ impl Limits {
 
     /// Whether values the server keeps could be evicted (an `allkeys-*`
     /// policy) without `lock.allow-eviction`.
+    #[inline]
     pub fn check_not_evictable(&self, cond: Conditions) -> Result<(), LockError> {
         if cond.contains(Conditions::EVICTABLE) && !self.allow_eviction {
             return Err(LockError::EvictionUnsafe);
@@ -414,6 +419,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     /// When [`run_timer`](Self::run_timer) must run next (monotonic ms, as every
     /// time the node schedules).
+    #[inline]
     pub fn next_wakeup(&self) -> Option<i64> {
         match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -1092,6 +1098,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// marked for the timer, and the line waits behind it. Run before any
     /// command touches a key with waiters (the command's own key is served
     /// here, or Redis would have redirected it), and by the timer.
+    #[inline] // nobody waiting: the common case, a look
     fn hand_on_in_command<S: LockStore, A: Admission<C>>(
         &mut self,
         key: &K,
@@ -1100,9 +1107,21 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         admission: &mut A,
         now: Now,
     ) {
-        if self.waiters.waiting_on(key) == 0 {
-            return;
+        if self.waiters.waiting_on(key) > 0 {
+            self.hand_on_line(key, store, cond, admission, now);
         }
+    }
+
+    /// [`hand_on_in_command`](Self::hand_on_in_command) of a key with a line.
+    #[inline(never)]
+    fn hand_on_line<S: LockStore, A: Admission<C>>(
+        &mut self,
+        key: &K,
+        store: &mut S,
+        cond: Conditions,
+        admission: &mut A,
+        now: Now,
+    ) {
         let (now_ms, now_us) = (now.mono_ms(), now.mono_us);
         loop {
             match self.waiters.head(key, now_ms, now_us) {
@@ -1516,9 +1535,8 @@ fn acts_alone(cond: Conditions) -> bool {
     !cond.intersects(Conditions::REPLICA | Conditions::WRITES_PAUSED)
 }
 
-/// A replica never changes a lock on its own (also with `replica-read-only
-/// no`): its master's effects are its only writes.
 /// An ACQUIRE's (or ACQUIREALL's) MINFENCE n (0: none) within its bound.
+#[inline]
 fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> {
     if min_fence > 0 && fence::check_min_fence(min_fence, now.wall_us).is_err() {
         return Err(LockError::MinFenceTooLarge(format!("'{min_fence}'")));
@@ -1526,8 +1544,6 @@ fn check_requested_min_fence(min_fence: i64, now: Now) -> Result<(), LockError> 
     Ok(())
 }
 
-/// The fence of the one grant by which `token` holds every key live now,
-/// if it does.
 /// Whether a request fits every one of its keys (see [`fit_all`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum AllFit {
@@ -1598,6 +1614,8 @@ fn fit_all<S: LockRead>(
     })
 }
 
+/// A replica never changes a lock on its own (also with `replica-read-only
+/// no`): its master's effects are its only writes.
 fn refuse_on_replica(cond: Conditions) -> Result<(), LockError> {
     if cond.contains(Conditions::REPLICA) {
         return Err(LockError::ReadOnlyReplica);

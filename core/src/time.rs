@@ -34,10 +34,12 @@ impl Now {
         }
     }
 
+    #[inline]
     pub fn mono_ms(self) -> i64 {
         self.mono_us.div_euclid(1000)
     }
 
+    #[inline]
     pub fn wall_ms(self) -> i64 {
         self.wall_us.div_euclid(1000)
     }

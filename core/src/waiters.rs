@@ -368,6 +368,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         Some(wake)
     }
 
+    #[inline]
     pub fn waiting_on(&self, key: &K) -> usize {
         self.queues.get(key).map_or(0, |q| q.live)
     }
@@ -382,6 +383,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     }
 
     /// When the glue must next call `poll_timeouts` / `due_keys`.
+    #[inline]
     pub fn next_wakeup(&self) -> Option<i64> {
         let timeout = self.timeouts.first().map(|(at, _)| *at);
         let check = self.checks.first().map(|(at, _)| *at);

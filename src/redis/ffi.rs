@@ -187,6 +187,7 @@ pub struct Argv<'a> {
 impl<'a> Argv<'a> {
     /// # Safety
     /// `argv` must point at `argc` valid strings that outlive `'a`.
+    #[inline(always)] // built in the caller's frame: its array is not copied
     unsafe fn new(argv: *mut RString, argc: c_int) -> Self {
         let raw: &[RString] = if argv.is_null() || argc <= 0 {
             &[]
