@@ -3,7 +3,7 @@
 //! Where things are:
 //! * the command table ............ `redis::commands::COMMANDS`
 //! * the lock state machine ....... behind `core::node::Node`
-//!   (`core/src/node.rs`), which makes every lock decision; the state
+//!   (`core/src/node/`), which makes every lock decision; the state
 //!   machine itself (`core/src/lock.rs`) is private to the core crate
 //! * fencing rules ................ `core::node::Node` too (the mark, in the
 //!   private `core/src/fence.rs`); the gate's rule in `core::guarded`

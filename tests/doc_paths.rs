@@ -53,6 +53,17 @@ fn classify(word: &str) -> Word<'_> {
     }
 }
 
+/// A subdirectory's name in a tree (`node/`).
+fn is_subdir(word: &str) -> bool {
+    word.strip_suffix('/').is_some_and(|name| {
+        !name.is_empty()
+            && !name.contains('/')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
 /// The words of `text` made of path characters, a sentence's full stop cut.
 fn words(text: &str) -> impl Iterator<Item = &str> {
     text.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
@@ -65,24 +76,51 @@ fn references(doc: &str) -> Vec<(usize, String, bool)> {
     let mut found = Vec::new();
     let mut push = |line, path: String, inferred| found.push((line, path, inferred));
     let mut in_code = false;
-    // In a code block: the directory that starts the latest line starting with a path.
-    let mut code_dir: Option<String> = None;
+    // In a code block (a tree): the directories of the lines above, by
+    // indentation: a line starting with a path opens a tree at that path,
+    // one starting with a bare `name/` a subdirectory of the line above it
+    // that is less indented.
+    let mut tree: Vec<(usize, String)> = Vec::new();
     for (index, text) in doc.lines().enumerate() {
         let line = index + 1;
         if text.trim_start().starts_with("```") {
             in_code = !in_code;
-            code_dir = None;
+            tree.clear();
             continue;
         }
         if in_code {
+            let indent = text.len() - text.trim_start().len();
             let first = words(text)
                 .next()
                 .filter(|w| text.trim_start().starts_with(w));
-            if let Some(Word::Path(path)) = first.map(classify) {
-                code_dir = path.ends_with('/').then(|| path.to_string());
+            match first {
+                Some(word) if matches!(classify(word), Word::Path(_)) => {
+                    tree.clear();
+                    if word.ends_with('/') {
+                        tree.push((indent, word.to_string()));
+                    }
+                }
+                Some(word) if is_subdir(word) => {
+                    while tree.last().is_some_and(|(at, _)| *at >= indent) {
+                        tree.pop();
+                    }
+                    if let Some((_, dir)) = tree.last() {
+                        let sub = format!("{dir}{word}");
+                        push(line, sub.clone(), true);
+                        tree.push((indent, sub));
+                    }
+                }
+                Some(_) => {
+                    // A file line closes the subdirectories it is not in.
+                    while tree.len() > 1 && tree.last().is_some_and(|(at, _)| *at >= indent) {
+                        tree.pop();
+                    }
+                }
+                None => {}
             }
+            let code_dir = tree.last().map(|(_, dir)| dir);
             for word in words(text) {
-                match (classify(word), &code_dir) {
+                match (classify(word), code_dir) {
                     (Word::Path(path), _) => push(line, path.to_string(), false),
                     (Word::Bare(name), Some(dir)) => push(line, format!("{dir}{name}"), true),
                     _ => {}
@@ -226,4 +264,21 @@ fn no_page_names_a_machine_path_and_every_relative_link_resolves() {
         }
     }
     assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn a_tree_resolves_files_in_its_subdirectories() {
+    let tree = "```\n core/src/   the core\n   node/      the node\n     mod.rs   its state\n     handoff.rs, timer.rs\n   lock.rs    a lock\n```\n";
+    let paths: Vec<String> = references(tree).into_iter().map(|(_, p, _)| p).collect();
+    assert_eq!(
+        paths,
+        [
+            "core/src/",
+            "core/src/node/",
+            "core/src/node/mod.rs",
+            "core/src/node/handoff.rs",
+            "core/src/node/timer.rs",
+            "core/src/lock.rs"
+        ]
+    );
 }

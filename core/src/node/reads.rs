@@ -1,0 +1,105 @@
+//! What commands read without changing a lock: `LOCK.FENCE`, `LOCK.EXEC`'s
+//! check, `LOCK.INFO`; and a gate's rule for `LOCK.FENCED`.
+
+use std::hash::Hash;
+
+use super::{refuse_on_replica, Conditions, Node};
+use crate::error::{LockError, NotHeld};
+use crate::guarded;
+use crate::lock::{self, Lock, LockRead, Mode};
+
+/// A key's lock as `LOCK.INFO` shows it ([`Node::info`]).
+#[derive(Debug)]
+pub struct Held<'s> {
+    /// Exclusive, or shared (with its limit).
+    pub mode: Mode,
+    /// Its holders whose lease has not ended, in the order the key keeps.
+    pub live: Vec<Lock<'s>>,
+    /// Which of `live` was granted last (the highest fence).
+    pub newest: usize,
+    /// How many wait in its line.
+    pub waiters: usize,
+}
+
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+    // ---- reads ----
+
+    /// `LOCK.FENCE key [token]`: the holder's fencing token (only if it is
+    /// `token`, when given), or None when the lock is free or ended.
+    pub fn fence_of(
+        &self,
+        store: &impl LockRead,
+        token: Option<&[u8]>,
+        now_ms: i64,
+    ) -> Option<i64> {
+        lock::fence(store, token, now_ms)
+    }
+
+    /// `LOCK.EXEC key token [FENCE fence]`: the grant's fence if `token`
+    /// holds the key's lock now (with exactly `fence`, when given), or why
+    /// not. Reads only: an ended lease is the sweep's and the timer's to
+    /// reclaim, so the guarded command changes nothing but its own effect.
+    /// A replica refuses (also with `replica-read-only no`): its copy of
+    /// the lease is its master's as last replicated, and a write there
+    /// would be the replica's alone.
+    pub fn check_holder(
+        &self,
+        store: &impl LockRead,
+        token: &[u8],
+        fence: Option<i64>,
+        cond: Conditions,
+        now_ms: i64,
+    ) -> Result<i64, LockError> {
+        refuse_on_replica(cond)?;
+        let why = match lock::holders(store).find(|l| l.token == token) {
+            None if lock::is_held(store, now_ms) => NotHeld::OtherToken,
+            None => NotHeld::Free,
+            Some(l) if !l.is_live(now_ms) => NotHeld::Ended,
+            Some(l) => match fence {
+                Some(given) if given != l.fence => NotHeld::OtherGrant {
+                    held: l.fence,
+                    given,
+                },
+                _ => return Ok(l.fence),
+            },
+        };
+        Err(LockError::NotHeld(why))
+    }
+
+    /// `LOCK.FENCED gate fence`: the gate's new mark if `fence` passes its
+    /// current `mark` (None: no gate yet), or why not. A gate's marks are
+    /// not the node's: they come from whatever issued the fence (a Redlock
+    /// group, another node), so they do not raise the node's mark.
+    /// Gates are kept like locks: not on a replica, not where
+    /// maxmemory-policy may evict them, and no new one above maxmemory.
+    /// A clock fence issued before the node last loaded its data or was
+    /// promoted is refused by every gate ([`guarded::pass`]).
+    pub fn pass_gate(
+        &self,
+        mark: Option<i64>,
+        fence: i64,
+        cond: Conditions,
+        now_us: i64,
+    ) -> Result<i64, LockError> {
+        guarded::check_gate_fence(fence, now_us)?;
+        refuse_on_replica(cond)?;
+        // Raising a gate's mark takes no memory; a new gate does.
+        match mark {
+            None => self.limits.check_can_keep_new(cond)?,
+            Some(_) => self.limits.check_not_evictable(cond)?,
+        }
+        guarded::pass(mark, fence, self.gate_floor)
+    }
+
+    /// `LOCK.INFO key`: what is held now, or None when nobody holds it.
+    pub fn info<'s>(&self, key: &K, store: &'s impl LockRead, now_ms: i64) -> Option<Held<'s>> {
+        let live: Vec<Lock<'s>> = lock::holders(store).filter(|l| l.is_live(now_ms)).collect();
+        let newest = (0..live.len()).max_by_key(|&i| live[i].fence)?;
+        Some(Held {
+            mode: store.mode().unwrap_or(Mode::Exclusive),
+            live,
+            newest,
+            waiters: self.waiters.waiting_on(key),
+        })
+    }
+}
