@@ -40,9 +40,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use proptest::prelude::*;
 
-use super::error::LockError;
+use super::error::{LockError, NotHeld};
+use super::limits::CLOCK_FENCES_FROM;
 use super::lock::tests::{MemStore, Stored};
 use super::lock::{self, Mode};
+use super::node::gate::tests::MemGate;
 use super::node::{
     Acquire, AcquireRequest, Admission, Conditions, Keyspace, Limits, Node, Served, RETRY_MS,
 };
@@ -52,6 +54,9 @@ use super::waiters::{Outcome, Wake};
 
 const KEYS: u8 = 3;
 const CLIENTS: u8 = 6;
+/// Fence gates, the node's keys from `GATE0` on (apart from the locks').
+const GATES: u8 = 2;
+const GATE0: u8 = 100;
 const T0_MS: i64 = 1_700_000_000_000;
 /// The two values `lock.max-ttl-ms` takes in a history.
 const MAX_TTL: [i64; 2] = [1000, 15];
@@ -188,6 +193,26 @@ enum Op {
         keys: u8,
         token: u8,
     },
+    /// `LOCK.EXEC key token [FENCE fence] ...`: the holder check alone (the
+    /// inner command is the server's). `fence`: None without FENCE; the
+    /// token's own fence (`true`) or one below it (`false`).
+    Exec {
+        key: u8,
+        token: u8,
+        fence: Option<bool>,
+    },
+    /// `LOCK.FENCED gate fence` (its command the server's): a fence chosen
+    /// by `pick` among small ones, the mark and around it, and one issued
+    /// before the node last started serving.
+    Fenced {
+        gate: u8,
+        pick: u8,
+    },
+    /// DEL of a gate: its mark is gone (the floor still holds old fences
+    /// back only from before the node last started serving).
+    DeleteGate {
+        gate: u8,
+    },
 }
 
 /// The keys of a bit set, ascending (or reversed).
@@ -234,6 +259,10 @@ fn op() -> impl Strategy<Value = Op> {
                 Op::AcquireAll { client, keys, reversed, token, mode, ttl, block, min_fence }),
         1 => (0..CLIENTS, prop_oneof![Just(3u8), Just(5u8), Just(6u8), Just(7u8)], 0..4u8)
             .prop_map(|(client, keys, token)| Op::ReleaseAll { client, keys, token }),
+        2 => (0..KEYS, 0..4u8, prop::option::of(any::<bool>()))
+            .prop_map(|(key, token, fence)| Op::Exec { key, token, fence }),
+        3 => (0..GATES, 0..6u8).prop_map(|(gate, pick)| Op::Fenced { gate, pick }),
+        1 => (0..GATES).prop_map(|gate| Op::DeleteGate { gate }),
     ]
 }
 
@@ -246,6 +275,12 @@ fn token(t: u8) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Told {
     Fence(i64),
+    /// `LOCK.FENCED` let its command run.
+    Passed,
+    /// `LOCK.EXEC` refused: the lock is free, or the token's lease ended
+    /// (which of the two depends on whether the ended lease is still
+    /// stored, the sweep's timing: not compared).
+    FreeOrEnded,
     Nil,
     Blocked,
     Released(bool),
@@ -310,6 +345,11 @@ struct RefWaiter {
 #[derive(Default)]
 struct Reference {
     hwm: i64,
+    /// Each gate's mark (by gate number).
+    gates: BTreeMap<u8, i64>,
+    /// The node's first fence since it last started serving: clock fences
+    /// below it pass no gate.
+    gate_floor: i64,
     leases: u64,
     locks: BTreeMap<u8, RefLock>,
     lines: BTreeMap<u8, Vec<RefWaiter>>,
@@ -372,6 +412,52 @@ impl Reference {
     /// Someone holds `key` now.
     fn held(&self, key: u8, now: i64) -> bool {
         self.holders(key).iter().any(|h| now < h.deadline_ms)
+    }
+
+    /// `LOCK.EXEC key token [FENCE fence]`'s check: the token's live
+    /// holder, with exactly that fence when given.
+    fn exec(&self, key: u8, token: &[u8], fence: Option<i64>, now: i64) -> Told {
+        if self.wrongtype.contains(&key) {
+            return error(LockError::WrongType);
+        }
+        if self.replica {
+            return error(LockError::ReadOnlyReplica);
+        }
+        match self.holder(key, token, now) {
+            Some(h) => match fence {
+                Some(given) if given != h.fence => error(LockError::NotHeld(NotHeld::OtherGrant {
+                    held: h.fence,
+                    given,
+                })),
+                _ => Told::Fence(h.fence),
+            },
+            None if self.held(key, now) => error(LockError::NotHeld(NotHeld::OtherToken)),
+            None => Told::FreeOrEnded,
+        }
+    }
+
+    /// `LOCK.FENCED gate fence`: the gate's rule, longhand.
+    fn fenced(&mut self, gate: u8, fence: i64) -> Told {
+        if self.replica {
+            return error(LockError::ReadOnlyReplica);
+        }
+        let mark = self.gates.get(&gate).copied();
+        if self.evictable {
+            return error(LockError::EvictionUnsafe);
+        }
+        if mark.is_none() && self.oom {
+            return error(LockError::OutOfMemory);
+        }
+        if fence >= CLOCK_FENCES_FROM && fence < self.gate_floor {
+            let mark = mark.unwrap_or(0).max(self.gate_floor);
+            return error(LockError::StaleFence { fence, mark });
+        }
+        if let Some(mark) = mark.filter(|&m| fence < m) {
+            return error(LockError::StaleFence { fence, mark });
+        }
+        self.gates
+            .insert(gate, mark.map_or(fence, |m| m.max(fence)));
+        Told::Passed
     }
 
     /// Holders that keep `key`: live, or ended unreleased within the
@@ -945,6 +1031,11 @@ struct Request {
 struct Harness {
     node: Node<u8, u8>,
     stores: HashMap<u8, MemStore>,
+    /// The gates, by the node's key (`GATE0 + gate`).
+    gates: HashMap<u8, MemGate>,
+    /// Each gate's mark as a replica has it (`Output::GateRaised`, or the
+    /// DEL Redis replicates).
+    replicated_gates: HashMap<u8, i64>,
     /// Each key as a replica has it: the lock the key held when the node
     /// last reported it changed (`Output::Changed`), or as Redis itself
     /// replicated a client's write (DEL, SET, SWAPDB, MIGRATE).
@@ -991,6 +1082,7 @@ impl Harness {
         let denied = &self.denied;
         let mut keys = ModelKeys {
             stores: &mut self.stores,
+            gates: &mut self.gates,
             wrongtype: &self.wrongtype,
             gone: &self.gone,
             denied,
@@ -1059,6 +1151,7 @@ impl Harness {
         let at = self.at(now);
         let mut keys = ModelKeys {
             stores: &mut self.stores,
+            gates: &mut self.gates,
             wrongtype: &self.wrongtype,
             gone: &self.gone,
             denied: &self.denied,
@@ -1110,6 +1203,9 @@ impl Harness {
                         }
                     }
                 }
+                Output::GateRaised(key, mark) => {
+                    self.replicated_gates.insert(key, mark);
+                }
                 Output::Event(key, event) => match event {
                     Event::Release => d.released.push(key),
                     Event::Expire => d.expired.push(key),
@@ -1130,6 +1226,7 @@ impl Harness {
                     Stat::Handoff { .. } => t.handoffs += 1,
                     Stat::BlockTimeout => t.block_timeouts += 1,
                     Stat::LetGo { .. } | Stat::RefusedEvictable | Stat::Redirect => {}
+                    Stat::FencedRan | Stat::FencedStale | Stat::GatePutBack => {}
                 },
             }
         }
@@ -1228,6 +1325,7 @@ struct Drained {
 /// The harness's keys as a timer run opens them (as `Harness::with_store`).
 struct ModelKeys<'a> {
     stores: &'a mut HashMap<u8, MemStore>,
+    gates: &'a mut HashMap<u8, MemGate>,
     wrongtype: &'a BTreeSet<u8>,
     gone: &'a BTreeSet<u8>,
     denied: &'a BTreeSet<u8>,
@@ -1245,6 +1343,16 @@ impl Admission<u8> for NotDenied<'_> {
 impl<'a> Keyspace<u8, u8> for ModelKeys<'a> {
     type Store = MemStore;
     type Admit = NotDenied<'a>;
+    type Gate = MemGate;
+
+    fn with_gate<R>(
+        &mut self,
+        key: &u8,
+        f: impl FnOnce(Result<&mut MemGate, LockError>) -> R,
+    ) -> R {
+        f(Ok(self.gates.entry(*key).or_default()))
+    }
+
     fn with_key<R>(
         &mut self,
         key: &u8,
@@ -1364,6 +1472,8 @@ fn run(ops: &[Op]) {
     let mut h = Harness {
         node: Node::default(),
         stores: HashMap::new(),
+        gates: HashMap::new(),
+        replicated_gates: HashMap::new(),
         replicated: HashMap::new(),
         grants: 0,
         wrongtype: BTreeSet::new(),
@@ -1408,6 +1518,9 @@ fn run(ops: &[Op]) {
                 | Op::WrongType { .. }
                 | Op::Swap
                 | Op::Migrate { .. }
+                | Op::Exec { .. }
+                | Op::Fenced { .. }
+                | Op::DeleteGate { .. }
         );
         if client_write && model.writes_paused {
             continue;
@@ -1554,6 +1667,70 @@ fn run(ops: &[Op]) {
                     node.release_all(&keys, stores, &token, cond, &mut admits, at)
                 });
                 replies.1 = Some(out.map_or_else(error, Told::ReleasedAll));
+            }
+            Op::Exec {
+                key,
+                token: t,
+                fence,
+            } => {
+                if model.gone.contains(&key) {
+                    continue; // Redis redirects the command itself
+                }
+                let token = token(t);
+                let own = model
+                    .holder(key, &token, now)
+                    .map_or(model.hwm, |h| h.fence);
+                let fence = fence.map(|right| if right { own } else { own - 1 });
+                replies.0 = Some(model.exec(key, &token, fence, now));
+                let cond = h.cond(false);
+                let out = h.with_store(key, |node, store, _| {
+                    store.and_then(|s| node.check_holder(&*s, &token, fence, cond, now))
+                });
+                // Free or ended: which of the two depends on whether the
+                // ended lease is still stored (the sweep's timing); each
+                // must agree with who holds the key now.
+                let held = model.held(key, now);
+                replies.1 = Some(match out {
+                    Ok(f) => Told::Fence(f),
+                    Err(LockError::NotHeld(NotHeld::Free)) => {
+                        assert!(!held, "step {step}: EXEC says free, the key is held");
+                        Told::FreeOrEnded
+                    }
+                    Err(LockError::NotHeld(NotHeld::Ended)) => match held {
+                        true => error(LockError::NotHeld(NotHeld::OtherToken)),
+                        false => Told::FreeOrEnded,
+                    },
+                    Err(e) => error(e),
+                });
+            }
+            Op::Fenced { gate, pick } => {
+                let fence = match pick {
+                    0 => 1,
+                    1 => 2,
+                    2 => model.hwm,
+                    3 => model.hwm - 1,
+                    4 => model.hwm + 1,
+                    _ => model.gate_floor - 1,
+                }
+                .max(1);
+                replies.0 = Some(model.fenced(gate, fence));
+                let key = GATE0 + gate;
+                let cond = h.cond(false);
+                let at = h.at(now);
+                let store = h.gates.entry(key).or_default();
+                let passed = h.node.pass_gate(&key, &*store, fence, cond, at.wall_us);
+                replies.1 = Some(match passed {
+                    Ok(()) => {
+                        h.node.record_fence(&key, store, fence);
+                        Told::Passed
+                    }
+                    Err(e) => error(e),
+                });
+            }
+            Op::DeleteGate { gate } => {
+                model.gates.remove(&gate);
+                h.gates.remove(&(GATE0 + gate));
+                h.replicated_gates.remove(&(GATE0 + gate));
             }
             Op::Release { key, token: t, .. } => {
                 if model.gone.contains(&key) {
@@ -1793,6 +1970,7 @@ fn run(ops: &[Op]) {
                 model.replica = false;
                 model.serving_since = now;
                 model.hwm = model.hwm.max((now + model.wall_offset) * 1000);
+                model.gate_floor = model.hwm + 1;
                 h.replica = false;
                 let at = h.at(now);
                 h.node.start_serving(at);
@@ -1973,6 +2151,18 @@ fn run(ops: &[Op]) {
             }
         }
         assert_eq!(h.node.fence_hwm(), model.hwm, "step {step}: fence mark");
+        // Every gate as the reference has it, and as the replica does.
+        for gate in 0..GATES {
+            let key = GATE0 + gate;
+            let here = h.gates.get(&key).and_then(|g| g.mark);
+            assert_eq!(
+                here,
+                model.gates.get(&gate).copied(),
+                "step {step} {op:?}: gate {gate}"
+            );
+            let there = h.replicated_gates.get(&key).copied();
+            assert_eq!(here, there, "step {step} {op:?}: replica of gate {gate}");
+        }
         assert_eq!(h.grants, model.grants, "step {step}: grants counted");
         // Every change the node made reached the replica: its keys are
         // this node's, ended locks included.

@@ -36,6 +36,11 @@ pub enum Output<K, C> {
     /// The holder of `token` left `key`, a shared key that keeps others:
     /// replicate its removal alone (`LOCK._DROP`).
     HolderLeft(K, Box<[u8]>),
+    /// The gate at `key` was raised to this mark by a decision here (a
+    /// fence that passed, an evicted gate put back): replicate it
+    /// (`LOCK._GATE`) and signal the key modified. Never for a mark
+    /// applied from outside.
+    GateRaised(K, i64),
     /// A keyspace event (`notify-keyspace-events` with `d`) on `key`.
     Event(K, Event),
     /// A statistic of `INFO lock`.
@@ -97,6 +102,12 @@ pub enum Stat {
     RefusedEvictable,
     /// A waiter sent where its key went (ASK/MOVED).
     Redirect,
+    /// A fence passed its gate (`LOCK.FENCED`, its command run).
+    FencedRan,
+    /// A fence was refused by its gate as stale.
+    FencedStale,
+    /// An evicted gate was put back with its kept mark.
+    GatePutBack,
 }
 
 /// The counters and event of one waiter's outcome, then the wake itself.

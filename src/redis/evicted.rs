@@ -7,29 +7,27 @@
 //! server evicts it, and the timer puts the gate back at once (written and
 //! replicated as `LOCK._GATE`); until then `LOCK.FENCED` reads the kept
 //! mark. Only eviction: `DEL`, `UNLINK`, `FLUSHALL` and a user's expiry
-//! coming due remove a gate as the user asked.
+//! coming due remove a gate as the user asked. The node keeps the marks
+//! and puts the gates back (`Node::gate_evicted`); here the eviction is
+//! recognised and its mark found.
 //!
 //! The gate's value is gone by the time the server announces the eviction
 //! (7.0 announces after deleting), so the gate type's unlink2 callback
 //! keeps the last gate unlinked, and the eviction event takes that mark;
 //! a server that announces first leaves the gate in place to be read.
 
-use std::collections::HashMap;
 use std::os::raw::{c_char, c_int};
 use std::sync::Mutex;
 
 use redis_module::raw;
 
-use super::ffi::{self, guard, Ctx, OpenKey, RString, Read, Write};
+use super::ffi::{self, guard, Ctx, OpenKey, RString, Read};
 use super::gate;
-use super::node::{self, count, Key, STATS};
-use super::timer;
+use super::node::{self, Key};
+use super::outputs::{self, Site};
 
 /// The last gate unlinked (DEL, eviction, ...): its key and mark.
 static LAST_UNLINKED: Mutex<Option<(Key, i64)>> = Mutex::new(None);
-
-/// Evicted gates not yet put back: key -> mark.
-static PENDING: Mutex<Option<HashMap<Key, i64>>> = Mutex::new(None);
 
 fn locked<T>(m: &'static Mutex<T>) -> std::sync::MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -60,76 +58,13 @@ pub extern "C" fn on_evicted(
             gate::mark_of(open.key()).ok().flatten()
         });
         if let Some(mark) = mark {
-            let mut pending = locked(&PENDING);
-            let marks = pending.get_or_insert_with(HashMap::new);
-            let kept = marks.entry(key).or_insert(mark);
-            *kept = (*kept).max(mark);
-            drop(pending);
-            timer::queue(|_| {});
+            let now_ms = node::mono_ms();
+            let ((), decided) = outputs::decide(|n| n.gate_evicted(key, mark, now_ms));
+            // Arms the timer, which puts the gate back.
+            outputs::carry_out(ctx, decided, Site::Background);
         }
         0
     })
-}
-
-/// The mark kept for the evicted gate at `key`, if it is waiting to be put
-/// back.
-pub fn pending_mark(key: &Key) -> Option<i64> {
-    locked(&PENDING).as_ref()?.get(key).copied()
-}
-
-/// The gate at `key` was written with a mark at least the kept one: there
-/// is nothing left to put back.
-pub fn settled(key: &Key) {
-    if let Some(marks) = locked(&PENDING).as_mut() {
-        marks.remove(key);
-    }
-}
-
-/// From the timer: puts every evicted gate back with its mark (raised if
-/// it came back lower; left alone if the key now holds something else),
-/// replicated as `LOCK._GATE`. On a replica (its master's data wins) the
-/// kept marks are dropped; while writes are paused they wait.
-pub fn put_back(ctx: Ctx, replica: bool, writes_paused: bool) {
-    let marks = {
-        let mut pending = locked(&PENDING);
-        match pending.as_mut() {
-            Some(marks) if !marks.is_empty() => {
-                if replica {
-                    marks.clear();
-                    return;
-                }
-                if writes_paused {
-                    drop(pending);
-                    timer::arm_at(node::mono_ms() + RETRY_MS);
-                    return;
-                }
-                std::mem::take(marks)
-            }
-            _ => return,
-        }
-    };
-    for (key, mark) in marks {
-        node::in_db(ctx, &key, |name| put_back_one(ctx, name, mark));
-    }
-}
-
-/// How long gates wait to be put back while writes are paused.
-const RETRY_MS: i64 = 10;
-
-fn put_back_one(ctx: Ctx, name: RString, mark: i64) {
-    let Some(key) = OpenKey::<Write>::open(ctx, name) else {
-        return;
-    };
-    match gate::mark_of(key.key()) {
-        Ok(Some(m)) if m >= mark => return,
-        Ok(_) => gate::set_mark(&key, mark),
-        // Something else took the name: left as it is.
-        Err(_) => return,
-    }
-    drop(key);
-    ffi::signal_modified_key(ctx, name);
-    ffi::replicate_gate(ctx, name, mark);
-    count(&STATS.gates_put_back);
 }
 
 /// Subscribes the eviction callback (called once from `module::start`).

@@ -23,13 +23,14 @@ use std::sync::OnceLock;
 
 use redis_module::raw;
 
+use super::engine;
 use super::ffi::{
     self, api, context_flags, guard, log_warning, raw_callback, Ctx, KeyOpt, KeyRef, OpenKey,
-    UnlinkFn, Write,
+    RString, Read, UnlinkFn, Write,
 };
 use super::node::{self, Key};
 use crate::core::error::LockError;
-use crate::core::guarded;
+use crate::core::node::{GateRead, GateStore};
 use crate::core::protocol::command;
 
 /// Native type names are exactly 9 characters.
@@ -111,9 +112,47 @@ pub fn mark_of(key: KeyRef<'_>) -> Result<Option<i64>, LockError> {
     Ok((!value.is_null()).then(|| unsafe { *value }))
 }
 
+/// A gate's key as the node reads and writes it (`core::node::GateStore`):
+/// open for reading (`Read`, None when the key does not exist) or for
+/// writing (`Write`, None when it cannot be opened).
+pub struct GateKey<M: ffi::Mode>(Option<OpenKey<M>>);
+
+impl GateKey<Read> {
+    pub fn open(ctx: Ctx, name: RString) -> Self {
+        GateKey(OpenKey::open(ctx, name))
+    }
+}
+
+impl GateKey<Write> {
+    pub fn open(ctx: Ctx, name: RString) -> Self {
+        GateKey(OpenKey::open(ctx, name))
+    }
+}
+
+impl GateRead for GateKey<Read> {
+    fn mark(&self) -> Result<Option<i64>, LockError> {
+        self.0.as_ref().map_or(Ok(None), |k| mark_of(k.key()))
+    }
+}
+
+impl GateRead for GateKey<Write> {
+    fn mark(&self) -> Result<Option<i64>, LockError> {
+        let key = self.0.as_ref().ok_or(LockError::Internal)?;
+        mark_of(key.key())
+    }
+}
+
+impl GateStore for GateKey<Write> {
+    fn set_mark(&mut self, mark: i64) {
+        if let Some(key) = &self.0 {
+            set_mark(key, mark);
+        }
+    }
+}
+
 /// Sets the gate's mark at an open key: in place when it holds a gate,
-/// as a new gate otherwise (the caller checked the key is empty or a gate).
-pub fn set_mark(key: &OpenKey<Write>, mark: i64) {
+/// as a new gate otherwise (the node checked the key is empty or a gate).
+fn set_mark(key: &OpenKey<Write>, mark: i64) {
     if is_gate(key.key()) {
         let value = key.key().module_value().cast::<i64>();
         if !value.is_null() {
@@ -190,7 +229,8 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         let loaded = raw::load_signed(rdb)
             .map_err(|_| "the data is truncated or damaged".to_string())
             .and_then(|mark| {
-                guarded::check_loaded_mark(mark, trusted, node::conversion_now().wall_us)
+                let now_us = node::conversion_now().wall_us;
+                engine::with_engine(|n| n.check_loaded_gate(mark, trusted, now_us))
                     .map(|()| mark)
                     .map_err(|e| format!("mark {mark}: {e}"))
             });

@@ -24,11 +24,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::raw;
 
 use super::engine;
-use super::evicted;
 use super::ffi::{self, Argv, CallReply, Ctx, OpenKey, RString, Read, Reply, Write};
-use super::gate;
+use super::gate::{self, GateKey};
 use super::keyspace::ReadKey;
 use super::node::{self, STATS};
+use super::outputs::{self, Site};
 use crate::core::error::LockError;
 use crate::core::guarded::{self, CommandFlags};
 use crate::core::protocol::command;
@@ -238,11 +238,12 @@ pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     Ok(Reply::Call(reply))
 }
 
-/// `LOCK.FENCED gate fence [command [arg ...]]`: the mark is recorded
-/// after the command ran (it may have written the gate's key: a gate it
-/// deleted comes back with the mark; a key it turned into another type is
-/// left as it made it), or at once without a command. A command refused
-/// before running records nothing.
+/// `LOCK.FENCED gate fence [command [arg ...]]`: the node decides whether
+/// the fence passes the gate (`Node::pass_gate`), the command runs, then
+/// the node records the mark (`Node::record_fence`: it may have written
+/// the gate's key; a gate it deleted comes back with the mark, a key it
+/// turned into another type is left as it made it); without a command, at
+/// once. A command refused before running records nothing.
 pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     if ffi::is_keys_position_request(ctx) {
         report_keys(ctx, argv, 3, GATE_KEY_FLAGS);
@@ -255,76 +256,47 @@ pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let args = inner[1..].iter().map(ffi::string_bytes_of);
         guarded::check_gate_not_named(argv.key_bytes(), ffi::string_bytes_of(&inner[0]), args)?;
     }
+    let name = argv.key();
+    let key = engine::key_of(ctx, argv.key_bytes());
     let now_us = node::conversion_now().wall_us;
     let cond = engine::conditions(ctx, false);
-    let decide = |mark| engine::with_engine(|n| n.pass_gate(mark, a.fence, cond, now_us));
-    // A gate maxmemory evicted keeps its mark until it is put back.
-    let gate_key = engine::key_of(ctx, argv.key_bytes());
-    let kept = evicted::pending_mark(&gate_key);
-    {
-        let key = OpenKey::<Read>::open(ctx, argv.key());
-        let mark = match &key {
-            Some(k) => gate::mark_of(k.key())?,
-            None => None,
-        };
-        if let Err(e) = decide(mark.max(kept)) {
-            if matches!(e, LockError::StaleFence { .. }) {
-                STATS.fenced_stale.fetch_add(1, Relaxed);
-            }
-            return Err(e);
-        }
-    }
+    let (passed, decided) = {
+        let gate = GateKey::<Read>::open(ctx, name);
+        outputs::decide(|n| n.pass_gate(&key, &gate, a.fence, cond, now_us))
+    };
+    outputs::carry_out(ctx, decided, Site::Gate { name });
+    passed?;
     let reply = match inner {
         Some(inner) => Some(run(ctx, inner)?),
         None => None,
     };
-    record(ctx, argv.key(), a.fence);
-    if kept.is_some() {
-        evicted::settled(&gate_key);
-    }
-    STATS.fenced_ran.fetch_add(1, Relaxed);
+    // The gate is closed before the outputs are carried out: its mark is
+    // replicated after the command's own effect.
+    let ((), decided) = {
+        let mut gate = GateKey::<Write>::open(ctx, name);
+        outputs::decide(|n| n.record_fence(&key, &mut gate, a.fence))
+    };
+    outputs::carry_out(ctx, decided, Site::Gate { name });
     Ok(match reply {
         Some(reply) => Reply::Call(reply),
         None => Reply::Ok,
     })
 }
 
-/// Raises the gate at `name` to `fence` (a gate the command deleted comes
-/// back), replicated as `LOCK._GATE` after the command's own effect.
-fn record(ctx: Ctx, name: RString, fence: i64) {
-    let Some(key) = OpenKey::<Write>::open(ctx, name) else {
-        return;
-    };
-    let mark = match gate::mark_of(key.key()) {
-        Ok(mark) => mark,
-        // The command made the key something else: left as it is.
-        Err(_) => return,
-    };
-    if mark.is_some_and(|m| m >= fence) {
-        return;
-    }
-    gate::set_mark(&key, fence);
-    drop(key);
-    ffi::signal_modified_key(ctx, name);
-    ffi::replicate_gate(ctx, name, fence);
-}
-
-/// `LOCK._GATE gate mark`: a gate's mark from the master or the AOF. Never
-/// lowers a mark; a key of another type is refused.
+/// `LOCK._GATE gate mark`: a gate's mark from the master or the AOF,
+/// applied by the node (never lowered; a key of another type refused) and
+/// replicated as it came.
 pub fn apply_gate(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let trusted = raw::REDISMODULE_CTX_FLAGS_REPLICATED | raw::REDISMODULE_CTX_FLAGS_LOADING;
     if ffi::context_flags(ctx) & trusted == 0 {
         return Err(LockError::InternalCommand(command::GATE));
     }
     let mark = guarded::parse_gate(argv.bytes())?;
-    guarded::check_loaded_mark(mark, true, node::conversion_now().wall_us)?;
-    let key = OpenKey::<Write>::open(ctx, argv.key()).ok_or(LockError::Internal)?;
-    let current = gate::mark_of(key.key())?;
-    let raised = current.is_none_or(|m| m < mark);
-    if raised {
-        gate::set_mark(&key, mark);
-    }
-    drop(key);
+    let now_us = node::conversion_now().wall_us;
+    let raised = {
+        let mut gate = GateKey::<Write>::open(ctx, argv.key());
+        engine::with_engine(|n| n.apply_gate(&mut gate, mark, now_us))?
+    };
     if raised {
         ffi::signal_modified_key(ctx, argv.key());
     }

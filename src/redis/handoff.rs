@@ -5,21 +5,20 @@
 use std::collections::HashSet;
 
 use super::engine;
-use super::evicted;
-use super::ffi::{self, cluster_nodes, in_cluster, key_exists, Ctx, RString};
+use super::ffi::{self, cluster_nodes, in_cluster, key_exists, Ctx, RString, Write};
+use super::gate::GateKey;
 use super::keyspace::LockKey;
 use super::node::{self, Client, Key};
 use super::outputs::{self, Site, WaiterAcl};
 use super::timer::Inbox;
 use crate::core::cluster;
 use crate::core::error::LockError;
-use crate::core::node::{Conditions, Keyspace, Served};
+use crate::core::node::{Keyspace, Served};
 
 /// A run of the hand-off timer (`timer`, which calls it): feeds the inbox
 /// to the node and has it run its timer ([`Node::run_timer`]) over the
 /// keyspace, entering the engine once; then carries out what it decided
-/// (first what a decision cut short by a panic had left). Evicted gates
-/// are put back first (`evicted`).
+/// (first what a decision cut short by a panic had left).
 ///
 /// [`Node::run_timer`]: crate::core::node::Node::run_timer
 pub fn run(ctx: Ctx, inbox: Inbox) {
@@ -29,11 +28,6 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
     let now = node::now();
     let now_ms = now.mono_ms();
     let cond = engine::background_conditions(ctx);
-    evicted::put_back(
-        ctx,
-        cond.contains(Conditions::REPLICA),
-        cond.contains(Conditions::WRITES_PAUSED),
-    );
     let changed: HashSet<&Key> = inbox.changed.iter().collect();
     let mut keys = Keys {
         ctx,
@@ -62,6 +56,21 @@ struct Keys {
 impl Keyspace<Key, Client> for Keys {
     type Store = LockKey;
     type Admit = WaiterAcl;
+    type Gate = GateKey<Write>;
+
+    fn with_gate<R>(
+        &mut self,
+        key: &Key,
+        f: impl FnOnce(Result<&mut GateKey<Write>, LockError>) -> R,
+    ) -> R {
+        let ctx = self.ctx;
+        if !ffi::select_db(ctx, key.0) {
+            return f(Err(LockError::Internal));
+        }
+        let name = ffi::OwnedString::new(ctx, &key.1);
+        let mut gate = GateKey::<Write>::open(ctx, name.get());
+        f(Ok(&mut gate))
+    }
 
     fn with_key<R>(
         &mut self,

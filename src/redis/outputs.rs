@@ -13,7 +13,7 @@ use std::sync::{Mutex, TryLockError};
 
 use super::blocked;
 use super::engine::{self, Client, Key};
-use super::ffi::{notify_lock_event, Ctx, RString};
+use super::ffi::{self, notify_lock_event, Ctx, RString};
 use super::keyspace::{self, LockKey, ReadKey};
 use super::node::{self, count, STATS};
 use super::timer;
@@ -128,6 +128,8 @@ pub enum Site<'a> {
         stores: &'a [LockKey],
         now: Now,
     },
+    /// A command on a gate `name` (in its client's db): `LOCK.FENCED`.
+    Gate { name: RString },
     /// The timer or the sweep, on its own context: each output's key is
     /// opened in its db, selected on that context.
     Background,
@@ -141,7 +143,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
     // the timer and the sweep read the clocks then.
     let decided_at = match &site {
         Site::Command { now, .. } | Site::Keys { now, .. } => Some(*now),
-        Site::Background => None,
+        Site::Gate { .. } | Site::Background => None,
     };
     let mut now = None;
     let mut now = || {
@@ -193,7 +195,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                     }
                     last_changed = Some(key);
                 }
-                Site::Background => {
+                Site::Gate { .. } | Site::Background => {
                     node::in_db(ctx, &key, |name| {
                         if let Ok(read) = ReadKey::open(ctx, name) {
                             keyspace::replicate(ctx, name, &read, now());
@@ -209,7 +211,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                         stores[i].replicate_holder(lease, now());
                     }
                 }
-                Site::Background => {
+                Site::Gate { .. } | Site::Background => {
                     node::in_db(ctx, &key, |name| {
                         if let Ok(read) = ReadKey::open(ctx, name) {
                             keyspace::replicate_holder(ctx, name, &read, lease, now());
@@ -224,7 +226,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                         stores[i].replicate_drop(&token);
                     }
                 }
-                Site::Background => {
+                Site::Gate { .. } | Site::Background => {
                     node::in_db(ctx, &key, |name| {
                         keyspace::replicate_drop(ctx, name, &token)
                     });
@@ -239,8 +241,27 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
                             notify_lock_event(ctx, event, names[i]);
                         }
                     }
-                    Site::Background => {
+                    Site::Gate { .. } | Site::Background => {
                         node::in_db(ctx, &key, |name| notify_lock_event(ctx, event, name));
+                    }
+                }
+            }
+            Output::GateRaised(key, mark) => {
+                // As any write of a key: WATCH and client-side caching see
+                // it; then `LOCK._GATE`, after the command's own effect.
+                let raised = |name| {
+                    ffi::signal_modified_key(ctx, name);
+                    ffi::replicate_gate(ctx, name, mark);
+                };
+                match &site {
+                    Site::Gate { name } | Site::Command { name, .. } => raised(*name),
+                    Site::Keys { names, .. } => {
+                        if let Some(i) = index_of(&key) {
+                            raised(names[i]);
+                        }
+                    }
+                    Site::Background => {
+                        node::in_db(ctx, &key, raised);
                     }
                 }
             }
@@ -275,5 +296,8 @@ fn count_stat(stat: Stat) {
         Stat::TakeBack => count(&STATS.take_backs),
         Stat::RefusedEvictable => count(&STATS.refused_evictable),
         Stat::Redirect => count(&STATS.redirects),
+        Stat::FencedRan => count(&STATS.fenced_ran),
+        Stat::FencedStale => count(&STATS.fenced_stale),
+        Stat::GatePutBack => count(&STATS.gates_put_back),
     }
 }

@@ -22,6 +22,7 @@
 //! fences on the wall clock), and the glue executes what comes out.
 
 mod acquire;
+pub(crate) mod gate;
 mod handoff;
 mod holder;
 mod options;
@@ -32,12 +33,13 @@ mod tests;
 mod timer;
 
 pub use acquire::{Acquire, AcquireRequest, WaitTicket};
+pub use gate::{GateRead, GateStore};
 pub use options::{Conditions, Limits};
 pub use outside::Loaded;
 pub use reads::Held;
 pub use timer::Keyspace;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::hash::Hash;
 
 use crate::error::LockError;
@@ -91,6 +93,10 @@ pub struct Node<K, C> {
     /// The node's first fence since it last started serving: gates refuse
     /// clock fences below it (see `guarded::pass`).
     gate_floor: i64,
+    /// Gates maxmemory evicted, with the marks kept for them until they
+    /// are put back ([`Node::gate_evicted`]), and when that is due.
+    evicted_gates: BTreeMap<K, i64>,
+    gates_due_at_ms: Option<i64>,
     /// Grants whose reply never reached their client: (key, fence, lease),
     /// and when the timer must take them back.
     undelivered: Vec<(K, i64, u64)>,
@@ -113,6 +119,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
             limits: Limits::default(),
             serving_since_ms: 0,
             gate_floor: 0,
+            evicted_gates: BTreeMap::new(),
+            gates_due_at_ms: None,
             undelivered: Vec::new(),
             undelivered_at_ms: None,
             retry_at_ms: None,
@@ -171,7 +179,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// time the node schedules).
     #[inline]
     pub fn next_wakeup(&self) -> Option<i64> {
-        match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
+        let at = match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match (at, self.gates_due_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }

@@ -1,11 +1,10 @@
 //! What commands read without changing a lock: `LOCK.FENCE`, `LOCK.EXEC`'s
-//! check, `LOCK.INFO`; and a gate's rule for `LOCK.FENCED`.
+//! check, `LOCK.INFO`.
 
 use std::hash::Hash;
 
 use super::{refuse_on_replica, Conditions, Node};
 use crate::error::{LockError, NotHeld};
-use crate::guarded;
 use crate::lock::{self, Lock, LockRead, Mode};
 
 /// A key's lock as `LOCK.INFO` shows it ([`Node::info`]).
@@ -64,31 +63,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             },
         };
         Err(LockError::NotHeld(why))
-    }
-
-    /// `LOCK.FENCED gate fence`: the gate's new mark if `fence` passes its
-    /// current `mark` (None: no gate yet), or why not. A gate's marks are
-    /// not the node's: they come from whatever issued the fence (a Redlock
-    /// group, another node), so they do not raise the node's mark.
-    /// Gates are kept like locks: not on a replica, not where
-    /// maxmemory-policy may evict them, and no new one above maxmemory.
-    /// A clock fence issued before the node last loaded its data or was
-    /// promoted is refused by every gate ([`guarded::pass`]).
-    pub fn pass_gate(
-        &self,
-        mark: Option<i64>,
-        fence: i64,
-        cond: Conditions,
-        now_us: i64,
-    ) -> Result<i64, LockError> {
-        guarded::check_gate_fence(fence, now_us)?;
-        refuse_on_replica(cond)?;
-        // Raising a gate's mark takes no memory; a new gate does.
-        match mark {
-            None => self.limits.check_can_keep_new(cond)?,
-            Some(_) => self.limits.check_not_evictable(cond)?,
-        }
-        guarded::pass(mark, fence, self.gate_floor)
     }
 
     /// `LOCK.INFO key`: what is held now, or None when nobody holds it.

@@ -5,6 +5,7 @@ use super::*;
 use crate::error::LockError;
 use crate::lock::tests::MemStore;
 use crate::lock::{Lock, LockRead, LockStore, Mode};
+use crate::node::gate::tests::MemGate;
 use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
@@ -73,6 +74,16 @@ struct OneKey<'a> {
 impl Keyspace<&'static str, u32> for OneKey<'_> {
     type Store = MemStore;
     type Admit = AdmitAll;
+    type Gate = MemGate;
+
+    fn with_gate<R>(
+        &mut self,
+        _: &&'static str,
+        _: impl FnOnce(Result<&mut MemGate, LockError>) -> R,
+    ) -> R {
+        unreachable!("no gates in these tests")
+    }
+
     fn with_key<R>(
         &mut self,
         _key: &&'static str,
@@ -459,6 +470,16 @@ struct Keys(std::collections::HashMap<&'static str, MemStore>);
 impl Keyspace<&'static str, u32> for Keys {
     type Store = MemStore;
     type Admit = AdmitAll;
+    type Gate = MemGate;
+
+    fn with_gate<R>(
+        &mut self,
+        _: &&'static str,
+        _: impl FnOnce(Result<&mut MemGate, LockError>) -> R,
+    ) -> R {
+        unreachable!("no gates in these tests")
+    }
+
     fn with_key<R>(
         &mut self,
         key: &&'static str,
@@ -955,4 +976,138 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
     assert_eq!(node.fence_hwm(), fence + 20, "raised to the highest");
     assert!(restored[0].lease > loaded.lease, "a new lease id each");
     assert!(restored[1].lease > restored[0].lease);
+}
+
+/// Gates only, by name (a timer run puts evicted ones back).
+#[derive(Default)]
+struct Gates(std::collections::HashMap<&'static str, MemGate>);
+
+impl Keyspace<&'static str, u32> for Gates {
+    type Store = MemStore;
+    type Admit = AdmitAll;
+    type Gate = MemGate;
+
+    fn with_gate<R>(
+        &mut self,
+        key: &&'static str,
+        f: impl FnOnce(Result<&mut MemGate, LockError>) -> R,
+    ) -> R {
+        f(Ok(self.0.entry(*key).or_default()))
+    }
+
+    fn with_key<R>(
+        &mut self,
+        _: &&'static str,
+        _: impl FnOnce(Result<&mut MemStore, LockError>, Served, &mut AdmitAll) -> R,
+    ) -> R {
+        unreachable!("gates only")
+    }
+
+    fn with_keys<R>(
+        &mut self,
+        _: &[&'static str],
+        _: impl FnOnce(Result<&mut [MemStore], LockError>, Served, &mut [AdmitAll]) -> R,
+    ) -> R {
+        unreachable!("gates only")
+    }
+}
+
+/// A fence through the gate `g` of `gates`, as `LOCK.FENCED` asks it.
+fn fenced(node: &mut N, gates: &mut Gates, g: &'static str, fence: i64) -> Result<(), LockError> {
+    let gate = gates.0.entry(g).or_default();
+    let wall_us = now(T0).wall_us;
+    node.pass_gate(&g, &*gate, fence, Conditions::empty(), wall_us)?;
+    node.record_fence(&g, gate, fence);
+    Ok(())
+}
+
+#[test]
+fn a_gate_only_rises_and_counts_what_it_refuses() {
+    let (mut node, mut gates) = (N::default(), Gates::default());
+    assert_eq!(fenced(&mut node, &mut gates, "g", 10), Ok(()));
+    assert_eq!(
+        fenced(&mut node, &mut gates, "g", 10),
+        Ok(()),
+        "the same holder again"
+    );
+    let out = outputs(&mut node);
+    assert_eq!(
+        out,
+        vec![
+            Output::GateRaised("g", 10),
+            Output::Count(Stat::FencedRan),
+            Output::Count(Stat::FencedRan),
+        ],
+        "raised once: the same mark is no change to replicate"
+    );
+    assert_eq!(
+        fenced(&mut node, &mut gates, "g", 9),
+        Err(LockError::StaleFence { fence: 9, mark: 10 })
+    );
+    assert_eq!(outputs(&mut node), vec![Output::Count(Stat::FencedStale)]);
+    // From the master: never lowered; another type refused.
+    let gate = gates.0.get_mut("g").unwrap();
+    assert_eq!(node.apply_gate(gate, 5, now(T0).wall_us), Ok(false));
+    assert_eq!(node.apply_gate(gate, 12, now(T0).wall_us), Ok(true));
+    assert_eq!(gate.mark, Some(12));
+    assert!(
+        outputs(&mut node).is_empty(),
+        "a mark from outside is not replicated again"
+    );
+    let mut other = MemGate {
+        other_type: true,
+        ..MemGate::default()
+    };
+    assert_eq!(
+        node.apply_gate(&mut other, 12, now(T0).wall_us),
+        Err(LockError::WrongType)
+    );
+    // The command made the gate's key another type: left as it made it.
+    node.record_fence(&"g", &mut other, 20);
+    assert_eq!(other.mark, None);
+    assert_eq!(outputs(&mut node), vec![Output::Count(Stat::FencedRan)]);
+}
+
+#[test]
+fn an_evicted_gate_keeps_its_mark_until_it_is_put_back() {
+    let (mut node, mut gates) = (N::default(), Gates::default());
+    fenced(&mut node, &mut gates, "g", 50).unwrap();
+    outputs(&mut node);
+    // Maxmemory evicts it: the key is gone, its mark kept.
+    let mark = gates.0.remove("g").unwrap().mark.unwrap();
+    node.gate_evicted("g", mark, T0);
+    assert_eq!(node.next_wakeup(), Some(T0), "put back at once");
+    assert_eq!(
+        fenced(&mut node, &mut gates, "g", 40),
+        Err(LockError::StaleFence {
+            fence: 40,
+            mark: 50
+        }),
+        "a stale fence does not pass the evicted gate"
+    );
+    gates.0.remove("g");
+    outputs(&mut node);
+    // Writes paused: it waits; then it is put back.
+    node.run_timer(&mut gates, Conditions::WRITES_PAUSED, now(T0));
+    assert!(!gates.0.contains_key("g"));
+    assert_eq!(node.next_wakeup(), Some(T0 + RETRY_MS));
+    node.run_timer(&mut gates, Conditions::empty(), now(T0 + RETRY_MS));
+    assert_eq!(gates.0["g"].mark, Some(50));
+    assert_eq!(
+        outputs(&mut node),
+        vec![
+            Output::GateRaised("g", 50),
+            Output::Count(Stat::GatePutBack)
+        ]
+    );
+    assert_eq!(node.next_wakeup(), None);
+    // A fence that passes settles a kept mark at once; on a replica kept
+    // marks are dropped (its master's data wins).
+    node.gate_evicted("g", 60, T0 + 20);
+    gates.0.remove("g");
+    assert_eq!(fenced(&mut node, &mut gates, "g", 61), Ok(()));
+    node.gate_evicted("h", 70, T0 + 20);
+    node.run_timer(&mut gates, Conditions::REPLICA, now(T0 + 20));
+    assert!(!gates.0.contains_key("h"));
+    assert_eq!(node.next_wakeup(), None);
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::hash::Hash;
 
-use super::{acts_alone, Admission, Conditions, Node, Served, RETRY_MS};
+use super::{acts_alone, Admission, Conditions, GateStore, Node, Served, RETRY_MS};
 use crate::error::LockError;
 use crate::lock::{self, LockStore};
 use crate::output::{push_wake, Event, Output, Stat};
@@ -19,6 +19,7 @@ use crate::waiters::WaiterId;
 pub trait Keyspace<K, C> {
     type Store: LockStore;
     type Admit: Admission<C>;
+    type Gate: GateStore;
     /// Runs `f` with `key` opened for writing (Err: WRONGTYPE, or the key
     /// cannot be opened), whether the key is still served here, and who of
     /// its waiters may take it.
@@ -36,6 +37,14 @@ pub trait Keyspace<K, C> {
         &mut self,
         keys: &[K],
         f: impl FnOnce(Result<&mut [Self::Store], LockError>, Served, &mut [Self::Admit]) -> R,
+    ) -> R;
+
+    /// Runs `f` with the gate at `key` opened for writing (Err: the key
+    /// cannot be opened).
+    fn with_gate<R>(
+        &mut self,
+        key: &K,
+        f: impl FnOnce(Result<&mut Self::Gate, LockError>) -> R,
     ) -> R;
 }
 
@@ -83,7 +92,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         self.undelivered_at_ms = Some(at);
     }
 
-    /// A run of the timer, whole: waiters whose timeout came are answered
+    /// A run of the timer, whole: gates maxmemory evicted are put back
+    /// ([`Node::gate_evicted`]); waiters whose timeout came are answered
     /// (that writes nothing, so it also runs while writes must wait); then,
     /// when the node [acts alone](Self::acts_alone), undelivered grants are
     /// taken back and every due key is handed on (opened through `keys`),
@@ -95,8 +105,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// A grant taken back is reported as a release. The glue, the model
     /// and the tests all run this one sequence.
     pub fn run_timer<S: Keyspace<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
-        let work = self.timer(cond, now);
         let now_ms = now.mono_ms();
+        self.put_back_gates(keys, cond, now_ms);
+        let work = self.timer(cond, now);
         for (key, fence, lease) in work.take_backs {
             let took = keys.with_key(&key, |store, _, _| {
                 store.is_ok_and(|s| {
