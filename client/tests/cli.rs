@@ -1132,12 +1132,6 @@ fn a_wait_beyond_any_clock_is_not_a_crash() {
 /// a usage error (64, before).
 #[test]
 fn a_node_without_the_module_is_unavailable() {
-    if common::skip_unless(
-        common::Needs::LocalProcess,
-        "a server without the module runs locally only",
-    ) {
-        return;
-    }
     let plain = Server::builder().without_module().start();
     let out = redis_lock_on("acquire", &[plain.url()], &["--key", "k", "--ttl", "5s"]);
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));

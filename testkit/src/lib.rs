@@ -374,7 +374,7 @@ impl Builder {
     }
 
     /// A server without the module: what a user would run instead (the
-    /// benchmarks' baseline). Local servers only.
+    /// benchmarks' baseline); in docker mode the image's server alone.
     pub fn without_module(mut self) -> Self {
         self.with_module = false;
         self
@@ -546,9 +546,11 @@ impl Server {
             format!("{}/server.log", dir.trim_end_matches('/')),
         ];
         args.extend(self.args.iter().cloned());
-        args.push("--loadmodule".into());
-        args.push(module.into());
-        args.extend(self.module_args.iter().cloned());
+        if self.with_module {
+            args.push("--loadmodule".into());
+            args.push(module.into());
+            args.extend(self.module_args.iter().cloned());
+        }
         args
     }
 
