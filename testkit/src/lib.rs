@@ -589,8 +589,13 @@ impl Server {
             // The entry point hands the working directory to the redis user.
             "-w",
             &dir,
-            image,
         ];
+        // The image's entry point loads the module into every server: one
+        // without it is the image's redis-server itself.
+        if !self.with_module {
+            cmd.extend(["--entrypoint", "redis-server"]);
+        }
+        cmd.push(image);
         cmd.extend(args.iter().map(|a| a.as_str()));
         let _ = docker(&["rm", "-f", "-v", &name]);
         docker(&cmd)?;
