@@ -8,8 +8,12 @@
 //! Also whether a waiter's user may still take the lock when its turn
 //! comes (asked of ACL).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Mutex, TryLockError};
+
+mod route;
+#[cfg(test)]
+mod tests;
 
 use super::blocked;
 use super::engine::{self, Client, Key};
@@ -18,9 +22,11 @@ use super::keyspace::{self, LockKey, ReadKey};
 use super::node::{self, count, STATS};
 use super::timer;
 use crate::core::node::{Admission, Node};
-use crate::core::output::{Output, Stat};
+use crate::core::output::{Event, Output, Stat};
 use crate::core::time::Now;
 use crate::core::Outcome;
+use crate::core::Wake;
+use route::{At, Effects, Shape};
 
 /// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
 /// (asked of ACL when its turn comes).
@@ -135,140 +141,140 @@ pub enum Site<'a> {
     Background,
 }
 
-/// Carries out `decided`, in order, at `site`; then arms the timer for the
-/// node's next wake-up.
+/// Carries out `decided`, in order, at `site` ([`route::execute`] routes
+/// each output; [`Redis`] does it); then arms the timer for the node's
+/// next wake-up.
 pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
-    // Converted once, for the first changed key (a command that only
-    // answers nil converts nothing), at the instant a command decided at:
-    // the timer and the sweep read the clocks then.
-    let decided_at = match &site {
-        Site::Command { now, .. } | Site::Keys { now, .. } => Some(*now),
-        Site::Gate { .. } | Site::Background => None,
+    let shape = match &site {
+        Site::Command { .. } => Shape::Command,
+        Site::Keys { keys, .. } => Shape::Keys(keys),
+        Site::Gate { .. } => Shape::Gate,
+        Site::Background => Shape::Background,
     };
-    let mut now = None;
-    let mut now = || {
-        *now.get_or_insert_with(|| {
+    let mut redis = Redis {
+        ctx,
+        site: &site,
+        now: None,
+    };
+    route::execute(&mut decided.outputs, shape, &mut redis);
+    timer::arm_for(decided.next_wakeup);
+}
+
+/// The effects of outputs, on Redis, at a site.
+struct Redis<'s, 'a> {
+    ctx: Ctx,
+    site: &'s Site<'a>,
+    /// The conversion instant, read once, for the first changed key (a
+    /// command that only answers nil converts nothing).
+    now: Option<Now>,
+}
+
+impl Redis<'_, '_> {
+    /// The instant a command decided at (the timer and the sweep read the
+    /// clocks now), converted once.
+    fn now(&mut self) -> Now {
+        let decided_at = match self.site {
+            Site::Command { now, .. } | Site::Keys { now, .. } => Some(*now),
+            Site::Gate { .. } | Site::Background => None,
+        };
+        *self.now.get_or_insert_with(|| {
             decided_at.map_or_else(node::conversion_now, node::conversion_at)
         })
-    };
-    // A multi-key command's outputs name its keys: found by a map, not a
-    // scan per output (thousands of keys would cost their square). Only
-    // there: a map's hasher reads a thread-local to make its seed.
-    let index: Option<HashMap<&Key, usize>> = match &site {
-        Site::Keys { keys, .. } => Some(keys.iter().enumerate().map(|(i, k)| (k, i)).collect()),
-        _ => None,
-    };
-    let index_of = |key: &Key| index.as_ref().and_then(|index| index.get(key).copied());
-    // A key changed again before another key was is replicated once: what
-    // is replicated is the key's whole state as it stands after the
-    // decision (a shared grant that first reclaims an ended holder changes
-    // its key twice), and Redis sends it after the callback either way. A
-    // command's one key needs only a flag.
-    let mut command_replicated = false;
-    let mut last_changed: Option<Key> = None;
-    // (pop_front, not drain: cheaper for the two or three outputs of a
-    // command.)
-    while let Some(output) = decided.outputs.pop_front() {
-        match output {
-            Output::Wake(wake) => {
-                let wake = *wake;
-                // A grant's keys and leases, so an undelivered one can be
-                // taken back.
-                let granted = match wake.outcome {
-                    Outcome::Granted { lease, .. } => std::iter::once((wake.key, lease))
-                        .chain(wake.also)
-                        .collect(),
-                    _ => Vec::new(),
-                };
-                blocked::answer(wake.client, wake.outcome, granted);
+    }
+
+    /// The key's name at `at`, for a call.
+    fn with_name(&self, at: At<'_, Key>, f: impl FnOnce(RString)) {
+        match (at, self.site) {
+            (At::Command, Site::Command { name, .. }) | (At::Gate, Site::Gate { name }) => f(*name),
+            (At::Nth(i), Site::Keys { names, .. }) => f(names[i]),
+            (At::Found(key), _) => {
+                node::in_db(self.ctx, key, f);
             }
-            Output::Changed(key) => match &site {
-                Site::Command { store, .. } => {
-                    if !std::mem::replace(&mut command_replicated, true) {
-                        store.replicate(now());
-                    }
-                }
-                _ if last_changed.as_ref() == Some(&key) => {}
-                Site::Keys { stores, .. } => {
-                    if let Some(i) = index_of(&key) {
-                        stores[i].replicate(now());
-                    }
-                    last_changed = Some(key);
-                }
-                Site::Gate { .. } | Site::Background => {
-                    node::in_db(ctx, &key, |name| {
-                        if let Ok(read) = ReadKey::open(ctx, name) {
-                            keyspace::replicate(ctx, name, &read, now());
-                        }
-                    });
-                    last_changed = Some(key);
-                }
-            },
-            Output::Holder(key, lease) => match &site {
-                Site::Command { store, .. } => store.replicate_holder(lease, now()),
-                Site::Keys { stores, .. } => {
-                    if let Some(i) = index_of(&key) {
-                        stores[i].replicate_holder(lease, now());
-                    }
-                }
-                Site::Gate { .. } | Site::Background => {
-                    node::in_db(ctx, &key, |name| {
-                        if let Ok(read) = ReadKey::open(ctx, name) {
-                            keyspace::replicate_holder(ctx, name, &read, lease, now());
-                        }
-                    });
-                }
-            },
-            Output::HolderLeft(key, token) => match &site {
-                Site::Command { store, .. } => store.replicate_drop(&token),
-                Site::Keys { stores, .. } => {
-                    if let Some(i) = index_of(&key) {
-                        stores[i].replicate_drop(&token);
-                    }
-                }
-                Site::Gate { .. } | Site::Background => {
-                    node::in_db(ctx, &key, |name| {
-                        keyspace::replicate_drop(ctx, name, &token)
-                    });
-                }
-            },
-            Output::Event(key, event) => {
-                let event = event.name();
-                match &site {
-                    Site::Command { name, .. } => notify_lock_event(ctx, event, *name),
-                    Site::Keys { names, .. } => {
-                        if let Some(i) = index_of(&key) {
-                            notify_lock_event(ctx, event, names[i]);
-                        }
-                    }
-                    Site::Gate { .. } | Site::Background => {
-                        node::in_db(ctx, &key, |name| notify_lock_event(ctx, event, name));
-                    }
-                }
-            }
-            Output::GateRaised(key, mark) => {
-                // As any write of a key: WATCH and client-side caching see
-                // it; then `LOCK._GATE`, after the command's own effect.
-                let raised = |name| {
-                    ffi::signal_modified_key(ctx, name);
-                    ffi::replicate_gate(ctx, name, mark);
-                };
-                match &site {
-                    Site::Gate { name } | Site::Command { name, .. } => raised(*name),
-                    Site::Keys { names, .. } => {
-                        if let Some(i) = index_of(&key) {
-                            raised(names[i]);
-                        }
-                    }
-                    Site::Background => {
-                        node::in_db(ctx, &key, raised);
-                    }
-                }
-            }
-            Output::Count(stat) => count_stat(stat),
+            _ => {}
         }
     }
-    timer::arm_for(decided.next_wakeup);
+
+    /// The key's open store at `at`, when the command has it open.
+    fn store(&self, at: At<'_, Key>) -> Option<&LockKey> {
+        match (at, self.site) {
+            (At::Command, Site::Command { store, .. }) => Some(store),
+            (At::Nth(i), Site::Keys { stores, .. }) => Some(&stores[i]),
+            _ => None,
+        }
+    }
+}
+
+impl Effects<Key, Client> for Redis<'_, '_> {
+    fn answer(&mut self, wake: Wake<Key, Client>) {
+        // A grant's keys and leases, so an undelivered one can be taken
+        // back.
+        let granted = match wake.outcome {
+            Outcome::Granted { lease, .. } => std::iter::once((wake.key, lease))
+                .chain(wake.also)
+                .collect(),
+            _ => Vec::new(),
+        };
+        blocked::answer(wake.client, wake.outcome, granted);
+    }
+
+    fn replicate(&mut self, at: At<'_, Key>) {
+        let now = self.now();
+        match self.store(at) {
+            Some(store) => store.replicate(now),
+            None => {
+                let ctx = self.ctx;
+                self.with_name(at, |name| {
+                    if let Ok(read) = ReadKey::open(ctx, name) {
+                        keyspace::replicate(ctx, name, &read, now);
+                    }
+                });
+            }
+        }
+    }
+
+    fn replicate_holder(&mut self, at: At<'_, Key>, lease: u64) {
+        let now = self.now();
+        match self.store(at) {
+            Some(store) => store.replicate_holder(lease, now),
+            None => {
+                let ctx = self.ctx;
+                self.with_name(at, |name| {
+                    if let Ok(read) = ReadKey::open(ctx, name) {
+                        keyspace::replicate_holder(ctx, name, &read, lease, now);
+                    }
+                });
+            }
+        }
+    }
+
+    fn replicate_drop(&mut self, at: At<'_, Key>, token: &[u8]) {
+        match self.store(at) {
+            Some(store) => store.replicate_drop(token),
+            None => {
+                let ctx = self.ctx;
+                self.with_name(at, |name| keyspace::replicate_drop(ctx, name, token));
+            }
+        }
+    }
+
+    fn notify(&mut self, at: At<'_, Key>, event: Event) {
+        let ctx = self.ctx;
+        self.with_name(at, |name| notify_lock_event(ctx, event.name(), name));
+    }
+
+    fn gate_raised(&mut self, at: At<'_, Key>, mark: i64) {
+        // As any write of a key: WATCH and client-side caching see it;
+        // then `LOCK._GATE`, after the command's own effect.
+        let ctx = self.ctx;
+        self.with_name(at, |name| {
+            ffi::signal_modified_key(ctx, name);
+            ffi::replicate_gate(ctx, name, mark);
+        });
+    }
+
+    fn count(&mut self, stat: Stat) {
+        count_stat(stat);
+    }
 }
 
 fn count_stat(stat: Stat) {
