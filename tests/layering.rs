@@ -47,7 +47,8 @@ fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
 }
 
 /// A source without its comments (line comments, doc comments and block
-/// comments) and without its unit tests (`mod tests`, last in the file).
+/// comments) and without its in-file unit tests (`mod tests { .. }`, last
+/// in the file).
 fn code(text: &str) -> String {
     let mut out = String::new();
     let mut in_block = 0usize;
@@ -56,6 +57,11 @@ fn code(text: &str) -> String {
         if in_block == 0
             && (trimmed.starts_with("mod tests") || trimmed.starts_with("pub mod tests"))
         {
+            // `mod tests;` declares a file of its own (read as a module):
+            // the code after it is still this file's.
+            if trimmed.ends_with(';') {
+                continue;
+            }
             break;
         }
         let mut rest = line;
@@ -313,6 +319,9 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 #[test]
 fn the_parser_sees_every_form_of_import() {
     let text = "use super::{engine, timer::Inbox};\n\
+                #[cfg(test)]\n\
+                mod tests;\n\
+                use super::after_a_test_file;\n\
                 use crate::core::{\n    lock::{Lock, Mode},\n    node,\n};\n\
                 pub use acquire::Request;\n\
                 fn f() { let x = super::node::mono_ms(); crate::fence::check(); }\n\
@@ -331,6 +340,7 @@ fn the_parser_sees_every_form_of_import() {
         "acquire::Request (re-export)",
         "super::node::mono_ms",
         "crate::fence::check",
+        "super::after_a_test_file",
     ] {
         assert!(all.contains(&want.to_string()), "{want} not in {all:?}");
     }
@@ -398,4 +408,99 @@ fn no_module_imports_one_that_imports_it_back() {
             panic!("{dir}: import circle {}", found.join(" -> "));
         }
     }
+}
+
+/// The glue's import table in ARCHITECTURE.md (under "Inside
+/// `src/redis/`"): each row's modules and what they import.
+fn documented_glue_imports() -> Vec<(Vec<String>, BTreeSet<String>)> {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .expect("ARCHITECTURE.md");
+    let start = doc
+        .find("Inside `src/redis/`")
+        .expect("ARCHITECTURE.md has the glue's import table");
+    let names = |cell: &str| -> Vec<String> {
+        cell.split(',')
+            .map(|s| s.trim().trim_matches('`').to_string())
+            .filter(|s| !s.is_empty() && s != "nothing")
+            .collect()
+    };
+    doc[start..]
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with('|'))
+        .take_while(|l| l.trim_start().starts_with('|'))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.trim().trim_matches('|').split('|').collect();
+            let [modules, imports] = cells[..] else {
+                return None;
+            };
+            if modules.contains("module") || modules.contains("---") {
+                return None;
+            }
+            Some((names(modules), names(imports).into_iter().collect()))
+        })
+        .collect()
+}
+
+/// The glue's imports, a folder's files read as the folder (what the
+/// table names), its unit tests left out.
+fn glue_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| m.split('/').next().unwrap().to_string();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (module, deps) in graph("src/redis", &["redis"]) {
+        if module.is_empty() || module.ends_with("/tests") {
+            continue;
+        }
+        let entry = out.entry(top(&module)).or_default();
+        entry.extend(deps.iter().map(|d| top(d)).filter(|d| *d != top(&module)));
+    }
+    out
+}
+
+#[test]
+fn the_architectures_import_table_is_the_glues() {
+    let documented = documented_glue_imports();
+    let actual = glue_imports();
+    let as_table = || {
+        actual
+            .iter()
+            .map(|(m, d)| {
+                let d: Vec<_> = d.iter().map(|d| format!("`{d}`")).collect();
+                format!("| `{m}` | {} |", d.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut listed = BTreeSet::new();
+    for (i, (modules, imports)) in documented.iter().enumerate() {
+        for module in modules {
+            listed.insert(module.clone());
+            let real = actual.get(module).unwrap_or_else(|| {
+                panic!(
+                    "ARCHITECTURE.md lists `{module}`, not a glue module; they are:\n{}",
+                    as_table()
+                )
+            });
+            assert_eq!(
+                real,
+                imports,
+                "ARCHITECTURE.md: `{module}` imports {real:?}; the glue's imports are:\n{}",
+                as_table()
+            );
+            // From the top down: what a row imports is listed below it.
+            let below: BTreeSet<&String> = documented[i + 1..].iter().flat_map(|r| &r.0).collect();
+            for import in imports {
+                assert!(
+                    below.contains(import),
+                    "ARCHITECTURE.md: `{module}` imports `{import}`, not listed below it"
+                );
+            }
+        }
+    }
+    let missing: Vec<_> = actual.keys().filter(|m| !listed.contains(*m)).collect();
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md's import table lacks {missing:?}; the glue's imports are:\n{}",
+        as_table()
+    );
 }
