@@ -13,8 +13,8 @@ use redis_module::{redis_module, Context, RedisString, Status};
 use crate::core::args::{OptionSpec, OptionValue};
 use crate::core::protocol::OPTIONS;
 use crate::redis::{
-    blocked, commands, datatype, engine, events, evicted, ffi, gate, handoff, info, propagation,
-    sweep, timer,
+    blocked, commands, datatype, engine, events, evicted, ffi, gate, info, propagation, sweep,
+    timer, timer_run,
 };
 
 /// Where each option's value lives (the node's limits), in the order of
@@ -112,7 +112,7 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     datatype::register(ctx, events::on_unlink)?;
     gate::register(ctx, evicted::on_gate_unlinked)?;
     commands::register(ctx)?;
-    timer::init(ctx, handoff::run)?;
+    timer::init(ctx, timer_run::run)?;
     blocked::init();
     propagation::init(ctx);
     events::subscribe(ctx)?;

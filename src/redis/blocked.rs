@@ -28,7 +28,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use super::engine::{self, Client, Key};
 use super::ffi::{self, log_warning, BlockedClient, Blocking, Ctx, RString, Reply};
-use super::node::{self, count, STATS};
+use super::server::{self, count, STATS};
 use super::timer;
 use crate::core::error::LockError;
 use crate::core::node::WaitTicket;
@@ -38,7 +38,7 @@ use crate::core::Outcome;
 /// created, kept and unblocked on Redis's main thread only; the Mutex
 /// around the maps is for Rust's statics, not for threads.
 struct Handle {
-    ptr: BlockedClient<Waiters>,
+    ptr: BlockedClient<WaiterCallbacks>,
     /// The client's id, to look its user up when its turn comes.
     client_id: Option<u64>,
 }
@@ -128,7 +128,7 @@ struct Delivery {
 /// Blocks the calling client and queues it on the node's ticket.
 pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     // No Redis timeout: the node times waiters out (see the file doc).
-    let Some(ptr) = ffi::block_client::<Waiters>(ctx, 0) else {
+    let Some(ptr) = ffi::block_client::<WaiterCallbacks>(ctx, 0) else {
         return Err(LockError::Internal);
     };
     let client_id = ffi::client_id(ctx);
@@ -221,9 +221,9 @@ pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
 
 /// The Redis side of the waiters: the callbacks of their blocked clients
 /// (each run in `ffi::guard`), and what they are unblocked with.
-struct Waiters;
+struct WaiterCallbacks;
 
-impl Blocking for Waiters {
+impl Blocking for WaiterCallbacks {
     type Data = Delivery;
 
     fn on_reply(ctx: Ctx, delivery: Option<&mut Delivery>) {
@@ -295,7 +295,7 @@ fn release_decided(handle: Handle, delivery: Delivery) {
 /// Takes a waiter out of its line and, if it was there, unblocks its
 /// handle (with no outcome: Redis answers the client itself).
 fn leave(client: Client) -> bool {
-    let now_ms = node::mono_ms();
+    let now_ms = server::mono_ms();
     let (was_waiting, next_wakeup) =
         engine::with_engine(|n| (n.leave(client, now_ms), n.next_wakeup()));
     if was_waiting {

@@ -11,14 +11,14 @@ use redis_module::raw;
 use super::blocked;
 use super::datatype;
 use super::engine;
+use super::executor::{self, Decided, Site, WaiterAcl};
 use super::ffi::{
     self, command_callback, context_flags, log_warning, may_write_key, ArgDoc, Argv, CommandFn,
     Ctx, KeyPlace, OpenKey, Read, Reply, Value,
 };
 use super::guarded;
 use super::keyspace::{LockKey, ReadKey};
-use super::node;
-use super::outputs::{self, Decided, Site, WaiterAcl};
+use super::server;
 use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::node::{Acquire, AcquireRequest};
@@ -364,16 +364,16 @@ fn carry_out(
 ) {
     let name = argv.key();
     match store {
-        Ok(store) => outputs::carry_out(ctx, decided, Site::Command { name, store, now }),
-        Err(_) => outputs::carry_out(ctx, decided, Site::Background),
+        Ok(store) => executor::carry_out(ctx, decided, Site::Command { name, store, now }),
+        Err(_) => executor::carry_out(ctx, decided, Site::Background),
     }
 }
 
 fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let now = node::now();
+    let now = server::now();
     let key = engine::key_of(ctx, argv.key_bytes());
     let mut store = open_for_write(ctx, argv);
-    let (decided, out) = outputs::decide(|n| {
+    let (decided, out) = executor::decide(|n| {
         let a = args::parse_acquire(argv.bytes())?;
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let request = AcquireRequest {
@@ -444,8 +444,8 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let opened: Result<Vec<LockKey>, LockError> =
         names.iter().map(|n| LockKey::open(ctx, *n)).collect();
     let mut stores = opened;
-    let now = node::now();
-    let (decided, out) = outputs::decide(|n| {
+    let now = server::now();
+    let (decided, out) = executor::decide(|n| {
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
         let stores = stores
@@ -462,7 +462,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         n.acquire_all(&keys, stores, request, cond, &mut acls, now)
     });
     match &stores {
-        Ok(stores) => outputs::carry_out(
+        Ok(stores) => executor::carry_out(
             ctx,
             out,
             Site::Keys {
@@ -472,7 +472,7 @@ fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
                 now,
             },
         ),
-        Err(_) => outputs::carry_out(ctx, out, Site::Background),
+        Err(_) => executor::carry_out(ctx, out, Site::Background),
     }
     Ok(match decided? {
         Acquire::Granted(fence) | Acquire::Renewed(fence) => Reply::Integer(fence),
@@ -503,8 +503,8 @@ fn release_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         .iter()
         .map(|k| engine::key_of(ctx, k))
         .collect();
-    let now = node::now();
-    let (released, out) = outputs::decide(|n| {
+    let now = server::now();
+    let (released, out) = executor::decide(|n| {
         let cond = engine::conditions(ctx, false);
         let mut acls: Vec<WaiterAcl> = names.iter().map(|&name| WaiterAcl { ctx, name }).collect();
         n.release_all(&keys, &mut stores, token, cond, &mut acls, now)
@@ -515,7 +515,7 @@ fn release_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         stores: &stores,
         now,
     };
-    outputs::carry_out(ctx, out, site);
+    executor::carry_out(ctx, out, site);
     Ok(Reply::Integer(released?))
 }
 
@@ -529,10 +529,10 @@ fn may_block(ctx: Ctx) -> bool {
 
 fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = args::parse_release(argv.bytes())?;
-    let now = node::now();
+    let now = server::now();
     let key = engine::key_of(ctx, argv.key_bytes());
     let mut store = open_for_write(ctx, argv);
-    let (released, out) = outputs::decide(|n| {
+    let (released, out) = executor::decide(|n| {
         let cond = engine::conditions(ctx, false);
         let mut acl = WaiterAcl {
             ctx,
@@ -547,10 +547,10 @@ fn release(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 }
 
 fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
-    let now = node::now();
+    let now = server::now();
     let key = engine::key_of(ctx, argv.key_bytes());
     let mut store = open_for_write(ctx, argv);
-    let (extended, out) = outputs::decide(|n| {
+    let (extended, out) = executor::decide(|n| {
         let a = args::parse_extend(argv.bytes())?;
         let cond = engine::conditions(ctx, false);
         let mut acl = WaiterAcl {
@@ -572,7 +572,7 @@ fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return mark;
     }
     let store = ReadKey::of(key)?;
-    let now_ms = node::mono_ms();
+    let now_ms = server::mono_ms();
     Ok(
         match engine::with_engine(|n| n.fence_of(&store, token, now_ms)) {
             Some(fence) => Reply::Integer(fence),
@@ -586,7 +586,7 @@ fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
     let store = ReadKey::open(ctx, argv.key())?;
-    let now = node::mono_ms();
+    let now = server::mono_ms();
     let key = engine::key_of(ctx, argv.key_bytes());
     let Some(held) = engine::with_engine(|n| n.info(&key, &store, now)) else {
         return Ok(Reply::Null);
@@ -714,7 +714,7 @@ fn apply_from_outside(
     apply: impl FnOnce(&mut engine::ModuleNode, &mut LockKey, Now) -> Result<(), LockError>,
 ) -> Result<Reply, LockError> {
     let mut store = LockKey::open_from_outside(ctx, argv.key())?;
-    let now = node::conversion_now();
+    let now = server::conversion_now();
     if let Err(err) = engine::with_engine(|n| apply(n, &mut store, now)) {
         log_warning(&format!("lock: refusing {what}: {err}"));
         return Err(err);

@@ -64,7 +64,7 @@ use super::engine;
 use super::ffi::{
     self, api, context_flags, guard, log_warning, raw_callback, Ctx, KeyRef, OpenKey, Write,
 };
-use super::node::{self, STATS};
+use super::server::{self, STATS};
 use crate::core::args;
 use crate::core::codec::{self, Truncated, ValueReader};
 use crate::core::error::LockError;
@@ -615,7 +615,7 @@ type Written<'a> = (&'a [u8], i64, i64, i64);
 /// # Safety
 /// `value` is a live value of this type, unchanged during `'a`.
 unsafe fn written_holders<'a>(value: *const c_void) -> (Mode, Vec<Written<'a>>) {
-    let now = node::conversion_now();
+    let now = server::conversion_now();
     let out = |l: Lock<'a>| {
         let (deadline_ms, granted_ms) = time::wall_times(l.deadline_ms, l.granted_ms, now);
         (l.token, l.fence, deadline_ms, granted_ms)
@@ -684,7 +684,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         // SAFETY: `rdb` is the IO context Redis gave this callback.
         let io_ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(rdb)) };
         let restoring = context_flags(io_ctx) & loading == 0;
-        let now = node::conversion_now();
+        let now = server::conversion_now();
         let decoded = codec::decode_value(encver, &mut Io(rdb), |fence| {
             engine::with_engine(|n| n.check_loaded_fence(fence, restoring, now.wall_us))
         });
@@ -735,7 +735,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
 /// A lock's deadline and grant time as written out (Unix ms, converted at
 /// one instant; a grant time of 0: unknown).
 pub fn wall_times(lock: &Lock<'_>) -> (i64, i64) {
-    time::wall_times(lock.deadline_ms, lock.granted_ms, node::conversion_now())
+    time::wall_times(lock.deadline_ms, lock.granted_ms, server::conversion_now())
 }
 
 /// The loader's reads, each checked for a short read (the raw loaders do).

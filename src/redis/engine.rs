@@ -15,12 +15,12 @@ use redis_module::configuration::{ConfigurationContext, ConfigurationValue};
 use redis_module::{raw, RedisError};
 
 use super::ffi::{self, context_flags, selected_db, Ctx};
-use super::node::{self, SERVER};
+use super::server::{self, SERVER};
 use super::timer;
 use crate::core::error::LockError;
 use crate::core::node::{Conditions, Limits, Node};
 
-pub use super::node::{Client, Key};
+pub use super::server::{Client, Key};
 
 /// The node as the module runs it: keys by database and name, clients by
 /// id.
@@ -58,7 +58,7 @@ impl Drop for Recovery<'_> {
         // the lock, a key already changed) is carried out by the timer,
         // which runs at once: nothing the node did goes unreported.
         let node = &mut *self.0;
-        node.recover_from_panic(node::mono_ms());
+        node.recover_from_panic(server::mono_ms());
         let left: Vec<_> = std::iter::from_fn(|| node.poll_output()).collect();
         timer::queue(|inbox| inbox.outputs.extend(left));
     }
@@ -96,7 +96,7 @@ pub fn limits() -> Limits {
 
 /// The server's state as the node needs it, for every decision (commands,
 /// the timer, the sweep), composed here only: the role as the server last
-/// announced it (`node::SERVER`, its one record), and the memory flags.
+/// announced it (`server::SERVER`, its one record), and the memory flags.
 /// `may_block`: the command asked to BLOCK, and the calling client may
 /// block here.
 pub fn conditions(ctx: Ctx, may_block: bool) -> Conditions {
@@ -125,7 +125,7 @@ pub fn background_conditions(ctx: Ctx) -> Conditions {
 /// The node (re)started with its data loaded, or was promoted: the fence
 /// mark rises to the clock and the restart delay starts.
 pub fn start_serving() {
-    let now = node::now();
+    let now = server::now();
     with_engine(|n| n.start_serving(now));
 }
 
@@ -135,7 +135,7 @@ pub fn fence_hwm() -> i64 {
 
 /// A token issued elsewhere (master, AOF, RDB, RESTORE) was applied here.
 pub fn observe_fence(fence: i64) -> Result<(), LockError> {
-    let wall_us = node::wall_us();
+    let wall_us = server::wall_us();
     with_engine(|n| n.observe_fence(fence, wall_us))
 }
 
@@ -154,7 +154,7 @@ pub struct BoolOption {
 }
 
 fn update_limits(change: impl FnOnce(&mut Limits)) {
-    let now_ms = node::mono_ms();
+    let now_ms = server::mono_ms();
     with_engine(|n| {
         let mut limits = n.limits();
         change(&mut limits);

@@ -13,10 +13,10 @@ use super::engine::Key;
 use super::ffi::{
     self, config_get, context_flags, guard, log_warning, Ctx, EventData, EventFn, KeyOpt,
 };
-use super::node::SERVER;
-use super::{blocked, engine, handoff, keyspace, propagation, sweep, timer};
+use super::server::SERVER;
+use super::{blocked, engine, keyspace, propagation, sweep, timer, timer_run};
 
-/// Reads the role and the memory policy into `node::SERVER`,
+/// Reads the role and the memory policy into `server::SERVER`,
 /// warning when the policy starts to allow evicting locks.
 pub fn read_server_state(ctx: Ctx) {
     let flags = context_flags(ctx);
@@ -89,7 +89,7 @@ pub extern "C" fn on_flush(
             return;
         }
         if let Some(db) = ffi::flush_event_db(event, data) {
-            handoff::flushed(db);
+            timer_run::flushed(db);
         }
     })
 }
@@ -102,7 +102,7 @@ pub extern "C" fn on_swapdb(
 ) {
     guard("the swapdb event", (), || {
         if let Some((a, b)) = ffi::swapdb_event_dbs(event, data) {
-            handoff::swapped(a, b);
+            timer_run::swapped(a, b);
         }
     })
 }

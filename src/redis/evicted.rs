@@ -21,10 +21,10 @@ use std::sync::Mutex;
 
 use redis_module::raw;
 
+use super::executor::{self, Site};
 use super::ffi::{self, guard, Ctx, OpenKey, RString, Read};
 use super::gate;
-use super::node::{self, Key};
-use super::outputs::{self, Site};
+use super::server::{self, Key};
 
 /// The last gate unlinked (DEL, eviction, ...): its key and mark.
 static LAST_UNLINKED: Mutex<Option<(Key, i64)>> = Mutex::new(None);
@@ -58,10 +58,10 @@ pub extern "C" fn on_evicted(
             gate::mark_of(open.key()).ok().flatten()
         });
         if let Some(mark) = mark {
-            let now_ms = node::mono_ms();
-            let ((), decided) = outputs::decide(|n| n.gate_evicted(key, mark, now_ms));
+            let now_ms = server::mono_ms();
+            let ((), decided) = executor::decide(|n| n.gate_evicted(key, mark, now_ms));
             // Arms the timer, which puts the gate back.
-            outputs::carry_out(ctx, decided, Site::Background);
+            executor::carry_out(ctx, decided, Site::Background);
         }
         0
     })

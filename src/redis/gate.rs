@@ -28,7 +28,7 @@ use super::ffi::{
     self, api, context_flags, guard, log_warning, raw_callback, Ctx, KeyOpt, KeyRef, OpenKey,
     RString, Read, UnlinkFn, Write,
 };
-use super::node::{self, Key};
+use super::server::{self, Key};
 use crate::core::error::LockError;
 use crate::core::node::{GateRead, GateStore};
 use crate::core::protocol::command;
@@ -229,7 +229,7 @@ extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -> *mut c_vo
         let loaded = raw::load_signed(rdb)
             .map_err(|_| "the data is truncated or damaged".to_string())
             .and_then(|mark| {
-                let now_us = node::conversion_now().wall_us;
+                let now_us = server::conversion_now().wall_us;
                 engine::with_engine(|n| n.check_loaded_gate(mark, trusted, now_us))
                     .map(|()| mark)
                     .map_err(|e| format!("mark {mark}: {e}"))

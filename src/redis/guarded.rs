@@ -24,11 +24,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use redis_module::raw;
 
 use super::engine;
+use super::executor::{self, Site};
 use super::ffi::{self, Argv, CallReply, Ctx, OpenKey, RString, Read, Reply, Write};
 use super::gate::{self, GateKey};
 use super::keyspace::ReadKey;
-use super::node::{self, STATS};
-use super::outputs::{self, Site};
+use super::server::{self, STATS};
 use crate::core::error::LockError;
 use crate::core::guarded::{self, CommandFlags};
 use crate::core::protocol::command;
@@ -222,7 +222,7 @@ pub fn exec(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     plan(ctx, inner)?;
     {
         let store = ReadKey::open(ctx, argv.key())?;
-        let now_ms = node::mono_ms();
+        let now_ms = server::mono_ms();
         let cond = engine::conditions(ctx, false);
         if let Err(e) =
             engine::with_engine(|n| n.check_holder(&store, a.token, a.fence, cond, now_ms))
@@ -258,13 +258,13 @@ pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     }
     let name = argv.key();
     let key = engine::key_of(ctx, argv.key_bytes());
-    let now_us = node::conversion_now().wall_us;
+    let now_us = server::conversion_now().wall_us;
     let cond = engine::conditions(ctx, false);
     let (passed, decided) = {
         let gate = GateKey::<Read>::open(ctx, name);
-        outputs::decide(|n| n.pass_gate(&key, &gate, a.fence, cond, now_us))
+        executor::decide(|n| n.pass_gate(&key, &gate, a.fence, cond, now_us))
     };
-    outputs::carry_out(ctx, decided, Site::Gate { name });
+    executor::carry_out(ctx, decided, Site::Gate { name });
     passed?;
     let reply = match inner {
         Some(inner) => Some(run(ctx, inner)?),
@@ -274,9 +274,9 @@ pub fn fenced(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     // replicated after the command's own effect.
     let ((), decided) = {
         let mut gate = GateKey::<Write>::open(ctx, name);
-        outputs::decide(|n| n.record_fence(&key, &mut gate, a.fence))
+        executor::decide(|n| n.record_fence(&key, &mut gate, a.fence))
     };
-    outputs::carry_out(ctx, decided, Site::Gate { name });
+    executor::carry_out(ctx, decided, Site::Gate { name });
     Ok(match reply {
         Some(reply) => Reply::Call(reply),
         None => Reply::Ok,
@@ -292,7 +292,7 @@ pub fn apply_gate(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         return Err(LockError::InternalCommand(command::GATE));
     }
     let mark = guarded::parse_gate(argv.bytes())?;
-    let now_us = node::conversion_now().wall_us;
+    let now_us = server::conversion_now().wall_us;
     let raised = {
         let mut gate = GateKey::<Write>::open(ctx, argv.key());
         engine::with_engine(|n| n.apply_gate(&mut gate, mark, now_us))?

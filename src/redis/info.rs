@@ -6,7 +6,7 @@ use redis_module::raw;
 
 use super::engine;
 use super::ffi::guard;
-use super::node::{self, SERVER, STATS};
+use super::server::{self, SERVER, STATS};
 use crate::core::histogram;
 
 pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: i32) {
@@ -49,8 +49,8 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
             STATS.wait_max_us.load(Relaxed) / 1000,
         );
         for (name, histogram) in [
-            ("wait_ms", &node::WAIT_TIMES),
-            ("hold_ms", &node::HOLD_TIMES),
+            ("wait_ms", &server::WAIT_TIMES),
+            ("hold_ms", &server::HOLD_TIMES),
         ] {
             let cumulative = histogram::cumulative(&histogram.counts());
             for (i, n) in cumulative.iter().enumerate() {
@@ -66,7 +66,7 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
         raw::add_info_field_long_long(
             ctx,
             "grants_paused_ms",
-            engine::with_engine(|n| n.grants_paused_ms(node::mono_ms())),
+            engine::with_engine(|n| n.grants_paused_ms(server::mono_ms())),
         );
         raw::add_info_field_long_long(
             ctx,

@@ -25,8 +25,8 @@ use redis_module::raw;
 
 use super::datatype::{self, LockValue};
 use super::ffi::{self, Ctx, OpenKey, RString, Read, Write};
-use super::node;
 use super::propagation;
+use super::server;
 use crate::core::args;
 use crate::core::error::LockError;
 use crate::core::protocol::command;
@@ -224,7 +224,7 @@ impl LockKey {
     /// A write by this node: an earlier build's expiry goes first.
     fn before_write(&mut self) {
         if !self.from_outside {
-            self.drop_legacy_expiry(node::conversion_now);
+            self.drop_legacy_expiry(server::conversion_now);
         }
     }
 

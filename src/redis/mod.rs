@@ -8,9 +8,9 @@
 //! * `gate`      — the `lock_gate` data type (a fence gate's mark)
 //! * `evicted`   — gates maxmemory evicted, their marks kept and put back
 //! * `events`    — server events and the type's unlink callback
-//! * `handoff`   — what a run of the hand-off timer does; flush, SWAPDB
+//! * `timer_run` — what a run of the hand-off timer does; flush, SWAPDB
 //! * `sweep`     — the background reclamation of ended locks
-//! * `outputs`   — carrying out what the node decided (`core::output`):
+//! * `executor`  — carrying out what the node decided (`core::output`):
 //!   replies to waiters, replication, keyspace events, statistics
 //! * `blocked`   — BLOCK waiters as Redis blocked clients, one reply each
 //! * `keyspace`  — a key of the keyspace seen as a plain `core::LockStore`,
@@ -23,7 +23,7 @@
 //!   its inbox of inputs from callbacks that cannot enter the node
 //! * `info`      — the `INFO lock` section
 //! * `propagation` — whether a write's effect can reach the AOF or a replica
-//! * `node`      — the clock, key and waiter identities, cached server
+//! * `server`    — the clock, key and waiter identities, cached server
 //!   configuration, counters (lease ids are the core node's)
 //! * `ffi`       — the FFI facade: every raw module API (and libc) call
 //!   outside `datatype` and `gate`, behind small safe functions; with
@@ -36,14 +36,14 @@ pub mod datatype;
 pub mod engine;
 pub mod events;
 pub mod evicted;
+pub mod executor;
 pub mod ffi;
 pub mod gate;
 pub mod guarded;
-pub mod handoff;
 pub mod info;
 pub mod keyspace;
-pub mod node;
-pub mod outputs;
 pub mod propagation;
+pub mod server;
 pub mod sweep;
 pub mod timer;
+pub mod timer_run;

@@ -23,10 +23,10 @@ use std::sync::Mutex;
 
 use super::datatype;
 use super::engine::{self, Key};
+use super::executor::{self, Site, WaiterAcl};
 use super::ffi::{self, guard, Ctx, KeyRef, RString, ScanCursor};
 use super::keyspace::LockKey;
-use super::node::{self, STATS};
-use super::outputs::{self, Site, WaiterAcl};
+use super::server::{self, STATS};
 use crate::core::time::{self, Now};
 
 /// The longest slice of sweeping, µs: a command waits at most this long.
@@ -55,7 +55,7 @@ static ARMED: Mutex<Option<(i64, u64)>> = Mutex::new(None);
 fn arm(ctx: Ctx, after_ms: i64) {
     // ctx: the context Redis gave this module (load, timer or cron).
     let id = ffi::create_timer(ctx, after_ms, on_tick);
-    *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some((node::mono_ms() + after_ms, id));
+    *ARMED.lock().unwrap_or_else(|p| p.into_inner()) = Some((server::mono_ms() + after_ms, id));
 }
 
 /// Server cron: module timers fire by the server's wall clock, so after it
@@ -66,7 +66,7 @@ pub fn heal(ctx: Ctx) {
     let Some((due, id)) = *armed else {
         return;
     };
-    if due + 1_000 >= node::mono_ms() {
+    if due + 1_000 >= server::mono_ms() {
         return;
     }
     *armed = None;
@@ -101,7 +101,7 @@ fn sweep(ctx: Ctx) -> bool {
     if !engine::with_engine(|n| n.acts_alone(cond)) {
         return false; // the master reclaims; or later
     }
-    let started = node::conversion_now();
+    let started = server::conversion_now();
     let mut guard_pos = POSITION.lock().unwrap_or_else(|p| p.into_inner());
     let pos = guard_pos.get_or_insert_with(|| Position {
         db: 0,
@@ -123,7 +123,7 @@ fn sweep(ctx: Ctx) -> bool {
             continue;
         }
         let mut found = Found {
-            now: node::conversion_now(),
+            now: server::conversion_now(),
             ended: Vec::new(),
             legacy: Vec::new(),
         };
@@ -141,7 +141,7 @@ fn sweep(ctx: Ctx) -> bool {
             pos.db += 1;
             pos.cursor.restart();
         }
-        if node::conversion_now().mono_us - started.mono_us >= SLICE_US {
+        if server::conversion_now().mono_us - started.mono_us >= SLICE_US {
             return reclaimed;
         }
     }
@@ -197,15 +197,15 @@ fn reclaim(ctx: Ctx, db: i32, name: &[u8]) {
     let owned = ffi::OwnedString::new(ctx, name);
     let rname = owned.get();
     if let Ok(mut store) = LockKey::open(ctx, rname) {
-        let now = node::conversion_now();
+        let now = server::conversion_now();
         let cond = engine::background_conditions(ctx);
         let mut acl = WaiterAcl { ctx, name: rname };
-        let (_, decided) = outputs::decide(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
+        let (_, decided) = executor::decide(|n| n.reclaim(&key, &mut store, cond, &mut acl, now));
         let site = Site::Command {
             name: rname,
             store: &store,
             now,
         };
-        outputs::carry_out(ctx, decided, site);
+        executor::carry_out(ctx, decided, site);
     }
 }

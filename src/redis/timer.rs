@@ -1,7 +1,7 @@
 //! The hand-off timer (the sweep has its own): one module timer, armed for
 //! the node's next wake-up and kept on time across wall-clock steps, and
 //! the inbox of inputs from callbacks that cannot enter the engine or write
-//! (unlink2, undelivered grants). What a run does is `handoff::run`, given
+//! (unlink2, undelivered grants). What a run does is `timer_run::run`, given
 //! at load ([`init`]); this module knows nothing of the node, so the engine
 //! and every caller above it can arm it.
 
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::ffi::{self, guard, Ctx, DetachedSlot};
-use super::node::{self, Client, Key};
+use super::server::{self, Client, Key};
 use crate::core::output::Output;
 
 /// Inputs for the next timer run.
@@ -41,7 +41,7 @@ fn locked<T>(m: &'static Mutex<T>) -> MutexGuard<'static, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// What a timer run does (`handoff::run`), set once at load.
+/// What a timer run does (`timer_run::run`), set once at load.
 static RUN: OnceLock<fn(Ctx, Inbox)> = OnceLock::new();
 
 /// Called once at load: a detached context to create timers with, and
@@ -57,7 +57,7 @@ pub fn init(ctx: Ctx, run: fn(Ctx, Inbox)) -> Result<(), &'static str> {
 /// Puts an input in the inbox and has the timer run at once.
 pub fn queue(f: impl FnOnce(&mut Inbox)) {
     f(&mut locked(&INBOX));
-    arm_at(node::mono_ms());
+    arm_at(server::mono_ms());
 }
 
 /// How late (monotonic ms) the timer may be before `heal` re-arms it: the
@@ -102,7 +102,7 @@ pub fn heal() {
     if due == i64::MAX {
         return;
     }
-    let now = node::now();
+    let now = server::now();
     let (mono_ms, offset_ms) = (now.mono_ms(), now.wall_ms() - now.mono_ms());
     let overdue = due.saturating_add(LATE_MS) < mono_ms;
     let stepped = (offset_ms - ARMED_OFFSET_MS.load(Relaxed)).abs() > STEP_MS;
@@ -139,7 +139,7 @@ pub fn arm_at(at_ms: i64) {
     }
     // Round up so the timer never runs before `at_ms` has passed. at_ms is
     // bounded (limits::MAX_DEADLINE_MS), so this cannot overflow.
-    let now = node::now();
+    let now = server::now();
     let period_ms = ((at_ms.saturating_mul(1000) - now.mono_us).max(0) + 999) / 1000;
     let id = ffi::create_timer(ctx, period_ms, on_timer);
     *timer = Some((at_ms, id));

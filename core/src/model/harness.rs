@@ -9,7 +9,7 @@ use crate::error::LockError;
 use crate::lock::tests::{MemStore, Stored};
 use crate::lock::{self, Mode};
 use crate::node::gate::tests::MemGate;
-use crate::node::{Acquire, AcquireRequest, Admission, Conditions, Keyspace, Node, Served};
+use crate::node::{Acquire, AcquireRequest, Admission, Conditions, Node, Served, TimerKeys};
 use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
@@ -326,7 +326,7 @@ impl Admission<u8> for NotDenied<'_> {
     }
 }
 
-impl<'a> Keyspace<u8, u8> for ModelKeys<'a> {
+impl<'a> TimerKeys<u8, u8> for ModelKeys<'a> {
     type Store = MemStore;
     type Admit = NotDenied<'a>;
     type Gate = MemGate;

@@ -8,7 +8,7 @@
 
 use std::hash::Hash;
 
-use super::{acts_alone, refuse_on_replica, Conditions, Keyspace, Node};
+use super::{acts_alone, refuse_on_replica, Conditions, Node, TimerKeys};
 use crate::error::LockError;
 use crate::guarded;
 use crate::output::{Output, Stat};
@@ -144,7 +144,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// alone if its key now holds another type. On a replica the kept
     /// marks are dropped (its master's data wins); while writes are held
     /// back they wait for the retry instant.
-    pub(super) fn put_back_gates<S: Keyspace<K, C>>(
+    pub(super) fn put_back_gates<S: TimerKeys<K, C>>(
         &mut self,
         keys: &mut S,
         cond: Conditions,

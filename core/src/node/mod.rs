@@ -8,7 +8,7 @@
 //!   [`release`](Node::release), [`extend`](Node::extend),
 //!   [`enqueue`](Node::enqueue), [`leave`](Node::leave),
 //!   [`undelivered`](Node::undelivered), [`run_timer`](Node::run_timer)
-//!   (which opens keys through a [`Keyspace`]), [`set_limits`](Node::set_limits), [`start_serving`](Node::start_serving),
+//!   (which opens keys through a [`TimerKeys`]), [`set_limits`](Node::set_limits), [`start_serving`](Node::start_serving),
 //!   [`keys_changed`](Node::keys_changed), [`rename_keys`](Node::rename_keys);
 //!   each carries the time, and what only the server knows
 //!   ([`Conditions`], whether a waiter may still run the command on the key
@@ -37,7 +37,7 @@ pub use gate::{GateRead, GateStore};
 pub use options::{Conditions, Limits};
 pub use outside::Loaded;
 pub use reads::Held;
-pub use timer::Keyspace;
+pub use timer::TimerKeys;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::Hash;

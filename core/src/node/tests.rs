@@ -71,7 +71,7 @@ struct OneKey<'a> {
     served: Served,
 }
 
-impl Keyspace<&'static str, u32> for OneKey<'_> {
+impl TimerKeys<&'static str, u32> for OneKey<'_> {
     type Store = MemStore;
     type Admit = AdmitAll;
     type Gate = MemGate;
@@ -467,7 +467,7 @@ fn an_undelivered_grant_is_taken_back_and_handed_on() {
 #[derive(Default)]
 struct Keys(std::collections::HashMap<&'static str, MemStore>);
 
-impl Keyspace<&'static str, u32> for Keys {
+impl TimerKeys<&'static str, u32> for Keys {
     type Store = MemStore;
     type Admit = AdmitAll;
     type Gate = MemGate;
@@ -982,7 +982,7 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
 #[derive(Default)]
 struct Gates(std::collections::HashMap<&'static str, MemGate>);
 
-impl Keyspace<&'static str, u32> for Gates {
+impl TimerKeys<&'static str, u32> for Gates {
     type Store = MemStore;
     type Admit = AdmitAll;
     type Gate = MemGate;

@@ -16,7 +16,7 @@ use crate::waiters::WaiterId;
 /// whether it is still served here, and ACL asked for each waiter; in the
 /// model and the tests, maps in memory. [`Node::run_timer`] is the one
 /// sequence of a timer run, whoever provides the keys.
-pub trait Keyspace<K, C> {
+pub trait TimerKeys<K, C> {
     type Store: LockStore;
     type Admit: Admission<C>;
     type Gate: GateStore;
@@ -104,7 +104,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     ///
     /// A grant taken back is reported as a release. The glue, the model
     /// and the tests all run this one sequence.
-    pub fn run_timer<S: Keyspace<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
+    pub fn run_timer<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
         let now_ms = now.mono_ms();
         self.put_back_gates(keys, cond, now_ms);
         let work = self.timer(cond, now);

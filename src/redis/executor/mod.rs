@@ -19,7 +19,7 @@ use super::blocked;
 use super::engine::{self, Client, Key};
 use super::ffi::{self, notify_lock_event, Ctx, RString};
 use super::keyspace::{self, LockKey, ReadKey};
-use super::node::{self, count, STATS};
+use super::server::{self, count, STATS};
 use super::timer;
 use crate::core::node::{Admission, Node};
 use crate::core::output::{Event, Output, Stat};
@@ -118,7 +118,7 @@ pub fn leftover(outputs: Vec<Output<Key, Client>>) -> Decided {
 /// Where outputs are carried out.
 pub enum Site<'a> {
     /// A command on its key `name` (in its client's db), open as `store`,
-    /// deciding at `now` (read with `node::now`): every output of a
+    /// deciding at `now` (read with `server::now`): every output of a
     /// command is about that key.
     Command {
         name: RString,
@@ -178,7 +178,7 @@ impl Redis<'_, '_> {
             Site::Gate { .. } | Site::Background => None,
         };
         *self.now.get_or_insert_with(|| {
-            decided_at.map_or_else(node::conversion_now, node::conversion_at)
+            decided_at.map_or_else(server::conversion_now, server::conversion_at)
         })
     }
 
@@ -188,7 +188,7 @@ impl Redis<'_, '_> {
             (At::Command, Site::Command { name, .. }) | (At::Gate, Site::Gate { name }) => f(*name),
             (At::Nth(i), Site::Keys { names, .. }) => f(names[i]),
             (At::Found(key), _) => {
-                node::in_db(self.ctx, key, f);
+                server::in_db(self.ctx, key, f);
             }
             _ => {}
         }
@@ -286,17 +286,17 @@ fn count_stat(stat: Stat) {
         Stat::Expiration { held_ms } => {
             count(&STATS.expirations);
             if let Some(held_ms) = held_ms {
-                node::record_hold(held_ms);
+                server::record_hold(held_ms);
             }
         }
         Stat::LetGo { held_ms } => {
             if let Some(held_ms) = held_ms {
-                node::record_hold(held_ms);
+                server::record_hold(held_ms);
             }
         }
         Stat::Handoff { waited_us } => {
             count(&STATS.handoffs);
-            node::record_wait(waited_us);
+            server::record_wait(waited_us);
         }
         Stat::BlockTimeout => count(&STATS.block_timeouts),
         Stat::TakeBack => count(&STATS.take_backs),

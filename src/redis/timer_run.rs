@@ -5,15 +5,15 @@
 use std::collections::HashSet;
 
 use super::engine;
+use super::executor::{self, Site, WaiterAcl};
 use super::ffi::{self, cluster_nodes, in_cluster, key_exists, Ctx, RString, Write};
 use super::gate::GateKey;
 use super::keyspace::LockKey;
-use super::node::{self, Client, Key};
-use super::outputs::{self, Site, WaiterAcl};
+use super::server::{self, Client, Key};
 use super::timer::Inbox;
 use crate::core::cluster;
 use crate::core::error::LockError;
-use crate::core::node::{Keyspace, Served};
+use crate::core::node::{Served, TimerKeys};
 
 /// A run of the hand-off timer (`timer`, which calls it): feeds the inbox
 /// to the node and has it run its timer ([`Node::run_timer`]) over the
@@ -23,9 +23,9 @@ use crate::core::node::{Keyspace, Served};
 /// [`Node::run_timer`]: crate::core::node::Node::run_timer
 pub fn run(ctx: Ctx, inbox: Inbox) {
     if !inbox.outputs.is_empty() {
-        outputs::carry_out(ctx, outputs::leftover(inbox.outputs), Site::Background);
+        executor::carry_out(ctx, executor::leftover(inbox.outputs), Site::Background);
     }
-    let now = node::now();
+    let now = server::now();
     let now_ms = now.mono_ms();
     let cond = engine::background_conditions(ctx);
     let changed: HashSet<&Key> = inbox.changed.iter().collect();
@@ -33,7 +33,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
         ctx,
         cluster: ClusterView::new(ctx),
     };
-    let ((), decided) = outputs::decide(|n| {
+    let ((), decided) = executor::decide(|n| {
         if !changed.is_empty() {
             n.keys_changed(|k| changed.contains(k), now_ms);
         }
@@ -42,7 +42,7 @@ pub fn run(ctx: Ctx, inbox: Inbox) {
         }
         n.run_timer(&mut keys, cond, now)
     });
-    outputs::carry_out(ctx, decided, Site::Background);
+    executor::carry_out(ctx, decided, Site::Background);
 }
 
 /// The keyspace as a timer run opens it: the key's db selected, the key
@@ -53,7 +53,7 @@ struct Keys {
     cluster: ClusterView,
 }
 
-impl Keyspace<Key, Client> for Keys {
+impl TimerKeys<Key, Client> for Keys {
     type Store = LockKey;
     type Admit = WaiterAcl;
     type Gate = GateKey<Write>;
@@ -169,7 +169,7 @@ pub fn flushed(db: i32) {
     if engine::waiters_total() == 0 {
         return;
     }
-    let now_ms = node::mono_ms();
+    let now_ms = server::mono_ms();
     engine::with_engine(|n| n.keys_changed(|k| db < 0 || k.0 == db, now_ms));
     engine::rearm_timer();
 }
@@ -180,7 +180,7 @@ pub fn swapped(a: i32, b: i32) {
     if engine::waiters_total() == 0 {
         return;
     }
-    let now_ms = node::mono_ms();
+    let now_ms = server::mono_ms();
     let swap = |(db, name): &Key| {
         let db = match *db {
             d if d == a => b,
