@@ -1,0 +1,71 @@
+//! The commands that only read a key: FENCE and INFO.
+
+use super::*;
+
+pub(super) fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let token = args::parse_fence(argv.bytes())?;
+    // One open: a gate answers its mark, a lock its holder's fence.
+    let key = OpenKey::<Read>::open(ctx, argv.key());
+    if let Some(mark) = key.as_ref().and_then(|k| guarded::gate_fence(k, token)) {
+        return mark;
+    }
+    let store = ReadKey::of(key)?;
+    let now_ms = server::mono_ms();
+    Ok(
+        match engine::with_engine(|n| n.fence_of(&store, token, now_ms)) {
+            Some(fence) => Reply::Integer(fence),
+            None => Reply::Null,
+        },
+    )
+}
+
+/// The holder's token is a credential (it can release and extend the lock):
+/// it is shown only to users who may write the key. Others see nil.
+pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    args::parse_info(argv.bytes())?;
+    let store = ReadKey::open(ctx, argv.key())?;
+    let now = server::mono_ms();
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let Some(held) = engine::with_engine(|n| n.info(&key, &store, now)) else {
+        return Ok(Reply::Null);
+    };
+    let show_tokens = may_write_key(ctx, argv.key());
+    let holder_fields = |held: &Lock<'_>| {
+        let token = match show_tokens {
+            true => Value::Bytes(held.token.to_vec()),
+            false => Value::Null,
+        };
+        let granted = match datatype::wall_times(held) {
+            (_, 0) => Value::Null,
+            (_, at) => Value::Integer(at),
+        };
+        [
+            (info_field::TOKEN, token),
+            (info_field::FENCE, Value::Integer(held.fence)),
+            (info_field::TTL, Value::Integer(held.remaining_ms(now))),
+            (info_field::GRANTED, granted),
+        ]
+    };
+    // The newest holder's fields first (the only holder's when exclusive):
+    // replies read by name or by position stay as they were.
+    let [token, fence, ttl, granted] = holder_fields(&held.live[held.newest]);
+    let (mode, limit) = match held.mode {
+        Mode::Shared { limit } => ("shared", limit.map(i64::from)),
+        Mode::Exclusive => ("exclusive", None),
+    };
+    let waiters = held.waiters;
+    let live = held.live;
+    Ok(Reply::Map(vec![
+        token,
+        fence,
+        ttl,
+        (info_field::WAITERS, Value::Integer(waiters as i64)),
+        granted,
+        (info_field::MODE, Value::Bytes(mode.into())),
+        (info_field::LIMIT, limit.map_or(Value::Null, Value::Integer)),
+        (
+            info_field::HOLDERS,
+            Value::Maps(live.iter().map(|l| holder_fields(l).into()).collect()),
+        ),
+    ]))
+}
