@@ -11,11 +11,17 @@ use redis_module::raw;
 use redis_module::{redis_module, Context, RedisString, Status};
 
 use crate::core::args::{OptionSpec, OptionValue};
+use crate::core::limits;
 use crate::core::protocol::OPTIONS;
 use crate::redis::{
     blocked, commands, datatype, engine, events, evicted, ffi, gate, info, propagation, sweep,
     timer, timer_run,
 };
+
+/// `VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION` (Valkey 9.0's
+/// valkeymodule.h; the bits below it are Redis's and Valkey's alike, this
+/// one is unknown to Redis and to Valkey 8).
+const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
 
 /// Where each option's value lives (the node's limits), in the order of
 /// `protocol::OPTIONS`, which owns their names, bounds and defaults.
@@ -104,11 +110,31 @@ fn start(context: &Context, args: &[RedisString]) -> Result<(), String> {
     //   and the fence mark (never lowered), so async loading is safe;
     // * NO_IMPLICIT_SIGNAL_MODIFIED: only real changes touch WATCH and
     //   client-side caching (see `keyspace`).
-    let options = raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
+    // * on Valkey 9, HANDLE_ATOMIC_SLOT_MIGRATION: the module's keys move
+    //   with their slot (what the move does: docs/operations.md).
+    let mut options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS
         | raw::REDISMODULE_OPTIONS_HANDLE_REPL_ASYNC_LOAD
-        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED;
-    ffi::set_module_options(ctx, options as c_int)
-        .ok_or("RedisModule_SetModuleOptions is not available")?;
+        | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
+    let valkey = ffi::valkey_version();
+    let atomic_slot_migration = limits::declares_atomic_slot_migration(valkey);
+    if atomic_slot_migration {
+        options |= VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION;
+    }
+    ffi::set_module_options(ctx, options).ok_or("RedisModule_SetModuleOptions is not available")?;
+    context.log_notice(&match valkey {
+        Some(v) if atomic_slot_migration => format!(
+            "lock: on Valkey {}: declared that the module handles atomic slot migration",
+            limits::version_text(v)
+        ),
+        Some(v) => format!(
+            "lock: on Valkey {}: atomic slot migration not declared (Valkey 9.0 and later)",
+            limits::version_text(v)
+        ),
+        None => format!(
+            "lock: on Redis {}",
+            limits::version_text(ffi::server_version().unwrap_or(0))
+        ),
+    });
     datatype::register(ctx, events::on_unlink)?;
     gate::register(ctx, evicted::on_gate_unlinked)?;
     commands::register(ctx)?;

@@ -481,6 +481,41 @@ fn commands_work_from_lua() {
     assert!(err.contains("ttl-ms"), "{err}");
 }
 
+/// Every internal command (what the module replicates and rewrites into
+/// the AOF) names its key to the server, so a stream filtered by slot (a
+/// replica's, Valkey 9's atomic slot migration, which drops a command whose
+/// slot it cannot find) carries it with its key.
+#[test]
+fn every_internal_command_names_its_key() {
+    use redis_lock_core::protocol::command;
+    let s = Server::start();
+    let mut c = s.conn();
+    for (name, args) in [
+        (
+            command::SET,
+            &["{m}lock", "tok", "5", "99999999999999", "0"][..],
+        ),
+        (
+            command::SET_SHARED,
+            &["{m}lock", "0", "tok", "5", "99999999999999", "0"][..],
+        ),
+        (
+            command::HOLD,
+            &["{m}lock", "0", "tok", "5", "99999999999999", "0"][..],
+        ),
+        (command::DROP, &["{m}lock", "tok"][..]),
+        (command::GATE, &["{m}lock", "5"][..]),
+    ] {
+        let keys: Vec<String> = redis::cmd("COMMAND")
+            .arg("GETKEYS")
+            .arg(name)
+            .arg(args)
+            .query(&mut c)
+            .unwrap_or_else(|e| panic!("COMMAND GETKEYS {name}: {e}"));
+        assert_eq!(keys, vec!["{m}lock"], "{name}");
+    }
+}
+
 #[test]
 fn command_metadata_declares_flags_arity_and_the_key() {
     let s = Server::start();

@@ -504,3 +504,58 @@ fn the_architectures_import_table_is_the_glues() {
         as_table()
     );
 }
+
+/// Lines of code in a source: no blank line, no comment, no in-file unit
+/// tests.
+fn code_lines(text: &str) -> usize {
+    code(text).lines().filter(|l| !l.trim().is_empty()).count()
+}
+
+#[test]
+fn code_lines_count_code_only() {
+    let text = "//! doc\nuse a;\n\n/* block\n comment */\nfn f() {} // note\n#[cfg(test)]\nmod tests {\n fn t() {}\n}\n";
+    // `use a;`, `fn f() {}`, `#[cfg(test)]`.
+    assert_eq!(code_lines(text), 3);
+}
+
+/// Files with one job each: no source file over 1,000 lines of code, and a
+/// glue file (`src/redis/`) at most 500. Unit-test files (`tests.rs`)
+/// aside, as in-file unit tests are.
+#[test]
+fn no_source_file_is_too_long() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut too_long = Vec::new();
+    let mut read = 0;
+    for (dir, limit) in [
+        ("src/redis", 500),
+        ("src", 1000),
+        ("core/src", 1000),
+        ("client/src", 1000),
+        ("testkit/src", 1000),
+    ] {
+        let mut stack = vec![root.join(dir)];
+        while let Some(folder) = stack.pop() {
+            for entry in std::fs::read_dir(&folder).expect("a source folder") {
+                let path = entry.expect("a folder entry").path();
+                if path.is_dir() {
+                    // src/redis has its own, lower limit.
+                    if !(dir == "src" && path.ends_with("redis")) {
+                        stack.push(path);
+                    }
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "rs") || path.ends_with("tests.rs") {
+                    continue;
+                }
+                read += 1;
+                let lines = code_lines(&std::fs::read_to_string(&path).expect("readable"));
+                if lines > limit {
+                    let shown = path.strip_prefix(root).unwrap().display().to_string();
+                    too_long.push(format!("{shown}: {lines} lines of code (at most {limit})"));
+                }
+            }
+        }
+    }
+    assert!(read > 50, "{read} source files read");
+    assert!(too_long.is_empty(), "{}", too_long.join("\n"));
+}

@@ -384,3 +384,31 @@ fn a_hand_off_applies_a_lowered_max_ttl() {
     let ttl = lock_info(&mut c, "k").unwrap().ttl;
     assert!(ttl <= 1000, "the lease granted is within the limit: {ttl}");
 }
+
+/// The load names the server in its log, and on Valkey whether the module
+/// declared that it handles atomic slot migration: only on Valkey 9.0 and
+/// later, whose option bit other servers do not know.
+#[test]
+fn the_load_names_the_server_and_what_it_declared() {
+    let s = Server::start();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query(&mut s.conn())
+        .unwrap();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_string())
+    };
+    let log = s.log();
+    let want = match field("valkey_version") {
+        Some(v) if v.split('.').next().unwrap().parse::<u32>().unwrap() >= 9 => {
+            format!("lock: on Valkey {v}: declared that the module handles atomic slot migration")
+        }
+        Some(v) => format!(
+            "lock: on Valkey {v}: atomic slot migration not declared (Valkey 9.0 and later)"
+        ),
+        None => format!("lock: on Redis {}", field("redis_version").unwrap()),
+    };
+    assert!(log.contains(&want), "{want:?} not in the log:\n{log}");
+}

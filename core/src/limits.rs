@@ -57,16 +57,48 @@ pub fn check_server_version(version: i32) -> Result<(), String> {
     }
     let shown = match version {
         0 => "older than 6.0.9".to_string(),
-        v => format!("{}.{}.{}", v >> 16, (v >> 8) & 0xff, v & 0xff),
+        v => version_text(v),
     };
     Err(format!(
         "this module needs Redis 7.0 or later (or Valkey 7.2 or later); this server is {shown}"
     ))
 }
 
+/// The first Valkey that moves slots atomically (`CLUSTER MIGRATESLOTS`,
+/// 9.0) and refuses to while a loaded module has not declared that it
+/// handles it (an option bit Valkey 8 and Redis do not know).
+pub const VALKEY_ATOMIC_SLOT_MIGRATION: i32 = 0x00_09_00_00;
+
+/// Whether to declare that the module handles Valkey's atomic slot
+/// migration: only on a Valkey (`valkey_version`, as Valkey numbers itself)
+/// that knows the option. What a move does to locks, waiters, timers and
+/// gates: docs/operations.md, Redis Cluster.
+pub fn declares_atomic_slot_migration(valkey_version: Option<i32>) -> bool {
+    valkey_version.is_some_and(|v| v >= VALKEY_ATOMIC_SLOT_MIGRATION)
+}
+
+/// A server version as people write it: `8.1.4`.
+pub fn version_text(version: i32) -> String {
+    format!(
+        "{}.{}.{}",
+        version >> 16,
+        (version >> 8) & 0xff,
+        version & 0xff
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_valkey_9_is_told_of_atomic_slot_migration() {
+        assert!(!declares_atomic_slot_migration(None)); // Redis, any version
+        assert!(!declares_atomic_slot_migration(Some(0x00_08_01_04)));
+        assert!(declares_atomic_slot_migration(Some(0x00_09_00_00)));
+        assert!(declares_atomic_slot_migration(Some(0x00_0a_00_00)));
+        assert_eq!(version_text(0x00_08_01_04), "8.1.4");
+    }
 
     #[test]
     fn servers_before_7_0_are_refused_with_their_version() {

@@ -53,6 +53,28 @@ pub fn server_version() -> Option<c_int> {
     optional_api!(RedisModule_GetServerVersion).map(|get| unsafe { get() })
 }
 
+/// The server's version as Valkey numbers itself (0x00MMmmpp), asked of
+/// `ValkeyModule_GetServerVersion` (Valkey 8.0 and later; its
+/// `RedisModule_GetServerVersion` says 7.2.4); None on Redis.
+pub fn valkey_version() -> Option<c_int> {
+    let get_api = optional_api!(RedisModule_GetApi)?;
+    let mut function: *mut c_void = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated name and where to write the function's
+    // address; the server writes it only when it has the function.
+    let found = unsafe {
+        get_api(
+            c"ValkeyModule_GetServerVersion".as_ptr(),
+            (&mut function as *mut *mut c_void).cast(),
+        )
+    };
+    if found != raw::REDISMODULE_OK as c_int || function.is_null() {
+        return None;
+    }
+    // SAFETY: the server's own function of that name: `int (*)(void)`.
+    let get: extern "C" fn() -> c_int = unsafe { std::mem::transmute(function) };
+    Some(get())
+}
+
 /// RM_SetModuleOptions; None where the server lacks it.
 pub fn set_module_options(ctx: Ctx, options: c_int) -> Option<()> {
     let set_options = optional_api!(RedisModule_SetModuleOptions)?;
