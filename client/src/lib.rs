@@ -210,6 +210,7 @@ mod group;
 mod guard;
 mod keys;
 mod node;
+mod node_settings;
 mod options;
 mod settle;
 
@@ -222,4 +223,5 @@ pub use clock::{boot_clock, drift, later_by};
 pub use error::{Error, Result};
 pub use guard::{Lease, LockGuard, LostSignal, ValidityWatch};
 pub use keys::Keys;
-pub use node::{LockInfo, NodeSettings};
+pub use node::LockInfo;
+pub use node_settings::NodeSettings;
