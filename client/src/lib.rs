@@ -205,6 +205,7 @@ pub mod blocking;
 
 mod client;
 mod clock;
+mod deployment;
 mod error;
 mod group;
 mod guard;
@@ -212,6 +213,7 @@ mod keys;
 mod node;
 mod node_settings;
 mod options;
+mod redlock;
 mod settle;
 
 /// Support for the `redis-lock` command; not part of the library's API.
