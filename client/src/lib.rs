@@ -212,6 +212,7 @@ mod guard;
 mod keys;
 mod node;
 mod node_settings;
+mod node_url;
 mod options;
 mod redlock;
 mod settle;
