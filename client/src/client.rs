@@ -2,7 +2,7 @@
 //! over N nodes (a majority, with quorum fencing).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering as AtomicOrdering};
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::guard::{Lease, LockGuard};
 use crate::keys::Keys;
-use crate::node::{LockInfo, Node, NodeSettings};
+use crate::node::{LockInfo, Node};
+use crate::node_settings::NodeSettings;
 pub use crate::options::Options;
 use crate::settle::{Settle, SETTLE};
 use redis_lock_core::Mode;
@@ -30,29 +31,29 @@ pub(crate) struct Inner {
     /// The nodes, shared with every guard of this client.
     pub(crate) group: Arc<Group>,
     /// Redlock: keys whose ordering node recently refused this client, and when.
-    contended: std::sync::Mutex<HashMap<Keys, Instant>>,
+    pub(crate) contended: std::sync::Mutex<HashMap<Keys, Instant>>,
     /// Redlock: the largest token this client asked for in a first phase
     /// or was granted.
-    highest_fence: AtomicI64,
+    pub(crate) highest_fence: AtomicI64,
     /// Redlock: the nodes' clock (the median of their `TIME`) as last
     /// sampled, and when, on this client's monotonic clock. The first-phase
     /// token is extrapolated from it, never from this client's wall clock.
-    node_clock: std::sync::Mutex<Option<ClockSample>>,
+    pub(crate) node_clock: std::sync::Mutex<Option<ClockSample>>,
     /// Redlock: whether the nodes were found to be distinct servers.
-    nodes_checked: std::sync::atomic::AtomicBool,
+    pub(crate) nodes_checked: std::sync::atomic::AtomicBool,
     /// The nodes' deployment as read once after the first grant.
-    deployment: std::sync::Mutex<Deployment>,
+    pub(crate) deployment: std::sync::Mutex<Deployment>,
     /// The commands a node's ACL refused, each warned about once.
-    refused: std::sync::Mutex<Vec<&'static str>>,
+    pub(crate) refused: std::sync::Mutex<Vec<&'static str>>,
     /// Every node's ACL refused TIME: it is not asked again (each acquire
     /// would pay a round trip for the refusal).
-    time_refused: std::sync::atomic::AtomicBool,
+    pub(crate) time_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
     /// Warns once per command that a node's ACL refuses it, and what the
     /// client does without it (docs/operations.md, Security).
-    fn refused(&self, node: &str, command: &'static str, lost: &str) {
+    pub(crate) fn refused(&self, node: &str, command: &'static str, lost: &str) {
         let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
         if refused.contains(&command) {
             return;
@@ -67,105 +68,21 @@ impl Inner {
     }
 }
 
-/// What is lost without a node's settings.
-const CRASH_CHECK_SKIPPED: &str = "the check whether a crash could make the node grant a lock that is still held (lock.restart-delay-ms, appendfsync) is skipped";
-
 /// The deployment check: each node's settings, read once in the background
 /// after this client's first grant, and the nodes already warned about.
 #[derive(Default)]
-struct Deployment {
-    started: bool,
+pub(crate) struct Deployment {
+    pub(crate) started: bool,
     /// Per node: its settings (None: it did not answer, or refused INFO).
-    settings: Option<Vec<Option<NodeSettings>>>,
-    warned: Vec<bool>,
+    pub(crate) settings: Option<Vec<Option<NodeSettings>>>,
+    pub(crate) warned: Vec<bool>,
 }
-
-impl Deployment {
-    fn record(&mut self, settings: Vec<Option<NodeSettings>>) {
-        self.warned = vec![false; settings.len()];
-        self.settings = Some(settings);
-        tracing::debug!("lock nodes' deployment checked");
-    }
-
-    /// Warns (a `tracing` warning, once per node) about each node a crash
-    /// would make unsafe for leases of `ttl`.
-    fn warn_unsafe(&mut self, ttl: Duration) {
-        let Some(settings) = &self.settings else {
-            return;
-        };
-        for (i, s) in settings.iter().enumerate() {
-            let Some(s) = s else { continue };
-            if self.warned[i] {
-                continue;
-            }
-            if let Some(warning) = s.crash_warning(ttl) {
-                self.warned[i] = true;
-                tracing::warn!(node = %s.url, ttl_ms = ttl.as_millis() as u64, "lock node unsafe after a crash: {warning}");
-            }
-        }
-    }
-}
-
-/// How long the background deployment check waits for a node.
-const DEPLOYMENT_READ_LIMIT: Duration = Duration::from_secs(2);
 
 /// The nodes' wall clock in µs, read at `at` (this client's monotonic clock).
 #[derive(Clone, Copy, Debug)]
-struct ClockSample {
-    node_us: i64,
-    at: Instant,
-}
-
-/// What one node answered to an ACQUIRE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reply {
-    Granted(i64),
-    Refused,
-    Failed,
-}
-
-/// One Redlock attempt: the grant (token, validity deadline), if any, and
-/// what the ordering node answered.
-struct Round {
-    granted: Option<(i64, Instant)>,
-    order: Reply,
-}
-
-/// How waiting in the ordering node's line ended.
-enum Line {
-    Granted((i64, Instant)),
-    /// The wait is over without the lock (None), or with every node failing.
-    Over(Option<Error>),
-    /// The ordering node stopped answering, or the grant there was lost;
-    /// with the error if a round failed for want of a majority.
-    Gone(Option<Error>),
-}
-
-/// How long a key counts as contended after its ordering node refused.
-const CONTENDED_MEMORY: Duration = Duration::from_secs(1);
-
-/// How far ahead of the nodes' clock the first-phase token is asked for
-/// (µs): enough for the request to reach a node whose clock agrees.
-const FENCE_LEAD_US: i64 = 2_000;
-
-/// How long a sample of the nodes' clock is extrapolated on this client's
-/// monotonic clock before it is read again (bounds what the two clocks'
-/// rates can drift apart: 30 s at 500 ppm is 15 ms).
-const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
-
-/// Whether a node refused the request itself rather than failing to
-/// answer or asking to try again later ([`Error::is_busy`]): a TTL above
-/// `lock.max-ttl-ms`, a token too long, an ACL refusal, no module.
-fn refuses_the_request(e: &Error) -> bool {
-    match e {
-        Error::ModuleMissing { .. } => true,
-        Error::Redis(r) => {
-            !e.is_busy()
-                && (r.kind() == redis::ErrorKind::ResponseError
-                    || r.code() == Some(redis_lock_core::protocol::code::NO_PERMISSION))
-        }
-        _ => false,
-    }
+pub(crate) struct ClockSample {
+    pub(crate) node_us: i64,
+    pub(crate) at: Instant,
 }
 
 /// A fresh random token: 128 bits, as hex.
@@ -241,133 +158,6 @@ impl LockClient {
                 time_refused: std::sync::atomic::AtomicBool::new(false),
             }),
         }
-    }
-
-    /// At the first grant, reads every node's restart delay and
-    /// persistence in the background (no caller waits for it; a Redlock
-    /// group's were read with the distinct-server check) and warns,
-    /// as a `tracing` warning once per node, about a node that after a crash
-    /// could grant a lock still held: `lock.restart-delay-ms` below the
-    /// TTL without `appendfsync always` (the rule `redis-lock doctor` and
-    /// `redis-lock run` apply). Later grants with a longer TTL are judged
-    /// against the settings read then. A node whose settings cannot be read
-    /// (down, or an ACL user without CONFIG) is not judged.
-    fn check_deployment(&self, ttl: Duration) {
-        let mut deployment = self
-            .inner
-            .deployment
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if deployment.started {
-            deployment.warn_unsafe(ttl);
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        deployment.started = true;
-        let inner = self.inner.clone();
-        runtime.spawn(async move {
-            let read = join_all(
-                inner
-                    .group
-                    .nodes
-                    .iter()
-                    .map(|n| n.settings(DEPLOYMENT_READ_LIMIT)),
-            )
-            .await;
-            let settings: Vec<Option<NodeSettings>> = read
-                .into_iter()
-                .zip(&inner.group.nodes)
-                .map(|(r, node)| {
-                    r.map_err(|e| {
-                        if e.is_acl_refusal() {
-                            inner.refused(node.url(), "INFO", CRASH_CHECK_SKIPPED);
-                        }
-                        tracing::debug!(node = %node.url(), error = %e, "lock node settings not readable")
-                    })
-                    .ok()
-                })
-                .collect();
-            for (s, node) in settings.iter().zip(&inner.group.nodes) {
-                if s.as_ref().is_some_and(|s| s.restart_delay_ms.is_none()) {
-                    inner.refused(node.url(), "CONFIG GET", CRASH_CHECK_SKIPPED);
-                }
-            }
-            let mut deployment = inner.deployment.lock().unwrap_or_else(|e| e.into_inner());
-            deployment.record(settings);
-            deployment.warn_unsafe(ttl);
-        });
-    }
-
-    /// Redlock: refuses a group in which one server appears twice (the
-    /// same URL twice, an alias such as `localhost` and `127.0.0.1`, or two
-    /// databases `/0` and `/1` of one server): it would count as several
-    /// votes. Servers are told apart by their `run_id` (INFO server), read
-    /// once, when a majority first answers; a node that does not answer
-    /// then is not checked.
-    /// Returns the settings read, if it read them now.
-    async fn check_distinct_nodes(
-        &self,
-        limit: Duration,
-    ) -> Result<Option<Vec<Option<NodeSettings>>>> {
-        if self.inner.nodes_checked.load(AtomicOrdering::Acquire) {
-            return Ok(None);
-        }
-        // One read per node serves this check and the deployment check.
-        let read = join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await;
-        let answered: Vec<(usize, &String)> = read
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.as_ref().ok().map(|s| (i, &s.run_id)))
-            .filter(|(_, id)| !id.is_empty())
-            .collect();
-        for (k, (i, id)) in answered.iter().enumerate() {
-            if let Some((j, _)) = answered[..k].iter().find(|(_, other)| other == id) {
-                return Err(Error::Config(format!(
-                    "{} and {} are the same server (run_id {id}): a Redlock group needs independent nodes",
-                    self.inner.group.nodes[*j].url(),
-                    self.inner.group.nodes[*i].url(),
-                )));
-            }
-        }
-        // A node that refused INFO (an ACL user without it) cannot be told
-        // apart from the others, now or later: the group is refused unless
-        // the caller says its nodes are distinct (then it counts as
-        // answered, so the question is not asked again before every acquire).
-        let refused: Vec<usize> = read
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| matches!(r, Err(Error::Redis(e)) if e.kind() == redis::ErrorKind::ResponseError || e.code() == Some(redis_lock_core::protocol::code::NO_PERMISSION)))
-            .map(|(i, _)| i)
-            .collect();
-        if let Some(&i) = refused.first() {
-            let url = self.inner.group.nodes[i].url();
-            if !self.inner.group.options.distinct_nodes {
-                return Err(Error::Config(format!(
-                    "cannot tell whether {url} is a server distinct from the other nodes: its user may not run INFO (ACL), and one server under two names would count as two votes; grant +info to the user, or say the nodes are distinct (Options::distinct_nodes, redis-lock --distinct-nodes)"
-                )));
-            }
-            self.inner.refused(url, "INFO", "the nodes are taken to be distinct servers as told (Options::distinct_nodes), and the crash-safety check is skipped");
-        }
-        let refused = refused.len();
-        let majority_checked = answered.len() + refused >= self.quorum();
-        let read: Vec<Option<NodeSettings>> = read.into_iter().map(Result::ok).collect();
-        if majority_checked {
-            self.inner
-                .nodes_checked
-                .store(true, AtomicOrdering::Release);
-            let mut deployment = self
-                .inner
-                .deployment
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            if !deployment.started {
-                deployment.started = true;
-                deployment.record(read.clone());
-            }
-        }
-        Ok(Some(read))
     }
 
     /// How many nodes were given.
@@ -548,469 +338,6 @@ impl LockClient {
         acquire_now().await
     }
 
-    /// Redlock with a wait. With [`Options::queue`] (the default) the
-    /// waiting happens in the server: while another client holds the lock,
-    /// this one waits in the FIFO line (`BLOCK`) of the key's ordering node,
-    /// and once that node grants it, takes the others. Clients that wait
-    /// this way take turns in arrival order. When the ordering node does not
-    /// answer, and with `queue: false`, attempts are retried after random
-    /// pauses instead.
-    async fn acquire_redlock(
-        &self,
-        keys: &Keys,
-        token: &str,
-        ttl: Duration,
-        floor: bool,
-        wait: Duration,
-    ) -> Result<Option<(i64, Instant)>> {
-        // A wait too long for an instant (--wait 10^15h) is for ever.
-        let deadline = later_by(Instant::now(), wait);
-        let order = (self.inner.group.options.queue && !wait.is_zero())
-            .then(|| self.ordering_node(keys.ordering_key()));
-        // Why the last round failed, if a majority could not be asked: a
-        // wait that ends so is that error, not "held by another".
-        let mut last_error: Option<Error> = None;
-        loop {
-            let line = match order {
-                // Recently contended here: ask the ordering node alone first,
-                // so as not to take the other nodes from under the client
-                // that node has just handed the lock to.
-                Some(o) if self.recently_contended(keys) => {
-                    let limit = self.node_timeout(ttl);
-                    match self.inner.group.nodes[o]
-                        .acquire(keys, token, ttl, None, limit)
-                        .await
-                    {
-                        Ok(Some(_)) => {
-                            Some(self.take_others(keys, token, ttl, floor, o, deadline).await)
-                        }
-                        Ok(None) => {
-                            self.mark_contended(keys);
-                            Some(
-                                self.wait_in_line(keys, token, ttl, floor, o, deadline)
-                                    .await,
-                            )
-                        }
-                        // Not answering: a round that need not include it.
-                        Err(_) => None,
-                    }
-                }
-                _ => None,
-            };
-            let line = match line {
-                Some(line) => line,
-                None => match self
-                    .redlock_round(keys, token, ttl, floor, order, None)
-                    .await
-                {
-                    Ok(Round {
-                        granted: Some(granted),
-                        ..
-                    }) => return Ok(Some(granted)),
-                    Ok(Round {
-                        order: Reply::Refused,
-                        ..
-                    }) => {
-                        last_error = None;
-                        let o = order.expect("only the ordering node refuses a round");
-                        self.mark_contended(keys);
-                        self.wait_in_line(keys, token, ttl, floor, o, deadline)
-                            .await
-                    }
-                    Ok(_) => {
-                        last_error = None;
-                        Line::Gone(None)
-                    }
-                    // The nodes refuse the request itself (a TTL above
-                    // their limit, an ACL): no retry can change that.
-                    Err(e) if Instant::now() >= deadline || refuses_the_request(&e) => {
-                        return Err(e)
-                    }
-                    Err(e) => Line::Gone(Some(e)),
-                },
-            };
-            match line {
-                Line::Granted(granted) => return Ok(Some(granted)),
-                Line::Over(None) => return Ok(None),
-                Line::Over(Some(e)) => return Err(e),
-                // No grant, and no line to wait in (not queueing, the
-                // ordering node not answering, or the grant there lost):
-                // retry after a random pause.
-                Line::Gone(Some(e)) => last_error = Some(e),
-                Line::Gone(None) => {}
-            }
-            let max_delay = self
-                .inner
-                .group
-                .options
-                .retry_delay
-                .max(Duration::from_millis(1));
-            let pause = rand::thread_rng().gen_range(Duration::ZERO..max_delay);
-            if Instant::now() + pause >= deadline {
-                return last_error.map_or(Ok(None), Err);
-            }
-            tokio::time::sleep(pause).await;
-        }
-    }
-
-    /// Redlock: the index (in the URLs given) of the node whose FIFO line
-    /// orders the waiters for `key`. Rendezvous hashing of the key with
-    /// each node's `host:port`, so every client given the same nodes, in
-    /// any order, picks the same one, and different keys spread over the
-    /// nodes. 0 for a single node. Give every client the nodes under the
-    /// same names (a host name and its address count as different): clients
-    /// that pick different ordering nodes stay safe but do not take turns.
-    pub fn ordering_node(&self, key: &str) -> usize {
-        let score = |addr: &str| {
-            // FNV-1a, then a 64-bit finalizer (splitmix64).
-            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-            for b in addr.bytes().chain([0xff]).chain(key.bytes()) {
-                h ^= u64::from(b);
-                h = h.wrapping_mul(0x0100_0000_01b3);
-            }
-            h ^= h >> 30;
-            h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            h ^= h >> 27;
-            h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-            h ^ (h >> 31)
-        };
-        (0..self.inner.group.nodes.len())
-            .max_by_key(|&i| score(self.inner.group.nodes[i].addr()))
-            .unwrap_or(0)
-    }
-
-    /// Whether an attempt on `keys` recently found its ordering node held.
-    fn recently_contended(&self, keys: &Keys) -> bool {
-        let seen = self
-            .inner
-            .contended
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        seen.get(keys)
-            .is_some_and(|at| at.elapsed() < CONTENDED_MEMORY)
-    }
-
-    fn mark_contended(&self, keys: &Keys) {
-        let mut seen = self
-            .inner
-            .contended
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if seen.len() >= 1024 {
-            seen.retain(|_, at| at.elapsed() < CONTENDED_MEMORY);
-        }
-        if seen.len() < 4096 {
-            seen.insert(keys.clone(), Instant::now());
-        }
-    }
-
-    /// Waits in the ordering node's line until it grants, then takes the
-    /// other nodes ([`take_others`](Self::take_others)). While waiting it
-    /// pings the ordering node over the shared connection and gives up on
-    /// the line if the node stops answering.
-    async fn wait_in_line(
-        &self,
-        keys: &Keys,
-        token: &str,
-        ttl: Duration,
-        floor: bool,
-        o: usize,
-        deadline: Instant,
-    ) -> Line {
-        let node = &self.inner.group.nodes[o];
-        let limit = self.node_timeout(ttl);
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Line::Over(None);
-        }
-        let watch = async {
-            let every = limit.max(Duration::from_millis(50));
-            loop {
-                tokio::time::sleep(every).await;
-                if node.ping(limit).await.is_err() {
-                    return;
-                }
-            }
-        };
-        tokio::select! {
-            reply = node.acquire_waiting(keys, token, ttl, left, limit) => match reply {
-                Ok(Some(_)) => {}
-                Ok(None) => return Line::Over(None),
-                Err(_) => return Line::Gone(None),
-            },
-            _ = watch => return Line::Gone(None),
-        }
-        self.take_others(keys, token, ttl, floor, o, deadline).await
-    }
-
-    /// Holding the ordering node: rounds on every node (renewing the
-    /// ordering node's grant) until one succeeds or `deadline`, keeping the
-    /// ordering node meanwhile so the clients behind keep their places.
-    async fn take_others(
-        &self,
-        keys: &Keys,
-        token: &str,
-        ttl: Duration,
-        floor: bool,
-        o: usize,
-        deadline: Instant,
-    ) -> Line {
-        let max_pause = self
-            .inner
-            .group
-            .options
-            .retry_delay
-            .max(Duration::from_millis(1));
-        let mut pause = Duration::from_micros(500);
-        loop {
-            let result = self
-                .redlock_round(keys, token, ttl, floor, Some(o), Some(o))
-                .await;
-            match result {
-                Ok(Round {
-                    granted: Some(granted),
-                    ..
-                }) => return Line::Granted(granted),
-                Ok(Round {
-                    order: Reply::Granted(_),
-                    ..
-                }) => {}
-                // Our grant on the ordering node is gone (it expired, or
-                // the node restarted): back to the start.
-                Ok(_) | Err(_) => {
-                    self.inner.group.release_everywhere(keys, token, ttl).await;
-                    return match result {
-                        Err(e) if Instant::now() >= deadline => Line::Over(Some(e)),
-                        Err(e) => Line::Gone(Some(e)),
-                        Ok(_) => Line::Gone(None),
-                    };
-                }
-            }
-            let jittered = rand::thread_rng().gen_range(pause / 2..=pause);
-            if Instant::now() + jittered >= deadline {
-                self.inner.group.release_everywhere(keys, token, ttl).await;
-                return Line::Over(None);
-            }
-            tokio::time::sleep(jittered).await;
-            pause = (pause * 2).min(max_pause);
-        }
-    }
-
-    /// The fencing token to ask for in the first phase (`MINFENCE g`): just
-    /// above the nodes' clock and above every token this client has seen. A
-    /// node grants exactly `g` when its clock and its high-water mark are
-    /// below it, which is the rule on nodes whose clocks agree: then every
-    /// node of the majority already has the same token and the second phase
-    /// is not needed (one round trip instead of two).
-    ///
-    /// The nodes' clock is the median of their `TIME` replies, extrapolated
-    /// on this client's monotonic clock (read again after
-    /// [`NODE_CLOCK_MAX_AGE`]), never this client's wall clock: a client whose
-    /// clock is ahead must not drag the group's tokens ahead of the nodes'
-    /// clocks, or a node that restarts without its data issues tokens below
-    /// them. None (no `MINFENCE`, so always two phases when nodes disagree)
-    /// if no node answers `TIME`.
-    async fn first_phase_fence(&self, limit: Duration) -> Option<i64> {
-        let now_us = self.nodes_now_us(limit).await?;
-        Some(self.first_phase_fence_at(now_us))
-    }
-
-    fn first_phase_fence_at(&self, nodes_now_us: i64) -> i64 {
-        let guess = nodes_now_us.saturating_add(FENCE_LEAD_US);
-        let seen = &self.inner.highest_fence;
-        let mut prev = seen.load(AtomicOrdering::Relaxed);
-        loop {
-            let next = guess.max(prev + 1);
-            match seen.compare_exchange_weak(
-                prev,
-                next,
-                AtomicOrdering::Relaxed,
-                AtomicOrdering::Relaxed,
-            ) {
-                Ok(_) => return next,
-                Err(actual) => prev = actual,
-            }
-        }
-    }
-
-    /// The nodes' clock now (µs), from a recent sample or a fresh one.
-    async fn nodes_now_us(&self, limit: Duration) -> Option<i64> {
-        let cached = *self
-            .inner
-            .node_clock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if let Some(sample) = cached.filter(|c| c.at.elapsed() < NODE_CLOCK_MAX_AGE) {
-            return Some(sample.node_us + sample.at.elapsed().as_micros() as i64);
-        }
-        if self.inner.time_refused.load(AtomicOrdering::Relaxed) {
-            return None;
-        }
-        let replies = join_all(self.inner.group.nodes.iter().map(|n| n.time_us(limit))).await;
-        if replies
-            .iter()
-            .all(|r| r.as_ref().is_err_and(Error::is_acl_refusal))
-        {
-            self.inner.time_refused.store(true, AtomicOrdering::Relaxed);
-        }
-        for (r, node) in replies.iter().zip(&self.inner.group.nodes) {
-            if r.as_ref().is_err_and(Error::is_acl_refusal) {
-                self.inner.refused(
-                    node.url(),
-                    "TIME",
-                    "without the nodes' clock the first phase asks for no token floor, so a fenced grant takes a second round trip whenever the nodes' tokens differ",
-                );
-            }
-        }
-        // Taken after every reply arrived: each node read its clock before
-        // this, so the extrapolation errs behind the nodes, the safe side.
-        let at = Instant::now();
-        let mut clocks: Vec<i64> = replies.into_iter().filter_map(|r| r.ok()).collect();
-        if clocks.is_empty() {
-            return None;
-        }
-        clocks.sort_unstable();
-        // The lower median: one node's clock far ahead moves nothing (that
-        // node issues its own larger tokens, and phase 2 spreads them).
-        let node_us = clocks[(clocks.len() - 1) / 2];
-        *self
-            .inner
-            .node_clock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(ClockSample { node_us, at });
-        Some(node_us)
-    }
-
-    fn saw_fence(&self, fence: i64) {
-        self.inner
-            .highest_fence
-            .fetch_max(fence, AtomicOrdering::Relaxed);
-    }
-
-    /// One Redlock attempt, with quorum fencing:
-    /// 1. ACQUIRE on every node in parallel, asking for token g
-    ///    (`MINFENCE g`, see [`first_phase_fence`](Self::first_phase_fence));
-    ///    held if a majority granted before the TTL (less drift) ran out.
-    ///    T = the largest token granted.
-    /// 2. Only on granting nodes whose token is below T: ACQUIRE again with
-    ///    `MINFENCE T`, so their token for this lock, and their high-water
-    ///    mark, become at least T. Held only if a majority has T (from
-    ///    phase 1 or 2), still within the validity. Usually every node
-    ///    granted g and there is no phase 2.
-    ///
-    /// `order`: the ordering node; if it answers and refuses, the attempt
-    /// fails even with a majority elsewhere (a waiter in its line goes
-    /// first). `keep`: a node whose grant is kept when the attempt fails.
-    /// On failure the lock is released on every other node, also those that
-    /// seemed to fail (their grant may have been lost on the way back).
-    /// Err only when a majority of nodes could not be asked at all.
-    async fn redlock_round(
-        &self,
-        keys: &Keys,
-        token: &str,
-        ttl: Duration,
-        floor: bool,
-        order: Option<usize>,
-        keep: Option<usize>,
-    ) -> Result<Round> {
-        let nodes = &self.inner.group.nodes;
-        let limit = self.node_timeout(ttl);
-        let quorum = self.quorum();
-        let fencing = self.inner.group.options.quorum_fencing;
-        let in_time = |start: Sent| start.in_time(ttl);
-        // A token the caller chose may already hold the lock: a floor would
-        // give that holder a new fence on some nodes (MINFENCE above a held
-        // lock's fence draws a fresh one), where a renewal keeps it.
-        let g = match fencing && floor {
-            true => self.first_phase_fence(limit).await,
-            false => None,
-        };
-        let start = Sent::now();
-        let replies = join_all(nodes.iter().map(|n| n.acquire(keys, token, ttl, g, limit))).await;
-        let granted: Vec<(usize, i64)> = replies
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| match r {
-                Ok(Some(fence)) => Some((i, *fence)),
-                _ => None,
-            })
-            .collect();
-        // A node without the module is a group misconfigured, not a node
-        // down: the rest would grant and survive no further failure.
-        if let Some(at) = replies
-            .iter()
-            .position(|r| matches!(r, Err(Error::ModuleMissing { .. })))
-        {
-            self.inner
-                .group
-                .release_except(keys, token, ttl, None)
-                .await;
-            let missing = replies.into_iter().nth(at).and_then(|r| r.err());
-            return Err(missing.expect("the reply found above"));
-        }
-        let order_reply = match order.map(|o| &replies[o]) {
-            Some(Ok(Some(f))) => Reply::Granted(*f),
-            Some(Ok(None)) => Reply::Refused,
-            _ => Reply::Failed,
-        };
-        let allowed = !matches!(order_reply, Reply::Refused) || order.is_none();
-        if allowed && granted.len() >= quorum && in_time(start) {
-            let t = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
-            self.saw_fence(t);
-            let mut confirmed = granted.len();
-            if fencing {
-                let behind: Vec<usize> = granted
-                    .iter()
-                    .filter(|(_, f)| *f < t)
-                    .map(|(i, _)| *i)
-                    .collect();
-                // Usually none: every node granted g. Those behind are
-                // raised too, so every granting node has the same token.
-                confirmed -= behind.len();
-                if !behind.is_empty() {
-                    confirmed += join_all(
-                        behind
-                            .iter()
-                            .map(|&i| nodes[i].acquire(keys, token, ttl, Some(t), limit)),
-                    )
-                    .await
-                    .into_iter()
-                    .filter(|r| matches!(r, Ok(Some(f)) if *f >= t))
-                    .count();
-                }
-            }
-            if confirmed >= quorum && in_time(start) {
-                return Ok(Round {
-                    granted: Some((t, start.valid_until(ttl))),
-                    order: order_reply,
-                });
-            }
-        }
-        self.inner
-            .group
-            .release_except(keys, token, ttl, keep)
-            .await;
-        let failed = replies.iter().filter(|r| r.is_err()).count();
-        if failed > nodes.len() - quorum {
-            // A refusal of the request (see refuses_the_request) is the
-            // round's answer only if the refusing nodes alone leave no
-            // majority; otherwise a node that may come back is the reason.
-            let refusals = replies
-                .iter()
-                .filter(|r| matches!(r, Err(e) if refuses_the_request(e)))
-                .count();
-            let refused = refusals > nodes.len() - quorum;
-            let error = replies
-                .into_iter()
-                .find_map(|r| r.err().filter(|e| refuses_the_request(e) == refused));
-            return Err(error.unwrap_or(Error::Timeout));
-        }
-        Ok(Round {
-            granted: None,
-            order: order_reply,
-        })
-    }
-
     #[doc(hidden)] // for the redis-lock command
     /// Releases `key` held by `token` (for scripts that kept the token):
     /// true if a majority of nodes (the node) released it.
@@ -1065,33 +392,6 @@ impl LockClient {
             .group
             .extend_everywhere(&keys, token, ttl, far)
             .await
-    }
-
-    /// Each node's identity, persistence settings and fence mark, in the
-    /// order the nodes were given (for deployment checks such as
-    /// `redis-lock doctor`).
-    #[doc(hidden)] // for the redis-lock command's warning before a run
-    /// Redlock: the nodes' settings as the distinct-server check of the
-    /// first acquire reads them (reading them now if it has not run yet,
-    /// so that acquire does not read them again); None per node not read.
-    /// Err if the group is refused (one server twice).
-    pub async fn group_settings(&self, ttl: Duration) -> Result<Vec<Option<NodeSettings>>> {
-        if let Some(read) = self.check_distinct_nodes(self.node_timeout(ttl)).await? {
-            return Ok(read);
-        }
-        let deployment = self
-            .inner
-            .deployment
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        Ok(deployment.settings.clone().unwrap_or_default())
-    }
-
-    /// Each node's setup as its user may read it (INFO, CONFIG GET), in
-    /// the order the URLs were given: what `redis-lock doctor` reports.
-    pub async fn settings(&self) -> Vec<Result<NodeSettings>> {
-        let limit = self.node_timeout(Duration::from_secs(5));
-        join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await
     }
 
     /// LOCK.INFO from every node, in the order the URLs were given.
@@ -1335,58 +635,5 @@ impl Drop for Unclaimed {
                 );
             });
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn urls() -> Vec<String> {
-        (0..5)
-            .map(|i| format!("redis://127.0.0.1:{}/", 7000 + i))
-            .collect()
-    }
-
-    /// Every client given the same nodes, in any order and with or without
-    /// the trailing slash, picks the same ordering node for a key; keys
-    /// spread over all the nodes.
-    #[test]
-    fn the_ordering_node_depends_on_the_nodes_not_their_order() {
-        let forward = LockClient::new(&urls()).unwrap();
-        let mut reversed_urls: Vec<String> = urls()
-            .into_iter()
-            .map(|u| u.trim_end_matches('/').to_string())
-            .collect();
-        reversed_urls.reverse();
-        let reversed = LockClient::new(&reversed_urls).unwrap();
-        let mut per_node = [0usize; 5];
-        for k in 0..1000 {
-            let key = format!("key:{k}");
-            let a = forward.ordering_node(&key);
-            let b = reversed.ordering_node(&key);
-            assert_eq!(
-                forward.inner.group.nodes[a].addr(),
-                reversed.inner.group.nodes[b].addr(),
-                "{key}"
-            );
-            per_node[a] += 1;
-        }
-        assert!(per_node.iter().all(|&n| n > 100), "{per_node:?}");
-        assert_eq!(LockClient::new(&urls()[..1]).unwrap().ordering_node("k"), 0);
-    }
-
-    /// The first-phase token is above the nodes' clock and above every
-    /// token the client has seen, and never repeats.
-    #[test]
-    fn first_phase_tokens_rise_above_the_nodes_clock_and_what_was_seen() {
-        let locks = LockClient::new(&urls()).unwrap();
-        let nodes_us = 1_700_000_000_000_000;
-        let g1 = locks.first_phase_fence_at(nodes_us);
-        assert_eq!(g1, nodes_us + FENCE_LEAD_US);
-        let g2 = locks.first_phase_fence_at(nodes_us);
-        assert!(g2 > g1);
-        locks.saw_fence(nodes_us + 3_600_000_000);
-        assert!(locks.first_phase_fence_at(nodes_us) > nodes_us + 3_600_000_000);
     }
 }

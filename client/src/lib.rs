@@ -205,12 +205,16 @@ pub mod blocking;
 
 mod client;
 mod clock;
+mod deployment;
 mod error;
 mod group;
 mod guard;
 mod keys;
 mod node;
+mod node_settings;
+mod node_url;
 mod options;
+mod redlock;
 mod settle;
 
 /// Support for the `redis-lock` command; not part of the library's API.
@@ -222,4 +226,5 @@ pub use clock::{boot_clock, drift, later_by};
 pub use error::{Error, Result};
 pub use guard::{Lease, LockGuard, LostSignal, ValidityWatch};
 pub use keys::Keys;
-pub use node::{LockInfo, NodeSettings};
+pub use node::LockInfo;
+pub use node_settings::NodeSettings;
