@@ -7,7 +7,6 @@ use crate::server::Server;
 use crate::wait::wait_until;
 
 impl Server {
-    /// Makes this server a replica of `master` and waits for the initial sync.
     /// Waits until `replicas` replicas acknowledge a write made here to
     /// `key` (a scratch key; in a cluster one of this master's slots).
     /// `WAIT` on a connection that wrote nothing answers at once, and after
@@ -25,6 +24,7 @@ impl Server {
         });
     }
 
+    /// Makes this server a replica of `master` and waits for the initial sync.
     pub fn replicate_from(&self, master: &Server) {
         self.replicate_from_port(master.port);
     }
