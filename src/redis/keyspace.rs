@@ -249,12 +249,12 @@ impl LockKey {
     }
 
     /// Replicates the key as it is now (`Output::Changed`).
-    pub fn replicate(&self, now: Now) {
+    pub fn replicate(&self, now: impl FnOnce() -> Now) {
         replicate(self.ctx, self.name, self, now);
     }
 
     /// Replicates its holder with lease id `lease` (`Output::Holder`).
-    pub fn replicate_holder(&self, lease: u64, now: Now) {
+    pub fn replicate_holder(&self, lease: u64, now: impl FnOnce() -> Now) {
         replicate_holder(self.ctx, self.name, self, lease, now);
     }
 
@@ -268,14 +268,15 @@ impl LockKey {
 /// effect: `LOCK._SET key token fence deadline-ms granted-ms` for an
 /// exclusive lock, `LOCK._SHARED key limit token fence deadline-ms
 /// granted-ms ...` for a shared one (every holder), all times on the wall
-/// clock converted at `now`; `DEL key` for none. When nothing can receive
-/// effects (see `propagation`) the write is only counted, for RDB save
-/// points.
-pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
+/// clock converted at `now` (asked only then); `DEL key` for none. When
+/// nothing can receive effects (see `propagation`) the write is only
+/// counted, for RDB save points.
+pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: impl FnOnce() -> Now) {
     hit_if_set(&PANIC_ON_REPLICATE, "REDIS_LOCK_PANIC_ON_REPLICATE", name);
     if !propagation::effects_needed() {
         return count_write(ctx);
     }
+    let now = now();
     let wall = |l: &Lock<'_>| time::wall_times(l.deadline_ms, l.granted_ms, now);
     match key.mode() {
         None => ffi::replicate_key_command(ctx, c"DEL", name),
@@ -303,13 +304,20 @@ pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: Now) {
 /// id `lease`, as `LOCK._HOLD key limit token fence deadline-ms
 /// granted-ms` (none: a later change of the decision replaced or removed
 /// it, and replicates itself). A key no longer shared goes whole.
-pub fn replicate_holder(ctx: Ctx, name: RString, key: &impl LockRead, lease: u64, now: Now) {
+pub fn replicate_holder(
+    ctx: Ctx,
+    name: RString,
+    key: &impl LockRead,
+    lease: u64,
+    now: impl FnOnce() -> Now,
+) {
     hit_if_set(&PANIC_ON_REPLICATE, "REDIS_LOCK_PANIC_ON_REPLICATE", name);
     if !propagation::effects_needed() {
         return count_write(ctx);
     }
+    let now = now();
     let Some(mode @ Mode::Shared { .. }) = key.mode() else {
-        return replicate(ctx, name, key, now);
+        return replicate(ctx, name, key, || now);
     };
     let Some(lock) = holders(key).find(|l| l.lease == lease) else {
         return;

@@ -8,6 +8,7 @@
 //! Also whether a waiter's user may still take the lock when its turn
 //! comes (asked of ACL).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::{Mutex, TryLockError};
 
@@ -154,7 +155,7 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
     let mut redis = Redis {
         ctx,
         site: &site,
-        now: None,
+        now: Cell::new(None),
     };
     route::execute(&mut decided.outputs, shape, &mut redis);
     timer::arm_for(decided.next_wakeup);
@@ -164,22 +165,26 @@ pub fn carry_out(ctx: Ctx, mut decided: Decided, site: Site<'_>) {
 struct Redis<'s, 'a> {
     ctx: Ctx,
     site: &'s Site<'a>,
-    /// The conversion instant, read once, for the first changed key (a
-    /// command that only answers nil converts nothing).
-    now: Option<Now>,
+    /// The conversion instant, read once, for the first key replicated (a
+    /// command that only answers nil, or a server with no replica and no
+    /// AOF, converts nothing).
+    now: Cell<Option<Now>>,
 }
 
 impl Redis<'_, '_> {
     /// The instant a command decided at (the timer and the sweep read the
     /// clocks now), converted once.
-    fn now(&mut self) -> Now {
+    fn now(&self) -> Now {
         let decided_at = match self.site {
             Site::Command { now, .. } | Site::Keys { now, .. } => Some(*now),
             Site::Gate { .. } | Site::Background => None,
         };
-        *self.now.get_or_insert_with(|| {
-            decided_at.map_or_else(server::conversion_now, server::conversion_at)
-        })
+        if let Some(now) = self.now.get() {
+            return now;
+        }
+        let now = decided_at.map_or_else(server::conversion_now, server::conversion_at);
+        self.now.set(Some(now));
+        now
     }
 
     /// The key's name at `at`, for a call.
@@ -217,8 +222,9 @@ impl Effects<Key, Client> for Redis<'_, '_> {
         blocked::answer(wake.client, wake.outcome, granted);
     }
 
+    #[inline]
     fn replicate(&mut self, at: At<'_, Key>) {
-        let now = self.now();
+        let now = || self.now();
         match self.store(at) {
             Some(store) => store.replicate(now),
             None => {
@@ -233,7 +239,7 @@ impl Effects<Key, Client> for Redis<'_, '_> {
     }
 
     fn replicate_holder(&mut self, at: At<'_, Key>, lease: u64) {
-        let now = self.now();
+        let now = || self.now();
         match self.store(at) {
             Some(store) => store.replicate_holder(lease, now),
             None => {
@@ -257,6 +263,7 @@ impl Effects<Key, Client> for Redis<'_, '_> {
         }
     }
 
+    #[inline]
     fn notify(&mut self, at: At<'_, Key>, event: Event) {
         let ctx = self.ctx;
         self.with_name(at, |name| notify_lock_event(ctx, event.name(), name));
@@ -272,6 +279,7 @@ impl Effects<Key, Client> for Redis<'_, '_> {
         });
     }
 
+    #[inline]
     fn count(&mut self, stat: Stat) {
         count_stat(stat);
     }

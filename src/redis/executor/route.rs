@@ -132,6 +132,7 @@ where
 /// The place of `key` at a site of this shape, or None for a key the site
 /// does not have (no decision names one: nothing is done rather than the
 /// wrong key).
+#[inline]
 fn place<'k, K: Eq + Hash>(
     shape: &Shape<'_, K>,
     index: Option<&HashMap<&K, usize>>,
