@@ -28,7 +28,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// the AOF: the fence is checked and raises the mark in one step (a
     /// refused one changes nothing), then the lock is stored as given, its
     /// wall-clock times on this node's monotonic clock, the lease capped as
-    /// every lease entering the node is ([`time::local_times`]).
+    /// every lease entering the node is ([`crate::time::local_times`]).
     pub fn apply_set(
         &mut self,
         store: &mut impl LockStore,
