@@ -277,6 +277,9 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
             ffi::reply_integer(ctx, *fence);
         }
         Outcome::TimedOut => ffi::reply_null(ctx),
+        // An observer (no command makes one yet): its new leader's fence,
+        // 0 for none.
+        Outcome::Observed(leader) => ffi::reply_integer(ctx, leader.fence()),
         Outcome::Failed(err) => {
             let msg = std::ffi::CString::new(err.to_string()).unwrap_or_default();
             ffi::reply_error(ctx, &msg);
