@@ -137,14 +137,17 @@ impl Harness {
         now: i64,
     ) -> Told {
         let at = self.at(now);
-        let wait = block.map(|b| (client, (b > 0).then_some(now + b)));
+        let cond = self.cond(true);
         let observed = self.with_store(key, |node, store, _| {
-            node.observe(&key, store.map(|s| &*s), after, wait, at)
+            node.observe(&key, store.map(|s| &*s), after, block, cond, at)
         });
         match observed {
             Ok(Observation::Now(leader)) => Told::Leader(leader.fence()),
             Ok(Observation::Nil) => Told::Nil,
-            Ok(Observation::Waiting) => Told::Blocked,
+            Ok(Observation::Wait(ticket)) => {
+                self.node.start_observing(ticket, client).unwrap();
+                Told::Blocked
+            }
             Err(e) => error(e),
         }
     }

@@ -35,7 +35,7 @@ mod timer;
 
 pub use acquire::{Acquire, AcquireRequest, WaitTicket};
 pub use gate::{GateRead, GateStore};
-pub use observe::Observation;
+pub use observe::{Observation, ObserveTicket};
 pub use options::{Conditions, Limits};
 pub use outside::Loaded;
 pub use reads::Held;

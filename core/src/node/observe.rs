@@ -6,7 +6,7 @@
 
 use std::hash::Hash;
 
-use super::{Node, Served, TimerKeys};
+use super::{Conditions, Node, Served, TimerKeys};
 use crate::error::LockError;
 use crate::lock::{self, LockRead};
 use crate::observers::Leader;
@@ -15,15 +15,27 @@ use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
 
 /// What `LOCK.OBSERVE` answers now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observation {
+#[derive(Debug, PartialEq, Eq)]
+pub enum Observation<K> {
     /// The key's leader (it differs from `AFTER`, or none was given).
     Now(Leader),
     /// It is still what the client saw, and the client does not wait.
     Nil,
-    /// The client waits: it is told of the next change (or nil at its
-    /// timeout) by a timer run.
-    Waiting,
+    /// The client is to wait: once the glue has blocked it,
+    /// [`Node::start_observing`] makes it an observer, told of the next
+    /// change (or nil at its timeout) by a timer run.
+    Wait(ObserveTicket<K>),
+}
+
+/// A decision that a client observes a key, carried out once the glue has
+/// blocked it ([`Node::start_observing`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct ObserveTicket<K> {
+    key: K,
+    after: i64,
+    timeout_at_ms: Option<i64>,
+    /// The holder's lease end (None: the key is free).
+    check_at_ms: Option<i64>,
 }
 
 /// The leader of a key's store at `now_ms`: its newest live holder.
@@ -38,43 +50,59 @@ pub(crate) fn leader_of(store: &impl LockRead, now_ms: i64) -> Leader {
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
-    /// `LOCK.OBSERVE`: the leader of `key` (its `store`, Err for a key of
-    /// another type), at once when there is no `after` or the leader
-    /// differs from it (`after` 0: the client saw the key free); else,
-    /// with `wait` (the client and its timeout), the client observes the
-    /// key until it changes; else nil. Changes nothing of the lock.
+    /// `LOCK.OBSERVE key [AFTER after] [BLOCK block_ms]`: the leader of
+    /// `key` (its `store`, Err for a key of another type), at once when
+    /// there is no `after` or the leader differs from it (`after` 0: the
+    /// client saw the key free); else, with `block_ms` (0: no timeout) and
+    /// when the client may block, a ticket to observe the key until it
+    /// changes; else nil. Reads only.
     pub fn observe(
-        &mut self,
+        &self,
         key: &K,
         store: Result<&impl LockRead, LockError>,
         after: Option<i64>,
-        wait: Option<(C, Option<i64>)>,
+        block_ms: Option<i64>,
+        cond: Conditions,
         now: Now,
-    ) -> Result<Observation, LockError> {
+    ) -> Result<Observation<K>, LockError> {
         let now_ms = now.mono_ms();
         let leader = leader_of(store?, now_ms);
         let Some(after) = after.filter(|&a| a == leader.fence()) else {
             return Ok(Observation::Now(leader));
         };
-        let Some((client, timeout_at_ms)) = wait else {
+        let Some(block_ms) = block_ms.filter(|_| cond.contains(Conditions::MAY_BLOCK)) else {
             return Ok(Observation::Nil);
         };
-        if self.waiters.contains(client) {
-            return Ok(Observation::Nil);
-        }
         // A held key is looked at again when its lease ends; a free one
         // when something writes to it.
-        let lease_end = match leader {
+        let check_at_ms = match leader {
             Leader::Held { ttl_ms, .. } => Some(now_ms.saturating_add(ttl_ms)),
             Leader::Vacant => None,
         };
-        match self
-            .observers
-            .add(key, client, after, timeout_at_ms, lease_end)
+        Ok(Observation::Wait(ObserveTicket {
+            key: key.clone(),
+            after,
+            timeout_at_ms: (block_ms > 0).then(|| now_ms.saturating_add(block_ms)),
+            check_at_ms,
+        }))
+    }
+
+    /// `client`, blocked by the glue, observes as `ticket` says. Refused
+    /// (changing nothing) when the client waits or observes already.
+    pub fn start_observing(
+        &mut self,
+        ticket: ObserveTicket<K>,
+        client: C,
+    ) -> Result<(), LockError> {
+        let t = ticket;
+        if self.waiters.contains(client)
+            || !self
+                .observers
+                .add(&t.key, client, t.after, t.timeout_at_ms, t.check_at_ms)
         {
-            true => Ok(Observation::Waiting),
-            false => Ok(Observation::Nil),
+            return Err(LockError::Internal);
         }
+        Ok(())
     }
 
     /// How many clients observe `key`.
