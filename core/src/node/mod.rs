@@ -155,6 +155,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         self.waiters.total()
     }
 
+    /// Whether any client waits in a line or observes a key: a key that
+    /// leaves the keyspace must then be looked at.
+    pub fn has_blocked_clients(&self) -> bool {
+        self.waiters.total() > 0 || !self.observers.is_empty()
+    }
+
     /// How many more ms new grants are refused (0: grants are allowed).
     pub fn grants_paused_ms(&self, now_ms: i64) -> i64 {
         let delay = self.limits.restart_delay_ms;
