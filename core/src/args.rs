@@ -393,6 +393,36 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), LockError> {
     arity(argv, 2, 2, "lock.info")
 }
 
+/// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`, the options in any
+/// order, each at most once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ObserveArgs {
+    /// The fence the client saw (0: the key free); None: answer at once.
+    pub after: Option<i64>,
+    pub block_ms: Option<i64>,
+}
+
+pub fn parse_observe(argv: &[&[u8]]) -> Result<ObserveArgs, LockError> {
+    arity(argv, 2, 6, "lock.observe")?;
+    let (mut after, mut block_ms) = (None, None);
+    let mut options = argv[2..].iter();
+    while let Some(option) = options.next() {
+        if option.eq_ignore_ascii_case(b"AFTER") && after.is_none() {
+            let n = options.next().ok_or(LockError::MissingAfter)?;
+            after = Some(match parse_i64(n) {
+                Ok(n) if n >= 0 => n,
+                _ => return Err(LockError::BadAfter(show_arg(n))),
+            });
+        } else if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
+            let timeout = options.next().ok_or(LockError::MissingTimeout)?;
+            block_ms = Some(parse_timeout(timeout)?);
+        } else {
+            return Err(LockError::UnknownOption(show_arg(option)));
+        }
+    }
+    Ok(ObserveArgs { after, block_ms })
+}
+
 pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
     arity(argv, 5, 6, "lock._set")?;
     let token = parse_token(argv[2])?;
@@ -490,6 +520,51 @@ pub fn parse_drop<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn observe_takes_after_and_block_once_each_in_any_order() {
+        let parse = |args: &[&str]| {
+            let mut argv: Vec<&[u8]> = vec![b"lock.observe", b"k"];
+            argv.extend(args.iter().map(|a| a.as_bytes()));
+            parse_observe(&argv)
+        };
+        let none = ObserveArgs {
+            after: None,
+            block_ms: None,
+        };
+        assert_eq!(parse(&[]), Ok(none));
+        let both = ObserveArgs {
+            after: Some(0),
+            block_ms: Some(250),
+        };
+        assert_eq!(parse(&["block", "250", "AFTER", "0"]), Ok(both));
+        assert_eq!(parse(&["AFTER"]), Err(LockError::MissingAfter));
+        assert_eq!(
+            parse(&["AFTER", "-1"]),
+            Err(LockError::BadAfter("'-1'".into()))
+        );
+        assert_eq!(
+            parse(&["AFTER", "x"]),
+            Err(LockError::BadAfter("'x'".into()))
+        );
+        assert_eq!(parse(&["BLOCK"]), Err(LockError::MissingTimeout));
+        assert_eq!(
+            parse(&["BLOCK", "-5"]),
+            Err(LockError::BadTimeout("'-5'".into()))
+        );
+        assert_eq!(
+            parse(&["AFTER", "1", "AFTER", "2"]),
+            Err(LockError::UnknownOption("'AFTER'".into()))
+        );
+        assert_eq!(
+            parse(&["AFTER", "1", "BLOCK", "2", "X"]),
+            Err(LockError::WrongArity("lock.observe"))
+        );
+        assert_eq!(
+            parse(&["SHARED"]),
+            Err(LockError::UnknownOption("'SHARED'".into()))
+        );
+    }
 
     #[test]
     fn one_holder_of_a_shared_key_is_written_and_read_back() {

@@ -30,6 +30,10 @@ pub enum LockError {
     TimeoutTooLarge(String),
     /// MINFENCE without its n.
     MissingMinFence,
+    /// AFTER without its fence.
+    MissingAfter,
+    /// AFTER's fence is not an integer from 0 up.
+    BadAfter(String),
     /// MINFENCE's n is not an integer from 1 up.
     BadMinFence(String),
     /// MINFENCE's n is more than 2^50 above the node's mark and clock.
@@ -158,6 +162,11 @@ impl fmt::Display for LockError {
                 crate::limits::MAX_DURATION_MS
             ),
             MissingMinFence => write!(f, "ERR MINFENCE needs a fencing token n"),
+            MissingAfter => write!(f, "ERR AFTER needs the fence last seen (0: the key was free)"),
+            BadAfter(v) => write!(
+                f,
+                "ERR invalid AFTER {v}: must be a fencing token, or 0 for a free key"
+            ),
             BadMinFence(v) => write!(
                 f,
                 "ERR invalid MINFENCE {v}: must be a positive integer fencing token"
@@ -315,6 +324,8 @@ mod tests {
             LockError::TimeoutTooLarge("'9'".into()),
             LockError::MissingMinFence,
             LockError::BadMinFence("'x'".into()),
+            LockError::MissingAfter,
+            LockError::BadAfter("'x'".into()),
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::EvictionUnsafe,

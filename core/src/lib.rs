@@ -41,6 +41,7 @@ mod lock;
 #[cfg(test)]
 mod model;
 pub mod node;
+mod observers;
 pub mod output;
 pub mod protocol;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -53,4 +54,5 @@ mod waiters;
 // a caller passes in (a store) or gets back (a lock's view, a waiter's
 // outcome), and how to walk a key's holders.
 pub use lock::{holders, Lock, LockRead, LockStore, Mode, Removal};
+pub use observers::Leader;
 pub use waiters::{Outcome, Wake};

@@ -132,6 +132,7 @@ pub(crate) fn push_wake<K: Clone, C>(out: &mut VecDeque<Output<K, C>>, wake: Wak
             }
         }
         Outcome::TimedOut => out.push_back(Output::Count(Stat::BlockTimeout)),
+        Outcome::Observed(_) => {}
         Outcome::Failed(LockError::Redirect(_)) => out.push_back(Output::Count(Stat::Redirect)),
         Outcome::Failed(_) => {}
     }

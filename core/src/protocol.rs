@@ -17,6 +17,9 @@ pub mod command {
     pub const EXTEND: &str = "LOCK.EXTEND";
     pub const FENCE: &str = "LOCK.FENCE";
     pub const INFO: &str = "LOCK.INFO";
+    /// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`: the key's
+    /// leader, at once or when it is no longer the one seen.
+    pub const OBSERVE: &str = "LOCK.OBSERVE";
     /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [SHARED] [LIMIT n]
     /// [BLOCK timeout-ms] [MINFENCE n]`: every key with one fence, or none.
     pub const ACQUIRE_ALL: &str = "LOCK.ACQUIREALL";
@@ -55,6 +58,8 @@ pub mod command {
     /// `ACQUIRE`'s option words.
     pub const BLOCK: &str = "BLOCK";
     pub const MINFENCE: &str = "MINFENCE";
+    /// `OBSERVE`'s word for the fence last seen.
+    pub const AFTER: &str = "AFTER";
     /// `ACQUIRE`'s word for a shared holder, and its limit's.
     pub const SHARED: &str = "SHARED";
     pub const LIMIT: &str = "LIMIT";

@@ -46,6 +46,9 @@ pub enum Outcome {
     },
     /// Its BLOCK timeout passed first.
     TimedOut,
+    /// An observer (`LOCK.OBSERVE ... BLOCK`): the key's leader now, which
+    /// differs from the one it saw.
+    Observed(crate::observers::Leader),
     /// It cannot get the lock (the key now holds another type, tokens are
     /// exhausted...).
     Failed(LockError),
@@ -369,6 +372,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     }
 
     #[inline]
+    /// Whether `client` waits in a line now.
+    pub fn contains(&self, client: C) -> bool {
+        self.by_client.contains_key(&client)
+    }
+
     pub fn waiting_on(&self, key: &K) -> usize {
         self.queues.get(key).map_or(0, |q| q.live)
     }

@@ -26,13 +26,13 @@ use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use super::engine::{self, Client, Key};
-use super::ffi::{self, log_warning, BlockedClient, Blocking, Ctx, RString, Reply};
+use super::engine::{self, Client, Key, ModuleNode};
+use super::ffi::{self, log_warning, BlockedClient, Blocking, Ctx, RString, Reply, Value};
 use super::server::{self, count, STATS};
 use super::timer;
 use crate::core::error::LockError;
-use crate::core::node::WaitTicket;
-use crate::core::Outcome;
+use crate::core::protocol::info_field;
+use crate::core::{Leader, Outcome};
 
 /// A blocked client's handle, owned until it is unblocked. Handles are
 /// created, kept and unblocked on Redis's main thread only; the Mutex
@@ -125,8 +125,13 @@ struct Delivery {
     delivered: bool,
 }
 
-/// Blocks the calling client and queues it on the node's ticket.
-pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
+/// Blocks the calling client and hands it to the node, `start` carrying
+/// out the node's ticket with its id (a place in line: `Node::enqueue`; an
+/// observer: `Node::start_observing`).
+pub fn block(
+    ctx: Ctx,
+    start: impl FnOnce(&mut ModuleNode, Client) -> Result<(), LockError>,
+) -> Result<Reply, LockError> {
     // No Redis timeout: the node times waiters out (see the file doc).
     let Some(ptr) = ffi::block_client::<WaiterCallbacks>(ctx, 0) else {
         return Err(LockError::Internal);
@@ -143,8 +148,7 @@ pub fn block(ctx: Ctx, ticket: WaitTicket<Key>) -> Result<Reply, LockError> {
     let client = NEXT_CLIENT.fetch_add(1, Relaxed);
     locked(&WAITING).insert(client, handle);
     // One entry: the place in line and when the node must look next.
-    let (queued, next_wakeup) =
-        engine::with_engine(|n| (n.enqueue(ticket, client), n.next_wakeup()));
+    let (queued, next_wakeup) = engine::with_engine(|n| (start(n, client), n.next_wakeup()));
     if let Err(err) = queued {
         answer(client, Outcome::Failed(err), Vec::new());
     }
@@ -269,6 +273,20 @@ impl Blocking for WaiterCallbacks {
     }
 }
 
+/// `LOCK.OBSERVE`'s reply: the leader's `fence` and `ttl` (ms left of its
+/// lease), or fence 0 and ttl -2 when nobody holds the key (as TTL says
+/// of a missing key).
+pub fn leader_reply(leader: Leader) -> Reply {
+    let (fence, ttl) = match leader {
+        Leader::Held { fence, ttl_ms } => (fence, ttl_ms),
+        Leader::Vacant => (0, -2),
+    };
+    Reply::Map(vec![
+        (info_field::FENCE, Value::Integer(fence)),
+        (info_field::TTL, Value::Integer(ttl)),
+    ])
+}
+
 /// Sends a waiter its outcome; a grant counts as delivered.
 fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
     match &delivery.outcome {
@@ -277,6 +295,7 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
             ffi::reply_integer(ctx, *fence);
         }
         Outcome::TimedOut => ffi::reply_null(ctx),
+        Outcome::Observed(leader) => ffi::reply(ctx, leader_reply(*leader)),
         Outcome::Failed(err) => {
             let msg = std::ffi::CString::new(err.to_string()).unwrap_or_default();
             ffi::reply_error(ctx, &msg);

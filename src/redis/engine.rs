@@ -75,13 +75,13 @@ pub fn waiters_total() -> usize {
     with_engine(|n| n.total_waiters())
 }
 
-/// Whether anyone may be waiting, from a callback that can run inside the
-/// engine (unlink2 runs when a grant replaces a value): the node's count
-/// when it is free, and "maybe" while it is busy.
+/// Whether anyone may be waiting or observing, from a callback that can
+/// run inside the engine (unlink2 runs when a grant replaces a value): the
+/// node's count when it is free, and "maybe" while it is busy.
 pub fn may_have_waiters() -> bool {
     match ENGINE.try_lock() {
-        Ok(node) => node.total_waiters() > 0,
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().total_waiters() > 0,
+        Ok(node) => node.has_blocked_clients(),
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner().has_blocked_clients(),
         Err(TryLockError::WouldBlock) => true,
     }
 }

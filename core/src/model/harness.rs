@@ -9,7 +9,9 @@ use crate::error::LockError;
 use crate::lock::tests::{MemStore, Stored};
 use crate::lock::{self, Mode};
 use crate::node::gate::tests::MemGate;
-use crate::node::{Acquire, AcquireRequest, Admission, Conditions, Node, Served, TimerKeys};
+use crate::node::{
+    Acquire, AcquireRequest, Admission, Conditions, Node, Observation, Served, TimerKeys,
+};
 use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
@@ -119,6 +121,31 @@ impl Harness {
             Ok(Acquire::Contended) => Told::Nil,
             Ok(Acquire::Wait(ticket)) => {
                 self.node.enqueue(ticket, client).unwrap();
+                Told::Blocked
+            }
+            Err(e) => error(e),
+        }
+    }
+
+    /// `LOCK.OBSERVE`: the node's answer; a client that waits observes.
+    pub(super) fn observe(
+        &mut self,
+        client: u8,
+        key: u8,
+        after: Option<i64>,
+        block: Option<i64>,
+        now: i64,
+    ) -> Told {
+        let at = self.at(now);
+        let cond = self.cond(true);
+        let observed = self.with_store(key, |node, store, _| {
+            node.observe(&key, store.map(|s| &*s), after, block, cond, at)
+        });
+        match observed {
+            Ok(Observation::Now(leader)) => Told::Leader(leader.fence()),
+            Ok(Observation::Nil) => Told::Nil,
+            Ok(Observation::Wait(ticket)) => {
+                self.node.start_observing(ticket, client).unwrap();
                 Told::Blocked
             }
             Err(e) => error(e),
@@ -388,6 +415,7 @@ pub(super) fn told_of(wake: &Wake<u8, u8>) -> Told {
     match &wake.outcome {
         Outcome::Granted { fence, .. } => Told::Fence(*fence),
         Outcome::TimedOut => Told::Nil,
+        Outcome::Observed(leader) => Told::Leader(leader.fence()),
         Outcome::Failed(e) => error(e.clone()),
     }
 }

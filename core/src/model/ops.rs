@@ -84,6 +84,14 @@ pub(super) enum Op {
     Vanish {
         client: u8,
     },
+    /// `LOCK.OBSERVE key [AFTER fence] [BLOCK ms]`: `after` picks what the
+    /// client saw (see [`AFTERS`]).
+    Observe {
+        client: u8,
+        key: u8,
+        after: usize,
+        block: Option<i64>,
+    },
     /// ACL SETUSER: the client's user loses `lock.acquire` (or the key).
     Deny {
         client: u8,
@@ -192,6 +200,8 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Swap),
         1 => (0..KEYS).prop_map(|key| Op::Migrate { key }),
         2 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
+        3 => (0..CLIENTS, 0..KEYS, 0..AFTERS.len(), prop::option::weighted(0.8, 0..30i64))
+            .prop_map(|(client, key, after, block)| Op::Observe { client, key, after, block }),
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
         1 => (0..2usize, 0..2usize, 0..2usize)
@@ -225,10 +235,31 @@ pub(super) fn token(t: u8) -> Vec<u8> {
     vec![b'a' + t; 1 + usize::from(t >= 2)]
 }
 
+/// What an observer says it saw: nothing (no AFTER), the key free
+/// (`AFTER 0`), the leader as it is now, or a fence that never led.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum After {
+    None,
+    Vacant,
+    Current,
+    Stale,
+}
+
+/// (Mostly what it is now: those are the observers that wait.)
+pub(super) const AFTERS: [After; 5] = [
+    After::None,
+    After::Vacant,
+    After::Current,
+    After::Current,
+    After::Stale,
+];
+
 /// What a command or a wake-up told a client, comparable across both sides.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Told {
     Fence(i64),
+    /// `LOCK.OBSERVE`: the key's leader's fence (0: vacant).
+    Leader(i64),
     /// `LOCK.FENCED` let its command run.
     Passed,
     /// `LOCK.EXEC` refused: the lock is free, or the token's lease ended

@@ -94,6 +94,17 @@ pub(super) struct Reference {
     pub(super) arrivals: u64,
     /// Multi-key waiters a settle found first in a line, to look at.
     pub(super) marked: BTreeSet<u64>,
+    /// Clients waiting to be told of a key's next leader (`LOCK.OBSERVE`).
+    pub(super) observers: Vec<RefObserver>,
+}
+
+/// An observer: its key, the fence it saw (0: free), its timeout.
+#[derive(Debug, Clone)]
+pub(super) struct RefObserver {
+    pub(super) client: u8,
+    pub(super) key: u8,
+    pub(super) after: i64,
+    pub(super) timeout_at: Option<i64>,
 }
 
 impl Reference {
@@ -636,11 +647,70 @@ impl Reference {
                 }
             }
         }
+        self.tell_observers(now, told);
         taken_back
     }
 
     pub(super) fn waiting(&self, client: u8) -> bool {
         self.lines.values().flatten().any(|w| w.client == client)
+            || self.observers.iter().any(|o| o.client == client)
+    }
+
+    /// The fence of `key`'s leader now: its newest live holder's (0: none).
+    pub(super) fn leader(&self, key: u8, now: i64) -> i64 {
+        if self.wrongtype.contains(&key) {
+            return 0;
+        }
+        self.holders(key)
+            .iter()
+            .filter(|h| now < h.deadline_ms)
+            .map(|h| h.fence)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// `LOCK.OBSERVE key [AFTER after] [BLOCK block]`.
+    pub(super) fn observe(
+        &mut self,
+        client: u8,
+        key: u8,
+        after: Option<i64>,
+        block: Option<i64>,
+        now: i64,
+    ) -> Told {
+        if self.wrongtype.contains(&key) {
+            return error(LockError::WrongType);
+        }
+        let leader = self.leader(key, now);
+        match (after, block) {
+            (Some(a), Some(b)) if a == leader => {
+                self.observers.push(RefObserver {
+                    client,
+                    key,
+                    after: a,
+                    timeout_at: (b > 0).then_some(now + b),
+                });
+                Told::Blocked
+            }
+            (Some(a), None) if a == leader => Told::Nil,
+            _ => Told::Leader(leader),
+        }
+    }
+
+    /// The observers' part of a timer tick: timeouts, then every observer
+    /// whose key's leader is no longer the one it saw (or whose key left).
+    pub(super) fn tell_observers(&mut self, now: i64, told: &mut Vec<(u8, Told)>) {
+        for o in std::mem::take(&mut self.observers) {
+            if o.timeout_at.is_some_and(|t| t <= now) {
+                told.push((o.client, Told::Nil));
+            } else if self.gone.contains(&o.key) {
+                told.push((o.client, error(LockError::Redirect(redirect_of(o.key)))));
+            } else if self.leader(o.key, now) != o.after {
+                told.push((o.client, Told::Leader(self.leader(o.key, now))));
+            } else {
+                self.observers.push(o);
+            }
+        }
     }
 
     /// `told`: the waiters this command's key hands on to first. Usually

@@ -188,7 +188,8 @@ impl Run {
         | Op::Release { client, .. }
         | Op::Extend { client, .. }
         | Op::AcquireAll { client, .. }
-        | Op::ReleaseAll { client, .. } = *op
+        | Op::ReleaseAll { client, .. }
+        | Op::Observe { client, .. } = *op
         {
             if model.waiting(client) || model.denied.contains(&client) {
                 return; // a blocked client sends nothing; Redis refuses a denied one
@@ -209,6 +210,7 @@ impl Run {
             Op::Swap => self.swap(&mut st, step, op),
             Op::Migrate { .. } => self.migrate(&mut st, step, op),
             Op::Disconnect { .. } => self.disconnect(&mut st, step, op),
+            Op::Observe { .. } => self.observe(&mut st, step, op),
             Op::Vanish { .. } => self.vanish(&mut st, step, op),
             Op::Deny { .. } => self.deny(&mut st, step, op),
             Op::Config { .. } => self.config(&mut st, step, op),

@@ -446,6 +446,9 @@ impl Run {
         for w in model.lines.values_mut().flatten() {
             w.keys = w.keys.iter().map(swap).collect();
         }
+        for o in &mut model.observers {
+            o.key = swap(&o.key);
+        }
         for set in [&mut model.wrongtype, &mut h.wrongtype] {
             *set = set.iter().map(swap).collect();
         }
@@ -489,6 +492,45 @@ impl Run {
         true
     }
 
+    pub(super) fn observe(&mut self, st: &mut Step, _step: usize, op: &Op) -> bool {
+        let Op::Observe {
+            client,
+            key,
+            after,
+            block,
+        } = *op
+        else {
+            unreachable!()
+        };
+        let Run {
+            now,
+            model,
+            h,
+            asked,
+            ..
+        } = self;
+        let now = *now;
+        if model.gone.contains(&key) {
+            return false; // Redis redirects the command itself
+        }
+        let current = model.leader(key, now);
+        let after = match AFTERS[after] {
+            After::None => None,
+            After::Vacant => Some(0),
+            After::Current => Some(current),
+            After::Stale => Some(current + 1_000_000),
+        };
+        let Step { replies, .. } = st;
+        replies.0 = Some(model.observe(client, key, after, block, now));
+        let reply = h.observe(client, key, after, block, now);
+        if reply == Told::Blocked {
+            let timeout_at = block.filter(|t| *t > 0).map(|t| now + t);
+            asked.insert(client, (vec![key], Vec::new(), timeout_at));
+        }
+        replies.1 = Some(reply);
+        true
+    }
+
     pub(super) fn disconnect(&mut self, _st: &mut Step, _step: usize, op: &Op) -> bool {
         let Op::Disconnect { client } = *op else {
             unreachable!()
@@ -505,6 +547,7 @@ impl Run {
         for line in model.lines.values_mut() {
             line.retain(|w| w.client != client);
         }
+        model.observers.retain(|o| o.client != client);
         let left = h.node.leave(client, now);
         assert_eq!(left, asked.remove(&client).is_some());
         granted.remove(&client);
@@ -606,6 +649,11 @@ impl Run {
             .into_values()
             .flatten()
             .map(|w| w.client)
+            .chain(
+                std::mem::take(&mut model.observers)
+                    .into_iter()
+                    .map(|o| o.client),
+            )
             .collect();
         let mut engine_left: Vec<u8> = asked.drain().map(|(client, _)| client).collect();
         for client in &engine_left {

@@ -56,7 +56,7 @@ pub struct WaitTicket<K> {
     check_at_ms: i64,
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- commands ----
 
     /// `LOCK.ACQUIRE`: the one-key case of [`acquire_all`](Self::acquire_all)

@@ -40,7 +40,7 @@ fn raise(gate: &mut impl GateStore, mark: i64) -> Result<bool, LockError> {
     }
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// `LOCK.FENCED gate fence`, before its command runs: whether `fence`
     /// passes the gate at `key` (its mark, or the mark kept for it while
     /// maxmemory's eviction of it is put back), or why not (a stale fence

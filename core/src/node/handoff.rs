@@ -13,7 +13,7 @@ use crate::waiters::{Asked, Group, Head, Outcome, WaiterId};
 use super::acquire::{fit_all, AllFit};
 use super::{refuse_on_replica, Admission, Conditions, Node, Served};
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// Looks at a multi-key waiter (`group`, waiter `id`) with all its keys
     /// open: granted every key with one fence when it is first in every
     /// line and every key is free for it (or renewed when it holds them

@@ -9,7 +9,7 @@ use crate::lock::{self, LockRead, LockStore, Mode};
 use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// `LOCK.RELEASE`: true when `token` held the lock; the next waiter is
     /// then handed it in this same call.
     pub fn release<S: LockStore>(

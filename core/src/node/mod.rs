@@ -25,6 +25,7 @@ mod acquire;
 pub(crate) mod gate;
 mod handoff;
 mod holder;
+mod observe;
 mod options;
 mod outside;
 mod reads;
@@ -34,6 +35,7 @@ mod timer;
 
 pub use acquire::{Acquire, AcquireRequest, WaitTicket};
 pub use gate::{GateRead, GateStore};
+pub use observe::{Observation, ObserveTicket};
 pub use options::{Conditions, Limits};
 pub use outside::Loaded;
 pub use reads::Held;
@@ -45,6 +47,7 @@ use std::hash::Hash;
 use crate::error::LockError;
 use crate::fence::FenceCounter;
 use crate::lock::LockStore;
+use crate::observers::Observers;
 use crate::output::{Output, Recorder};
 use crate::time::{self, Now};
 use crate::waiters::{Outcome, Waiters, Wake};
@@ -86,6 +89,8 @@ impl<C, F: FnMut(C) -> bool> Admission<C> for F {
 pub struct Node<K, C> {
     fences: FenceCounter,
     waiters: Waiters<K, C>,
+    /// Clients told of a key's next change of leader (`LOCK.OBSERVE`).
+    observers: Observers<K, C>,
     limits: Limits,
     /// When the node last started serving as master (loaded its data or
     /// was promoted), monotonic ms: the restart delay runs from here.
@@ -111,11 +116,12 @@ pub struct Node<K, C> {
     leases: u64,
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Default for Node<K, C> {
     fn default() -> Self {
         Node {
             fences: FenceCounter::default(),
             waiters: Waiters::default(),
+            observers: Observers::default(),
             limits: Limits::default(),
             serving_since_ms: 0,
             gate_floor: 0,
@@ -130,7 +136,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Node<K, C> {
     }
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- getters ----
 
     pub fn limits(&self) -> Limits {
@@ -147,6 +153,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
 
     pub fn total_waiters(&self) -> usize {
         self.waiters.total()
+    }
+
+    /// Whether any client waits in a line or observes a key: a key that
+    /// leaves the keyspace must then be looked at.
+    pub fn has_blocked_clients(&self) -> bool {
+        self.waiters.total() > 0 || !self.observers.is_empty()
     }
 
     /// How many more ms new grants are refused (0: grants are allowed).
@@ -183,7 +195,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        match (at, self.gates_due_at_ms) {
+        let at = match (at, self.gates_due_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if self.observers.is_empty() {
+            return at;
+        }
+        match (at, self.observers.next_wakeup()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -225,6 +244,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         for key in keys {
             self.waiters.schedule(&key, now_ms);
         }
+        let observed: Vec<K> = self
+            .observers
+            .keys()
+            .filter(|k| affected(k))
+            .cloned()
+            .collect();
+        for key in observed {
+            self.observers.touch(&key, now_ms);
+        }
     }
 
     /// A decision was cut short by a panic (caught at the glue's boundary,
@@ -252,6 +280,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
             *key = rename(key);
         }
         self.waiters.rename_keys(&rename);
+        self.observers.rename_keys(&rename);
         self.keys_changed(moved, now_ms);
     }
 
@@ -268,6 +297,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
         store: &'a mut S,
         now_ms: i64,
     ) -> Recorder<'a, S, K, C> {
+        // Whatever it writes, the key's observers look again once the
+        // decision is done (the timer run right after it).
+        if !self.observers.is_empty() {
+            self.observers.touch(key, now_ms);
+        }
         Recorder {
             store,
             key,

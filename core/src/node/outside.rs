@@ -21,7 +21,7 @@ pub struct Loaded {
     pub lease: u64,
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- locks from outside: the master, the AOF, an RDB, RESTORE ----
 
     /// `LOCK._SET key token fence deadline-ms granted-ms` from the master or

@@ -20,7 +20,7 @@ pub struct Held<'s> {
     pub waiters: usize,
 }
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- reads ----
 
     /// `LOCK.FENCE key [token]`: the holder's fencing token (only if it is

@@ -6,6 +6,7 @@ use crate::error::LockError;
 use crate::lock::tests::MemStore;
 use crate::lock::{Lock, LockRead, LockStore, Mode};
 use crate::node::gate::tests::MemGate;
+use crate::observers::Leader;
 use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
@@ -1109,5 +1110,133 @@ fn an_evicted_gate_keeps_its_mark_until_it_is_put_back() {
     node.gate_evicted("h", 70, T0 + 20);
     node.run_timer(&mut gates, Conditions::REPLICA, now(T0 + 20));
     assert!(!gates.0.contains_key("h"));
+    assert_eq!(node.next_wakeup(), None);
+}
+
+/// What an observer of `"k"` was told, among `wakes`.
+fn observed(wakes: &[Wake<&'static str, u32>]) -> Vec<(u32, Outcome)> {
+    wakes
+        .iter()
+        .map(|w| (w.client, w.outcome.clone()))
+        .collect()
+}
+
+/// `client` observes `"k"` having seen `after`, blocking `block_ms`.
+fn watch(node: &mut N, store: &MemStore, client: u32, after: i64, block_ms: i64, at_ms: i64) {
+    match node.observe(
+        &"k",
+        Ok(store),
+        Some(after),
+        Some(block_ms),
+        BLOCKING,
+        now(at_ms),
+    ) {
+        Ok(Observation::Wait(ticket)) => node.start_observing(ticket, client).unwrap(),
+        other => panic!("expected to observe, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_observer_is_told_of_a_vacancy_when_the_lease_ends_without_any_command() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    hold(&mut node, &mut store, b"a", Mode::Exclusive, 100, T0);
+    let fence = node.fence_of(&store, None, T0).unwrap();
+    outputs(&mut node);
+    let seen = node.observe(&"k", Ok(&store), None, None, BLOCKING, now(T0 + 1));
+    assert_eq!(
+        seen,
+        Ok(Observation::Now(Leader::Held { fence, ttl_ms: 99 }))
+    );
+    // It saw that leader and waits: the node wakes at the lease's end.
+    watch(&mut node, &store, 7, fence, 0, T0 + 1);
+    assert_eq!(node.next_wakeup(), Some(T0 + 100));
+    tick(&mut node, &mut store, T0 + 99);
+    assert!(wakes(&mut node).is_empty());
+    tick(&mut node, &mut store, T0 + 100);
+    assert_eq!(
+        observed(&wakes(&mut node)),
+        vec![(7, Outcome::Observed(Leader::Vacant))]
+    );
+    assert_eq!(node.observing(&"k"), 0);
+}
+
+#[test]
+fn a_hand_off_at_the_lease_end_tells_the_new_leader_and_a_renewal_tells_nobody() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    hold(&mut node, &mut store, b"a", Mode::Exclusive, 100, T0);
+    let fence = node.fence_of(&store, None, T0).unwrap();
+    wait(&mut node, &mut store, 1, req(b"b", 100, Some(0)), T0);
+    watch(&mut node, &store, 7, fence, 1_000, T0);
+    // The holder renews: the same leader, nobody is told, the check moves.
+    let cond = Conditions::empty();
+    let extended = node.extend(
+        &"k",
+        Ok(&mut store),
+        b"a",
+        150,
+        cond,
+        &mut AdmitAll,
+        now(T0 + 50),
+    );
+    assert_eq!(extended, Ok(true));
+    tick(&mut node, &mut store, T0 + 51);
+    assert!(observed(&wakes(&mut node)).is_empty());
+    tick(&mut node, &mut store, T0 + 100);
+    assert!(observed(&wakes(&mut node)).is_empty());
+    // At the new end the waiter takes it: the observer hears of it, not of
+    // the instant between.
+    tick(&mut node, &mut store, T0 + 200);
+    let told = observed(&wakes(&mut node));
+    let next = node.fence_of(&store, None, T0 + 200).unwrap();
+    assert!(next > fence);
+    let new_leader = Leader::Held {
+        fence: next,
+        ttl_ms: 100,
+    };
+    assert!(
+        told.contains(&(7, Outcome::Observed(new_leader))),
+        "{told:?}"
+    );
+}
+
+#[test]
+fn an_observer_that_saw_another_leader_is_answered_at_once_or_nil_without_block() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    let free = node.observe(&"k", Ok(&store), Some(0), None, BLOCKING, now(T0));
+    assert_eq!(free, Ok(Observation::Nil));
+    // Inside MULTI or a script, BLOCK answers at once.
+    let free = node.observe(
+        &"k",
+        Ok(&store),
+        Some(0),
+        Some(0),
+        Conditions::empty(),
+        now(T0),
+    );
+    assert_eq!(free, Ok(Observation::Nil));
+    hold(&mut node, &mut store, b"a", Mode::Exclusive, 100, T0);
+    let seen = node.observe(&"k", Ok(&store), Some(0), Some(0), BLOCKING, now(T0));
+    assert!(matches!(seen, Ok(Observation::Now(Leader::Held { .. }))));
+    let wrong: Result<&MemStore, LockError> = Err(LockError::WrongType);
+    assert_eq!(
+        node.observe(&"k", wrong, None, None, BLOCKING, now(T0)),
+        Err(LockError::WrongType)
+    );
+}
+
+#[test]
+fn an_observer_that_leaves_or_times_out_leaves_nothing() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    watch(&mut node, &store, 7, 0, 10, T0);
+    watch(&mut node, &store, 8, 0, 0, T0);
+    assert!(node.leave(8, T0));
+    assert_eq!(node.next_wakeup(), Some(T0 + 10));
+    tick(&mut node, &mut store, T0 + 10);
+    assert_eq!(observed(&wakes(&mut node)), vec![(7, Outcome::TimedOut)]);
+    assert_eq!(node.observing(&"k"), 0);
     assert_eq!(node.next_wakeup(), None);
 }

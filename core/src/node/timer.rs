@@ -73,13 +73,13 @@ impl<K> Default for TimerWork<K> {
 /// multi-key waiters) while answering a waiter made more due at once.
 pub(super) const MAX_TIMER_ROUNDS: usize = 64;
 
-impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
+impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- waiters and the timer ----
 
     /// The client left on its own (disconnected, CLIENT UNBLOCK, the node
     /// became a replica): it gets no outcome. True if it was waiting.
     pub fn leave(&mut self, client: C, now_ms: i64) -> bool {
-        self.waiters.leave(client, now_ms).is_some()
+        self.observers.leave(client) || self.waiters.leave(client, now_ms).is_some()
     }
 
     /// A grant's reply never reached its client (it went away between the
@@ -102,9 +102,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Node<K, C> {
     /// [`RETRY_MS`]; take-backs wait too, except on a replica, where they
     /// are the master's to make and are dropped.
     ///
-    /// A grant taken back is reported as a release. The glue, the model
-    /// and the tests all run this one sequence.
+    /// A grant taken back is reported as a release. Last, observers are
+    /// told of what the run left (they only read: on a replica too, and
+    /// while writes wait). The glue, the model and the tests all run this
+    /// one sequence.
     pub fn run_timer<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
+        self.hand_on_due(keys, cond, now);
+        self.tell_observers(keys, now);
+    }
+
+    /// [`run_timer`](Self::run_timer) but the observers.
+    fn hand_on_due<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
         let now_ms = now.mono_ms();
         self.put_back_gates(keys, cond, now_ms);
         let work = self.timer(cond, now);

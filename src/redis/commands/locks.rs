@@ -29,7 +29,7 @@ pub(super) fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Acquire::Contended => Reply::Null,
         Acquire::Wait(ticket) => {
             drop(store);
-            return blocked::block(ctx, ticket);
+            return blocked::block(ctx, |n, client| n.enqueue(ticket, client));
         }
     })
 }
@@ -87,7 +87,7 @@ pub(super) fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Acquire::Contended => Reply::Null,
         Acquire::Wait(ticket) => {
             drop(stores);
-            return blocked::block(ctx, ticket);
+            return blocked::block(ctx, |n, client| n.enqueue(ticket, client));
         }
     })
 }

@@ -19,9 +19,10 @@ use super::ffi::{
 use super::guarded;
 use super::keyspace::{LockKey, ReadKey};
 use super::server;
+use super::timer;
 use crate::core::args;
 use crate::core::error::LockError;
-use crate::core::node::{Acquire, AcquireRequest};
+use crate::core::node::{Acquire, AcquireRequest, Observation};
 use crate::core::protocol::{self, info_field};
 use crate::core::time::Now;
 use crate::core::{Lock, Mode};

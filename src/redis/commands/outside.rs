@@ -86,7 +86,15 @@ pub(super) fn apply_from_outside(
 ) -> Result<Reply, LockError> {
     let mut store = LockKey::open_from_outside(ctx, argv.key())?;
     let now = server::conversion_now();
-    if let Err(err) = engine::with_engine(|n| apply(n, &mut store, now)) {
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let (applied, next_wakeup) = engine::with_engine(|n| {
+        let applied = apply(n, &mut store, now);
+        // Its observers (on a replica) look again.
+        n.applied(&key, now.mono_ms());
+        (applied, n.next_wakeup())
+    });
+    timer::arm_for(next_wakeup);
+    if let Err(err) = applied {
         log_warning(&format!("lock: refusing {what}: {err}"));
         return Err(err);
     }

@@ -1,4 +1,4 @@
-//! The commands that only read a key: FENCE and INFO.
+//! The commands that only read a key: FENCE, INFO and OBSERVE.
 
 use super::*;
 
@@ -68,4 +68,28 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             Value::Maps(live.iter().map(|l| holder_fields(l).into()).collect()),
         ),
     ]))
+}
+
+/// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`: the key's leader
+/// at once, or, when it is still the one seen (`AFTER`), nil or (with
+/// `BLOCK`) the client waits to be told of the next one. Reads only: on a
+/// replica too.
+pub(super) fn observe(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let a = args::parse_observe(argv.bytes())?;
+    let store = ReadKey::open(ctx, argv.key());
+    let now = server::now();
+    let key = engine::key_of(ctx, argv.key_bytes());
+    let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
+    let seen = engine::with_engine(|n| {
+        let store = store.as_ref().map_err(|e| e.clone());
+        n.observe(&key, store, a.after, a.block_ms, cond, now)
+    })?;
+    drop(store);
+    match seen {
+        Observation::Now(leader) => Ok(blocked::leader_reply(leader)),
+        Observation::Nil => Ok(Reply::Null),
+        Observation::Wait(ticket) => {
+            blocked::block(ctx, |n, client| n.start_observing(ticket, client))
+        }
+    }
 }

@@ -89,7 +89,7 @@ pub(super) const ACQUIRE_ALL_KEY_FLAGS: u64 = RW | ACCESS | UPDATE;
 pub(super) const RELEASE_ALL_KEY_FLAGS: u64 = RW | DELETE;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 14] = [
+pub static COMMANDS: [Command; 15] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -329,6 +329,22 @@ pub static COMMANDS: [Command; 14] = [
         summary: c"Internal: the replicated and AOF form of one holder leaving a shared lock. Refused from ordinary clients.",
         args: &[LOCK_KEY, TOKEN],
     },
+    Command {
+        name: c"lock.observe",
+        callback: command_callback!(observe),
+        // Reads only (a replica serves it); not fast: it can block.
+        flags: c"readonly blocking",
+        arity: -2,
+        key_flags: RO | ACCESS,
+        keys: KeyPlace::First,
+        acl_categories: c"read blocking",
+        summary: c"Replies with the key's leader (fence and ttl; fence 0 and ttl -2 when nobody holds it). With AFTER, only when it is no longer the one with that fence (0: the key was free): else nil, or with BLOCK the client waits until it changes, up to timeout-ms (0: forever).",
+        args: &[
+            LOCK_KEY,
+            option(c"AFTER", c"fence", c"The fence of the leader last seen (0: the key was free): answer only once the leader differs."),
+            option(c"BLOCK", c"timeout-ms", c"With AFTER: wait up to timeout-ms (0: no timeout) for the next leader instead of answering nil."),
+        ],
+    },
 ];
 
 /// The table's names are the protocol's (`core::protocol::command`), which
@@ -336,8 +352,8 @@ pub static COMMANDS: [Command; 14] = [
 /// on one side fails the module's load in every test instead of drifting.
 pub(super) fn check_names() -> Result<(), String> {
     use protocol::command::{
-        ACQUIRE, ACQUIRE_ALL, DROP, EXEC, EXTEND, FENCE, FENCED, GATE, HOLD, INFO, RELEASE,
-        RELEASE_ALL, SET, SET_SHARED,
+        ACQUIRE, ACQUIRE_ALL, DROP, EXEC, EXTEND, FENCE, FENCED, GATE, HOLD, INFO, OBSERVE,
+        RELEASE, RELEASE_ALL, SET, SET_SHARED,
     };
     let names = [
         ACQUIRE,
@@ -354,6 +370,7 @@ pub(super) fn check_names() -> Result<(), String> {
         SET_SHARED,
         HOLD,
         DROP,
+        OBSERVE,
     ];
     for (c, name) in COMMANDS.iter().zip(names) {
         if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {

@@ -134,6 +134,11 @@ pub(super) fn reply_lock_error(ctx: Ctx, err: LockError) {
     reply_error(ctx, &msg);
 }
 
+/// Sends a whole reply (a blocked client's, from its reply callback).
+pub fn reply(ctx: Ctx, reply: Reply) {
+    send(ctx, reply);
+}
+
 pub(super) fn send(ctx: Ctx, reply: Reply) {
     match reply {
         Reply::Integer(n) => reply_integer(ctx, n),
