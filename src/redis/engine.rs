@@ -75,6 +75,12 @@ pub fn waiters_total() -> usize {
     with_engine(|n| n.total_waiters())
 }
 
+/// Whether any client waits in a line or observes a key (not from inside
+/// the node): a change under many keys at once must then be looked at.
+pub fn has_blocked_clients() -> bool {
+    with_engine(|n| n.has_blocked_clients())
+}
+
 /// Whether anyone may be waiting or observing, from a callback that can
 /// run inside the engine (unlink2 runs when a grant replaces a value): the
 /// node's count when it is free, and "maybe" while it is busy.

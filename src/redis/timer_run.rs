@@ -163,10 +163,10 @@ impl ClusterView {
     }
 }
 
-/// Every waited-on key of db `db` (-1: all) may have changed (FLUSHDB,
-/// FLUSHALL).
+/// Every waited-on or observed key of db `db` (-1: all) may have changed
+/// (FLUSHDB, FLUSHALL).
 pub fn flushed(db: i32) {
-    if engine::waiters_total() == 0 {
+    if !engine::has_blocked_clients() {
         return;
     }
     let now_ms = server::mono_ms();
@@ -177,7 +177,7 @@ pub fn flushed(db: i32) {
 /// SWAPDB a b: lines move with their databases, and every key in both is
 /// looked at again (its lock may differ now).
 pub fn swapped(a: i32, b: i32) {
-    if engine::waiters_total() == 0 {
+    if !engine::has_blocked_clients() {
         return;
     }
     let now_ms = server::mono_ms();
