@@ -135,10 +135,13 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
     }
 
     /// Something wrote to `key` (or may have): look at it by `at_ms`.
-    pub fn touch(&mut self, key: &K, at_ms: i64) {
-        if self.by_key.contains_key(key) {
+    /// Whether anyone observes it.
+    pub fn touch(&mut self, key: &K, at_ms: i64) -> bool {
+        let observed = self.by_key.contains_key(key);
+        if observed {
             self.schedule(key, at_ms);
         }
+        observed
     }
 
     /// Looks at `key` by `at_ms` (an earlier check stays).

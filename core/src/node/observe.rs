@@ -111,9 +111,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     }
 
     /// `key` changed from outside (the master, the AOF): its observers
-    /// look again at the next timer run.
-    pub fn applied(&mut self, key: &K, now_ms: i64) {
-        self.observers.touch(key, now_ms);
+    /// look again at the next timer run. Whether anyone observes it (the
+    /// timer then needs arming).
+    pub fn applied(&mut self, key: &K, now_ms: i64) -> bool {
+        self.observers.touch(key, now_ms)
     }
 
     /// The observers' part of a timer run: those whose timeout came are

@@ -89,9 +89,10 @@ pub(super) fn apply_from_outside(
     let key = engine::key_of(ctx, argv.key_bytes());
     let (applied, next_wakeup) = engine::with_engine(|n| {
         let applied = apply(n, &mut store, now);
-        // Its observers (on a replica) look again.
-        n.applied(&key, now.mono_ms());
-        (applied, n.next_wakeup())
+        // Its observers (on a replica) look again; the timer is armed only
+        // then (an AOF load applies millions of these).
+        let observed = n.applied(&key, now.mono_ms());
+        (applied, observed.then(|| n.next_wakeup()).flatten())
     });
     timer::arm_for(next_wakeup);
     if let Err(err) = applied {
