@@ -221,3 +221,33 @@ fn a_del_or_flushall_tells_the_observers() {
         assert_eq!(o.join().unwrap().0, Some((0, -2)), "{wipe}");
     }
 }
+
+/// The monitoring user of docs/operations.md (read access to the keys,
+/// `+lock.observe`) observes and waits; without read access to the key it
+/// gets NOPERM and observes nothing.
+#[test]
+fn a_read_only_user_observes_and_one_without_the_key_is_refused() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    set_user(
+        &mut admin,
+        "monitor",
+        &["%R~app:*", "+lock.observe", "+lock.info"],
+    );
+    let f = acquire(&mut admin, "app:k", "a", 60_000).unwrap();
+    let mut m = login(&s, "monitor");
+    assert_eq!(observe(&mut m, "app:k", &[]).unwrap().unwrap().0, f);
+    let err = observe(&mut m, "other:k", &[]).unwrap_err();
+    assert!(error_text(&err).starts_with("NOPERM"), "{err}");
+    let waiting = thread::spawn(move || {
+        observe(
+            &mut m,
+            "app:k",
+            &["AFTER", &f.to_string(), "BLOCK", "10000"],
+        )
+        .unwrap()
+    });
+    wait_blocked(&s, 1);
+    assert_eq!(release(&mut admin, "app:k", "a"), 1);
+    assert_eq!(waiting.join().unwrap(), Some((0, -2)));
+}
