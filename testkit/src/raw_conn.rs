@@ -130,14 +130,14 @@ impl RawConn {
     /// if none came in time, `Err` if the connection failed or closed. Never
     /// panics, so a client can survive the server being killed under it.
     pub fn try_call(&mut self, args: &[&str], limit: Duration) -> std::io::Result<Option<Resp>> {
-        use std::io::{BufRead, ErrorKind, Write};
+        use std::io::{ErrorKind, Write};
         self.reader
             .get_mut()
             .write_all(encode(&[args]).as_bytes())?;
         if self.reader.buffer().is_empty() {
             let limit = limit.max(Duration::from_millis(1));
             self.reader.get_ref().set_read_timeout(Some(limit))?;
-            match self.reader.fill_buf() {
+            match fill_buf(&mut self.reader) {
                 Ok([]) => return Err(ErrorKind::UnexpectedEof.into()),
                 Ok(_) => {}
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
@@ -154,10 +154,9 @@ impl RawConn {
 
     /// Waits up to `limit` for a reply; None if none came.
     pub fn read_within(&mut self, limit: Duration) -> Option<Resp> {
-        use std::io::BufRead;
         if self.reader.buffer().is_empty() {
             self.reader.get_ref().set_read_timeout(Some(limit)).unwrap();
-            match self.reader.fill_buf() {
+            match fill_buf(&mut self.reader) {
                 Ok([]) => panic!("connection closed"),
                 Ok(_) => {}
                 Err(e)
@@ -257,4 +256,20 @@ fn encode(commands: &[&[&str]]) -> String {
         }
     }
     out
+}
+
+/// `fill_buf`, retried when a signal interrupts the read (EINTR: the test
+/// process gets SIGCHLD from the servers and tools it runs), as
+/// `read_exact` and `read_line` retry.
+fn fill_buf<R: std::io::Read>(reader: &mut std::io::BufReader<R>) -> std::io::Result<&[u8]> {
+    use std::io::BufRead;
+    loop {
+        match reader.fill_buf() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+            Ok(_) => break,
+        }
+    }
+    // What the read put in the buffer (empty: end of stream).
+    Ok(reader.buffer())
 }
