@@ -25,7 +25,7 @@ const VALKEY_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
 
 /// Where each option's value lives (the node's limits), in the order of
 /// `protocol::OPTIONS`, which owns their names, bounds and defaults.
-const TARGETS: [Target; 7] = [
+const TARGETS: [Target; 8] = [
     Target::Numeric(&engine::RESTART_DELAY_MS),
     Target::Numeric(&engine::LOCK_DELAY_MS),
     Target::Numeric(&engine::MAX_TTL_MS),
@@ -33,6 +33,7 @@ const TARGETS: [Target; 7] = [
     Target::Numeric(&engine::MAX_TOKEN_LEN),
     Target::Bool(&engine::ALLOW_EVICTION),
     Target::Numeric(&engine::MAX_HOLDERS_PER_KEY),
+    Target::Numeric(&engine::MAX_VALUE_LEN),
 ];
 
 /// Where an option's value lives.

@@ -94,7 +94,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
-    assert_eq!(items.len(), 16);
+    assert_eq!(items.len(), 18);
     let fields: Vec<(String, Value)> = items
         .chunks(2)
         .map(|p| {
@@ -142,6 +142,12 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
         panic!("{holders:?}")
     };
     assert_eq!(holder[..4], items[..4], "its token and fence");
+    // Last, the public value: none was given.
+    assert_eq!(fields[8], ("value".into(), Value::Nil));
+    assert_eq!(
+        holder[8..],
+        [Value::BulkString(b"value".to_vec()), Value::Nil]
+    );
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(extend(&mut c, "k", "tok", 10_000), 1);
     assert_eq!(acquire(&mut c, "k", "tok", 10_000), Some(f));
@@ -154,7 +160,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Map(map) = lock_info_reply(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
-    assert_eq!(map.len(), 8);
+    assert_eq!(map.len(), 9);
     assert_eq!(
         map[1],
         (Value::BulkString(b"fence".to_vec()), Value::Int(f))
@@ -330,7 +336,15 @@ fn bad_input_is_rejected_with_a_named_error_and_changes_nothing() {
         (vec!["LOCK.EXTEND", "k", "t"], "wrong number of arguments"),
         (
             vec!["LOCK.EXTEND", "k", "t", "1", "2"],
+            "unknown option '2'",
+        ),
+        (
+            vec!["LOCK.EXTEND", "k", "t", "1", "VALUE", "v", "x"],
             "wrong number of arguments",
+        ),
+        (
+            vec!["LOCK.EXTEND", "k", "t", "1", "VALUE"],
+            "VALUE needs a value",
         ),
         (vec!["LOCK.FENCE"], "wrong number of arguments"),
         (
@@ -771,6 +785,7 @@ fn command_docs_describe_every_argument() {
                 ("limit", "integer", "LIMIT", true),
                 ("timeout-ms", "integer", "BLOCK", true),
                 ("min-fence", "integer", "MINFENCE", true),
+                ("value", "string", "VALUE", true),
             ],
         ),
         (
@@ -783,6 +798,7 @@ fn command_docs_describe_every_argument() {
                 ("key", "key", "", false),
                 ("token", "string", "", false),
                 ("ttl-ms", "integer", "", false),
+                ("value", "string", "VALUE", true),
             ],
         ),
         (
@@ -798,6 +814,7 @@ fn command_docs_describe_every_argument() {
                 ("fence", "integer", "", false),
                 ("deadline-ms", "integer", "", false),
                 ("granted-ms", "integer", "", true),
+                ("value", "string", "", true),
             ],
         ),
     ];

@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 type Seen = Option<(i64, i64)>;
 
 fn observe(c: &mut Connection, key: &str, args: &[&str]) -> redis::RedisResult<Seen> {
-    let reply: Option<HashMap<String, i64>> =
+    let reply: Option<HashMap<String, redis::Value>> =
         redis::cmd("LOCK.OBSERVE").arg(key).arg(args).query(c)?;
-    Ok(reply.map(|m| (m["fence"], m["ttl"])))
+    let int = |v: &redis::Value| redis::from_redis_value::<i64>(v).unwrap();
+    Ok(reply.map(|m| (int(&m["fence"]), int(&m["ttl"]))))
 }
 
 /// Observes `key` having seen `after`, on a connection of its own: the

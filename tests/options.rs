@@ -61,6 +61,7 @@ fn every_option_is_listed_with_its_default() {
         ("lock.max-holders-per-key", "10000"),
         ("lock.max-token-len", "512"),
         ("lock.max-ttl-ms", "604800000"),
+        ("lock.max-value-len", "1024"),
         ("lock.max-waiters-per-key", "100000"),
         ("lock.restart-delay-ms", "0"),
     ];
@@ -112,6 +113,7 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.lock-delay-ms", &["-1", "316224000001", "x"]),
         ("lock.allow-eviction", &["maybe", "2"]),
         ("lock.max-holders-per-key", &["0", "1048577", "x"]),
+        ("lock.max-value-len", &["-1", "16385", "x"]),
     ];
     for (name, values) in cases {
         let before = config_get(&mut c, name);
@@ -137,6 +139,8 @@ fn bad_values_are_refused_and_change_nothing() {
         ("lock.lock-delay-ms", "0"),
         ("lock.max-holders-per-key", "1"),
         ("lock.max-holders-per-key", "1048576"),
+        ("lock.max-value-len", "0"),
+        ("lock.max-value-len", "16384"),
     ] {
         config_set(&mut c, name, value).unwrap();
         assert_eq!(config_get(&mut c, name), value);

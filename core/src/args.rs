@@ -4,7 +4,7 @@
 
 use super::error::{show_arg, LockError};
 use super::limits::MAX_STORED_HOLDERS;
-use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN};
+use super::limits::{MAX_DEADLINE_MS, MAX_DURATION_MS, MAX_TOKEN_LEN, MAX_VALUE_LEN};
 use super::lock::Mode;
 use super::time::known_grant;
 
@@ -21,21 +21,29 @@ pub struct AcquireArgs<'a> {
     /// `MINFENCE n`: the fencing token is at least n (0: not given). Its
     /// upper bound depends on the node's mark and is checked by the caller.
     pub min_fence: i64,
+    /// `VALUE v`: the holder's public value (at most `MAX_VALUE_LEN`
+    /// bytes; the node checks `lock.max-value-len`). Exclusive only.
+    pub value: Option<&'a [u8]>,
 }
 
-/// `LOCK.EXTEND key token ttl-ms`
+/// `LOCK.EXTEND key token ttl-ms [VALUE v]`
 #[derive(Debug, PartialEq, Eq)]
 pub struct ExtendArgs<'a> {
     pub token: &'a [u8],
     pub ttl_ms: i64,
+    /// `VALUE v`: the holder's new public value (a proclaim).
+    pub value: Option<&'a [u8]>,
 }
 
-/// `LOCK._SET key token fence deadline-ms [granted-ms]`: the replicated
-/// effect of a grant or renewal, with an absolute deadline and grant time
-/// (Unix ms). Without granted-ms (AOFs of earlier builds) it is 0: unknown.
+/// `LOCK._SET key token fence deadline-ms [granted-ms [value]]`: the
+/// replicated effect of a grant or renewal, with an absolute deadline and
+/// grant time (Unix ms), and the holder's public value. Without granted-ms
+/// (AOFs of earlier builds) it is 0: unknown; without a value, none.
 #[derive(Debug, PartialEq, Eq)]
 pub struct SetArgs<'a> {
     pub token: &'a [u8],
+    /// The holder's public value (empty: none; always for a shared key).
+    pub value: &'a [u8],
     pub fence: i64,
     pub deadline_ms: i64,
     pub granted_ms: i64,
@@ -218,23 +226,26 @@ pub fn parse_acquire<'a>(argv: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError
         mode: options.mode,
         block_ms: options.block_ms,
         min_fence: options.min_fence,
+        value: options.value,
     })
 }
 
 /// The options after `ttl-ms`, the same for `LOCK.ACQUIRE` and
 /// `LOCK.ACQUIREALL`.
-struct AcquireOptions {
+struct AcquireOptions<'a> {
     mode: Mode,
     block_ms: Option<i64>,
     min_fence: i64,
+    value: Option<&'a [u8]>,
 }
 
-/// `[SHARED] [LIMIT n] [BLOCK timeout-ms] [MINFENCE n]`, in any order,
-/// each at most once.
+/// `[SHARED] [LIMIT n] [BLOCK timeout-ms] [MINFENCE n] [VALUE v]`, in any
+/// order, each at most once.
 #[inline(always)] // on every ACQUIRE: as cheap as when it was written inline
-fn parse_acquire_options(argv: &[&[u8]]) -> Result<AcquireOptions, LockError> {
+fn parse_acquire_options<'a>(argv: &[&'a [u8]]) -> Result<AcquireOptions<'a>, LockError> {
     let mut block_ms = None;
     let mut min_fence = 0;
+    let mut value = None;
     let (mut shared, mut limit) = (false, None);
     let mut options = argv.iter();
     while let Some(option) = options.next() {
@@ -249,6 +260,12 @@ fn parse_acquire_options(argv: &[&[u8]]) -> Result<AcquireOptions, LockError> {
         } else if option.eq_ignore_ascii_case(b"MINFENCE") && min_fence == 0 {
             let n = options.next().ok_or(LockError::MissingMinFence)?;
             min_fence = parse_min_fence(n)?;
+        } else if option.eq_ignore_ascii_case(b"VALUE") && value.is_none() {
+            let v: &'a [u8] = options.next().ok_or(LockError::MissingValue)?;
+            if v.len() > MAX_VALUE_LEN {
+                return Err(LockError::ValueTooLong(v.len(), MAX_VALUE_LEN));
+            }
+            value = Some(v);
         } else {
             return Err(LockError::UnknownOption(show_arg(option)));
         }
@@ -256,12 +273,14 @@ fn parse_acquire_options(argv: &[&[u8]]) -> Result<AcquireOptions, LockError> {
     let mode = match (shared, limit) {
         (false, None) => Mode::Exclusive,
         (false, Some(_)) => return Err(LockError::LimitWithoutShared),
+        (true, _) if value.is_some() => return Err(LockError::ValueShared),
         (true, limit) => Mode::Shared { limit },
     };
     Ok(AcquireOptions {
         mode,
         block_ms,
         min_fence,
+        value,
     })
 }
 
@@ -288,6 +307,8 @@ pub struct AcquireAllArgs<'a> {
     /// `BLOCK timeout-ms` (0: no limit): wait in every key's line.
     pub block_ms: Option<i64>,
     pub min_fence: i64,
+    /// `VALUE v`: every key's holder gets it (see [`AcquireArgs::value`]).
+    pub value: Option<&'a [u8]>,
 }
 
 /// numkeys: from 1 up to what argv holds.
@@ -328,6 +349,7 @@ pub fn parse_acquire_all<'a>(argv: &[&'a [u8]]) -> Result<AcquireAllArgs<'a>, Lo
         mode: options.mode,
         block_ms: options.block_ms,
         min_fence: options.min_fence,
+        value: options.value,
     })
 }
 
@@ -375,10 +397,25 @@ pub fn parse_release<'a>(argv: &[&'a [u8]]) -> Result<&'a [u8], LockError> {
 }
 
 pub fn parse_extend<'a>(argv: &[&'a [u8]]) -> Result<ExtendArgs<'a>, LockError> {
-    arity(argv, 4, 4, "lock.extend")?;
+    arity(argv, 4, 6, "lock.extend")?;
+    let token = parse_token(argv[2])?;
+    let ttl_ms = parse_ttl(argv[3])?;
+    let value = match &argv[4..] {
+        [] => None,
+        [word, rest @ ..] if word.eq_ignore_ascii_case(b"VALUE") => match rest {
+            [] => return Err(LockError::MissingValue),
+            [v] if v.len() > MAX_VALUE_LEN => {
+                return Err(LockError::ValueTooLong(v.len(), MAX_VALUE_LEN))
+            }
+            [v] => Some(*v),
+            _ => return Err(LockError::WrongArity("lock.extend")),
+        },
+        [word, ..] => return Err(LockError::UnknownOption(show_arg(word))),
+    };
     Ok(ExtendArgs {
-        token: parse_token(argv[2])?,
-        ttl_ms: parse_ttl(argv[3])?,
+        token,
+        ttl_ms,
+        value,
     })
 }
 
@@ -424,7 +461,7 @@ pub fn parse_observe(argv: &[&[u8]]) -> Result<ObserveArgs, LockError> {
 }
 
 pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
-    arity(argv, 5, 6, "lock._set")?;
+    arity(argv, 5, 7, "lock._set")?;
     let token = parse_token(argv[2])?;
     let fence = match parse_i64(argv[3]) {
         Ok(f) if f > 0 => f,
@@ -441,8 +478,14 @@ pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
         Some(Ok(g)) if g >= 0 => known_grant(g, deadline_ms).unwrap_or(0),
         Some(_) => return Err(LockError::BadInternalArgument("granted-ms")),
     };
+    let value = match argv.get(6) {
+        None => &[][..],
+        Some(v) if v.len() <= MAX_VALUE_LEN => v,
+        Some(_) => return Err(LockError::BadInternalArgument("value")),
+    };
     Ok(SetArgs {
         token,
+        value,
         fence,
         deadline_ms,
         granted_ms,
@@ -778,6 +821,7 @@ mod tests {
                 mode: Mode::Exclusive,
                 block_ms: None,
                 min_fence: 0,
+                value: None,
             }
         );
         assert_eq!(
@@ -915,7 +959,41 @@ mod tests {
         let late = parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1001"]).unwrap();
         assert_eq!((late.deadline_ms, late.granted_ms), (1000, 0));
         assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"-1"]).is_err());
-        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", b"x"]).is_err());
+        // A seventh argument is the holder's value, an eighth is too many.
+        let valued = parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", b"x"]).unwrap();
+        assert_eq!(valued.value, b"x");
+        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", b"x", b"y"]).is_err());
+        let long = vec![b'v'; MAX_VALUE_LEN + 1];
+        assert!(parse_set(&[b"s", b"k", b"t", b"42", b"1000", b"1", &long]).is_err());
+    }
+
+    #[test]
+    fn value_is_for_an_exclusive_holder_and_bounded() {
+        fn acquire<'a>(extra: &[&'a [u8]]) -> Result<AcquireArgs<'a>, LockError> {
+            let mut argv: Vec<&'a [u8]> = vec![b"LOCK.ACQUIRE", b"k", b"t", b"100"];
+            argv.extend_from_slice(extra);
+            parse_acquire(&argv)
+        }
+        let a = acquire(&[b"value", b"10.0.0.7:6379", b"BLOCK", b"0"]).unwrap();
+        assert_eq!(
+            (a.value, a.block_ms),
+            (Some(&b"10.0.0.7:6379"[..]), Some(0))
+        );
+        assert_eq!(acquire(&[b"VALUE", b""]).unwrap().value, Some(&b""[..]));
+        assert_eq!(acquire(&[b"VALUE"]), Err(LockError::MissingValue));
+        assert_eq!(
+            acquire(&[b"SHARED", b"VALUE", b"v"]),
+            Err(LockError::ValueShared)
+        );
+        assert!(matches!(
+            acquire(&[b"VALUE", b"a", b"VALUE", b"b"]),
+            Err(LockError::UnknownOption(_))
+        ));
+        let long = vec![b'v'; MAX_VALUE_LEN + 1];
+        assert_eq!(
+            acquire(&[b"VALUE", &long]),
+            Err(LockError::ValueTooLong(MAX_VALUE_LEN + 1, MAX_VALUE_LEN))
+        );
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! A value is the token (`RM_SaveStringBuffer`), the fence and the deadline
 //! (`RM_SaveSigned`), and from encoding version 2 the grant time
 //! (`RM_SaveSigned`); from version 3 those four fields are one holder's,
-//! after the key's mode and holder count (`RM_SaveSigned` each); the format
-//! table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
+//! after the key's mode and holder count (`RM_SaveSigned` each); from
+//! version 4 each holder ends with its public value (`RM_SaveStringBuffer`,
+//! empty for none); the format table is in `redis::datatype`. [`decode_value`] reads them through a [`ValueReader`]
 //! and checks them; it is the only decoder: the module's `rdb_load` runs it
 //! over the `RedisModuleIO` Redis hands it, and the fuzzer (`fuzz/`) and the
 //! unit tests run it over `rdb_bytes::RdbBytes`, which reads the very bytes Redis
@@ -16,12 +17,12 @@
 use std::fmt;
 
 use super::error::LockError;
-use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN};
+use super::limits::{MAX_DEADLINE_MS, MAX_TOKEN_LEN, MAX_VALUE_LEN};
 use super::lock::Mode;
 use super::time::known_grant;
 
 /// The newest value encoding this build reads and the one it writes.
-pub const ENCODING_VERSION: i32 = 3;
+pub const ENCODING_VERSION: i32 = 4;
 
 pub use crate::limits::MAX_STORED_HOLDERS;
 
@@ -76,6 +77,8 @@ pub struct StoredLock<B> {
     pub deadline_ms: i64,
     /// 0 when unknown (encoding version 1).
     pub granted_ms: i64,
+    /// The public value (None before encoding version 4; may be empty).
+    pub value: Option<B>,
 }
 
 /// Why a value is refused. Displayed in the server log line.
@@ -86,6 +89,8 @@ pub enum DecodeError {
     /// A short read, or bytes that are not the field Redis expects there.
     Truncated,
     TokenLength(usize),
+    /// A public value longer than `MAX_VALUE_LEN` (version 4).
+    ValueLength(usize),
     Deadline(i64),
     /// A negative grant time.
     Granted(i64),
@@ -108,6 +113,9 @@ impl fmt::Display for DecodeError {
             DecodeError::Truncated => write!(f, "the payload is truncated or damaged"),
             DecodeError::TokenLength(n) => {
                 write!(f, "a token of {n} bytes (1 to {MAX_TOKEN_LEN} allowed)")
+            }
+            DecodeError::ValueLength(n) => {
+                write!(f, "a value of {n} bytes (at most {MAX_VALUE_LEN} allowed)")
             }
             DecodeError::Deadline(d) => write!(f, "deadline {d} is out of range"),
             DecodeError::Granted(g) => {
@@ -172,7 +180,8 @@ pub fn decode_value<R: ValueReader>(
     Ok(StoredValue { mode, holders })
 }
 
-/// One holder's four fields (three before version 2), checked.
+/// One holder's five fields (four before version 4, three before version
+/// 2), checked.
 fn decode_holder<R: ValueReader>(
     encver: i32,
     reader: &mut R,
@@ -182,6 +191,15 @@ fn decode_holder<R: ValueReader>(
     let fence = reader.signed()?;
     let deadline_ms = reader.signed()?;
     let granted_ms = if encver >= 2 { reader.signed()? } else { 0 };
+    let value = match encver >= 4 {
+        true => Some(reader.string_buffer()?),
+        false => None,
+    };
+    if let Some(n) = value.as_ref().map(|v| v.as_ref().len()) {
+        if n > MAX_VALUE_LEN {
+            return Err(DecodeError::ValueLength(n));
+        }
+    }
     let len = token.as_ref().len();
     if len == 0 || len > MAX_TOKEN_LEN {
         return Err(DecodeError::TokenLength(len));
@@ -200,6 +218,7 @@ fn decode_holder<R: ValueReader>(
         fence,
         deadline_ms,
         granted_ms,
+        value,
     })
 }
 
@@ -223,8 +242,8 @@ mod tests {
     use crate::fence::FenceCounter;
     use crate::limits::MAX_FENCE_LEAD;
     use crate::rdb_bytes::{
-        encode_value, encode_value_v2, encode_value_v3, lzf_decompress, RdbBytes, OPCODE_STRING,
-        OPCODE_UINT,
+        encode_value, encode_value_v2, encode_value_v3, encode_value_v4, lzf_decompress, RdbBytes,
+        OPCODE_STRING, OPCODE_UINT,
     };
 
     const NOW_US: i64 = 1_700_000_000_000_000;
@@ -342,8 +361,38 @@ mod tests {
             Err(DecodeError::Granted(-1))
         );
         assert_eq!(
-            decode_value(4, &mut RdbBytes::new(&bytes), accept),
-            Err(DecodeError::Version(4))
+            decode_value(5, &mut RdbBytes::new(&bytes), accept),
+            Err(DecodeError::Version(5))
+        );
+    }
+
+    /// Version 4 ends each holder with its public value (empty: none);
+    /// version 3 values still load, without one.
+    #[test]
+    fn version_4_carries_each_holders_value() {
+        let holders = [(
+            &b"tok"[..],
+            5,
+            1_700_000_000_000,
+            1_699_999_990_000,
+            &b"10.0.0.7:6379"[..],
+        )];
+        let bytes = encode_value_v4(Mode::Exclusive, &holders);
+        let v = one(decode_value(4, &mut RdbBytes::new(&bytes), accept)).unwrap();
+        assert_eq!(v.value.as_deref(), Some(&b"10.0.0.7:6379"[..]));
+        let v3 = encode_value_v3(Mode::Exclusive, &[(b"tok", 5, 1_700_000_000_000, 0)]);
+        let old = one(decode_value(3, &mut RdbBytes::new(&v3), accept)).unwrap();
+        assert_eq!(old.value, None);
+        // Read as version 4, a version 3 value is short by one field.
+        assert_eq!(
+            decode_value(4, &mut RdbBytes::new(&v3), accept),
+            Err(DecodeError::Truncated)
+        );
+        let long = vec![b'v'; MAX_VALUE_LEN + 1];
+        let too_long = encode_value_v4(Mode::Exclusive, &[(b"t", 5, 6, 0, &long[..])]);
+        assert_eq!(
+            decode_value(4, &mut RdbBytes::new(&too_long), accept),
+            Err(DecodeError::ValueLength(MAX_VALUE_LEN + 1))
         );
     }
 
@@ -389,9 +438,9 @@ mod tests {
             assert!(err.to_string().starts_with(&format!("fence {fence}: ")));
         }
         decode(&encode_value(b"t", NOW_US + MAX_FENCE_LEAD, ok_deadline)).unwrap();
-        let err = decode_value(4, &mut RdbBytes::new(b""), accept).unwrap_err();
-        assert_eq!(err, DecodeError::Version(4));
-        assert!(err.to_string().contains("encoding version 4"));
+        let err = decode_value(5, &mut RdbBytes::new(b""), accept).unwrap_err();
+        assert_eq!(err, DecodeError::Version(5));
+        assert!(err.to_string().contains("encoding version 5"));
     }
 
     #[test]

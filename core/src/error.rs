@@ -30,6 +30,12 @@ pub enum LockError {
     TimeoutTooLarge(String),
     /// MINFENCE without its n.
     MissingMinFence,
+    /// VALUE without its value.
+    MissingValue,
+    /// VALUE longer than `lock.max-value-len` (length, bound).
+    ValueTooLong(usize, usize),
+    /// VALUE with SHARED: a value names one holder (a leader).
+    ValueShared,
     /// AFTER without its fence.
     MissingAfter,
     /// AFTER's fence is not an integer from 0 up.
@@ -162,6 +168,15 @@ impl fmt::Display for LockError {
                 crate::limits::MAX_DURATION_MS
             ),
             MissingMinFence => write!(f, "ERR MINFENCE needs a fencing token n"),
+            MissingValue => write!(f, "ERR VALUE needs a value"),
+            ValueTooLong(n, max) => write!(
+                f,
+                "ERR invalid VALUE: {n} bytes, above the limit of {max} bytes (lock.max-value-len)"
+            ),
+            ValueShared => write!(
+                f,
+                "ERR VALUE is for an exclusive holder (a leader): not with SHARED"
+            ),
             MissingAfter => write!(f, "ERR AFTER needs the fence last seen (0: the key was free)"),
             BadAfter(v) => write!(
                 f,
@@ -325,6 +340,9 @@ mod tests {
             LockError::MissingMinFence,
             LockError::BadMinFence("'x'".into()),
             LockError::MissingAfter,
+            LockError::MissingValue,
+            LockError::ValueTooLong(2000, 1024),
+            LockError::ValueShared,
             LockError::BadAfter("'x'".into()),
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),

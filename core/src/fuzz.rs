@@ -190,6 +190,7 @@ fn spec_acquire<'a>(argv: &[&'a [u8]]) -> Option<AcquireArgs<'a>> {
         mode: Mode::Exclusive,
         block_ms: None,
         min_fence: 0,
+        value: None,
     };
     let (mut shared, mut limit) = (false, None);
     let mut rest = options;
@@ -208,6 +209,9 @@ fn spec_acquire<'a>(argv: &[&'a [u8]]) -> Option<AcquireArgs<'a>> {
             parsed.min_fence = in_range(value, 1..=i64::MAX)?;
         } else if word.eq_ignore_ascii_case(b"limit") && limit.is_none() {
             limit = Some(in_range(value, 1..=codec::MAX_STORED_HOLDERS)? as u32);
+        } else if word.eq_ignore_ascii_case(b"value") && parsed.value.is_none() {
+            parsed.value = Some(*value).filter(|v| v.len() <= crate::limits::MAX_VALUE_LEN);
+            parsed.value?;
         } else {
             return None;
         }
@@ -215,6 +219,7 @@ fn spec_acquire<'a>(argv: &[&'a [u8]]) -> Option<AcquireArgs<'a>> {
     }
     parsed.mode = match (shared, limit) {
         (false, Some(_)) => return None,
+        (true, _) if parsed.value.is_some() => return None,
         (false, None) => Mode::Exclusive,
         (true, limit) => Mode::Shared { limit },
     };
@@ -222,24 +227,40 @@ fn spec_acquire<'a>(argv: &[&'a [u8]]) -> Option<AcquireArgs<'a>> {
 }
 
 fn spec_extend<'a>(argv: &[&'a [u8]]) -> Option<ExtendArgs<'a>> {
-    let [_, _, token, ttl] = argv else {
-        return None;
+    let (token, ttl, value) = match argv {
+        [_, _, token, ttl] => (token, ttl, None),
+        [_, _, token, ttl, word, value] if word.eq_ignore_ascii_case(b"value") => {
+            (token, ttl, Some(*value))
+        }
+        _ => return None,
     };
+    if value.is_some_and(|v| v.len() > crate::limits::MAX_VALUE_LEN) {
+        return None;
+    }
     Some(ExtendArgs {
         token: spec_token(token)?,
         ttl_ms: spec_ttl(ttl)?,
+        value,
     })
 }
 
 fn spec_set<'a>(argv: &[&'a [u8]]) -> Option<SetArgs<'a>> {
-    let (token, fence, deadline, granted) = match argv {
-        [_, _, token, fence, deadline] => (token, fence, deadline, None),
-        [_, _, token, fence, deadline, granted] => (token, fence, deadline, Some(granted)),
+    let (token, fence, deadline, granted, value) = match argv {
+        [_, _, token, fence, deadline] => (token, fence, deadline, None, None),
+        [_, _, token, fence, deadline, granted] => (token, fence, deadline, Some(granted), None),
+        [_, _, token, fence, deadline, granted, value] => {
+            (token, fence, deadline, Some(granted), Some(value))
+        }
         _ => return None,
     };
     let deadline_ms = in_range(deadline, 0..=MAX_DEADLINE_MS)?;
+    let value: &[u8] = value.map_or(&[][..], |v| &v[..]);
+    if value.len() > crate::limits::MAX_VALUE_LEN {
+        return None;
+    }
     Some(SetArgs {
         token: spec_token(token)?,
+        value,
         fence: in_range(fence, 1..=i64::MAX)?,
         deadline_ms,
         granted_ms: match granted {

@@ -5,6 +5,11 @@
 /// the bound for new ACQUIREs, never raise it.
 pub const MAX_TOKEN_LEN: usize = 512;
 
+/// A holder's public value (`VALUE v`: a leader's address or id) is 0 to
+/// 16 KiB; `lock.max-value-len` can lower the bound for new ACQUIREs,
+/// never raise it. The keyspace keeps its length in 15 bits.
+pub const MAX_VALUE_LEN: usize = 16 * 1024;
+
 /// The longest lease or BLOCK timeout the module accepts at all: about ten
 /// years. `lock.max-ttl-ms` can lower the lease bound, never raise it past
 /// this. With it, `now + duration` (in ms or µs) cannot overflow an i64.

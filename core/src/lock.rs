@@ -41,6 +41,9 @@ pub struct Lock<'a> {
     /// and replicated as a wall-clock deadline (`time::wall_deadline`).
     pub deadline_ms: i64,
     pub token: &'a [u8],
+    /// The holder's public value (`VALUE v`; empty: none): a leader's
+    /// address or id, shown to every reader, unlike the token.
+    pub value: &'a [u8],
     /// When this holder was granted the lock, on the node's monotonic clock
     /// like the deadline (ms; kept by renewals). Both are written out in
     /// Unix ms converted at one instant (`time::wall_times`), so a step of
@@ -190,6 +193,7 @@ pub trait LockStore: LockRead {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NewHolder<'a> {
     pub token: &'a [u8],
+    pub value: &'a [u8],
     pub fence: i64,
     pub deadline_ms: i64,
     pub granted_ms: Option<i64>,
@@ -381,12 +385,12 @@ pub fn acquire(
                 true => Some(raised_fence(fences, min_fence, now.wall_us)?),
                 false => None,
             };
-            let fence = renew_holder(store, token, mode, raised, deadline_ms, now_ms)?;
+            let fence = renew_holder(store, token, mode, raised, None, deadline_ms, now_ms)?;
             Ok(Acquired::Renewed(fence))
         }
         Fit::Fits => {
             let fence = fresh_fence(fences, min_fence, now.wall_us)?;
-            grant(store, mode, token, fence, deadline_ms, rules, now_ms);
+            grant(store, mode, token, b"", fence, deadline_ms, rules, now_ms);
             Ok(Acquired::Granted(fence))
         }
     }
@@ -394,28 +398,38 @@ pub fn acquire(
 
 /// `token`'s live holder (a renewal, checked by the caller with [`fit`])
 /// gets a lease to `deadline_ms` and, when `raised`, that fence (MINFENCE
-/// above its own); asking `SHARED` while holding the key exclusively
+/// above its own), and when `value` is given, that public value (what etcd
+/// calls a proclaim); asking `SHARED` while holding the key exclusively
 /// downgrades it. The holder's fence now.
 pub(crate) fn renew_holder(
     store: &mut impl Ledger,
     token: &[u8],
     mode: Mode,
     raised: Option<i64>,
+    value: Option<&[u8]>,
     deadline_ms: i64,
     now_ms: i64,
 ) -> Result<i64, LockError> {
     let held = holder_of(store, token, now_ms).ok_or_else(internal)?;
     let (fence, granted_ms) = (held.fence, held.granted_ms);
+    // A new value is a new holder record (the keyspace keeps the value
+    // inline), with the same fence unless raised.
+    let new_value = value.filter(|&v| v != held.value).map(<[u8]>::to_vec);
+    let kept_value = match &new_value {
+        Some(_) => Vec::new(),
+        None => held.value.to_vec(),
+    };
     if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
         store.set_mode(mode);
     }
     let holder = |fence| NewHolder {
         token,
+        value: new_value.as_deref().unwrap_or(&kept_value),
         fence,
         deadline_ms,
         granted_ms,
     };
-    match (raised, store.mode()) {
+    match (raised.or(new_value.as_ref().map(|_| fence)), store.mode()) {
         (Some(fence), Some(Mode::Exclusive)) => store.put(Mode::Exclusive, holder(fence)),
         (Some(fence), _) => store.add(holder(fence)),
         (None, _) => store.renew(token, deadline_ms),
@@ -428,10 +442,12 @@ pub(crate) fn renew_holder(
 /// `LOCK.ACQUIREALL`): the key's only one, or one more of a shared key,
 /// whose holders that ended past their lock-delay leave first
 /// (expirations).
+#[allow(clippy::too_many_arguments)] // one input per thing the grant depends on
 pub(crate) fn grant(
     store: &mut impl Ledger,
     mode: Mode,
     token: &[u8],
+    value: &[u8],
     fence: i64,
     deadline_ms: i64,
     rules: Rules,
@@ -439,6 +455,7 @@ pub(crate) fn grant(
 ) {
     let holder = NewHolder {
         token,
+        value,
         fence,
         deadline_ms,
         granted_ms: Some(now_ms),
@@ -567,6 +584,7 @@ pub mod tests {
         pub fence: i64,
         pub deadline_ms: i64,
         pub token: Vec<u8>,
+        pub value: Vec<u8>,
         pub lease: u64,
         pub granted_ms: Option<i64>,
     }
@@ -599,6 +617,7 @@ pub mod tests {
                 fence: s.fence,
                 deadline_ms: s.deadline_ms,
                 token: &s.token,
+                value: &s.value,
                 granted_ms: s.granted_ms,
                 lease: s.lease,
             }
@@ -609,6 +628,7 @@ pub mod tests {
                 fence: lock.fence,
                 deadline_ms: lock.deadline_ms,
                 token: lock.token.to_vec(),
+                value: lock.value.to_vec(),
                 lease: lock.lease,
                 granted_ms: lock.granted_ms,
             }
@@ -674,6 +694,7 @@ pub mod tests {
                 fence: h.fence,
                 deadline_ms: h.deadline_ms,
                 token: h.token,
+                value: h.value,
                 granted_ms: h.granted_ms,
                 lease,
             };
@@ -685,6 +706,7 @@ pub mod tests {
                 fence: h.fence,
                 deadline_ms: h.deadline_ms,
                 token: h.token,
+                value: h.value,
                 granted_ms: h.granted_ms,
                 lease,
             };

@@ -20,12 +20,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
 /// A key's leader as an observer is told it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Leader {
     /// Nobody holds the key (free, or its lease ended).
     Vacant,
-    /// Held by the holder with this fence, for `ttl_ms` more.
-    Held { fence: i64, ttl_ms: i64 },
+    /// Held by the holder with this fence, for `ttl_ms` more, with its
+    /// public value (empty: none).
+    Held {
+        fence: i64,
+        ttl_ms: i64,
+        value: Box<[u8]>,
+    },
 }
 
 impl Leader {
@@ -37,6 +42,10 @@ impl Leader {
         }
     }
 }
+
+/// What an observer saw when that no longer stands: no leader's fence
+/// (all are ≥ 1) nor a vacancy's (0).
+const SEEN_NOTHING: i64 = -1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Observer<C> {
@@ -197,7 +206,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
     /// Every observer of `key` whose `after` differs from `leader`, in
     /// arrival order, taken out; the others keep observing, and the key is
     /// looked at again when the leader's lease ends (`now_ms` + its ttl).
-    pub fn tell(&mut self, key: &K, leader: Leader, now_ms: i64) -> Vec<C> {
+    pub fn tell(&mut self, key: &K, leader: &Leader, now_ms: i64) -> Vec<C> {
         let Some(list) = self.by_key.get_mut(key) else {
             return Vec::new();
         };
@@ -214,9 +223,21 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         if list.is_empty() {
             self.forget_key(key);
         } else if let Leader::Held { ttl_ms, .. } = leader {
-            self.schedule(key, now_ms.saturating_add(ttl_ms));
+            self.schedule(key, now_ms.saturating_add(*ttl_ms));
         }
         told.into_iter().map(|o| o.client).collect()
+    }
+
+    /// What every observer of `key` saw no longer stands, though the fence
+    /// did not change (the holder proclaimed a new value): each is told
+    /// the key's leader at the next look, which [`touch`](Self::touch)
+    /// brings.
+    pub fn forget_seen(&mut self, key: &K) {
+        if let Some(list) = self.by_key.get_mut(key) {
+            for o in list {
+                o.after = SEEN_NOTHING;
+            }
+        }
     }
 
     /// Every observer of `key`, taken out (the key left this node).
@@ -273,7 +294,11 @@ mod tests {
     type O = Observers<&'static str, u32>;
 
     fn held(fence: i64, ttl_ms: i64) -> Leader {
-        Leader::Held { fence, ttl_ms }
+        Leader::Held {
+            fence,
+            ttl_ms,
+            value: Box::default(),
+        }
     }
 
     #[test]
@@ -283,11 +308,11 @@ mod tests {
         assert!(o.add(&"k", 2, 0, None, Some(100)));
         assert!(!o.add(&"j", 1, 0, None, None), "one key at a time");
         // Still held by 7: only the one that saw it free is told.
-        assert_eq!(o.tell(&"k", held(7, 50), 10), vec![2]);
+        assert_eq!(o.tell(&"k", &held(7, 50), 10), vec![2]);
         assert_eq!(o.observing(&"k"), 1);
         // ... and the key is looked at again when that lease ends.
         assert_eq!(o.next_wakeup(), Some(60));
-        assert_eq!(o.tell(&"k", Leader::Vacant, 60), vec![1]);
+        assert_eq!(o.tell(&"k", &Leader::Vacant, 60), vec![1]);
         assert!(o.is_empty());
         assert_eq!(o.next_wakeup(), None);
     }
@@ -329,6 +354,6 @@ mod tests {
         o.rename_keys(|k| if *k == "a" { "b" } else { "a" });
         assert_eq!(o.observing(&"b"), 1);
         assert_eq!(o.due_keys(10), vec!["b"]);
-        assert_eq!(o.tell(&"b", Leader::Vacant, 10), vec![1]);
+        assert_eq!(o.tell(&"b", &Leader::Vacant, 10), vec![1]);
     }
 }

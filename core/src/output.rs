@@ -261,6 +261,7 @@ fn stamped(h: NewHolder<'_>, lease: u64) -> Lock<'_> {
         fence: h.fence,
         deadline_ms: h.deadline_ms,
         token: h.token,
+        value: h.value,
         granted_ms: h.granted_ms,
         lease,
     }

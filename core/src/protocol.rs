@@ -5,7 +5,7 @@
 //! here; nothing here depends on anything.
 
 use crate::limits::{
-    DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN,
+    DEFAULT_MAX_TTL_MS, DEFAULT_MAX_WAITERS_PER_KEY, MAX_DURATION_MS, MAX_TOKEN_LEN, MAX_VALUE_LEN,
 };
 
 /// The commands, as clients send them.
@@ -60,6 +60,8 @@ pub mod command {
     pub const MINFENCE: &str = "MINFENCE";
     /// `OBSERVE`'s word for the fence last seen.
     pub const AFTER: &str = "AFTER";
+    /// `ACQUIRE`'s word for the holder's public value.
+    pub const VALUE: &str = "VALUE";
     /// `ACQUIRE`'s word for a shared holder, and its limit's.
     pub const SHARED: &str = "SHARED";
     pub const LIMIT: &str = "LIMIT";
@@ -85,13 +87,19 @@ pub mod info_field {
     /// A shared key's LIMIT (nil: none, or exclusive).
     pub const LIMIT: &str = "limit";
     /// Every live holder, in grant order: an array of maps of TOKEN, FENCE,
-    /// TTL and GRANTED (one when exclusive). The fields above are the
-    /// newest holder's.
+    /// TTL, GRANTED and VALUE (one when exclusive). The fields above are
+    /// the newest holder's.
     pub const HOLDERS: &str = "holders";
+    /// The holder's public value (`ACQUIRE ... VALUE v`; nil when it has
+    /// none): shown to every reader, unlike the token. Last, so replies
+    /// read by position before it existed still read.
+    pub const VALUE: &str = "value";
     /// Every field, in reply order.
-    pub const ALL: [&str; 8] = [TOKEN, FENCE, TTL, WAITERS, GRANTED, MODE, LIMIT, HOLDERS];
+    pub const ALL: [&str; 9] = [
+        TOKEN, FENCE, TTL, WAITERS, GRANTED, MODE, LIMIT, HOLDERS, VALUE,
+    ];
     /// The fields of each map of HOLDERS, in reply order.
-    pub const HOLDER: [&str; 4] = [TOKEN, FENCE, TTL, GRANTED];
+    pub const HOLDER: [&str; 5] = [TOKEN, FENCE, TTL, GRANTED, VALUE];
 }
 
 /// Error codes (the first word of an error reply) a client acts on.
@@ -201,6 +209,15 @@ pub const MAX_TOKEN_LEN_OPTION: OptionSpec = OptionSpec::Numeric {
     max: MAX_TOKEN_LEN as i64,
 };
 
+/// `lock.max-value-len`: the longest public value (`VALUE v`) a grant or
+/// renewal may store (0: none may).
+pub const MAX_VALUE_LEN_OPTION: OptionSpec = OptionSpec::Numeric {
+    name: "max-value-len",
+    default: 1024,
+    min: 0,
+    max: MAX_VALUE_LEN as i64,
+};
+
 /// `lock.max-holders-per-key`: the most holders one shared key has at
 /// once (a `LIMIT` above it is capped to it; each holder is found by a
 /// scan of its key's holders).
@@ -218,7 +235,7 @@ pub const ALLOW_EVICTION: OptionSpec = OptionSpec::Bool {
 };
 
 /// Every option, in the order `CONFIG GET lock.*` documents them.
-pub const OPTIONS: [OptionSpec; 7] = [
+pub const OPTIONS: [OptionSpec; 8] = [
     RESTART_DELAY_MS,
     LOCK_DELAY_MS,
     MAX_TTL_MS,
@@ -226,6 +243,7 @@ pub const OPTIONS: [OptionSpec; 7] = [
     MAX_TOKEN_LEN_OPTION,
     ALLOW_EVICTION,
     MAX_HOLDERS_PER_KEY,
+    MAX_VALUE_LEN_OPTION,
 ];
 
 #[cfg(test)]

@@ -71,6 +71,8 @@ pub struct Wake<K, C> {
 pub struct Asked<C> {
     pub client: C,
     pub token: Box<[u8]>,
+    /// VALUE (None: not given).
+    pub value: Option<Box<[u8]>>,
     /// Exclusive, or shared (with the key's limit).
     pub mode: Mode,
     pub ttl_ms: i64,
@@ -95,6 +97,8 @@ pub enum Head<K, C> {
 /// A client asking to wait.
 pub struct Request<'a> {
     pub token: &'a [u8],
+    /// VALUE (None: not given).
+    pub value: Option<&'a [u8]>,
     /// Exclusive, or shared (with the key's limit).
     pub mode: Mode,
     pub ttl_ms: i64,
@@ -110,6 +114,7 @@ struct Waiter<K, C> {
     also: Box<[K]>,
     client: C,
     token: Box<[u8]>,
+    value: Option<Box<[u8]>>,
     mode: Mode,
     ttl_ms: i64,
     min_fence: i64,
@@ -122,6 +127,7 @@ impl<K, C: Copy> Waiter<K, C> {
         Asked {
             client: self.client,
             token: self.token.clone(),
+            value: self.value.clone(),
             mode: self.mode,
             ttl_ms: self.ttl_ms,
             min_fence: self.min_fence,
@@ -261,6 +267,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
                 also,
                 client,
                 token: request.token.into(),
+                value: request.value.map(Into::into),
                 mode: request.mode,
                 ttl_ms: request.ttl_ms,
                 min_fence: request.min_fence,
@@ -599,6 +606,7 @@ mod tests {
     fn req(token: &[u8], timeout_ms: i64) -> Request<'_> {
         Request {
             token,
+            value: None,
             mode: Mode::Exclusive,
             ttl_ms: 1000,
             timeout_ms,

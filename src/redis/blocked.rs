@@ -273,18 +273,31 @@ impl Blocking for WaiterCallbacks {
     }
 }
 
-/// `LOCK.OBSERVE`'s reply: the leader's `fence` and `ttl` (ms left of its
-/// lease), or fence 0 and ttl -2 when nobody holds the key (as TTL says
-/// of a missing key).
-pub fn leader_reply(leader: Leader) -> Reply {
-    let (fence, ttl) = match leader {
-        Leader::Held { fence, ttl_ms } => (fence, ttl_ms),
-        Leader::Vacant => (0, -2),
+/// `LOCK.OBSERVE`'s reply: the leader's `fence`, `ttl` (ms left of its
+/// lease) and public `value` (nil when it has none), or fence 0, ttl -2
+/// (as TTL says of a missing key) and value nil when nobody holds the key.
+pub fn leader_reply(leader: &Leader) -> Reply {
+    let (fence, ttl, value) = match leader {
+        Leader::Held {
+            fence,
+            ttl_ms,
+            value,
+        } => (*fence, *ttl_ms, value_of(value)),
+        Leader::Vacant => (0, -2, Value::Null),
     };
     Reply::Map(vec![
         (info_field::FENCE, Value::Integer(fence)),
         (info_field::TTL, Value::Integer(ttl)),
+        (info_field::VALUE, value),
     ])
+}
+
+/// A holder's public value as replied: nil when it has none.
+pub fn value_of(value: &[u8]) -> Value {
+    match value.is_empty() {
+        true => Value::Null,
+        false => Value::Bytes(value.to_vec()),
+    }
 }
 
 /// Sends a waiter its outcome; a grant counts as delivered.
@@ -295,7 +308,7 @@ fn reply_outcome(ctx: Ctx, delivery: &mut Delivery) {
             ffi::reply_integer(ctx, *fence);
         }
         Outcome::TimedOut => ffi::reply_null(ctx),
-        Outcome::Observed(leader) => ffi::reply(ctx, leader_reply(*leader)),
+        Outcome::Observed(leader) => ffi::reply(ctx, leader_reply(leader)),
         Outcome::Failed(err) => {
             let msg = std::ffi::CString::new(err.to_string()).unwrap_or_default();
             ffi::reply_error(ctx, &msg);

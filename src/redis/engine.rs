@@ -219,6 +219,10 @@ pub static MAX_HOLDERS_PER_KEY: NumericOption = NumericOption {
     get: |l| l.max_holders_per_key as i64,
     set: |l, v| l.max_holders_per_key = v as usize,
 };
+pub static MAX_VALUE_LEN: NumericOption = NumericOption {
+    get: |l| l.max_value_len as i64,
+    set: |l, v| l.max_value_len = v as usize,
+};
 pub static ALLOW_EVICTION: BoolOption = BoolOption {
     get: |l| l.allow_eviction,
     set: |l, v| l.allow_eviction = v,

@@ -284,8 +284,8 @@ pub fn replicate(ctx: Ctx, name: RString, key: &impl LockRead, now: impl FnOnce(
             let Some(lock) = key.holder_at(0) else {
                 return ffi::replicate_key_command(ctx, c"DEL", name);
             };
-            let (deadline_ms, granted_ms) = wall(&lock);
-            ffi::replicate_lock_set(ctx, name, lock.token, lock.fence, deadline_ms, granted_ms);
+            let times = wall(&lock);
+            ffi::replicate_lock_set(ctx, name, lock.token, lock.fence, times, lock.value);
         }
         Some(mode) => {
             let holders: Vec<(&[u8], i64, i64, i64)> = holders(key)
@@ -374,10 +374,13 @@ impl LockStore for LockKey {
         self.before_write();
         let from_outside = self.from_outside;
         match &mut self.value {
-            // Same token, exclusive: update in place, no allocation.
+            // Same token and value, exclusive: update in place, no
+            // allocation.
             Some(current)
                 if !mode.is_shared()
-                    && current.exclusive().is_some_and(|l| l.token == lock.token) =>
+                    && current
+                        .exclusive()
+                        .is_some_and(|l| l.token == lock.token && l.value == lock.value) =>
             {
                 current.set(lock.fence, lock.deadline_ms, lock.granted_ms, lock.lease);
                 if from_outside {

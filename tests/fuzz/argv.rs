@@ -41,7 +41,7 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
     let arity_ok = match *name {
         "LOCK.ACQUIRE" => n >= 4,
         "LOCK.RELEASE" => n == 3,
-        "LOCK.EXTEND" => n == 4,
+        "LOCK.EXTEND" => (4..=6).contains(&n),
         "LOCK.FENCE" => n >= 2,
         "LOCK.INFO" => n == 2,
         "LOCK._HOLD" => n == 7,
@@ -137,6 +137,16 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
                 problems.push("ttl-ms");
             }
             over_max_ttl = ttl_too_large(&argv[3]);
+            // `[VALUE v]`: another word is an unknown option; VALUE alone
+            // needs its value; a value over lock.max-value-len is refused.
+            let value_word = |w: &[u8]| w.eq_ignore_ascii_case(b"VALUE");
+            match &argv[4..] {
+                [] => {}
+                [w] if value_word(w) => problems.push("VALUE"),
+                [w, v] if value_word(w) && v.len() > 1024 => problems.push("VALUE"),
+                [w, _] if value_word(w) => {}
+                _ => problems.push("option"),
+            }
         }
         "LOCK.FENCE" => match n {
             2 => {}

@@ -126,12 +126,14 @@ pub fn damage(
 }
 
 /// Where the fence, the deadline and the grant time of a value are (all
-/// 64-bit lengths at its end, encoding version 2), given the position of
+/// 64-bit lengths near its end, encoding version 4: before the holder's
+/// empty value, a string opcode and a zero length), given the position of
 /// the EOF opcode that follows it.
 pub fn number_fields(bytes: &[u8], eof: usize) -> Vec<usize> {
-    let fence = eof - 28;
-    let deadline = eof - 18;
-    let granted = eof - 8;
+    assert_eq!(bytes[eof - 2..eof], [0x05, 0x00], "an empty value last");
+    let fence = eof - 30;
+    let deadline = eof - 20;
+    let granted = eof - 10;
     assert_eq!(
         (bytes[fence - 1], bytes[deadline - 1], bytes[granted - 1]),
         (0x81, 0x81, 0x81)

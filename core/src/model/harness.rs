@@ -102,6 +102,7 @@ impl Harness {
         let decided = self.with_store(key, |node, store, denied| {
             let req = AcquireRequest {
                 token: &r.token,
+                value: None,
                 mode: r.mode,
                 ttl_ms: r.ttl,
                 block_ms: r.block,
@@ -120,7 +121,7 @@ impl Harness {
             Ok(Acquire::Granted(f) | Acquire::Renewed(f)) => Told::Fence(f),
             Ok(Acquire::Contended) => Told::Nil,
             Ok(Acquire::Wait(ticket)) => {
-                self.node.enqueue(ticket, client).unwrap();
+                self.node.enqueue(*ticket, client).unwrap();
                 Told::Blocked
             }
             Err(e) => error(e),
@@ -142,7 +143,7 @@ impl Harness {
             node.observe(&key, store.map(|s| &*s), after, block, cond, at)
         });
         match observed {
-            Ok(Observation::Now(leader)) => Told::Leader(leader.fence()),
+            Ok(Observation::Now(leader)) => told_leader(&leader),
             Ok(Observation::Nil) => Told::Nil,
             Ok(Observation::Wait(ticket)) => {
                 self.node.start_observing(ticket, client).unwrap();
@@ -415,7 +416,15 @@ pub(super) fn told_of(wake: &Wake<u8, u8>) -> Told {
     match &wake.outcome {
         Outcome::Granted { fence, .. } => Told::Fence(*fence),
         Outcome::TimedOut => Told::Nil,
-        Outcome::Observed(leader) => Told::Leader(leader.fence()),
+        Outcome::Observed(leader) => told_leader(leader),
         Outcome::Failed(e) => error(e.clone()),
+    }
+}
+
+/// An observer's answer as the model compares it: fence and value.
+fn told_leader(leader: &crate::observers::Leader) -> Told {
+    match leader {
+        crate::observers::Leader::Held { fence, value, .. } => Told::Leader(*fence, value.to_vec()),
+        crate::observers::Leader::Vacant => Told::Leader(0, Vec::new()),
     }
 }

@@ -60,6 +60,9 @@ pub(super) enum Op {
         key: u8,
         token: u8,
         ttl: i64,
+        /// `VALUE v`: a proclaim of one of two values (None: a plain
+        /// renewal).
+        value: Option<u8>,
     },
     /// DEL / UNLINK / FLUSHALL of one key: the lock is gone, waiters stay.
     Delete {
@@ -193,8 +196,8 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(client, key, token, mode, ttl, block, min_fence)|
                 Op::Acquire { client, key, token, mode, ttl, block, min_fence }),
         4 => (0..CLIENTS, 0..KEYS, 0..4u8).prop_map(|(client, key, token)| Op::Release { client, key, token }),
-        2 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64)
-            .prop_map(|(client, key, token, ttl)| Op::Extend { client, key, token, ttl }),
+        2 => (0..CLIENTS, 0..KEYS, 0..4u8, 1..40i64, prop::option::weighted(0.4, 0..2u8))
+            .prop_map(|(client, key, token, ttl, value)| Op::Extend { client, key, token, ttl, value }),
         1 => (0..KEYS).prop_map(|key| Op::Delete { key }),
         1 => (0..KEYS).prop_map(|key| Op::WrongType { key }),
         1 => Just(Op::Swap),
@@ -258,8 +261,9 @@ pub(super) const AFTERS: [After; 5] = [
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Told {
     Fence(i64),
-    /// `LOCK.OBSERVE`: the key's leader's fence (0: vacant).
-    Leader(i64),
+    /// `LOCK.OBSERVE`: the key's leader's fence (0: vacant) and public
+    /// value (empty: none).
+    Leader(i64, Vec<u8>),
     /// `LOCK.FENCED` let its command run.
     Passed,
     /// `LOCK.EXEC` refused: the lock is free, or the token's lease ended
@@ -273,6 +277,11 @@ pub(super) enum Told {
     /// `LOCK.RELEASEALL`: how many keys it released.
     ReleasedAll(i64),
     Error(String),
+}
+
+/// The bytes of a proclaimed value (`Op::Extend`'s `value`).
+pub(super) fn value_bytes(v: u8) -> Vec<u8> {
+    vec![b'v', b'0' + v]
 }
 
 pub(super) fn error(e: LockError) -> Told {

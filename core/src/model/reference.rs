@@ -10,6 +10,8 @@ use crate::lock::Mode;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Held {
     pub(super) token: Vec<u8>,
+    /// The public value (empty: none); only a proclaim sets one.
+    pub(super) value: Vec<u8>,
     pub(super) fence: i64,
     pub(super) deadline_ms: i64,
     pub(super) lease: u64,
@@ -98,7 +100,11 @@ pub(super) struct Reference {
     pub(super) observers: Vec<RefObserver>,
 }
 
-/// An observer: its key, the fence it saw (0: free), its timeout.
+/// What an observer saw once a proclaim made it stale: no fence.
+const SEEN_NOTHING: i64 = -1;
+
+/// An observer: its key, the fence it saw (0: free; SEEN_NOTHING after a
+/// proclaim), its timeout.
 #[derive(Debug, Clone)]
 pub(super) struct RefObserver {
     pub(super) client: u8,
@@ -361,6 +367,7 @@ impl Reference {
         self.grants += 1;
         let h = Held {
             token: token.to_vec(),
+            value: Vec::new(),
             fence,
             deadline_ms: now + ttl,
             lease: self.leases,
@@ -658,15 +665,36 @@ impl Reference {
 
     /// The fence of `key`'s leader now: its newest live holder's (0: none).
     pub(super) fn leader(&self, key: u8, now: i64) -> i64 {
+        self.leader_told(key, now).0
+    }
+
+    /// `key`'s leader now as an observer is told it: its newest live
+    /// holder's fence and value (0 and none: vacant).
+    pub(super) fn leader_told(&self, key: u8, now: i64) -> (i64, Vec<u8>) {
         if self.wrongtype.contains(&key) {
-            return 0;
+            return (0, Vec::new());
         }
         self.holders(key)
             .iter()
             .filter(|h| now < h.deadline_ms)
-            .map(|h| h.fence)
-            .max()
-            .unwrap_or(0)
+            .max_by_key(|h| h.fence)
+            .map_or((0, Vec::new()), |h| (h.fence, h.value.clone()))
+    }
+
+    /// `token`'s live holder of exclusive `key`, just renewed (its new
+    /// lease id given), proclaims `value`: the key's observers no longer
+    /// stand on what they saw. True if the value changed.
+    pub(super) fn proclaim(&mut self, key: u8, token: &[u8], value: &[u8]) -> bool {
+        let lock = self.locks.get_mut(&key).unwrap();
+        let h = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
+        if h.value == value {
+            return false;
+        }
+        h.value = value.to_vec();
+        for o in self.observers.iter_mut().filter(|o| o.key == key) {
+            o.after = SEEN_NOTHING;
+        }
+        true
     }
 
     /// `LOCK.OBSERVE key [AFTER after] [BLOCK block]`.
@@ -693,7 +721,10 @@ impl Reference {
                 Told::Blocked
             }
             (Some(a), None) if a == leader => Told::Nil,
-            _ => Told::Leader(leader),
+            _ => {
+                let (fence, value) = self.leader_told(key, now);
+                Told::Leader(fence, value)
+            }
         }
     }
 
@@ -706,7 +737,8 @@ impl Reference {
             } else if self.gone.contains(&o.key) {
                 told.push((o.client, error(LockError::Redirect(redirect_of(o.key)))));
             } else if self.leader(o.key, now) != o.after {
-                told.push((o.client, Told::Leader(self.leader(o.key, now))));
+                let (fence, value) = self.leader_told(o.key, now);
+                told.push((o.client, Told::Leader(fence, value)));
             } else {
                 self.observers.push(o);
             }

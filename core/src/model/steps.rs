@@ -117,6 +117,7 @@ impl Run {
             let mut admits: Vec<_> = keys.iter().map(|_| |c: u8| !denied.contains(&c)).collect();
             let req = AcquireRequest {
                 token: &r.token,
+                value: None,
                 mode,
                 ttl_ms: ttl,
                 block_ms: block,
@@ -131,7 +132,7 @@ impl Run {
             }
             Ok(Acquire::Contended) => Told::Nil,
             Ok(Acquire::Wait(ticket)) => {
-                h.node.enqueue(ticket, client).unwrap();
+                h.node.enqueue(*ticket, client).unwrap();
                 let timeout_at = block.filter(|t| *t > 0).map(|t| now + t);
                 asked.insert(client, (keys.clone(), r.token.clone(), timeout_at));
                 Told::Blocked
@@ -327,11 +328,16 @@ impl Run {
 
     pub(super) fn extend(&mut self, st: &mut Step, _step: usize, op: &Op) -> bool {
         let Op::Extend {
-            key, token: t, ttl, ..
+            key,
+            token: t,
+            ttl,
+            value,
+            ..
         } = *op
         else {
             unreachable!()
         };
+        let value = value.map(value_bytes);
         let Run { now, model, h, .. } = self;
         let now = *now;
         let Step {
@@ -351,17 +357,25 @@ impl Run {
                 error(LockError::WrongType)
             } else {
                 let held = model.holder(key, &token, now).is_some();
-                if held {
-                    model.leases += 1;
-                    let lease = model.leases;
-                    let lock = model.locks.get_mut(&key).unwrap();
-                    let l = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
-                    l.deadline_ms = now + ttl;
-                    l.lease = lease;
+                let shared = model.locks.get(&key).is_some_and(|l| l.mode.is_shared());
+                if held && value.is_some() && shared {
+                    error(LockError::ValueShared)
+                } else {
+                    if held {
+                        model.leases += 1;
+                        let lease = model.leases;
+                        let lock = model.locks.get_mut(&key).unwrap();
+                        let l = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
+                        l.deadline_ms = now + ttl;
+                        l.lease = lease;
+                        if let Some(v) = &value {
+                            model.proclaim(key, &token, v);
+                        }
+                    }
+                    model.reclaim_touched(key, now);
+                    model.settle(key, now, model_told);
+                    Told::Extended(held)
                 }
-                model.reclaim_touched(key, now);
-                model.settle(key, now, model_told);
-                Told::Extended(held)
             }
         });
         let cond = h.cond(false);
@@ -370,7 +384,7 @@ impl Run {
             node.extend(
                 &key,
                 store,
-                &token,
+                (&token, value.as_deref()),
                 ttl,
                 cond,
                 &mut |c: u8| !denied.contains(&c),

@@ -11,10 +11,13 @@ use crate::output::{Event, Output, Stat};
 use crate::time::Now;
 use crate::waiters::Request;
 
-/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n]`, parsed.
+/// `LOCK.ACQUIRE key token ttl-ms [BLOCK timeout-ms] [MINFENCE n] [VALUE
+/// v]`, parsed.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireRequest<'a> {
     pub token: &'a [u8],
+    /// VALUE v (None: not given; a renewal then keeps the holder's).
+    pub value: Option<&'a [u8]>,
     /// Exclusive, or `SHARED [LIMIT n]`.
     pub mode: Mode,
     pub ttl_ms: i64,
@@ -35,7 +38,9 @@ pub enum Acquire<K> {
     /// Another token holds the lock (nil).
     Contended,
     /// The client must wait in line: block it, then [`Node::enqueue`] it.
-    Wait(WaitTicket<K>),
+    /// Boxed: the ticket is large, and the common answers (a fence, nil)
+    /// are moved through every caller.
+    Wait(Box<WaitTicket<K>>),
 }
 
 /// A decision to queue a client, to be carried out once the glue has blocked
@@ -46,6 +51,7 @@ pub struct WaitTicket<K> {
     /// A multi-key waiter's other keys.
     also: Box<[K]>,
     token: Box<[u8]>,
+    value: Option<Box<[u8]>>,
     mode: Mode,
     ttl_ms: i64,
     timeout_ms: i64,
@@ -134,6 +140,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         now: Now,
     ) -> Result<Acquire<K>, LockError> {
         self.limits.check_ttl(req.ttl_ms)?;
+        self.limits.check_value(req.value)?;
         check_requested_min_fence(req.min_fence, now)?;
         let stores = self.open_in_command(keys, stores, cond, now)?;
         debug_assert_eq!(keys.len(), stores.len());
@@ -155,8 +162,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         })?;
         if let AllFit::Renews(fence) = fits {
             let (token, mode, ttl_ms) = (req.token, req.mode, req.ttl_ms);
+            let held = (fence, req.value);
             let fence =
-                self.renew_all(keys, stores, token, mode, fence, ttl_ms, req.min_fence, now)?;
+                self.renew_all(keys, stores, token, mode, held, ttl_ms, req.min_fence, now)?;
             return Ok(Acquire::Renewed(fence));
         }
         // Anyone in line (a multi-key waiter waiting for its other keys, a
@@ -188,19 +196,20 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 (None, true) => now_ms,
                 (None, false) => now_ms.saturating_add(paused),
             };
-            return Ok(Acquire::Wait(WaitTicket {
+            return Ok(Acquire::Wait(Box::new(WaitTicket {
                 key: keys[0].clone(),
                 also: keys[1..].into(),
                 token: req.token.into(),
+                value: req.value.map(Into::into),
                 mode: req.mode,
                 ttl_ms: req.ttl_ms,
                 timeout_ms,
                 min_fence: req.min_fence,
                 since_us: now.mono_us,
                 check_at_ms,
-            }));
+            })));
         }
-        let (token, mode) = (req.token, req.mode);
+        let (token, mode) = ((req.token, req.value), req.mode);
         let fence = self.grant_all(keys, stores, token, mode, req.ttl_ms, req.min_fence, now)?;
         Ok(Acquire::Granted(fence))
     }
@@ -213,7 +222,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         &mut self,
         keys: &[K],
         stores: &mut [S],
-        token: &[u8],
+        (token, value): (&[u8], Option<&[u8]>),
         mode: Mode,
         ttl_ms: i64,
         min_fence: i64,
@@ -223,9 +232,19 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
         let fence = lock::fresh_fence(&mut self.fences, min_fence, now.wall_us)?;
         let rules = self.limits.rules();
+        let value = value.unwrap_or_default();
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
             let mut ledger = self.ledger(key, store, now_ms);
-            lock::grant(&mut ledger, mode, token, fence, deadline_ms, rules, now_ms);
+            lock::grant(
+                &mut ledger,
+                mode,
+                token,
+                value,
+                fence,
+                deadline_ms,
+                rules,
+                now_ms,
+            );
         }
         Ok(fence)
     }
@@ -234,7 +253,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// renewed (and downgraded when it asks `SHARED` of keys it holds
     /// exclusively); with MINFENCE above the held fence (Redlock's second
     /// phase over several keys), one fresh fence for every key, above the
-    /// mark and `min_fence`, as a single key's holder gets.
+    /// mark and `min_fence`, as a single key's holder gets. A `value` that
+    /// differs from a key's is stored (a proclaim), and the key's observers
+    /// are told, as of a new leader.
     #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     pub(super) fn renew_all<S: LockStore>(
         &mut self,
@@ -242,7 +263,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         stores: &mut [S],
         token: &[u8],
         mode: Mode,
-        fence: i64,
+        (fence, value): (i64, Option<&[u8]>),
         ttl_ms: i64,
         min_fence: i64,
         now: Now,
@@ -258,8 +279,14 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             false => None,
         };
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
+            let proclaims = value.is_some_and(|v| {
+                lock::holder_of(&*store, token, now_ms).is_some_and(|h| h.value != v)
+            });
+            if proclaims {
+                self.observers.forget_seen(key);
+            }
             let mut ledger = self.ledger(key, store, now_ms);
-            lock::renew_holder(&mut ledger, token, mode, raised, deadline_ms, now_ms)?;
+            lock::renew_holder(&mut ledger, token, mode, raised, value, deadline_ms, now_ms)?;
             // A downgrade lets the readers in line in now.
             let check_at_ms = match mode.is_shared() {
                 true => now_ms,
@@ -274,6 +301,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     pub fn enqueue(&mut self, ticket: WaitTicket<K>, client: C) -> Result<(), LockError> {
         let request = Request {
             token: &ticket.token,
+            value: ticket.value.as_deref(),
             mode: ticket.mode,
             ttl_ms: ticket.ttl_ms,
             timeout_ms: ticket.timeout_ms,

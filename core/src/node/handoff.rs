@@ -97,9 +97,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 admissions.iter_mut().all(|a| a.may_take(asked.client))
             });
         let (mode, ttl_ms, min_fence) = (asked.mode, asked.ttl_ms, asked.min_fence);
+        let value = asked.value.as_deref();
         let taken = admitted.and_then(|()| match renews {
-            Some(fence) => self.renew_all(keys, stores, token, mode, fence, ttl_ms, min_fence, now),
-            None => self.grant_all(keys, stores, token, mode, ttl_ms, min_fence, now),
+            Some(fence) => {
+                let held = (fence, value);
+                self.renew_all(keys, stores, token, mode, held, ttl_ms, min_fence, now)
+            }
+            None => self.grant_all(keys, stores, (token, value), mode, ttl_ms, min_fence, now),
         });
         let fence = match taken {
             Ok(fence) => fence,

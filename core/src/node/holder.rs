@@ -64,27 +64,49 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         Ok(released)
     }
 
-    /// `LOCK.EXTEND`: true when `token` holds the lock; its lease then ends
-    /// `ttl_ms` from now. An ended lease is never revived.
+    /// `LOCK.EXTEND key token ttl-ms [VALUE v]`: true when `token` holds the
+    /// lock; its lease then ends `ttl_ms` from now, and with `value` (an
+    /// exclusive holder's) that is its public value from now on (a
+    /// proclaim: the key's observers are told). An ended lease is never
+    /// revived.
     #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     pub fn extend<S: LockStore>(
         &mut self,
         key: &K,
         store: Result<&mut S, LockError>,
-        token: &[u8],
+        (token, value): (&[u8], Option<&[u8]>),
         ttl_ms: i64,
         cond: Conditions,
         admission: &mut impl Admission<C>,
         now: Now,
     ) -> Result<bool, LockError> {
         self.limits.check_ttl(ttl_ms)?;
+        self.limits.check_value(value)?;
         let store = store.map(std::slice::from_mut);
         let [store] = self.open_in_command(std::slice::from_ref(key), store, cond, now)? else {
             unreachable!("one key, one store")
         };
         self.hand_on_in_command(key, store, cond, admission, now);
         let now_ms = now.mono_ms();
-        let extended = lock::extend(&mut self.ledger(key, store, now_ms), token, ttl_ms, now_ms)?;
+        let held = lock::holder_of(&*store, token, now_ms);
+        let proclaims = match (value, held) {
+            (Some(_), Some(_)) if store.mode() != Some(Mode::Exclusive) => {
+                return Err(LockError::ValueShared)
+            }
+            (Some(v), Some(h)) => h.value != v,
+            _ => false,
+        };
+        let extended = match proclaims {
+            true => {
+                self.observers.forget_seen(key);
+                let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
+                let mut ledger = self.ledger(key, store, now_ms);
+                let mode = Mode::Exclusive;
+                lock::renew_holder(&mut ledger, token, mode, None, value, deadline_ms, now_ms)?;
+                true
+            }
+            false => lock::extend(&mut self.ledger(key, store, now_ms), token, ttl_ms, now_ms)?,
+        };
         let delay = self.limits.lock_delay_ms;
         if extended {
             self.outputs.push_back(Output::Count(Stat::Extend));

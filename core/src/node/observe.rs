@@ -44,6 +44,7 @@ pub(crate) fn leader_of(store: &impl LockRead, now_ms: i64) -> Leader {
         Some(l) => Leader::Held {
             fence: l.fence,
             ttl_ms: l.remaining_ms(now_ms),
+            value: l.value.into(),
         },
         None => Leader::Vacant,
     }
@@ -141,8 +142,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             });
             match seen {
                 Ok(leader) => {
-                    for client in self.observers.tell(&key, leader, now_ms) {
-                        self.answer_observer(client, key.clone(), Outcome::Observed(leader));
+                    for client in self.observers.tell(&key, &leader, now_ms) {
+                        let told = Outcome::Observed(leader.clone());
+                        self.answer_observer(client, key.clone(), told);
                     }
                 }
                 Err(redirect) => {

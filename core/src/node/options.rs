@@ -30,6 +30,8 @@ pub struct Limits {
     /// `lock.max-holders-per-key`: the most holders one shared key has at
     /// once (a `LIMIT` above it is capped to it).
     pub max_holders_per_key: usize,
+    /// `lock.max-value-len`: the longest public value a request may store.
+    pub max_value_len: usize,
 }
 
 impl Default for Limits {
@@ -37,7 +39,7 @@ impl Default for Limits {
     fn default() -> Self {
         use crate::protocol::{
             ALLOW_EVICTION, LOCK_DELAY_MS, MAX_HOLDERS_PER_KEY, MAX_TOKEN_LEN_OPTION, MAX_TTL_MS,
-            MAX_WAITERS_PER_KEY, RESTART_DELAY_MS,
+            MAX_VALUE_LEN_OPTION, MAX_WAITERS_PER_KEY, RESTART_DELAY_MS,
         };
         Limits {
             max_ttl_ms: MAX_TTL_MS.default_value(),
@@ -47,6 +49,7 @@ impl Default for Limits {
             allow_eviction: ALLOW_EVICTION.default_value() != 0,
             lock_delay_ms: LOCK_DELAY_MS.default_value(),
             max_holders_per_key: MAX_HOLDERS_PER_KEY.default_value() as usize,
+            max_value_len: MAX_VALUE_LEN_OPTION.default_value() as usize,
         }
     }
 }
@@ -72,6 +75,18 @@ impl Limits {
             ));
         }
         Ok(())
+    }
+
+    /// A request's public value within `lock.max-value-len` (checked when
+    /// the request arrives, for a grant, a renewal or a place in line).
+    #[inline]
+    pub fn check_value(&self, value: Option<&[u8]>) -> Result<(), LockError> {
+        match value {
+            Some(v) if v.len() > self.max_value_len => {
+                Err(LockError::ValueTooLong(v.len(), self.max_value_len))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Whether a *new* holder (a grant, or a place in line) may be taken

@@ -32,19 +32,19 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     pub fn apply_set(
         &mut self,
         store: &mut impl LockStore,
-        token: &[u8],
-        fence: i64,
-        wall_deadline_ms: i64,
-        wall_granted_ms: i64,
+        holder: &args::SetArgs<'_>,
         now: Now,
     ) -> Result<(), LockError> {
+        let fence = holder.fence;
         self.fences.observe(fence, now.wall_us)?;
-        let (deadline_ms, granted_ms) = self.local_times(wall_deadline_ms, wall_granted_ms, now);
+        let (deadline_ms, granted_ms) =
+            self.local_times(holder.deadline_ms, holder.granted_ms, now);
         let lease = self.next_lease();
         let lock = Lock {
             fence,
             deadline_ms,
-            token,
+            token: holder.token,
+            value: holder.value,
             granted_ms,
             lease,
         };
@@ -79,6 +79,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 fence: h.fence,
                 deadline_ms,
                 token: h.token,
+                value: h.value,
                 granted_ms,
                 lease: self.next_lease(),
             };
@@ -112,6 +113,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             fence: holder.fence,
             deadline_ms,
             token: holder.token,
+            value: holder.value,
             granted_ms,
             lease: self.next_lease(),
         };

@@ -21,6 +21,7 @@ fn now(ms: i64) -> Now {
 fn req(token: &[u8], ttl_ms: i64, block_ms: Option<i64>) -> AcquireRequest<'_> {
     AcquireRequest {
         token,
+        value: None,
         mode: Mode::Exclusive,
         ttl_ms,
         block_ms,
@@ -61,7 +62,7 @@ fn took_back(outputs: &[Out], key: &'static str) -> bool {
 
 fn wait(node: &mut N, store: &mut MemStore, client: u32, r: AcquireRequest<'_>, now_ms: i64) {
     match node.acquire(&"k", Ok(store), r, BLOCKING, &mut AdmitAll, now(now_ms)) {
-        Ok(Acquire::Wait(ticket)) => node.enqueue(ticket, client).unwrap(),
+        Ok(Acquire::Wait(ticket)) => node.enqueue(*ticket, client).unwrap(),
         other => panic!("expected to wait, got {other:?}"),
     }
 }
@@ -250,8 +251,12 @@ fn a_waiter_whose_token_holds_the_key_at_its_turn_is_renewed() {
     wait(&mut node, &mut store, 1, req(b"a", 1000, Some(0)), T0);
     // The key now holds "a"'s lock, as a master's LOCK._SET writes it.
     let wall_deadline_ms = T0 + 500;
-    node.apply_set(&mut store, b"a", 77, wall_deadline_ms, T0, now(T0 + 1))
-        .unwrap();
+    node.apply_set(
+        &mut store,
+        &set_args(b"a", 77, wall_deadline_ms, T0),
+        now(T0 + 1),
+    )
+    .unwrap();
     node.keys_changed(|_| true, T0 + 1);
     tick(&mut node, &mut store, T0 + 2);
     let woken = wakes(&mut node);
@@ -542,7 +547,7 @@ fn what_a_pause_held_back_goes_on_at_one_run() {
             let Ok(Acquire::Wait(ticket)) = wait else {
                 panic!("{wait:?}")
             };
-            node.enqueue(ticket, if key == "a" { 1 } else { 2 })
+            node.enqueue(*ticket, if key == "a" { 1 } else { 2 })
                 .unwrap();
         }
         let paused = Conditions::WRITES_PAUSED;
@@ -862,7 +867,7 @@ fn a_panic_inside_a_hand_off_strands_no_waiter_and_lets_nobody_barge() {
             &mut AdmitAll,
             now(T0),
         ) {
-            Ok(Acquire::Wait(ticket)) => node.enqueue(ticket, 1).unwrap(),
+            Ok(Acquire::Wait(ticket)) => node.enqueue(*ticket, 1).unwrap(),
             other => panic!("expected to wait, got {other:?}"),
         }
         store.writes_left = writes_before_panic;
@@ -935,7 +940,7 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
     let mut store = MemStore::default();
     let at = now(T0);
     let too_far = T0 * 1000 + crate::limits::MAX_FENCE_LEAD + 10;
-    let refused = node.apply_set(&mut store, b"t", too_far, T0 + 60_000, T0, at);
+    let refused = node.apply_set(&mut store, &set_args(b"t", too_far, T0 + 60_000, T0), at);
     assert!(refused.is_err());
     assert!(store.lock().is_none(), "nothing stored");
     assert_eq!(node.fence_hwm(), 0, "the mark did not move");
@@ -950,7 +955,7 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
     assert_eq!(node.fence_hwm(), 0);
 
     let fence = T0 * 1000 + 5;
-    node.apply_set(&mut store, b"t", fence, T0 + 60_000, T0, at)
+    node.apply_set(&mut store, &set_args(b"t", fence, T0 + 60_000, T0), at)
         .unwrap();
     assert_eq!(node.fence_hwm(), fence);
     let held = store.lock().unwrap();
@@ -1146,7 +1151,11 @@ fn an_observer_is_told_of_a_vacancy_when_the_lease_ends_without_any_command() {
     let seen = node.observe(&"k", Ok(&store), None, None, BLOCKING, now(T0 + 1));
     assert_eq!(
         seen,
-        Ok(Observation::Now(Leader::Held { fence, ttl_ms: 99 }))
+        Ok(Observation::Now(Leader::Held {
+            fence,
+            ttl_ms: 99,
+            value: Box::default()
+        }))
     );
     // It saw that leader and waits: the node wakes at the lease's end.
     watch(&mut node, &store, 7, fence, 0, T0 + 1);
@@ -1174,7 +1183,7 @@ fn a_hand_off_at_the_lease_end_tells_the_new_leader_and_a_renewal_tells_nobody()
     let extended = node.extend(
         &"k",
         Ok(&mut store),
-        b"a",
+        (b"a", None),
         150,
         cond,
         &mut AdmitAll,
@@ -1194,6 +1203,7 @@ fn a_hand_off_at_the_lease_end_tells_the_new_leader_and_a_renewal_tells_nobody()
     let new_leader = Leader::Held {
         fence: next,
         ttl_ms: 100,
+        value: Box::default(),
     };
     assert!(
         told.contains(&(7, Outcome::Observed(new_leader))),
@@ -1239,4 +1249,129 @@ fn an_observer_that_leaves_or_times_out_leaves_nothing() {
     assert_eq!(observed(&wakes(&mut node)), vec![(7, Outcome::TimedOut)]);
     assert_eq!(node.observing(&"k"), 0);
     assert_eq!(node.next_wakeup(), None);
+}
+
+/// `LOCK._SET`'s arguments for a holder without a value.
+fn set_args(
+    token: &[u8],
+    fence: i64,
+    deadline_ms: i64,
+    granted_ms: i64,
+) -> crate::args::SetArgs<'_> {
+    crate::args::SetArgs {
+        token,
+        value: b"",
+        fence,
+        deadline_ms,
+        granted_ms,
+    }
+}
+
+/// A leader's public value: granted with the lock, changed by a renewal
+/// that names another (ACQUIRE or EXTEND: a proclaim, which observers are
+/// told of with the same fence), kept by one that names none or the same.
+#[test]
+fn a_proclaim_tells_the_observers_and_a_plain_renewal_keeps_the_value() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    let with_value = |value| AcquireRequest {
+        value: Some(value),
+        ..req(b"a", 100, None)
+    };
+    let got = node.acquire(
+        &"k",
+        Ok(&mut store),
+        with_value(&b"v1"[..]),
+        BLOCKING,
+        &mut AdmitAll,
+        now(T0),
+    );
+    let Ok(Acquire::Granted(fence)) = got else {
+        panic!("{got:?}")
+    };
+    assert_eq!(store.lock().unwrap().value, b"v1");
+    outputs(&mut node);
+    watch(&mut node, &store, 7, fence, 0, T0);
+    let extend = |node: &mut N, store: &mut MemStore, value: Option<&[u8]>, at_ms| {
+        let cond = Conditions::empty();
+        node.extend(
+            &"k",
+            Ok(store),
+            (b"a", value),
+            100,
+            cond,
+            &mut AdmitAll,
+            now(at_ms),
+        )
+    };
+    // No value, or the same one: nobody is told, the value stays.
+    assert_eq!(extend(&mut node, &mut store, None, T0 + 10), Ok(true));
+    assert_eq!(
+        extend(&mut node, &mut store, Some(b"v1"), T0 + 11),
+        Ok(true)
+    );
+    tick(&mut node, &mut store, T0 + 12);
+    assert!(observed(&wakes(&mut node)).is_empty());
+    assert_eq!(store.lock().unwrap().value, b"v1");
+    // Another value: the same fence, the new value, the observer told.
+    assert_eq!(
+        extend(&mut node, &mut store, Some(b"v2"), T0 + 20),
+        Ok(true)
+    );
+    tick(&mut node, &mut store, T0 + 21);
+    let told = Leader::Held {
+        fence,
+        ttl_ms: 99,
+        value: b"v2"[..].into(),
+    };
+    assert_eq!(
+        observed(&wakes(&mut node)),
+        vec![(7, Outcome::Observed(told))]
+    );
+    // A same-token ACQUIRE proclaims too; without VALUE it keeps it.
+    let again = node.acquire(
+        &"k",
+        Ok(&mut store),
+        with_value(&b"v3"[..]),
+        BLOCKING,
+        &mut AdmitAll,
+        now(T0 + 30),
+    );
+    assert_eq!(again, Ok(Acquire::Renewed(fence)));
+    assert_eq!(store.lock().unwrap().value, b"v3");
+    let plain = node.acquire(
+        &"k",
+        Ok(&mut store),
+        req(b"a", 100, None),
+        BLOCKING,
+        &mut AdmitAll,
+        now(T0 + 31),
+    );
+    assert_eq!(plain, Ok(Acquire::Renewed(fence)));
+    assert_eq!(store.lock().unwrap().value, b"v3");
+    // Another token changes nothing; over the option, refused.
+    assert_eq!(
+        extend(&mut node, &mut store, Some(b"x"), T0 + 40).map(|_| ()),
+        Ok(())
+    );
+    let other = node.extend(
+        &"k",
+        Ok(&mut store),
+        (b"b", Some(b"x")),
+        100,
+        Conditions::empty(),
+        &mut AdmitAll,
+        now(T0 + 41),
+    );
+    assert_eq!(other, Ok(false));
+    node.set_limits(
+        Limits {
+            max_value_len: 2,
+            ..Limits::default()
+        },
+        T0 + 42,
+    );
+    let long = extend(&mut node, &mut store, Some(b"long"), T0 + 42);
+    assert_eq!(long, Err(LockError::ValueTooLong(4, 2)));
+    assert_eq!(store.lock().unwrap().value, b"x");
 }

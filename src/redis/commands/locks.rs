@@ -11,6 +11,7 @@ pub(super) fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
         let request = AcquireRequest {
             token: a.token,
+            value: a.value,
             mode: a.mode,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
@@ -29,7 +30,7 @@ pub(super) fn acquire(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Acquire::Contended => Reply::Null,
         Acquire::Wait(ticket) => {
             drop(store);
-            return blocked::block(ctx, |n, client| n.enqueue(ticket, client));
+            return blocked::block(ctx, |n, client| n.enqueue(*ticket, client));
         }
     })
 }
@@ -62,6 +63,7 @@ pub(super) fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             .map_err(|e| e.clone());
         let request = AcquireRequest {
             token: a.token,
+            value: a.value,
             mode: a.mode,
             ttl_ms: a.ttl_ms,
             block_ms: a.block_ms,
@@ -87,7 +89,7 @@ pub(super) fn acquire_all(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Acquire::Contended => Reply::Null,
         Acquire::Wait(ticket) => {
             drop(stores);
-            return blocked::block(ctx, |n, client| n.enqueue(ticket, client));
+            return blocked::block(ctx, |n, client| n.enqueue(*ticket, client));
         }
     })
 }
@@ -158,7 +160,15 @@ pub(super) fn extend(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             name: argv.key(),
         };
         let store = store.as_mut().map_err(|e| e.clone());
-        n.extend(&key, store, a.token, a.ttl_ms, cond, &mut acl, now)
+        n.extend(
+            &key,
+            store,
+            (a.token, a.value),
+            a.ttl_ms,
+            cond,
+            &mut acl,
+            now,
+        )
     });
     carry_out(ctx, argv, &store, out, now);
     Ok(Reply::Integer(extended?.into()))

@@ -3,7 +3,7 @@
 
 use super::*;
 
-/// `LOCK._SET key token fence deadline-ms [granted-ms]`: applies a grant or renewal made
+/// `LOCK._SET key token fence deadline-ms [granted-ms [value]]`: applies a grant or renewal made
 /// by the master (replication stream) or logged earlier (AOF). A fence
 /// beyond the bound is refused (and logged), changing nothing.
 pub(super) fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
@@ -14,7 +14,7 @@ pub(super) fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         ctx,
         argv,
         &format!("LOCK._SET with fence {}", a.fence),
-        |n, store, now| n.apply_set(store, a.token, a.fence, a.deadline_ms, a.granted_ms, now),
+        |n, store, now| n.apply_set(store, &a, now),
     )
 }
 

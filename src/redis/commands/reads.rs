@@ -20,7 +20,8 @@ pub(super) fn fence(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
 }
 
 /// The holder's token is a credential (it can release and extend the lock):
-/// it is shown only to users who may write the key. Others see nil.
+/// it is shown only to users who may write the key. Others see nil. Its
+/// public value is shown to every reader.
 pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     args::parse_info(argv.bytes())?;
     let store = ReadKey::open(ctx, argv.key())?;
@@ -44,11 +45,12 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             (info_field::FENCE, Value::Integer(held.fence)),
             (info_field::TTL, Value::Integer(held.remaining_ms(now))),
             (info_field::GRANTED, granted),
+            (info_field::VALUE, blocked::value_of(held.value)),
         ]
     };
     // The newest holder's fields first (the only holder's when exclusive):
     // replies read by name or by position stay as they were.
-    let [token, fence, ttl, granted] = holder_fields(&held.live[held.newest]);
+    let [token, fence, ttl, granted, value] = holder_fields(&held.live[held.newest]);
     let (mode, limit) = match held.mode {
         Mode::Shared { limit } => ("shared", limit.map(i64::from)),
         Mode::Exclusive => ("exclusive", None),
@@ -67,6 +69,7 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             info_field::HOLDERS,
             Value::Maps(live.iter().map(|l| holder_fields(l).into()).collect()),
         ),
+        value,
     ]))
 }
 
@@ -86,7 +89,7 @@ pub(super) fn observe(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     })?;
     drop(store);
     match seen {
-        Observation::Now(leader) => Ok(blocked::leader_reply(leader)),
+        Observation::Now(leader) => Ok(blocked::leader_reply(&leader)),
         Observation::Nil => Ok(Reply::Null),
         Observation::Wait(ticket) => {
             blocked::block(ctx, |n, client| n.start_observing(ticket, client))

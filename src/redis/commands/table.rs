@@ -112,6 +112,10 @@ pub static COMMANDS: [Command; 15] = [
             option(c"LIMIT", c"limit", c"With SHARED: at most limit holders at once (a counting semaphore); the key keeps one limit until its last holder goes."),
             option(c"BLOCK", c"timeout-ms", c"Wait in line up to timeout-ms (0: no timeout) instead of answering nil."),
             option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
+            ArgDoc {
+                kind: STRING,
+                ..option(c"VALUE", c"value", c"Exclusive only: the holder's public value (a leader's address or id), shown to every reader; the token's renewal with another value changes it.")
+            },
         ],
     },
     Command {
@@ -129,12 +133,20 @@ pub static COMMANDS: [Command; 15] = [
         name: c"lock.extend",
         callback: command_callback!(extend),
         flags: c"write fast",
-        arity: 4,
+        arity: -4,
         key_flags: RW | UPDATE,
         keys: KeyPlace::First,
         acl_categories: c"write fast",
-        summary: c"Resets the lease of the lock to ttl-ms from now if token holds it; replies 1 if it did, 0 otherwise.",
-        args: &[LOCK_KEY, TOKEN, TTL],
+        summary: c"Resets the lease of the lock to ttl-ms from now if token holds it (and with VALUE, sets its public value); replies 1 if it did, 0 otherwise.",
+        args: &[
+            LOCK_KEY,
+            TOKEN,
+            TTL,
+            ArgDoc {
+                kind: STRING,
+                ..option(c"VALUE", c"value", c"An exclusive holder's new public value (a proclaim: observers are told).")
+            },
+        ],
     },
     Command {
         name: c"lock.fence",
@@ -181,6 +193,10 @@ pub static COMMANDS: [Command; 15] = [
             ArgDoc {
                 optional: true,
                 ..arg(c"granted-ms", INTEGER, c"When the holder was granted, in Unix milliseconds.")
+            },
+            ArgDoc {
+                optional: true,
+                ..arg(c"value", STRING, c"The holder's public value (written only when it has one; after granted-ms).")
             },
         ],
     },
@@ -338,7 +354,7 @@ pub static COMMANDS: [Command; 15] = [
         key_flags: RO | ACCESS,
         keys: KeyPlace::First,
         acl_categories: c"read blocking",
-        summary: c"Replies with the key's leader (fence and ttl; fence 0 and ttl -2 when nobody holds it). With AFTER, only when it is no longer the one with that fence (0: the key was free): else nil, or with BLOCK the client waits until it changes, up to timeout-ms (0: forever).",
+        summary: c"Replies with the key's leader (fence, ttl and value; fence 0, ttl -2 and value nil when nobody holds it). With AFTER, only when it is no longer the one with that fence (0: the key was free): else nil, or with BLOCK the client waits until it changes, up to timeout-ms (0: forever).",
         args: &[
             LOCK_KEY,
             option(c"AFTER", c"fence", c"The fence of the leader last seen (0: the key was free): answer only once the leader differs."),

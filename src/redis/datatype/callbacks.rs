@@ -3,11 +3,12 @@
 
 use super::*;
 
-/// A holder as written out: token, fence, deadline, grant time.
-pub(super) type Written<'a> = (&'a [u8], i64, i64, i64);
+/// A holder as written out: token, fence, deadline, grant time, value.
+pub(super) type Written<'a> = (&'a [u8], i64, i64, i64, &'a [u8]);
 
 /// Every holder of a value of this type, as written out: (token, fence,
-/// deadline, grant time), both times Unix ms converted at one instant.
+/// deadline, grant time, value), both times Unix ms converted at one
+/// instant.
 ///
 /// # Safety
 /// `value` is a live value of this type, unchanged during `'a`.
@@ -15,7 +16,7 @@ pub(super) unsafe fn written_holders<'a>(value: *const c_void) -> (Mode, Vec<Wri
     let now = server::conversion_now();
     let out = |l: Lock<'a>| {
         let (deadline_ms, granted_ms) = time::wall_times(l.deadline_ms, l.granted_ms, now);
-        (l.token, l.fence, deadline_ms, granted_ms)
+        (l.token, l.fence, deadline_ms, granted_ms, l.value)
     };
     // SAFETY: the caller's contract.
     unsafe {
@@ -63,11 +64,12 @@ pub(super) extern "C" fn rdb_save(rdb: *mut raw::RedisModuleIO, value: *mut c_vo
         unsafe {
             api!(RedisModule_SaveSigned)(rdb, codec::mode_word(mode));
             api!(RedisModule_SaveSigned)(rdb, holders.len() as i64);
-            for (token, fence, deadline_ms, granted_ms) in holders {
+            for (token, fence, deadline_ms, granted_ms, value) in holders {
                 api!(RedisModule_SaveStringBuffer)(rdb, token.as_ptr().cast(), token.len());
                 api!(RedisModule_SaveSigned)(rdb, fence);
                 api!(RedisModule_SaveSigned)(rdb, deadline_ms);
                 api!(RedisModule_SaveSigned)(rdb, granted_ms);
+                api!(RedisModule_SaveStringBuffer)(rdb, value.as_ptr().cast(), value.len());
             }
         }
     })
@@ -113,6 +115,7 @@ pub(super) extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -
             fence: h.fence,
             deadline_ms: loaded.deadline_ms,
             token: h.token.as_ref(),
+            value: h.value.as_ref().map_or(&[][..], |v| v.as_ref()),
             granted_ms: loaded.granted_ms,
             lease: loaded.lease,
         });
@@ -198,27 +201,37 @@ pub(super) extern "C" fn aof_rewrite(
         if mode.is_shared() {
             // SAFETY: `aof` is the IO context Redis gave this callback.
             let ctx = unsafe { Ctx::from_raw(api!(RedisModule_GetContextFromIO)(aof)) };
+            let holders: Vec<_> = holders.iter().map(|h| (h.0, h.1, h.2, h.3)).collect();
             let words = args::shared_set_args(mode, &holders);
             // SAFETY: `aof` and `key` are what Redis gave this callback,
             // which has not returned.
             unsafe { ffi::emit_aof_words(aof, ctx, command::SET_SHARED_C, key, &words) };
             return;
         }
-        let (token, fence, deadline_ms, granted_ms) = holders[0];
+        let (token, fence, deadline_ms, granted_ms, value) = holders[0];
+        // A value only when there is one: an earlier build reading the AOF
+        // takes five arguments.
+        let (format, value_len) = match value.is_empty() {
+            true => (c"sblll", 0),
+            false => (c"sblllb", value.len()),
+        };
         // SAFETY: `aof` and `key` are what Redis gave this callback; the
-        // format "sblll" names what follows: a RedisModuleString, a buffer
-        // and its length (copied by Redis), and three long longs.
+        // format names what follows: a RedisModuleString, a buffer and its
+        // length (copied by Redis), three long longs, and with "b" the
+        // value's buffer and length (extra arguments are not read).
         unsafe {
             api!(RedisModule_EmitAOF)(
                 aof,
                 command::SET_C.as_ptr(),
-                c"sblll".as_ptr(),
+                format.as_ptr(),
                 key,
                 token.as_ptr(),
                 token.len(),
                 fence,
                 deadline_ms,
                 granted_ms,
+                value.as_ptr(),
+                value_len,
             )
         };
     })
@@ -248,8 +261,11 @@ pub(super) extern "C" fn digest(md: *mut raw::RedisModuleDigest, value: *mut c_v
             if mode.is_shared() {
                 api!(RedisModule_DigestAddLongLong)(md, codec::mode_word(mode));
             }
-            for (token, fence, _, _) in holders {
+            for (token, fence, _, _, value) in holders {
                 api!(RedisModule_DigestAddStringBuffer)(md, token.as_ptr().cast(), token.len());
+                if !value.is_empty() {
+                    api!(RedisModule_DigestAddStringBuffer)(md, value.as_ptr().cast(), value.len());
+                }
                 // Not the deadline or the grant time: each node keeps them
                 // on its own monotonic clock, so master and replica may
                 // differ by a millisecond.

@@ -4,7 +4,7 @@
 use super::*;
 
 /// A lock as the keyspace stores it: one allocation holding
-/// `fence | deadline_ms + lease | granted_ms | token length | token bytes`,
+/// `fence | deadline_ms + lease | granted_ms | lengths | token | value`,
 /// so a grant costs one allocation (a 36-byte token: a 64-byte block, the
 /// allocator's 64-byte class: smaller, with no Redis expiry entry, than a
 /// `SET NX PX` key of the same token). Always handled through raw pointers:
@@ -18,9 +18,26 @@ pub struct LockBlock {
     deadline_and_lease: u64,
     /// Monotonic ms, or [`GRANT_UNKNOWN`].
     granted_ms: i64,
-    /// The token's length, and [`FROM_OUTSIDE`].
+    /// The token's length (low 16 bits), the value's (the next 15, see
+    /// [`VALUE_SHIFT`]), and [`FROM_OUTSIDE`].
     len: u32,
     token: [u8; 0],
+}
+
+/// Where a block's `len` keeps the value's length (a token is at most
+/// 512 bytes, a value at most `MAX_VALUE_LEN`, 16 KiB: both fit).
+pub(super) const VALUE_SHIFT: u32 = 16;
+const TOKEN_LEN_MASK: u32 = (1 << VALUE_SHIFT) - 1;
+const VALUE_LEN_MASK: u32 = (1 << 15) - 1;
+const _: () = assert!(crate::core::limits::MAX_VALUE_LEN <= VALUE_LEN_MASK as usize);
+const _: () = assert!(crate::core::limits::MAX_TOKEN_LEN <= TOKEN_LEN_MASK as usize);
+
+/// The token's and the value's lengths a block's `len` word keeps.
+fn lengths(len: u32) -> (usize, usize) {
+    (
+        (len & TOKEN_LEN_MASK) as usize,
+        ((len >> VALUE_SHIFT) & VALUE_LEN_MASK) as usize,
+    )
 }
 
 /// A `len` bit: the value came from outside (an RDB, a `RESTORE`, the
@@ -60,7 +77,7 @@ impl LockBlock {
     /// in used_memory): Rust's global allocator would reach the same place
     /// through two more calls on every grant.
     pub(super) fn new(lock: Lock<'_>, from_outside: bool) -> NonNull<LockBlock> {
-        let size = TOKEN_OFFSET + lock.token.len();
+        let size = Self::size(lock);
         // SAFETY: a plain allocation of `size` bytes.
         let block = unsafe { api!(RedisModule_Alloc)(size) }.cast::<LockBlock>();
         let Some(block) = NonNull::new(block) else {
@@ -69,17 +86,25 @@ impl LockBlock {
             handle_alloc_error(unsafe { Layout::from_size_align_unchecked(size, 8) });
         };
         let ptr = block.as_ptr();
-        // SAFETY: `ptr` is a fresh allocation of TOKEN_OFFSET + token length
-        // bytes, aligned for LockBlock (RM_Alloc aligns to 16): the header
-        // fields and the token bytes right past them are in bounds, and
-        // nothing else sees the block yet.
+        let (token_len, value_len) = (lock.token.len(), lock.value.len());
+        // SAFETY: `ptr` is a fresh allocation of TOKEN_OFFSET + token and
+        // value lengths bytes, aligned for LockBlock (RM_Alloc aligns to
+        // 16): the header fields and the bytes right past them are in
+        // bounds, and nothing else sees the block yet. Both lengths are
+        // within their masks (the node's bounds, asserted above).
         unsafe {
             (*ptr).fence = lock.fence;
             (*ptr).deadline_and_lease = pack(lock.deadline_ms, lock.lease);
             (*ptr).granted_ms = lock.granted_ms.unwrap_or(GRANT_UNKNOWN);
-            (*ptr).len = lock.token.len() as u32 | if from_outside { FROM_OUTSIDE } else { 0 };
+            (*ptr).len = token_len as u32
+                | (value_len as u32) << VALUE_SHIFT
+                | if from_outside { FROM_OUTSIDE } else { 0 };
             let token = ptr.cast::<u8>().add(TOKEN_OFFSET);
-            std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, lock.token.len());
+            std::ptr::copy_nonoverlapping(lock.token.as_ptr(), token, token_len);
+            if value_len > 0 {
+                let value = token.add(token_len);
+                std::ptr::copy_nonoverlapping(lock.value.as_ptr(), value, value_len);
+            }
         }
         STATS.locks.fetch_add(1, Relaxed);
         block
@@ -89,15 +114,17 @@ impl LockBlock {
     /// `block` comes from [`LockBlock::new`] and is neither freed nor
     /// written during `'a`.
     pub(super) unsafe fn view<'a>(block: *const LockBlock) -> Lock<'a> {
-        // SAFETY: a live block (the caller's contract), whose `len` token
-        // bytes lie right past the header, unchanged during `'a`.
+        // SAFETY: a live block (the caller's contract), whose token and
+        // value bytes lie right past the header, unchanged during `'a`.
         unsafe {
             let token = block.cast::<u8>().add(TOKEN_OFFSET);
+            let (token_len, value_len) = lengths((*block).len);
             let (deadline_ms, lease) = unpack((*block).deadline_and_lease);
             Lock {
                 fence: (*block).fence,
                 deadline_ms,
-                token: std::slice::from_raw_parts(token, ((*block).len & !FROM_OUTSIDE) as usize),
+                token: std::slice::from_raw_parts(token, token_len),
+                value: std::slice::from_raw_parts(token.add(token_len), value_len),
                 granted_ms: Some((*block).granted_ms).filter(|&g| g != GRANT_UNKNOWN),
                 lease,
             }
@@ -131,7 +158,7 @@ impl LockBlock {
         // SAFETY: as `view` (the caller's contract).
         unsafe {
             let token = block.cast::<u8>().add(TOKEN_OFFSET);
-            std::slice::from_raw_parts(token, ((*block).len & !FROM_OUTSIDE) as usize)
+            std::slice::from_raw_parts(token, lengths((*block).len).0)
         }
     }
 
@@ -173,7 +200,7 @@ impl LockBlock {
     }
 
     pub(super) fn size(lock: Lock<'_>) -> usize {
-        TOKEN_OFFSET + lock.token.len()
+        TOKEN_OFFSET + lock.token.len() + lock.value.len()
     }
 }
 
@@ -196,6 +223,7 @@ pub struct SharedBlock {
 /// One holder of a shared lock.
 pub(super) struct Holder {
     token: Box<[u8]>,
+    value: Box<[u8]>,
     fence: i64,
     deadline_ms: i64,
     granted_ms: Option<i64>,
@@ -206,6 +234,7 @@ impl Holder {
     pub(super) fn of(lock: Lock<'_>) -> Holder {
         Holder {
             token: lock.token.into(),
+            value: lock.value.into(),
             fence: lock.fence,
             deadline_ms: lock.deadline_ms,
             granted_ms: lock.granted_ms,
@@ -218,6 +247,7 @@ impl Holder {
             fence: self.fence,
             deadline_ms: self.deadline_ms,
             token: &self.token,
+            value: &self.value,
             granted_ms: self.granted_ms,
             lease: self.lease,
         }
@@ -238,7 +268,11 @@ impl SharedBlock {
     pub(super) fn size(&self) -> usize {
         std::mem::size_of::<SharedBlock>()
             + self.holders.capacity() * std::mem::size_of::<Holder>()
-            + self.holders.iter().map(|h| h.token.len()).sum::<usize>()
+            + self
+                .holders
+                .iter()
+                .map(|h| h.token.len() + h.value.len())
+                .sum::<usize>()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The `redislock` data type and its persistence format.
 //!
-//! ## RDB value, encoding version 3
+//! ## RDB value, encoding version 4
 //! | field       | RDB call            | meaning                              |
 //! |-------------|---------------------|--------------------------------------|
 //! | mode        | SaveSigned          | 0 exclusive, -1 shared, n ≥ 1 shared with LIMIT n |
@@ -14,17 +14,19 @@
 //! | fence       | SaveSigned          | fencing token of this grant, > 0     |
 //! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms (wall clock) |
 //! | granted_ms  | SaveSigned          | when this holder was granted, Unix ms (0 ≤ it ≤ deadline_ms; 0: unknown) |
+//! | value       | SaveStringBuffer    | the holder's public value, 0–16384 bytes (empty: none) |
 //!
 //! Both times are converted from the monotonic clock at one instant when
 //! written (`core::time::wall_times`). A grant time after the deadline (an
 //! earlier build could write one after a wall-clock step) loads as unknown.
 //!
-//! Version 2 (earlier builds) is one holder's four fields alone, version 1
-//! the same without `granted_ms`; both still load (exclusive, the grant
-//! time of version 1 unknown). An RDB written by this build does not load
+//! Version 3 (earlier builds) is the same without `value`; version 2 is
+//! one holder's first four fields alone, version 1 the same without
+//! `granted_ms`; all still load (without a value; 1 and 2 exclusive, the
+//! grant time of version 1 unknown). An RDB written by this build does not load
 //! into an earlier one (Redis refuses the newer encoding version).
 //!
-//! ## RDB aux field (before the keyspace), encoding version 3 (as 1 and 2)
+//! ## RDB aux field (before the keyspace), encoding version 4 (as 1 to 3)
 //! | fence_hwm   | SaveSigned          | the node's fence high-water mark     |
 //!
 //! Loading (`core::codec::decode_value`, the same decoder the fuzzer runs)
@@ -48,7 +50,7 @@
 //!
 //! ## AOF rewrite
 //! An exclusive lock is written as `LOCK._SET key token fence deadline-ms
-//! granted-ms`, a shared one as `LOCK._SHARED key limit token fence
+//! granted-ms [value]` (the value only when it has one), a shared one as `LOCK._SHARED key limit token fence
 //! deadline-ms granted-ms ...` (every holder), the same effects the master
 //! replicates, so an AOF without an RDB preamble restores both the locks
 //! and (through their fences) the high-water mark.

@@ -4,7 +4,8 @@ use super::*;
 
 /// One more than the longest valid argv of a command read through
 /// [`Argv::bytes`] (`LOCK.ACQUIRE key token ttl SHARED LIMIT n BLOCK t
-/// MINFENCE n`, 11): longer argvs are cut here, and the cut argv is still
+/// MINFENCE n`, 11, or `BLOCK t MINFENCE n VALUE v`, exclusive, 11 too):
+/// longer argvs are cut here, and the cut argv is still
 /// refused by the parsers (wrong arity, or an option word named twice or
 /// unknown), so no argument is ever silently dropped. Raise it with any
 /// new option. (Commands with any number of arguments read them all.)

@@ -31,29 +31,38 @@ pub fn replicate_gate(ctx: Ctx, name: RString, mark: i64) {
     };
 }
 
-/// Replicates `LOCK._SET name token fence deadline-ms granted-ms`.
+/// Replicates `LOCK._SET name token fence deadline-ms granted-ms
+/// [value]`: the value only when there is one, so a replica of an earlier
+/// build (which takes five arguments) follows a master that stores none.
 pub fn replicate_lock_set(
     ctx: Ctx,
     name: RString,
     token: &[u8],
     fence: i64,
-    deadline_ms: i64,
-    granted_ms: i64,
+    (deadline_ms, granted_ms): (i64, i64),
+    value: &[u8],
 ) {
+    let (format, value_len) = match value.is_empty() {
+        true => (c"sblll", 0),
+        false => (c"sblllb", value.len()),
+    };
     // SAFETY: ctx and name are handles Redis gave the caller; the format
-    // "sblll" names what follows: a RedisModuleString, a buffer and its
-    // length (copied by Redis), and three long longs.
+    // names what follows: a RedisModuleString, a buffer and its length
+    // (copied by Redis), three long longs, and with "b" the value's buffer
+    // and length (arguments past the format are not read).
     unsafe {
         api!(RedisModule_Replicate)(
             ctx.0,
             command::SET_C.as_ptr(),
-            c"sblll".as_ptr(),
+            format.as_ptr(),
             name,
             token.as_ptr(),
             token.len(),
             fence,
             deadline_ms,
             granted_ms,
+            value.as_ptr(),
+            value_len,
         )
     };
 }
