@@ -390,7 +390,7 @@ impl LockClient {
         let far = later_by(Instant::now(), ttl);
         self.inner
             .group
-            .extend_everywhere(&keys, token, ttl, far)
+            .extend_everywhere(&keys, (token, None), ttl, far)
             .await
     }
 
@@ -457,6 +457,17 @@ impl<'a> Acquire<'a> {
     pub fn fresh_token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());
         self.fresh_token = true;
+        self
+    }
+
+    /// The holder's public value (`VALUE v`): a leader's address or id,
+    /// shown to every reader of the lock (`LOCK.INFO`, `LOCK.OBSERVE`,
+    /// [`Election::leader`](crate::Election::leader)), unlike its token.
+    /// Exclusive locks only: with [`shared`](Self::shared) or
+    /// [`limit`](Self::limit) the acquisition is refused
+    /// ([`Error::Config`]).
+    pub fn value(mut self, value: impl Into<String>) -> Self {
+        self.keys = self.keys.with_value(Some(value.into()));
         self
     }
 

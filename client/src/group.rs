@@ -112,19 +112,24 @@ impl Group {
         released
     }
 
-    /// LOCK.EXTEND on every node: the new validity deadline if a majority
-    /// extended before both the TTL (less drift) and `valid_until` ran out.
+    /// LOCK.EXTEND on every node (with `value`, a proclaim: `VALUE v`): the
+    /// new validity deadline if a majority extended before both the TTL
+    /// (less drift) and `valid_until` ran out.
     pub(crate) async fn extend_everywhere(
         &self,
         keys: &Keys,
-        token: &str,
+        (token, value): (&str, Option<&str>),
         ttl: Duration,
         valid_until: Instant,
     ) -> Result<Option<Instant>> {
         crate::clock::check_ttl(ttl)?;
         let limit = self.node_timeout(ttl);
         let start = Sent::now();
-        let replies = join_all(self.nodes.iter().map(|n| n.extend(keys, token, ttl, limit))).await;
+        let extends = self
+            .nodes
+            .iter()
+            .map(|n| n.extend(keys, (token, value), ttl, limit));
+        let replies = join_all(extends).await;
         let extended = replies.iter().filter(|r| matches!(r, Ok(true))).count();
         let now = Instant::now();
         if extended >= self.quorum() && now < valid_until && start.in_time(ttl) {

@@ -389,14 +389,27 @@ impl LockGuard {
     /// `lost` fires. Once `lost` has fired the guard stays lost: an extend
     /// then asks no node and answers Ok(false) (acquire again instead).
     pub async fn extend(&self, ttl: Duration) -> Result<bool> {
+        self.extend_with(ttl, None).await
+    }
+
+    /// [`extend`](Self::extend), and the holder's public value is `value`
+    /// from now on on every node that extends (`LOCK.EXTEND ... VALUE`, a
+    /// proclaim: observers are told). Ok(false): the lock was lost, as for
+    /// `extend`; nothing is granted anew.
+    pub async fn proclaim(&self, value: &str, ttl: Duration) -> Result<bool> {
+        self.extend_with(ttl, Some(value)).await
+    }
+
+    async fn extend_with(&self, ttl: Duration, value: Option<&str>) -> Result<bool> {
         let lease = &self.lease;
         let _turn = lease.shared.extending.lock().await;
         if lease.lost().is_cancelled() {
             return Ok(false);
         }
+        let until = lease.valid_until();
         match self
             .group
-            .extend_everywhere(lease.keys(), lease.token(), ttl, lease.valid_until())
+            .extend_everywhere(lease.keys(), (lease.token(), value), ttl, until)
             .await?
         {
             // Lost meanwhile (the keeper gave up during this round trip):
@@ -532,7 +545,8 @@ async fn keep(group: Arc<Group>, lease: Lease, stop: CancellationToken, renew: b
         if lease.term().since != term.since {
             continue; // extended meanwhile by hand: due later
         }
-        let renewal = group.extend_everywhere(lease.keys(), lease.token(), ttl, valid_until);
+        let renewal =
+            group.extend_everywhere(lease.keys(), (lease.token(), None), ttl, valid_until);
         tokio::select! {
             result = renewal => match result {
                 Ok(Some(until)) => {

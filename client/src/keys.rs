@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 /// [`Acquire::limit`](crate::Acquire::limit) said otherwise), so every
 /// command that takes it says so too.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct Keys(Vec<String>, Mode);
+pub struct Keys(Vec<String>, Mode, Option<String>);
 
 impl Keys {
     /// The first key named: the lock's key when there is one, and the key
@@ -57,8 +57,21 @@ impl Keys {
         self
     }
 
-    /// At least one key, none named twice; a limit of at least 1.
+    /// The same keys, each holder with this public value (`VALUE v`, sent
+    /// with every ACQUIRE of the lock).
+    pub(crate) fn with_value(mut self, value: Option<String>) -> Keys {
+        self.2 = value;
+        self
+    }
+
+    /// At least one key, none named twice; a limit of at least 1; a value
+    /// only for an exclusive lock.
     pub(crate) fn check(&self) -> Result<()> {
+        if self.2.is_some() && self.1.is_shared() {
+            return Err(Error::Config(
+                "a value names one holder (a leader): not with shared or limit".into(),
+            ));
+        }
         if self.0.is_empty() {
             return Err(Error::Config("a lock needs at least one key".into()));
         }
@@ -102,6 +115,9 @@ impl Keys {
         if let Some(n) = min_fence {
             cmd.arg(command::MINFENCE).arg(n);
         }
+        if let Some(value) = &self.2 {
+            cmd.arg(command::VALUE).arg(value);
+        }
         cmd
     }
 
@@ -134,14 +150,23 @@ impl Keys {
         reply > 0
     }
 
-    /// `LOCK.EXTEND key token ttl-ms`, one per key (a lock is extended
-    /// where every key's EXTEND answers 1).
-    pub(crate) fn extend_cmds(&self, token: &str, ttl: std::time::Duration) -> Vec<redis::Cmd> {
+    /// `LOCK.EXTEND key token ttl-ms [VALUE v]`, one per key (a lock is
+    /// extended where every key's EXTEND answers 1); with `value`, each
+    /// key's holder proclaims it.
+    pub(crate) fn extend_cmds(
+        &self,
+        token: &str,
+        ttl: std::time::Duration,
+        value: Option<&str>,
+    ) -> Vec<redis::Cmd> {
         self.0
             .iter()
             .map(|key| {
                 let mut cmd = redis::cmd(command::EXTEND);
                 cmd.arg(key).arg(token).arg(millis(ttl));
+                if let Some(value) = value {
+                    cmd.arg(command::VALUE).arg(value);
+                }
                 cmd
             })
             .collect()
@@ -160,19 +185,19 @@ impl fmt::Display for Keys {
 
 impl From<&str> for Keys {
     fn from(key: &str) -> Keys {
-        Keys(vec![key.to_string()], Mode::Exclusive)
+        Keys(vec![key.to_string()], Mode::Exclusive, None)
     }
 }
 
 impl From<String> for Keys {
     fn from(key: String) -> Keys {
-        Keys(vec![key], Mode::Exclusive)
+        Keys(vec![key], Mode::Exclusive, None)
     }
 }
 
 impl From<&String> for Keys {
     fn from(key: &String) -> Keys {
-        Keys(vec![key.clone()], Mode::Exclusive)
+        Keys(vec![key.clone()], Mode::Exclusive, None)
     }
 }
 
@@ -181,6 +206,7 @@ impl<S: AsRef<str>> From<&[S]> for Keys {
         Keys(
             keys.iter().map(|k| k.as_ref().to_string()).collect(),
             Mode::Exclusive,
+            None,
         )
     }
 }
@@ -190,6 +216,7 @@ impl<S: AsRef<str>> From<Vec<S>> for Keys {
         Keys(
             keys.iter().map(|k| k.as_ref().to_string()).collect(),
             Mode::Exclusive,
+            None,
         )
     }
 }
@@ -199,6 +226,7 @@ impl<S: AsRef<str>, const N: usize> From<&[S; N]> for Keys {
         Keys(
             keys.iter().map(|k| k.as_ref().to_string()).collect(),
             Mode::Exclusive,
+            None,
         )
     }
 }
@@ -219,7 +247,7 @@ mod tests {
         let acquire = packed(several.acquire_cmd("t", ttl, None, Some(9)));
         assert!(acquire.contains("LOCK.ACQUIREALL\r\n$1\r\n2\r\n$1\r\nb\r\n$1\r\na\r\n$1\r\nt\r\n$4\r\n1500\r\n$8\r\nMINFENCE"), "{acquire}");
         assert!(packed(several.release_cmd("t")).contains("LOCK.RELEASEALL\r\n$1\r\n2\r\n"));
-        assert_eq!(several.extend_cmds("t", ttl).len(), 2);
+        assert_eq!(several.extend_cmds("t", ttl, None).len(), 2);
         assert_eq!(several.ordering_key(), "a");
         assert_eq!(several.to_string(), "{b, a}");
         assert!(Keys::from(Vec::<String>::new()).check().is_err());

@@ -206,6 +206,7 @@ pub mod blocking;
 mod client;
 mod clock;
 mod deployment;
+mod election;
 mod error;
 mod group;
 mod guard;
@@ -223,6 +224,7 @@ pub use client::random_token;
 pub use client::{Acquire, LockClient, Options};
 #[doc(hidden)]
 pub use clock::{boot_clock, drift, later_by};
+pub use election::{Election, Leader, Leadership, Observed, Observer};
 pub use error::{Error, Result};
 pub use guard::{Lease, LockGuard, LostSignal, ValidityWatch};
 pub use keys::Keys;

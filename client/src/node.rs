@@ -199,7 +199,7 @@ impl Node {
 
     /// A new connection: to the server (for Sentinel, the current master),
     /// or to the cluster.
-    async fn open(&self, limit: Duration) -> Result<Conn> {
+    pub(crate) async fn open(&self, limit: Duration) -> Result<Conn> {
         within(limit, async {
             if let Some(cluster) = &self.cluster {
                 return Ok(Conn::Cluster(cluster.get_async_connection().await?));
@@ -595,16 +595,16 @@ impl Node {
         Ok(Keys::released(released))
     }
 
-    /// `LOCK.EXTEND` of every key (pipelined on the node's connection):
-    /// true when the token still held each one.
+    /// `LOCK.EXTEND` of every key (pipelined on the node's connection),
+    /// with `value` a proclaim: true when the token still held each one.
     pub async fn extend(
         &self,
         keys: &Keys,
-        token: &str,
+        (token, value): (&str, Option<&str>),
         ttl: Duration,
         limit: Duration,
     ) -> Result<bool> {
-        let extends = keys.extend_cmds(token, ttl);
+        let extends = keys.extend_cmds(token, ttl, value);
         let replies = join_all(extends.into_iter().map(|cmd| self.run::<i64>(cmd, limit))).await;
         let mut held = true;
         for reply in replies {

@@ -238,6 +238,41 @@ enum Command {
         #[arg(last = true, required = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
+    /// Wait (for ever) to lead KEY with the public VALUE, run CMD while
+    /// leading (as `run` does: renewed, stopped when leadership is lost,
+    /// its environment with REDIS_LOCK_VALUE too), resign when it ends,
+    /// and exit with CMD's status.
+    Elect {
+        #[command(flatten)]
+        nodes: Nodes,
+        /// What followers see of this leader (an address, an id):
+        /// `redis-lock observe`, LOCK.OBSERVE and LOCK.INFO show it.
+        #[arg(long)]
+        value: String,
+        /// Lease length; renewed at about a third of it while CMD runs. A
+        /// leader that dies is replaced when its lease ends.
+        #[arg(long, value_parser = duration::parse, default_value = "10s")]
+        ttl: Duration,
+        /// After SIGTERM, how long before SIGKILL (as for `run`).
+        #[arg(long, value_parser = duration::parse)]
+        grace: Option<Duration>,
+        #[command(flatten)]
+        codes: Codes,
+        /// The command and its arguments (after --).
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<String>,
+    },
+    /// Print KEY's leader, then one line per change as it happens (a new
+    /// leader, a new value, or vacant: released, or its lease ended),
+    /// resuming across lost connections; runs until interrupted.
+    Observe {
+        #[command(flatten)]
+        nodes: Nodes,
+        /// One JSON object per change: {"key","leader":true,"fence","value"}
+        /// or {"key","leader":false}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Acquire and print `export REDIS_LOCK_TOKEN=...` lines (also _KEY, _FENCE
     /// and _VALIDITY_MS, quoted for the shell)
     /// (for `eval`). The lock is not renewed: extend it, then release it.
@@ -463,7 +498,55 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             warn_unsafe_group(&locks, ttl).await;
-            run_under_lock(&locks, &nodes, ttl, wait, grace, codes, &cmd).await
+            run_under_lock(&locks, &nodes, ttl, wait, grace, codes, &cmd, None).await
+        }
+        Command::Elect {
+            nodes,
+            value,
+            ttl,
+            grace,
+            codes,
+            cmd,
+        } => {
+            if let Err(code) = check_ttl(ttl) {
+                return code;
+            }
+            if nodes.shared || nodes.limit.is_some() || nodes.keys.len() > 1 {
+                return fail(
+                    exit::USAGE,
+                    "elect leads one key, exclusively: no --shared, --limit or second --key",
+                );
+            }
+            let locks = match client(
+                &nodes,
+                true,
+                Grant {
+                    wait_replicas: None,
+                },
+            ) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            warn_unsafe_group(&locks, ttl).await;
+            let forever = Duration::from_secs(10 * 365 * 86_400);
+            let value = Some(value.as_str());
+            run_under_lock(&locks, &nodes, ttl, forever, grace, codes, &cmd, value).await
+        }
+        Command::Observe { nodes, json } => {
+            if nodes.keys.len() > 1 {
+                return fail(exit::USAGE, "observe follows one --key");
+            }
+            let locks = match client(
+                &nodes,
+                false,
+                Grant {
+                    wait_replicas: None,
+                },
+            ) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            observe(&locks, &nodes.keys[0], json).await
         }
         Command::Acquire {
             nodes,
@@ -695,6 +778,36 @@ fn json_string(text: &str) -> String {
     }
     out.push('"');
     out
+}
+
+/// `redis-lock observe`: one line per change of `key`'s leader, until
+/// interrupted (or a node refuses: an error).
+async fn observe(locks: &LockClient, key: &str, json: bool) -> ExitCode {
+    use futures_util::StreamExt;
+    use redis_lock_client::Observed;
+    let mut changes = locks.election(key).observe();
+    while let Some(change) = changes.next().await {
+        let line = match (change, json) {
+            (Err(e), _) => return failed_call(e),
+            (Ok(Observed::Leader(l)), false) => format!(
+                "leader fence={} value={}",
+                l.fence,
+                l.value.as_deref().map_or("(none)".to_string(), shell_quote)
+            ),
+            (Ok(Observed::Vacant), false) => "vacant".to_string(),
+            (Ok(Observed::Leader(l)), true) => format!(
+                "{{\"key\":{},\"leader\":true,\"fence\":{},\"value\":{}}}",
+                json_string(key),
+                l.fence,
+                l.value.as_deref().map_or("null".to_string(), json_string)
+            ),
+            (Ok(Observed::Vacant), true) => {
+                format!("{{\"key\":{},\"leader\":false}}", json_string(key))
+            }
+        };
+        println!("{line}");
+    }
+    ExitCode::SUCCESS
 }
 
 fn not_acquired(key: &Keys, wait: Duration, code: u8) -> ExitCode {

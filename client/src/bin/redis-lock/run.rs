@@ -48,6 +48,9 @@ fn handle_signals_and(
     Some(rx)
 }
 
+/// With `value`, the lock is a leadership (`redis-lock elect`): taken with
+/// that public value, which the command gets as `REDIS_LOCK_VALUE`.
+#[allow(clippy::too_many_arguments)] // one input per flag of `run` and `elect`
 pub(crate) async fn run_under_lock(
     locks: &LockClient,
     nodes: &Nodes,
@@ -56,14 +59,20 @@ pub(crate) async fn run_under_lock(
     grace: Option<Duration>,
     codes: Codes,
     cmd: &[String],
+    value: Option<&str>,
 ) -> ExitCode {
     let Some(mut signals) = handle_signals_and(job::FORWARDED, &job::also_forwarded()) else {
         return fail(exit::CANNOT_RUN, "cannot install signal handlers");
     };
     let key = &nodes.lock_keys();
     let token = random_token();
+    let acquisition = nodes.mode(locks.acquire_all(key.as_slice(), ttl));
+    let acquisition = match value {
+        Some(value) => acquisition.value(value),
+        None => acquisition,
+    };
     let acquired = tokio::select! {
-        result = nodes.mode(locks.acquire_all(key.as_slice(), ttl)).fresh_token(token.as_str()).wait(wait) => Ok(result),
+        result = acquisition.fresh_token(token.as_str()).wait(wait) => Ok(result),
         Some(sig) = signals.recv() => Err(sig),
     };
     let guard = match acquired {
@@ -97,6 +106,9 @@ pub(crate) async fn run_under_lock(
                 .as_millis()
                 .to_string(),
         );
+    if let Some(value) = value {
+        command.env("REDIS_LOCK_VALUE", value);
+    }
     job::prepare(&mut command, terminal.as_ref());
     job::default_sigchld();
     job::become_subreaper();

@@ -1,0 +1,210 @@
+//! Leader election with the client (`LockClient::election`) against real
+//! servers: campaign in the line, proclaim, resign, observe (every change,
+//! a vacancy included, resumed across lost connections), on one node and
+//! a Redlock group.
+
+use redis_lock_testkit as common;
+
+use std::time::Duration;
+
+use common::Server;
+use futures_util::StreamExt;
+use redis_lock_client::{Leader, LockClient, Observed, Observer};
+use tokio::time::timeout;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn leader(fence: i64, value: &str) -> Observed {
+    Observed::Leader(Leader {
+        fence,
+        value: Some(value.into()),
+    })
+}
+
+/// The observer's next item, within 10 s (a loaded machine).
+async fn next(o: &mut Observer) -> Observed {
+    timeout(Duration::from_secs(10), o.next())
+        .await
+        .expect("told within 10 s")
+        .expect("the stream goes on")
+        .expect("no error")
+}
+
+/// Nothing more is told within `ms`.
+async fn quiet(o: &mut Observer, ms: u64) {
+    let more = timeout(Duration::from_millis(ms), o.next()).await;
+    assert!(more.is_err(), "told again: {more:?}");
+}
+
+fn blocked(s: &Server) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query(&mut s.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn wait_blocked(s: &Server, n: i64) {
+    let start = std::time::Instant::now();
+    while blocked(s) != n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} blocked",
+            blocked(s)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resign_hands_leadership_to_the_next_candidate_and_observers_see_it() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let election = locks.election("service:leader");
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, Observed::Vacant, "the state now first");
+    let a = election.campaign("10.0.0.1:7000", TTL).await.unwrap();
+    assert_eq!(a.value(), "10.0.0.1:7000");
+    assert_eq!(next(&mut o).await, leader(a.fence(), "10.0.0.1:7000"));
+    assert_eq!(
+        election.leader().await.unwrap(),
+        Some(Leader {
+            fence: a.fence(),
+            value: Some("10.0.0.1:7000".into())
+        })
+    );
+    let b = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .election("service:leader")
+                .campaign("10.0.0.2:7000", TTL)
+                .await
+        })
+    };
+    // The observer and the candidate both wait in the server.
+    wait_blocked(&s, 2).await;
+    let first = a.fence();
+    assert!(a.resign().await.unwrap());
+    let b = b.await.unwrap().unwrap();
+    assert!(b.fence() > first);
+    // Handed over at once: the observer hears of the next leader, never
+    // of a vacancy in between.
+    assert_eq!(next(&mut o).await, leader(b.fence(), "10.0.0.2:7000"));
+    // A proclaim: the same fence, the new value.
+    assert!(b.proclaim("10.0.0.2:7001").await.unwrap());
+    assert_eq!(b.value(), "10.0.0.2:7001");
+    assert_eq!(next(&mut o).await, leader(b.fence(), "10.0.0.2:7001"));
+    assert!(b.resign().await.unwrap());
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+    assert_eq!(election.leader().await.unwrap(), None);
+    // Dropping the stream closes its connection: nothing stays blocked.
+    drop(o);
+    wait_blocked(&s, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ends_is_a_vacancy_and_a_dropped_campaign_leaves_the_line() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let election = locks.election("k");
+    // A leader that stops renewing (its process died): a plain grant.
+    let f = common::acquire(&mut s.conn(), "k", "gone", 300).unwrap();
+    let mut o = election.observe();
+    assert_eq!(
+        next(&mut o).await,
+        Observed::Leader(Leader {
+            fence: f,
+            value: None
+        })
+    );
+    assert_eq!(
+        next(&mut o).await,
+        Observed::Vacant,
+        "told at the lease's end"
+    );
+    // A campaign given up while it waits leaves the line at once.
+    let _holder = common::acquire(&mut s.conn(), "k", "h", 60_000).unwrap();
+    let waiting = timeout(Duration::from_millis(300), election.campaign("c", TTL)).await;
+    assert!(waiting.is_err(), "still waiting when dropped");
+    let waiters = locks.info("k").await.remove(0).unwrap().unwrap().waiters;
+    assert_eq!(waiters, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_resumes_after_its_connection_dies_without_repeating_or_missing() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let election = locks.election("k");
+    let a = election.campaign("a", TTL).await.unwrap();
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, leader(a.fence(), "a"));
+    wait_blocked(&s, 1).await;
+    // Kill the observer's connection and change the leader in one MULTI:
+    // the change happens while it is away.
+    let id: i64 = {
+        let list: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query(&mut s.conn())
+            .unwrap();
+        list.lines()
+            .find(|l| l.contains("cmd=lock.observe"))
+            .and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let token = a.lease().token().to_string();
+    std::mem::forget(a); // its renewal would race the takeover below
+    let mut c = s.conn();
+    let (_, _, b): (i64, i64, i64) = redis::pipe()
+        .atomic()
+        .cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .cmd("LOCK.RELEASE")
+        .arg("k")
+        .arg(&token)
+        .cmd("LOCK.ACQUIRE")
+        .arg(&["k", "b", "60000", "VALUE", "b"])
+        .query(&mut c)
+        .unwrap();
+    // The newest state, once; the vacancy in between is not invented.
+    assert_eq!(next(&mut o).await, leader(b, "b"));
+    quiet(&mut o, 500).await;
+    wait_blocked(&s, 1).await;
+    // And it goes on being told.
+    common::release(&mut c, "k", "b");
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_group_elects_with_the_groups_fence() {
+    // The nodes' restart delay is the TTL: a short one.
+    let ttl = Duration::from_secs(2);
+    let nodes = Server::redlock_nodes(3, ttl.as_millis());
+    let urls = common::urls(&nodes);
+    let locks = LockClient::new(&urls).unwrap();
+    let election = locks.election("g");
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+    let a = election.campaign("one", ttl).await.unwrap();
+    assert_eq!(next(&mut o).await, leader(a.fence(), "one"));
+    assert_eq!(
+        election.leader().await.unwrap().map(|l| l.fence),
+        Some(a.fence())
+    );
+    let first = a.fence();
+    assert!(a.resign().await.unwrap());
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+    let b = election.campaign("two", ttl).await.unwrap();
+    assert!(b.fence() > first);
+    assert_eq!(next(&mut o).await, leader(b.fence(), "two"));
+    b.resign().await.unwrap();
+}
