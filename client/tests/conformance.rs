@@ -8,9 +8,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::Server;
+use futures_util::StreamExt;
 use redis::Value;
-use redis_lock_client::{Error, LockClient, LockGuard, Options};
+use redis_lock_client::{
+    Error, Leadership, Lease, LockClient, LockGuard, Observed, Observer, Options,
+};
 use serde_json::Value as Json;
+use tokio::task::JoinHandle;
 
 fn scenarios() -> Vec<Json> {
     let path = common::workspace_root().join("clients/conformance/scenarios.json");
@@ -58,12 +62,81 @@ fn command(words: &Json) -> redis::Cmd {
     cmd
 }
 
-/// A lease of the scenario: its guard until released, and what later
-/// steps read of it.
+/// A lease of the scenario: its guard (or leadership) until released, and
+/// what later steps read of it.
 struct Held {
-    guard: Option<LockGuard>,
+    guard: Option<Holding>,
     fence: i64,
     token: String,
+}
+
+/// What a lease step holds: a lock, or a won campaign.
+enum Holding {
+    Lock(LockGuard),
+    Leader(Leadership),
+}
+
+impl Holding {
+    fn lease(&self) -> Lease {
+        match self {
+            Holding::Lock(g) => g.lease(),
+            Holding::Leader(l) => l.lease(),
+        }
+    }
+
+    async fn release(self) -> bool {
+        match self {
+            Holding::Lock(g) => g.release().await.unwrap_or(false),
+            Holding::Leader(l) => l.resign().await.unwrap_or(false),
+        }
+    }
+}
+
+fn held_leader(l: Leadership) -> Held {
+    let lease = l.lease();
+    Held {
+        fence: lease.fence(),
+        token: lease.token().to_string(),
+        guard: Some(Holding::Leader(l)),
+    }
+}
+
+/// A leader as the scenarios write it: vacant, or `{fence_of, value}`.
+fn expected_leader(want: &Json, leases: &HashMap<String, Held>) -> Observed {
+    match want {
+        Json::String(s) if s == "vacant" => Observed::Vacant,
+        Json::Object(o) => Observed::Leader(redis_lock_client::Leader {
+            fence: leases[o["fence_of"].as_str().unwrap()].fence,
+            value: o["value"].as_str().map(String::from),
+        }),
+        other => panic!("a leader: {other}"),
+    }
+}
+
+/// A campaign's outcome against the step's `expect` or `expect_error`;
+/// the lease it won is kept under `as`.
+fn check_campaign(
+    step: &Json,
+    at: &str,
+    got: redis_lock_client::Result<Option<Leadership>>,
+    leases: &mut HashMap<String, Held>,
+) {
+    match step["expect_error"].as_str() {
+        Some(want) => {
+            let e = got.err().unwrap_or_else(|| panic!("{at}: no error"));
+            assert_eq!(error_name(&e), want, "{at}: {e:?}");
+        }
+        None => match (
+            got.unwrap_or_else(|e| panic!("{at}: {e:?}")),
+            step["expect"].as_str(),
+        ) {
+            (Some(l), Some("granted")) => {
+                leases.insert(step["as"].as_str().unwrap().into(), held_leader(l));
+            }
+            (None, Some("not_granted")) => {}
+            (got, want) => panic!("{at}: {:?} for {want:?}", got.map(|l| l.fence())),
+        },
+    }
 }
 
 async fn run(scenario: &Json) {
@@ -79,6 +152,9 @@ async fn run(scenario: &Json) {
     let data = redis::Client::open(server.url()).unwrap();
     let mut conn = data.get_multiplexed_async_connection().await.unwrap();
     let mut leases: HashMap<String, Held> = HashMap::new();
+    let mut campaigns: HashMap<String, JoinHandle<redis_lock_client::Result<Option<Leadership>>>> =
+        HashMap::new();
+    let mut observers: HashMap<String, Observer> = HashMap::new();
     for (i, step) in scenario["steps"].as_array().unwrap().iter().enumerate() {
         let at = format!("{name}, step {i} {step}");
         let ms = |field: &str| Duration::from_millis(step[field].as_u64().unwrap_or(0));
@@ -124,7 +200,7 @@ async fn run(scenario: &Json) {
                                 let held = Held {
                                     fence: guard.fence(),
                                     token: guard.token().to_string(),
-                                    guard: Some(guard),
+                                    guard: Some(Holding::Lock(guard)),
                                 };
                                 leases.insert(step["as"].as_str().unwrap().into(), held);
                             }
@@ -136,12 +212,12 @@ async fn run(scenario: &Json) {
             "release" => {
                 let held = leases.get_mut(step["lease"].as_str().unwrap()).unwrap();
                 let guard = held.guard.take().expect("not released yet");
-                let released = guard.release().await.unwrap_or(false);
+                let released = guard.release().await;
                 assert_eq!(Json::Bool(released), step["expect"], "{at}");
             }
             kind @ ("exec" | "fenced") => {
                 let held = &leases[step["lease"].as_str().unwrap()];
-                let guard = held.guard.as_ref().expect("held");
+                let guard = held.guard.as_ref().expect("held").lease();
                 let cmd = command(&step["command"]);
                 let got: redis_lock_client::Result<Value> = match kind {
                     "exec" => guard.exec(&cmd).await,
@@ -164,7 +240,8 @@ async fn run(scenario: &Json) {
                 let guard = leases[step["lease"].as_str().unwrap()]
                     .guard
                     .as_ref()
-                    .unwrap();
+                    .unwrap()
+                    .lease();
                 let lost = tokio::time::timeout(ms("within_ms"), guard.lost().cancelled()).await;
                 assert!(lost.is_ok(), "{at}: not lost in time");
             }
@@ -172,7 +249,8 @@ async fn run(scenario: &Json) {
                 let guard = leases[step["lease"].as_str().unwrap()]
                     .guard
                     .as_ref()
-                    .unwrap();
+                    .unwrap()
+                    .lease();
                 assert_eq!(Json::Bool(guard.is_valid()), step["valid"], "{at}");
             }
             "fence_order" => {
@@ -211,10 +289,95 @@ async fn run(scenario: &Json) {
                 let field = step["field"].as_str().unwrap();
                 assert_eq!(Json::from(server.info_field(field)), step["expect"], "{at}");
             }
+            "campaign" => {
+                let locks = renewing.clone();
+                let (key, value) = (
+                    step["key"].as_str().unwrap(),
+                    step["value"].as_str().unwrap(),
+                );
+                let (key, value, ttl, wait) = (
+                    key.to_string(),
+                    value.to_string(),
+                    ms("ttl_ms"),
+                    ms("timeout_ms"),
+                );
+                let renew = step["renew"].as_bool() != Some(false);
+                let campaign = async move {
+                    locks
+                        .election(key)
+                        .renew(renew)
+                        .try_campaign(value, ttl, wait)
+                        .await
+                };
+                match step["background"].as_bool() {
+                    Some(true) => {
+                        let name = step["as"].as_str().unwrap().to_string();
+                        campaigns.insert(name, tokio::spawn(campaign));
+                    }
+                    _ => check_campaign(step, &at, campaign.await, &mut leases),
+                }
+            }
+            "campaigned" => {
+                let handle = campaigns.remove(step["as"].as_str().unwrap()).unwrap();
+                let got = tokio::time::timeout(ms("within_ms"), handle)
+                    .await
+                    .unwrap_or_else(|_| panic!("{at}: not ended in time"))
+                    .unwrap();
+                check_campaign(step, &at, got, &mut leases);
+            }
+            "proclaim" => {
+                let held = &leases[step["as"].as_str().unwrap()];
+                let Some(Holding::Leader(l)) = &held.guard else {
+                    panic!("{at}: not a campaign's lease")
+                };
+                let got = l.proclaim(step["value"].as_str().unwrap()).await;
+                match step["expect_error"].as_str() {
+                    Some(want) => {
+                        let e = got.err().unwrap_or_else(|| panic!("{at}: no error"));
+                        assert_eq!(error_name(&e), want, "{at}: {e:?}");
+                    }
+                    None => assert!(got.unwrap_or_else(|e| panic!("{at}: {e:?}")), "{at}: lost"),
+                }
+            }
+            "leader" => {
+                let got = renewing
+                    .election(step["key"].as_str().unwrap())
+                    .leader()
+                    .await;
+                let got = match got.unwrap_or_else(|e| panic!("{at}: {e:?}")) {
+                    Some(l) => Observed::Leader(l),
+                    None => Observed::Vacant,
+                };
+                assert_eq!(got, expected_leader(&step["expect"], &leases), "{at}");
+            }
+            "observe" => {
+                let o = renewing.election(step["key"].as_str().unwrap()).observe();
+                observers.insert(step["as"].as_str().unwrap().into(), o);
+            }
+            "observed" => {
+                let o = observers.get_mut(step["as"].as_str().unwrap()).unwrap();
+                let next = tokio::time::timeout(ms("within_ms"), o.next()).await;
+                match &step["expect"] {
+                    Json::String(s) if s == "nothing" => {
+                        assert!(next.is_err(), "{at}: told {next:?}")
+                    }
+                    want => {
+                        let got = next
+                            .unwrap_or_else(|_| panic!("{at}: nothing told in time"))
+                            .expect("the stream goes on")
+                            .unwrap_or_else(|e| panic!("{at}: {e:?}"));
+                        assert_eq!(got, expected_leader(want, &leases), "{at}");
+                    }
+                }
+            }
             other => panic!("unknown step {other}"),
         }
     }
     // Whatever is still held goes now (a guard dropped releases too).
+    drop(observers);
+    for (_, campaign) in campaigns {
+        campaign.abort();
+    }
     for (_, held) in leases {
         if let Some(g) = held.guard {
             let _ = g.release().await;

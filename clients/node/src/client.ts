@@ -17,6 +17,9 @@ export interface Conn {
 /** A connection of its own for a blocking wait (a BLOCKed command holds its
  * connection: ioredis and node-redis queue everything behind it). */
 export interface WaitConn extends Conn {
+  /** Sends two commands in one write (the server runs them in one go);
+   * their replies. */
+  sendPair(a: Arg[], b: Arg[]): [Promise<unknown>, Promise<unknown>];
   /** Done with it: back to the pool. */
   idle(): void;
   /** Closed at once (an aborted wait: the server drops its place in line,
@@ -101,8 +104,20 @@ export function wrap(client: RedisLike): Client {
     async waitConn(): Promise<WaitConn> {
       const dup = idle.pop() ?? (await open());
       let destroyed = false;
+      const c = conn(dup, nodeRedis, name);
       return {
-        ...conn(dup, nodeRedis, name),
+        ...c,
+        sendPair: (a, b) => {
+          // node-redis writes the commands of one tick together; ioredis
+          // writes each at once, so its socket is corked around them.
+          const stream = nodeRedis ? undefined : dup.stream;
+          stream?.cork?.();
+          try {
+            return [c.send(a), c.send(b)];
+          } finally {
+            stream?.uncork?.();
+          }
+        },
         idle: () => {
           // Only a connection still open and never closed here: a close
           // takes a moment to show in the client's state.

@@ -3,6 +3,48 @@
 import { Arg } from './client.js';
 import * as p from './protocol.js';
 
+const { OBSERVE, AFTER, VALUE } = p;
+
+/** Who leads a key: the fencing token of its holder's grant, and the
+ * public value it campaigned with (`null`: none). A proclaim keeps the
+ * fence and changes the value. */
+export interface Leader {
+  readonly fence: number;
+  readonly value: string | null;
+}
+
+/** `LOCK.OBSERVE key` (the state now), or with `AFTER fence BLOCK 0` (wait
+ * until the key is no longer held with that fence; 0: vacant). */
+export const observeArgs = (key: string, after?: number): Arg[] =>
+  after === undefined ? [OBSERVE, key] : [OBSERVE, key, AFTER, after, p.BLOCK, 0];
+
+/** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
+ * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */
+export function leaderOf(reply: unknown): Leader | null {
+  const fields = new Map<string, unknown>();
+  if (Array.isArray(reply)) {
+    for (let i = 0; i + 1 < reply.length; i += 2) fields.set(String(reply[i]), reply[i + 1]);
+  } else if (reply instanceof Map) {
+    for (const [k, v] of reply) fields.set(String(k), v);
+  } else if (reply && typeof reply === 'object') {
+    for (const [k, v] of Object.entries(reply)) fields.set(k, v);
+  }
+  const fence = Number(fields.get('fence'));
+  if (!Number.isSafeInteger(fence)) throw new TypeError(`unexpected reply to ${OBSERVE}: ${String(reply)}`);
+  if (fence === 0) return null;
+  const v = fields.get('value');
+  return { fence, value: v === null || v === undefined ? null : String(v) };
+}
+
+/** Same leader, same value (or both vacant). */
+export const sameLeader = (a: Leader | null, b: Leader | null): boolean =>
+  a === null || b === null ? a === b : a.fence === b.fence && a.value === b.value;
+
+export function checkValue(value: unknown): string {
+  if (typeof value !== 'string') throw new TypeError(`a leader's value is a string, not ${typeof value}`);
+  return value;
+}
+
 /** Whole milliseconds of a duration given in ms: positive, finite, within
  * what the module accepts. */
 export function checkMs(ms: number, what: string): number {
@@ -57,13 +99,15 @@ export class Keys {
     return words;
   }
 
-  /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several). */
-  acquire(token: string, ttlMs: number, blockMs?: number): Arg[] {
+  /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several); `value`:
+   * the holder's public value (`VALUE v`). */
+  acquire(token: string, ttlMs: number, blockMs?: number, value?: string): Arg[] {
     const args: Arg[] =
       this.names.length === 1
         ? [p.ACQUIRE, this.first, token, ttlMs]
         : [p.ACQUIRE_ALL, this.names.length, ...this.names, token, ttlMs];
     args.push(...this.mode());
+    if (value !== undefined) args.push(VALUE, value);
     if (blockMs !== undefined) args.push(p.BLOCK, blockMs);
     return args;
   }
@@ -77,6 +121,13 @@ export class Keys {
   /** One `LOCK.EXTEND` per key: the lock is held while every key is. */
   extends(token: string, ttlMs: number): Arg[][] {
     return this.names.map((k) => [p.EXTEND, k, token, ttlMs]);
+  }
+
+  /** `LOCK.EXTEND key token ttl VALUE v`: renews the leader's lease and
+   * sets its public value (one key, exclusive). Never a grant: 1 if
+   * `token` held the key, 0 otherwise (nothing changed). */
+  proclaim(token: string, ttlMs: number, value: string): Arg[] {
+    return [p.EXTEND, this.first, token, ttlMs, VALUE, value];
   }
 
   /** `LOCK.EXEC key token FENCE fence command...`, checked on the first key

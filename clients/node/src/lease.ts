@@ -1,7 +1,7 @@
 // A held lock: its fencing token, renewal, guarded writes and release.
 import { Arg, Client, Conn, RedisLike, wrap } from './client.js';
-import { translate } from './errors.js';
-import { drift, fencedArgs, Keys } from './keys.js';
+import { LockLostError, translate } from './errors.js';
+import { checkValue, drift, fencedArgs, Keys } from './keys.js';
 
 const now = (): number => performance.now();
 
@@ -15,6 +15,12 @@ export class Lease {
   readonly fence: number;
   /** This holder's token: the credential for release and extend. */
   readonly token: string;
+  /** The public value this holder stands with (`campaign`, changed by
+   * `proclaim`); null for a lock taken without one. */
+  get value(): string | null {
+    return this.valueOf;
+  }
+  private valueOf: string | null;
   private readonly lost = new AbortController();
   private readonly keysOf: Keys;
   private readonly client: Client;
@@ -26,9 +32,10 @@ export class Lease {
 
   /** @internal */
   constructor(client: Client, keys: Keys, token: string, fence: number, ttlMs: number, started: number,
-              private readonly renew: boolean) {
+              private readonly renew: boolean, value: string | null = null) {
     this.client = client;
     this.keysOf = keys;
+    this.valueOf = value;
     this.token = token;
     this.fence = Number(fence);
     this.ttlMs = ttlMs;
@@ -125,6 +132,33 @@ export class Lease {
     if (this.timer) clearTimeout(this.timer);
     this.schedule(started + ttlMs / 3);
     return true;
+  }
+
+  /** Changes this leader's public value (`LOCK.EXTEND key token ttl VALUE
+   * v`): its fence stays, its lease starts again, and observers are told
+   * (same fence, new value). Resolves once the server has it. It never
+   * grants: `LockLostError` if the lock is no longer held (the key is left
+   * as it is, free or another's); the server's error for a value above
+   * `lock.max-value-len` (the old value stays). */
+  async proclaim(value: string): Promise<void> {
+    checkValue(value);
+    if (this.keysOf.names.length !== 1 || this.keysOf.shared) {
+      throw new TypeError('only a leader (one key, exclusive) has a value to proclaim');
+    }
+    if (this.released || this.lost.signal.aborted) {
+      throw new LockLostError(`the lock on ${this.key} is not held: nothing to proclaim`);
+    }
+    const ttlMs = this.ttlMs;
+    const started = now();
+    const held = await this.call(this.client, this.keysOf.proclaim(this.token, Math.ceil(ttlMs), value));
+    if (Number(held) !== 1) {
+      this.lose('it was lost before a proclaim');
+      throw new LockLostError(`the lock on ${this.key} was lost before the proclaim`);
+    }
+    this.valueOf = value;
+    this.until = started + ttlMs - drift(ttlMs);
+    if (this.timer) clearTimeout(this.timer);
+    this.schedule(started + ttlMs / 3);
   }
 
   /** Runs `command` on the lock's node only while this grant holds the

@@ -1,7 +1,7 @@
 // Taking locks: `Locks` over the user's own client.
-import { Arg, Client, Conn, RedisLike, wrap } from './client.js';
+import { Arg, Client, Conn, RedisLike, WaitConn, wrap } from './client.js';
 import { LockLostError, NotAcquiredError, translate } from './errors.js';
-import { checkMs, Keys, randomToken } from './keys.js';
+import { checkMs, checkValue, Keys, Leader, leaderOf, observeArgs, randomToken, sameLeader } from './keys.js';
 import { Lease } from './lease.js';
 
 /** How to take a lock. */
@@ -20,6 +20,33 @@ export interface AcquireOptions {
   /** Renew in the background at a third of the TTL (default: the `Locks`'). */
   renew?: boolean;
 }
+
+/** How to stand for leader (`campaign`). */
+export interface CampaignOptions {
+  /** The lease (ms), renewed in the background; default 30 000. */
+  ttlMs?: number;
+  /** How long to wait in the server's line (ms): `Infinity` (default) for
+   * ever; 0 one attempt. Not granted in time: `NotAcquiredError`. */
+  timeoutMs?: number;
+  /** Aborts the wait: no lock and no place in line is left behind. */
+  signal?: AbortSignal;
+  /** Renew in the background at a third of the TTL (default: the `Locks`'). */
+  renew?: boolean;
+}
+
+/** How to observe (`observe`). */
+export interface ObserveOptions {
+  /** Ends the stream: its connection is closed, and the loop throws the
+   * abort's reason (as `events.on` does). */
+  signal?: AbortSignal;
+}
+
+/** `locks.observe(key)`: the leaders of a key as they change. */
+export type Observer = AsyncGenerator<Leader | null, void, undefined>;
+
+/** An observer that lost its connection tries again after these waits
+ * (doubling from the first up to the second, ms), for ever until stopped. */
+const OBSERVE_BACKOFF_MS = [50, 1000];
 
 /** A routine run under the lock: `signal` is aborted if the lock is lost. */
 export type Routine<T> = (signal: AbortSignal, lease: Lease) => Promise<T>;
@@ -84,6 +111,108 @@ export class Locks {
     return out;
   }
 
+  /** Stands for leader of `key` with the public `value` (an address, an
+   * id: anyone reads it with `leader` and `observe`): waits in the
+   * server's line (for ever unless `timeoutMs`: then `NotAcquiredError`)
+   * and resolves to the leadership, a `Lease` renewed in the background
+   * (renewals keep the value). `lease.proclaim(v)` changes the value,
+   * `lease.release()` resigns: the next candidate in line leads at once. */
+  async campaign(key: string, value: string, options: CampaignOptions = {}): Promise<Lease> {
+    checkValue(value);
+    const keys = new Keys([key]);
+    const timeoutMs = options.timeoutMs ?? Infinity;
+    const lease = await this.take(keys, options.ttlMs ?? 30_000, { ...options, timeoutMs }, value);
+    if (!lease) throw new NotAcquiredError(`${key} was not granted within ${timeoutMs} ms`);
+    return lease;
+  }
+
+  /** Who leads `key` now: its fence and value, or null when nobody holds it
+   * (`LOCK.OBSERVE key`). */
+  async leader(key: string): Promise<Leader | null> {
+    new Keys([key]);
+    return leaderOf(await this.call(this.client, observeArgs(key)));
+  }
+
+  /** The leaders of `key` as they change: `for await (const leader of
+   * locks.observe(key))` gives `{ fence, value }`, or null for a vacancy;
+   * the state now first, then one item per change (a new leader, a
+   * vacancy, a proclaim). It holds one connection of its own (a blocked
+   * `LOCK.OBSERVE` holds its connection), closed when the loop ends
+   * (`break`, `return`, a throw) or `signal` aborts. A lost connection is
+   * opened again with a short backoff, and the stream resumes where it
+   * was, without a repeat or a miss. Other server errors end it, thrown. */
+  observe(key: string, options: ObserveOptions = {}): Observer {
+    new Keys([key]);
+    return this.observing(key, options.signal);
+  }
+
+  private async *observing(key: string, signal?: AbortSignal): Observer {
+    let conn: WaitConn | undefined;
+    // The last item given; undefined: none yet.
+    let last: Leader | null | undefined;
+    // A blocked OBSERVE whose reply is still to come.
+    let pending: Promise<unknown> | undefined;
+    let backoff = OBSERVE_BACKOFF_MS[0];
+    const onAbort = () => conn?.destroy();
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      for (;;) {
+        signal?.throwIfAborted();
+        let next: Leader | null | undefined;
+        try {
+          let fresh = false;
+          if (!conn) {
+            conn = await this.client.waitConn();
+            fresh = true;
+            if (signal?.aborted) conn.destroy();
+          }
+          if (fresh) {
+            // First, and after a reconnect: the state now, given if it is
+            // not the last one given.
+            const state = leaderOf(await conn.send(observeArgs(key)));
+            if (last === undefined || !sameLeader(state, last)) next = state;
+          } else {
+            if (!pending) {
+              // The state now and a wait for the next change in one write:
+              // the server runs both in one go, so a change (a proclaim
+              // keeps the fence) cannot slip in between.
+              const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, last?.fence ?? 0));
+              pending = wait;
+              wait.catch(() => {}); // read below, or dropped with the connection
+              const state = leaderOf(await now);
+              if (!sameLeader(state, last as Leader | null)) next = state;
+            }
+            if (next === undefined) {
+              const reply = await pending;
+              pending = undefined;
+              if (reply !== null && reply !== undefined) {
+                const state = leaderOf(reply);
+                if (!sameLeader(state, last as Leader | null)) next = state;
+              }
+            }
+          }
+          backoff = OBSERVE_BACKOFF_MS[0];
+        } catch (e) {
+          signal?.throwIfAborted();
+          conn?.destroy();
+          conn = undefined;
+          pending = undefined;
+          if (!passing(e)) throw translate(e, this.client.name);
+          await pause(backoff, signal);
+          backoff = Math.min(backoff * 2, OBSERVE_BACKOFF_MS[1]);
+          continue;
+        }
+        if (next !== undefined) {
+          last = next;
+          yield next;
+        }
+      }
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      conn?.destroy();
+    }
+  }
+
   /** Closes the idle wait connections (your client is yours). */
   close(): Promise<void> {
     return this.client.close();
@@ -97,7 +226,7 @@ export class Locks {
     }
   }
 
-  private async take(keys: Keys, ttlMs: number, o: AcquireOptions): Promise<Lease | null> {
+  private async take(keys: Keys, ttlMs: number, o: AcquireOptions, value?: string): Promise<Lease | null> {
     const ttl = checkMs(ttlMs, 'ttlMs');
     o.signal?.throwIfAborted();
     const own = o.token === undefined;
@@ -107,11 +236,11 @@ export class Locks {
     try {
       const wait = o.timeoutMs ?? 0;
       if (wait === 0) {
-        fence = await this.call(this.client, keys.acquire(token, ttl));
+        fence = await this.call(this.client, keys.acquire(token, ttl, undefined, value));
       } else {
         // BLOCK 0 waits for ever; under a ms waits one.
         const block = wait === Infinity ? 0 : Math.max(1, checkMs(wait, 'timeoutMs'));
-        fence = await this.wait(keys.acquire(token, ttl, block), o.signal);
+        fence = await this.wait(keys.acquire(token, ttl, block, value), o.signal);
       }
       // Aborted as the reply came: not taken after all.
       o.signal?.throwIfAborted();
@@ -120,7 +249,7 @@ export class Locks {
         // The wait used up half the lease: renew now, for a validity
         // measured from here.
         started = now();
-        fence = (await this.call(this.client, keys.acquire(token, ttl))) ?? fence;
+        fence = (await this.call(this.client, keys.acquire(token, ttl, undefined, value))) ?? fence;
       }
     } catch (e) {
       // Aborted, or failed with the request perhaps granted: a token of
@@ -128,7 +257,7 @@ export class Locks {
       if (own) await this.undo(keys, token);
       throw e;
     }
-    return new Lease(this.client, keys, token, Number(fence), ttl, started, o.renew ?? this.renew);
+    return new Lease(this.client, keys, token, Number(fence), ttl, started, o.renew ?? this.renew, value ?? null);
   }
 
   /** Releases a token of ours that nothing holds for the caller: now, and
@@ -175,6 +304,41 @@ export class Locks {
       );
     });
   }
+}
+
+/** Server errors that pass (a restart loading its data, a failover): an
+ * observer rides them out as it does a lost connection. */
+const PASSING = new Set(['LOADING', 'UNBLOCKED', 'TRYAGAIN', 'MASTERDOWN', 'BUSY']);
+
+/** An error of the server's (ioredis's `ReplyError`, node-redis's
+ * `ErrorReply`), not of the connection. */
+function isReply(e: unknown): boolean {
+  for (let p = e ? Object.getPrototypeOf(e) : null; p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+    const name = p.constructor?.name;
+    if (name === 'ReplyError' || name === 'ErrorReply') return true;
+  }
+  return false;
+}
+
+/** A lost connection, or a server error that passes: an observer
+ * reconnects and resumes. Not: other server errors, or our own bugs. */
+function passing(e: unknown): boolean {
+  if (!(e instanceof Error) || e instanceof TypeError || e instanceof RangeError || e instanceof ReferenceError) return false;
+  if (!isReply(e)) return true;
+  return PASSING.has(e.message.split(' ', 1)[0]);
+}
+
+/** Waits `ms`, or until `signal` aborts. */
+function pause(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener('abort', done, { once: true });
+  });
 }
 
 function throwLost(keys: Keys): never {

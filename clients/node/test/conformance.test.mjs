@@ -7,7 +7,7 @@ import { dirname, join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
-import { Locks, ModuleMissingError, NotHeldError, StaleFenceError } from 'redis-lock-client';
+import { Locks, ModuleMissingError, NotAcquiredError, NotHeldError, StaleFenceError } from 'redis-lock-client';
 
 import { CLIENTS } from './clients.mjs';
 import { Server } from './server.mjs';
@@ -24,15 +24,119 @@ function errorName(e) {
   return String(e);
 }
 
+/** A campaign's outcome as an acquire's: { lease } (null: not granted in
+ * time) or { error }. */
+async function campaign(l, step, signal) {
+  try {
+    return { lease: await l.campaign(step.key, step.value, { ttlMs: step.ttl_ms, timeoutMs: step.timeout_ms ?? 0, signal }) };
+  } catch (e) {
+    return e instanceof NotAcquiredError ? { lease: null } : { error: e };
+  }
+}
+
+/** An observer's items, read as they come: `next(ms)` is the next one, or
+ * NOTHING if none comes within ms. */
+const NOTHING = Symbol('nothing');
+function pump(iterable) {
+  const items = [];
+  let wake;
+  (async () => {
+    try {
+      for await (const item of iterable) {
+        items.push({ item });
+        wake?.();
+      }
+    } catch (error) {
+      items.push({ error });
+      wake?.();
+    }
+  })();
+  return {
+    async next(ms) {
+      const deadline = Date.now() + ms;
+      while (items.length === 0 && Date.now() < deadline) {
+        await new Promise((r) => {
+          wake = r;
+          setTimeout(r, deadline - Date.now());
+        });
+      }
+      if (items.length === 0) return NOTHING;
+      const { item, error } = items.shift();
+      if (error) throw error;
+      return item;
+    },
+  };
+}
+
 async function run(scenario, kind) {
   const server = await Server.start({ module: scenario.server !== 'plain' });
   const client = await kind.open(server.port);
   const locks = { renew: new Locks(client, { renew: true }), still: new Locks(client, { renew: false }) };
   const leases = {};
+  const campaigns = {};
+  const observers = {};
+  const stop = new AbortController();
   const where = (i, step) => `${scenario.name}, step ${i} ${JSON.stringify(step)}`;
+  const judgeAcquire = (i, step, { lease, error }) => {
+    if (step.expect_error) {
+      assert.ok(error, where(i, step));
+      assert.equal(errorName(error), step.expect_error, `${where(i, step)}: ${error}`);
+    } else {
+      if (error) throw error;
+      if (step.expect === 'granted') {
+        assert.ok(lease, where(i, step));
+        leases[step.as] = lease;
+      } else assert.equal(lease, null, where(i, step));
+    }
+  };
+  const judgeLeader = (i, step, got) => {
+    const want = step.expect === 'vacant' ? null : { fence: leases[step.expect.fence_of].fence, value: step.expect.value };
+    assert.deepEqual(got === null ? null : { fence: got.fence, value: got.value }, want, where(i, step));
+  };
   try {
     for (const [i, step] of scenario.steps.entries()) {
       switch (step.do) {
+        case 'campaign': {
+          const l = locks[step.renew === false ? 'still' : 'renew'];
+          if (step.background) campaigns[step.as] = campaign(l, step, stop.signal);
+          else judgeAcquire(i, step, await campaign(l, step));
+          break;
+        }
+        case 'campaigned': {
+          const outcome = await Promise.race([
+            campaigns[step.as],
+            sleep(step.within_ms).then(() => assert.fail(`${where(i, step)}: the campaign did not end in time`)),
+          ]);
+          delete campaigns[step.as];
+          judgeAcquire(i, step, outcome);
+          break;
+        }
+        case 'proclaim': {
+          let error;
+          try {
+            await leases[step.as].proclaim(step.value);
+          } catch (e) {
+            error = e;
+          }
+          if (step.expect_error) assert.equal(errorName(error), step.expect_error, `${where(i, step)}: ${error}`);
+          else if (error) throw error;
+          break;
+        }
+        case 'leader':
+          judgeLeader(i, step, await locks.renew.leader(step.key));
+          break;
+        case 'observe':
+          observers[step.as] = pump(locks.renew.observe(step.key, { signal: stop.signal }));
+          break;
+        case 'observed': {
+          const got = await observers[step.as].next(step.within_ms);
+          if (step.expect === 'nothing') assert.equal(got, NOTHING, `${where(i, step)}: got ${JSON.stringify(got)}`);
+          else {
+            assert.notEqual(got, NOTHING, `${where(i, step)}: nothing came`);
+            judgeLeader(i, step, got);
+          }
+          break;
+        }
         case 'acquire': {
           const l = locks[step.renew === false ? 'still' : 'renew'];
           const options = {
@@ -124,6 +228,8 @@ async function run(scenario, kind) {
       }
     }
   } finally {
+    stop.abort();
+    await Promise.allSettled(Object.values(campaigns));
     await locks.renew.close();
     await locks.still.close();
     await kind.close(client).catch(() => {});

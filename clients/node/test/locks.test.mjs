@@ -164,3 +164,162 @@ each(
   },
   { module: false },
 );
+
+// ---- leader election ----
+
+/** An observer read as its items come: `next(ms)` is the next one, or
+ * NOTHING if none came within ms. */
+const NOTHING = Symbol('nothing');
+function reader(iterable) {
+  const iterator = iterable[Symbol.asyncIterator]();
+  let pending;
+  return {
+    async next(ms = 5000) {
+      pending ??= iterator.next();
+      const got = await Promise.race([pending, sleep(ms).then(() => NOTHING)]);
+      if (got === NOTHING) return NOTHING;
+      pending = undefined;
+      return got.done ? 'done' : got.value;
+    },
+    return: () => iterator.return(),
+  };
+}
+
+async function observerIds(server) {
+  const list = await server.command('CLIENT', 'LIST');
+  return list.split('\n').filter((l) => / cmd=lock\.observe /.test(l)).map((l) => / id=(\d+) /.exec(` ${l}`)[1]);
+}
+
+async function blockedClients(server) {
+  const text = await server.command('INFO', 'clients');
+  return Number(/blocked_clients:(\d+)/.exec(text)[1]);
+}
+
+async function eventually(check, what = 'not in time', ms = 5000) {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    assert.ok(Date.now() < deadline, what);
+    await sleep(10);
+  }
+}
+
+each('a campaign waits in line and leads when the leader resigns; a timeout throws', async (locks, server) => {
+  assert.equal(await locks.leader('election'), null);
+  const a = await locks.campaign('election', 'node-a');
+  assert.equal(a.value, 'node-a');
+  assert.deepEqual(await locks.leader('election'), { fence: a.fence, value: 'node-a' });
+  await assert.rejects(locks.campaign('election', 'node-b', { timeoutMs: 0 }), NotAcquiredError);
+  await assert.rejects(locks.campaign('election', 'node-b', { timeoutMs: 200 }), NotAcquiredError);
+  assert.equal(await server.info('waiters'), 0);
+  const waiting = locks.campaign('election', 'node-b', { ttlMs: 30_000 });
+  await eventually(async () => (await server.info('waiters')) === 1, 'the candidate waits in line');
+  assert.equal(await a.release(), true);
+  const b = await waiting;
+  assert.ok(b.fence > a.fence);
+  assert.equal(b.value, 'node-b');
+  assert.deepEqual(await locks.leader('election'), { fence: b.fence, value: 'node-b' });
+  await b[Symbol.asyncDispose]();
+  assert.equal(await locks.leader('election'), null);
+  await assert.rejects(locks.campaign('election', 42), TypeError);
+});
+
+each('a proclaim is seen by an observer; renewals keep the value; a resignation is a vacancy', async (locks) => {
+  const a = await locks.campaign('election', 'v1', { ttlMs: 600 }); // renewed every 200 ms
+  const changes = reader(locks.observe('election'));
+  assert.deepEqual(await changes.next(), { fence: a.fence, value: 'v1' }, 'the state now first');
+  await a.proclaim('v2');
+  assert.equal(a.value, 'v2');
+  assert.deepEqual(await changes.next(), { fence: a.fence, value: 'v2' });
+  assert.deepEqual(await locks.leader('election'), { fence: a.fence, value: 'v2' });
+  assert.equal(await changes.next(1000), NOTHING, 'renewals tell observers nothing');
+  assert.ok(a.isValid());
+  assert.deepEqual(await locks.leader('election'), { fence: a.fence, value: 'v2' });
+  assert.equal(await a.release(), true);
+  assert.equal(await changes.next(), null);
+  await assert.rejects(a.proclaim('v3'), /not held/);
+  await changes.return();
+});
+
+each('a proclaim after the lease ended is lost and grants nothing', async (locks, server) => {
+  // The lease ends in the server while this client still counts it held.
+  let a = await locks.campaign('election', 'v1');
+  assert.equal(await server.command('LOCK.RELEASE', 'election', a.token), 1);
+  const grants = await server.info('grants');
+  await assert.rejects(a.proclaim('v2'), LockLostError);
+  assert.equal(await server.info('grants'), grants, 'LOCK.EXTEND: no grant, not one given back');
+  assert.equal(a.signal.aborted, true);
+  assert.equal(a.isValid(), false);
+  assert.equal(a.value, 'v1');
+  assert.equal(await server.command('LOCK.INFO', 'election'), null, 'the free key stays free');
+  // Again, with the key taken by another meanwhile: it stays theirs.
+  a = await locks.campaign('election', 'v1');
+  assert.equal(await server.command('LOCK.RELEASE', 'election', a.token), 1);
+  const b = await locks.campaign('election', 'b');
+  await assert.rejects(a.proclaim('v2'), LockLostError);
+  assert.equal(a.signal.aborted, true);
+  assert.deepEqual(await locks.leader('election'), { fence: b.fence, value: 'b' });
+  assert.equal(await server.command('LOCK.FENCE', 'election'), b.fence);
+  assert.equal(await b.release(), true);
+});
+
+each(
+  'an observer is told when a lease ends with no command',
+  async (locks) => {
+    const changes = reader(locks.observe('election'));
+    assert.equal(await changes.next(), null, 'vacant at first');
+    const a = await locks.campaign('election', 'v1', { ttlMs: 500 }); // not renewed
+    assert.deepEqual(await changes.next(), { fence: a.fence, value: 'v1' });
+    const started = Date.now();
+    assert.equal(await changes.next(10_000), null, 'the lease ended: vacant');
+    assert.ok(Date.now() - started < 5000); // generous: the lease was 500 ms
+    await changes.return();
+  },
+  { locks: { renew: false } },
+);
+
+each('a break closes the observer: no blocked client is left; an abort ends it too', async (locks, server) => {
+  const lease = await locks.campaign('election', 'v1');
+  for await (const change of locks.observe('election')) {
+    assert.deepEqual(change, { fence: lease.fence, value: 'v1' });
+    break;
+  }
+  await eventually(async () => (await observerIds(server)).length === 0, 'the connection is closed');
+  const controller = new AbortController();
+  const seen = [];
+  const loop = (async () => {
+    for await (const change of locks.observe('election', { signal: controller.signal })) seen.push(change);
+  })();
+  await eventually(async () => (await blockedClients(server)) === 1, 'the observer blocks in the server');
+  controller.abort();
+  await assert.rejects(loop, (e) => e?.name === 'AbortError');
+  assert.deepEqual(seen, [{ fence: lease.fence, value: 'v1' }]);
+  await eventually(async () => (await blockedClients(server)) === 0 && (await observerIds(server)).length === 0,
+    'no blocked client left');
+  await lease.release();
+});
+
+each('an observer resumes after its connection is killed, without a repeat or a miss', async (locks, server) => {
+  const a = await locks.campaign('election', 'v1');
+  const changes = reader(locks.observe('election'));
+  assert.deepEqual(await changes.next(), { fence: a.fence, value: 'v1' });
+  // Killed while idle, and a change made while it is disconnected.
+  let [id] = await observerIds(server);
+  assert.ok(id);
+  await server.command('CLIENT', 'KILL', 'ID', id);
+  await a.proclaim('v2');
+  assert.deepEqual(await changes.next(), { fence: a.fence, value: 'v2' }, 'the change made meanwhile, once');
+  assert.equal(await changes.next(500), NOTHING, 'no repeat');
+  await eventually(async () => (await blockedClients(server)) === 1);
+  // Killed while it waits in the server, and a change at once.
+  [id] = await observerIds(server);
+  await server.command('CLIENT', 'KILL', 'ID', id);
+  assert.equal(await a.release(), true);
+  assert.equal(await changes.next(), null, 'the resignation, once');
+  assert.equal(await changes.next(500), NOTHING, 'no repeat');
+  const b = await locks.campaign('election', 'v3');
+  assert.deepEqual(await changes.next(), { fence: b.fence, value: 'v3' });
+  await b.release();
+  assert.equal(await changes.next(), null);
+  await changes.return();
+  await eventually(async () => (await observerIds(server)).length === 0);
+});

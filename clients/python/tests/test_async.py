@@ -12,8 +12,8 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
-from redis_lock_client.asyncio import (LockLost, Locks, ModuleMissing, NotAcquired, NotHeld,
-                                       StaleFence)
+from redis_lock_client.asyncio import (Leader, LockLost, Locks, ModuleMissing, NotAcquired,
+                                       NotHeld, StaleFence)
 
 
 def holder_of(r: redis.Redis, key: str):
@@ -183,5 +183,187 @@ def test_a_cancelled_wait_leaves_no_lock_and_no_place_in_line(server):
         assert cancelled > 0
         await locks.aclose()
         await r.aclose()
+
+    run(main())
+
+
+# ---- leader election ----
+
+
+def observer_ids(r: redis.Redis):
+    return [c["id"] for c in r.client_list() if c.get("cmd") == "lock.observe"]
+
+
+def blocked_clients(r: redis.Redis) -> int:
+    return int(r.info("clients")["blocked_clients"])
+
+
+async def eventually(check, within: float = 5, what: str = "") -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what or "not in time"
+        await asyncio.sleep(0.01)
+
+
+async def _await(awaitable):
+    """``locks.campaign(...)`` as a coroutine, for ``create_task``."""
+    return await awaitable
+
+
+async def nothing_within(task: asyncio.Future, seconds: float) -> bool:
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return not done
+
+
+def test_campaign_hand_off_timeout_and_leader(server):
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        assert await locks.leader("election") is None
+        a = await locks.campaign("election", "node-a")
+        assert a.value == "node-a"
+        assert await locks.leader("election") == Leader(a.fence, b"node-a")
+        with pytest.raises(NotAcquired):
+            await locks.campaign("election", "node-b", timeout=0)
+        with pytest.raises(NotAcquired):
+            await locks.campaign("election", "node-b", timeout=0.2)
+        assert server.info("waiters") == 0
+        waiting = asyncio.create_task(_await(locks.campaign("election", "node-b")))
+        await eventually(lambda: server.info("waiters") == 1)
+        assert await a.release() is True
+        b = await asyncio.wait_for(waiting, 10)
+        assert b.fence > a.fence and b.value == "node-b"
+        decoding = Locks(aredis.Redis(port=server.port, decode_responses=True))
+        assert await decoding.leader("election") == Leader(b.fence, "node-b")
+        await b.release()
+        # async with: resigns on exit.
+        async with locks.campaign("election", "node-c") as c:
+            assert await locks.leader("election") == Leader(c.fence, b"node-c")
+        assert await locks.leader("election") is None
+        await locks.aclose()
+        await decoding.aclose()
+
+    run(main())
+
+
+
+def test_async_observer_proclaim_release_and_lease_end(server):
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port), renew=False)
+        async with locks.observe("election") as observer:
+            changes = observer.__aiter__()
+            assert await changes.__anext__() is None, "vacant at first"
+            a = await locks.campaign("election", "v1", ttl=30)
+            assert await asyncio.wait_for(changes.__anext__(), 5) == Leader(a.fence, b"v1")
+            await a.proclaim("v2")
+            assert a.value == "v2"
+            assert await asyncio.wait_for(changes.__anext__(), 5) == Leader(a.fence, b"v2")
+            assert await a.release() is True
+            assert await asyncio.wait_for(changes.__anext__(), 5) is None
+            with pytest.raises(LockLost):
+                await a.proclaim("v3")
+            b = await locks.campaign("election", "v1", ttl=0.5)  # not renewed
+            assert await asyncio.wait_for(changes.__anext__(), 5) == Leader(b.fence, b"v1")
+            assert await asyncio.wait_for(changes.__anext__(), 10) is None, "the lease ended"
+        # async for, from the state now.
+        c = await locks.campaign("election", "v9", ttl=30)
+        seen = []
+        async with locks.observe("election") as observer:
+            async for change in observer:
+                seen.append(change)
+                if len(seen) == 1:
+                    await c.release()
+                else:
+                    break
+        assert seen == [Leader(c.fence, b"v9"), None]
+        await locks.aclose()
+
+    run(main())
+
+
+def test_async_a_proclaim_after_the_lease_ended_is_lost_and_grants_nothing(server):
+    async def main():
+        r = server.client()
+        locks = Locks(aredis.Redis(port=server.port))
+        # The lease ends in the server while this client still counts it held.
+        a = await locks.campaign("election", "v1")
+        assert r.execute_command("LOCK.RELEASE", "election", a.token) == 1
+        grants = server.info("grants")
+        with pytest.raises(LockLost):
+            await a.proclaim("v2")
+        assert server.info("grants") == grants, "LOCK.EXTEND: no grant, not one given back"
+        assert a.lost.is_set() and not a.is_valid()
+        assert a.value == "v1"
+        assert r.execute_command("LOCK.INFO", "election") is None, "the free key stays free"
+        # Again, with the key taken by another meanwhile: it stays theirs.
+        a = await locks.campaign("election", "v1")
+        assert r.execute_command("LOCK.RELEASE", "election", a.token) == 1
+        b = await locks.campaign("election", "b")
+        with pytest.raises(LockLost):
+            await a.proclaim("v2")
+        assert a.lost.is_set()
+        assert holder_of(r, "election") == (b.token, b.fence)
+        assert await locks.leader("election") == Leader(b.fence, b"b")
+        assert await b.release() is True
+        await locks.aclose()
+
+    run(main())
+
+
+def test_async_closing_or_cancelling_an_observer_leaves_no_blocked_client(server):
+    r = server.client()
+
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        lease = await locks.campaign("election", "v1")
+        observer = locks.observe("election")
+        assert await observer.__anext__() == Leader(lease.fence, b"v1")
+        waiting = asyncio.ensure_future(observer.__anext__())
+        await eventually(lambda: blocked_clients(r) == 1, what="the observer blocks")
+        # A task waiting in it cancelled: its connection closes...
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await eventually(lambda: blocked_clients(r) == 0 and observer_ids(r) == [])
+        # ... and the next item resumes, without a repeat.
+        waiting = asyncio.ensure_future(observer.__anext__())
+        assert await nothing_within(waiting, 0.5), "no repeat after resuming"
+        await eventually(lambda: blocked_clients(r) == 1)
+        # aclose from another task while one waits in it: the iteration ends.
+        await observer.aclose()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(waiting, 5)
+        await eventually(lambda: blocked_clients(r) == 0 and observer_ids(r) == [],
+                         what="no blocked client left")
+        await lease.release()
+        await locks.aclose()
+
+    run(main())
+
+
+def test_async_observer_resumes_after_its_connection_is_killed(server):
+    r = server.client()
+
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        a = await locks.campaign("election", "v1")
+        async with locks.observe("election") as observer:
+            assert await observer.__anext__() == Leader(a.fence, b"v1")
+            [oid] = observer_ids(r)
+            r.client_kill_filter(_id=oid)
+            await a.proclaim("v2")  # while it is disconnected
+            assert await asyncio.wait_for(observer.__anext__(), 5) == Leader(a.fence, b"v2")
+            waiting = asyncio.ensure_future(observer.__anext__())
+            await eventually(lambda: blocked_clients(r) == 1)
+            assert await nothing_within(waiting, 0.5), "no repeat"
+            [oid] = observer_ids(r)
+            r.client_kill_filter(_id=oid)  # while it waits in the server
+            await a.release()
+            assert await asyncio.wait_for(waiting, 5) is None, "the resignation, once"
+            waiting = asyncio.ensure_future(observer.__anext__())
+            assert await nothing_within(waiting, 0.5), "no repeat"
+            b = await locks.campaign("election", "v3")
+            assert await asyncio.wait_for(waiting, 5) == Leader(b.fence, b"v3")
+            await b.release()
+        await locks.aclose()
 
     run(main())

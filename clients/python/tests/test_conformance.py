@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import signal
 import threading
 import time
@@ -30,6 +31,17 @@ ERRORS = {
     "ModuleMissing": sync_api.ModuleMissing,
     "ServerError": ResponseError,
 }
+
+
+#: An observer's next item did not come in time (``"expect": "nothing"``).
+NOTHING = object()
+
+
+class Failed:
+    """An observer's stream ended with this error."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def reply_of(value):
@@ -99,6 +111,30 @@ class Checks:
         else:
             assert lease is None, self.where(i, step)
 
+    def judge_leader(self, i, step, got):
+        """A leader read or observed: a Leader, or None for vacant."""
+        if isinstance(got, Failed):
+            raise got.error
+        expect = step["expect"]
+        want = None if expect == "vacant" else (self.leases[expect["fence_of"]].fence,
+                                                 expect["value"])
+        have = None if got is None else (got.fence, reply_of(got.value))
+        assert have == want, f"{self.where(i, step)}: got {got!r}"
+
+    def judge_observed(self, i, step, got):
+        if step["expect"] == "nothing":
+            assert got is NOTHING, f"{self.where(i, step)}: got {got!r}"
+            return
+        assert got is not NOTHING, f"{self.where(i, step)}: nothing came"
+        self.judge_leader(i, step, got)
+
+    def judge_proclaim(self, i, step, error):
+        if "expect_error" in step:
+            assert error is not None and error_name(error) == step["expect_error"], \
+                f"{self.where(i, step)}: {error!r}"
+        elif error is not None:
+            raise error
+
     def judge_reply(self, i, step, got, error):
         if "expect_error" in step:
             assert error is not None and error_name(error) == step["expect_error"], \
@@ -107,6 +143,10 @@ class Checks:
             if error is not None:
                 raise error
             assert reply_of(got) == step["expect"], self.where(i, step)
+
+
+def campaign_args(step):
+    return dict(ttl=step["ttl_ms"] / 1000, timeout=step.get("timeout_ms", 0) / 1000)
 
 
 def acquire_args(step, leases):
@@ -130,11 +170,88 @@ def run_sync(server, scenario):
     checks = Checks(server, scenario)
     client = redis.Redis(port=server.port)
     plain = {"renew": sync_api.Locks(client, renew=True), "still": sync_api.Locks(client, renew=False)}
+    observers: dict = {}
+    campaigns: dict = {}
+    try:
+        run_sync_steps(server, scenario, checks, client, plain, observers, campaigns)
+    finally:
+        for observer, _, pump in observers.values():
+            observer.close()
+            pump.join(5)
+        # While the server is up: a lease left renewing would try its
+        # stopped server later from the one renewal thread of the process
+        # (each try ~4 s of redis-py's retries), late for other tests' leases.
+        for lease in checks.leases.values():
+            try:
+                lease.release()
+            except Exception:  # noqa: BLE001
+                pass
+        for locks in plain.values():
+            locks.close()
+        client.close()
+
+
+def campaign_sync(locks, step):
+    """A campaign's outcome as an acquire's: (lease or None, error)."""
+    try:
+        return locks.campaign(step["key"], step["value"], **campaign_args(step)), None
+    except sync_api.NotAcquired:
+        return None, None
+    except Exception as e:  # noqa: BLE001
+        return None, e
+
+
+def run_sync_steps(server, scenario, checks, client, plain, observers, campaigns):
     for i, step in enumerate(scenario["steps"]):
         if checks.common(i, step):
             continue
         do = step["do"]
-        if do == "acquire":
+        if do == "campaign":
+            locks = plain["renew" if step.get("renew", True) else "still"]
+            if step.get("background"):
+                out: dict = {}
+                t = threading.Thread(target=lambda: out.update(result=campaign_sync(locks, step)),
+                                     daemon=True)
+                t.start()
+                campaigns[step["as"]] = (t, out)
+            else:
+                checks.judge_acquire(i, step, *campaign_sync(locks, step))
+        elif do == "campaigned":
+            t, out = campaigns.pop(step["as"])
+            t.join(step["within_ms"] / 1000)
+            assert not t.is_alive(), f"{checks.where(i, step)}: the campaign did not end in time"
+            checks.judge_acquire(i, step, *out["result"])
+        elif do == "proclaim":
+            error = None
+            try:
+                checks.leases[step["as"]].proclaim(step["value"])
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_proclaim(i, step, error)
+        elif do == "leader":
+            checks.judge_leader(i, step, plain["renew"].leader(step["key"]))
+        elif do == "observe":
+            observer = plain["renew"].observe(step["key"])
+            items: queue.Queue = queue.Queue()
+
+            def pump(observer=observer, items=items):
+                try:
+                    for item in observer:
+                        items.put(item)
+                except Exception as e:  # noqa: BLE001
+                    items.put(Failed(e))
+
+            t = threading.Thread(target=pump, daemon=True)
+            t.start()
+            observers[step["as"]] = (observer, items, t)
+        elif do == "observed":
+            _, items, _ = observers[step["as"]]
+            try:
+                got = items.get(timeout=step["within_ms"] / 1000)
+            except queue.Empty:
+                got = NOTHING
+            checks.judge_observed(i, step, got)
+        elif do == "acquire":
             locks = plain["renew" if step.get("renew", True) else "still"]
             lease = error = None
             try:
@@ -186,7 +303,6 @@ def run_sync(server, scenario):
                 signal.signal(signal.SIGINT, previous)
         else:
             raise AssertionError(f"unknown step {do}")
-    client.close()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["name"] for s in SCENARIOS])
@@ -203,8 +319,80 @@ async def run_async(server, scenario):
     client = aredis.Redis(port=server.port)
     plain = {"renew": async_api.Locks(client, renew=True),
              "still": async_api.Locks(client, renew=False)}
+    observers: dict = {}
+    campaigns: dict = {}
+    try:
+        await run_async_steps(server, scenario, checks, plain, observers, campaigns)
+    finally:
+        for observer, _, pump in observers.values():
+            await observer.aclose()
+            pump.cancel()
+        for task in campaigns.values():
+            task.cancel()
+        for locks in plain.values():
+            await locks.aclose()
+        await client.aclose()
+
+
+async def campaign_async(locks, step):
+    try:
+        return await locks.campaign(step["key"], step["value"], **campaign_args(step)), None
+    except async_api.NotAcquired:
+        return None, None
+    except Exception as e:  # noqa: BLE001
+        return None, e
+
+
+async def run_async_steps(server, scenario, checks, plain, observers, campaigns):
     for i, step in enumerate(scenario["steps"]):
         do = step["do"]
+        if do == "campaign":
+            locks = plain["renew" if step.get("renew", True) else "still"]
+            if step.get("background"):
+                campaigns[step["as"]] = asyncio.create_task(campaign_async(locks, step))
+            else:
+                checks.judge_acquire(i, step, *await campaign_async(locks, step))
+            continue
+        if do == "campaigned":
+            task = campaigns.pop(step["as"])
+            try:
+                outcome = await asyncio.wait_for(task, step["within_ms"] / 1000)
+            except asyncio.TimeoutError:
+                raise AssertionError(f"{checks.where(i, step)}: the campaign did not end in time")
+            checks.judge_acquire(i, step, *outcome)
+            continue
+        if do == "proclaim":
+            error = None
+            try:
+                await checks.leases[step["as"]].proclaim(step["value"])
+            except Exception as e:  # noqa: BLE001
+                error = e
+            checks.judge_proclaim(i, step, error)
+            continue
+        if do == "leader":
+            checks.judge_leader(i, step, await plain["renew"].leader(step["key"]))
+            continue
+        if do == "observe":
+            observer = plain["renew"].observe(step["key"])
+            items: asyncio.Queue = asyncio.Queue()
+
+            async def pump(observer=observer, items=items):
+                try:
+                    async for item in observer:
+                        items.put_nowait(item)
+                except Exception as e:  # noqa: BLE001
+                    items.put_nowait(Failed(e))
+
+            observers[step["as"]] = (observer, items, asyncio.create_task(pump()))
+            continue
+        if do == "observed":
+            _, items, _ = observers[step["as"]]
+            try:
+                got = await asyncio.wait_for(items.get(), step["within_ms"] / 1000)
+            except asyncio.TimeoutError:
+                got = NOTHING
+            checks.judge_observed(i, step, got)
+            continue
         if do == "sleep_ms":
             await asyncio.sleep(step["ms"] / 1000)
             continue
@@ -244,6 +432,3 @@ async def run_async(server, scenario):
                 await task
         else:
             raise AssertionError(f"unknown step {do}")
-    for locks in plain.values():
-        await locks.aclose()
-    await client.aclose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import threading
@@ -11,7 +12,7 @@ import time
 import pytest
 import redis
 
-from redis_lock_client import (LockLost, Locks, ModuleMissing, NotAcquired, NotHeld,
+from redis_lock_client import (Leader, LockLost, Locks, ModuleMissing, NotAcquired, NotHeld,
                                StaleFence)
 
 
@@ -268,3 +269,203 @@ def test_a_cluster_client_locks_and_writes_guarded(server_factory=None):
         rc.close()
     finally:
         node.stop()
+
+
+# ---- leader election ----
+
+
+def observer_ids(r: redis.Redis):
+    """The ids of the connections whose last command was LOCK.OBSERVE."""
+    return [c["id"] for c in r.client_list() if c.get("cmd") == "lock.observe"]
+
+
+def blocked_clients(r: redis.Redis) -> int:
+    return int(r.info("clients")["blocked_clients"])
+
+
+def eventually(check, within: float = 5, what: str = "") -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        assert time.monotonic() < deadline, what or "not in time"
+        time.sleep(0.01)
+
+
+class Pump:
+    """An observer read by a thread of its own: ``get(within)`` is its next
+    item, or the NOTHING marker when none came within that long."""
+
+    NOTHING = object()
+
+    def __init__(self, observer) -> None:
+        self.observer = observer
+        self.items: queue.Queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for item in self.observer:
+                self.items.put(item)
+        except Exception as e:  # noqa: BLE001
+            self.items.put(e)
+
+    def get(self, within: float = 5):
+        try:
+            item = self.items.get(timeout=within)
+        except queue.Empty:
+            return Pump.NOTHING
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+def test_a_campaign_waits_in_line_and_leads_when_the_leader_resigns(server):
+    r = server.client()
+    locks = Locks(r)
+    assert locks.leader("election") is None
+    a = locks.campaign("election", "node-a", ttl=30)
+    assert a.value == "node-a" and a.fence > 10**15
+    assert locks.leader("election") == Leader(a.fence, b"node-a")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(b=locks.campaign("election", "node-b")))
+    t.start()
+    eventually(lambda: server.info("waiters") == 1, what="the candidate waits in the server's line")
+    assert a.release() is True
+    t.join(10)
+    b = got["b"]
+    assert b.fence > a.fence and b.value == "node-b"
+    assert locks.leader("election") == Leader(b.fence, b"node-b")
+    # A client that decodes reads the value as str.
+    assert Locks(server.client(decode_responses=True)).leader("election") == Leader(b.fence, "node-b")
+    with b:
+        pass  # resigns on exit
+    assert locks.leader("election") is None
+
+
+def test_a_campaign_not_granted_in_time_raises_and_leaves_no_place_in_line(server):
+    locks = Locks(server.client())
+    with locks.campaign("election", "node-a") as a:
+        with pytest.raises(NotAcquired):
+            locks.campaign("election", "node-b", timeout=0)
+        started = time.monotonic()
+        with pytest.raises(NotAcquired):
+            locks.campaign("election", "node-b", timeout=0.2)
+        assert time.monotonic() - started >= 0.15
+        assert server.info("waiters") == 0
+        assert locks.leader("election") == Leader(a.fence, b"node-a")
+    with pytest.raises(TypeError):
+        locks.campaign("election", None)
+
+
+def test_a_proclaim_is_seen_by_an_observer_and_renewals_keep_the_value(server):
+    r = server.client()
+    locks = Locks(r)
+    a = locks.campaign("election", "v1", ttl=0.6)  # renewed every 0.2 s
+    with locks.observe("election") as observer:
+        pump = Pump(observer)
+        assert pump.get() == Leader(a.fence, b"v1"), "the first item is the state now"
+        a.proclaim("v2")
+        assert a.value == "v2"
+        assert pump.get() == Leader(a.fence, b"v2")
+        assert locks.leader("election") == Leader(a.fence, b"v2")
+        # Renewals (LOCK.EXTEND) keep the value and tell observers nothing.
+        assert pump.get(within=1.0) is Pump.NOTHING
+        assert a.is_valid() and locks.leader("election") == Leader(a.fence, b"v2")
+        assert a.release() is True
+        assert pump.get() is None, "a resignation: vacant"
+        with pytest.raises(LockLost):
+            a.proclaim("v3")
+    pump.thread.join(5)
+    assert not pump.thread.is_alive(), "closing ends the iteration"
+
+
+def test_a_proclaim_after_the_lease_ended_is_lost_and_grants_nothing(server):
+    r = server.client()
+    locks = Locks(r)
+    # The lease ends in the server while this client still counts it held.
+    a = locks.campaign("election", "v1")
+    # A value above lock.max-value-len: the server's error, nothing changes.
+    with pytest.raises(redis.ResponseError, match="max-value-len"):
+        a.proclaim("x" * 5000)
+    assert a.is_valid() and a.value == "v1"
+    assert locks.leader("election") == Leader(a.fence, b"v1")
+    assert r.execute_command("LOCK.RELEASE", "election", a.token) == 1
+    grants = server.info("grants")
+    with pytest.raises(LockLost):
+        a.proclaim("v2")
+    assert server.info("grants") == grants, "LOCK.EXTEND: no grant, not one given back"
+    assert a.lost.is_set() and not a.is_valid()
+    assert a.value == "v1"
+    assert r.execute_command("LOCK.INFO", "election") is None, "the free key stays free"
+    assert locks.leader("election") is None
+    # Again, with the key taken by another meanwhile: it stays theirs.
+    a = locks.campaign("election", "v1")
+    assert r.execute_command("LOCK.RELEASE", "election", a.token) == 1
+    b = locks.campaign("election", "b")
+    with pytest.raises(LockLost):
+        a.proclaim("v2")
+    assert a.lost.is_set()
+    assert holder_of(r, "election") == (b.token, b.fence)
+    assert locks.leader("election") == Leader(b.fence, b"b")
+    assert b.release() is True
+
+
+def test_an_observer_is_told_when_a_lease_ends_with_no_command(server):
+    locks = Locks(server.client(), renew=False)
+    with locks.observe("election") as observer:
+        pump = Pump(observer)
+        assert pump.get() is None, "vacant at first"
+        a = locks.campaign("election", "v1", ttl=0.5)
+        assert pump.get() == Leader(a.fence, b"v1")
+        started = time.monotonic()
+        assert pump.get(within=10) is None, "the lease ended: vacant"
+        # Generous: the lease was 0.5 s; a loaded machine may be slow.
+        assert time.monotonic() - started < 5
+
+
+def test_closing_an_observer_leaves_no_blocked_client(server):
+    r = server.client()
+    locks = Locks(r)
+    lease = locks.campaign("election", "v1")
+    observer = locks.observe("election")
+    pump = Pump(observer)
+    assert pump.get() == Leader(lease.fence, b"v1")
+    eventually(lambda: blocked_clients(r) == 1, what="the observer blocks in the server")
+    observer.close()  # from another thread than the one waiting in it
+    pump.thread.join(5)
+    assert not pump.thread.is_alive()
+    eventually(lambda: blocked_clients(r) == 0, what="no blocked client left")
+    eventually(lambda: observer_ids(r) == [], what="its connection is closed")
+    # Dropped without close: its connection goes too.
+    observer = locks.observe("election")
+    assert next(observer) == Leader(lease.fence, b"v1")
+    assert len(observer_ids(r)) == 1
+    del observer
+    eventually(lambda: observer_ids(r) == [], what="a dropped observer's connection is closed")
+    lease.release()
+
+
+def test_an_observer_resumes_after_its_connection_is_killed_without_a_repeat_or_a_miss(server):
+    r = server.client()
+    locks = Locks(r)
+    a = locks.campaign("election", "v1")
+    with locks.observe("election") as observer:
+        assert next(observer) == Leader(a.fence, b"v1")
+        # Killed while idle, and a change made while it is disconnected.
+        [oid] = observer_ids(r)
+        r.client_kill_filter(_id=oid)
+        a.proclaim("v2")
+        assert next(observer) == Leader(a.fence, b"v2"), "the change made meanwhile, once"
+        pump = Pump(observer)
+        eventually(lambda: blocked_clients(r) == 1, what="the observer blocks again")
+        assert pump.get(within=0.5) is Pump.NOTHING, "no repeat"
+        # Killed while it waits in the server, and a change at once.
+        [oid] = observer_ids(r)
+        r.client_kill_filter(_id=oid)
+        assert a.release() is True
+        assert pump.get() is None, "the resignation, once"
+        assert pump.get(within=0.5) is Pump.NOTHING, "no repeat"
+        b = locks.campaign("election", "v3")
+        assert pump.get() == Leader(b.fence, b"v3")
+        b.release()
+        assert pump.get() is None

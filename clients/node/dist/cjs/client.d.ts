@@ -10,6 +10,9 @@ export interface Conn {
 /** A connection of its own for a blocking wait (a BLOCKed command holds its
  * connection: ioredis and node-redis queue everything behind it). */
 export interface WaitConn extends Conn {
+    /** Sends two commands in one write (the server runs them in one go);
+     * their replies. */
+    sendPair(a: Arg[], b: Arg[]): [Promise<unknown>, Promise<unknown>];
     /** Done with it: back to the pool. */
     idle(): void;
     /** Closed at once (an aborted wait: the server drops its place in line,

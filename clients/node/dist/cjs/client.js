@@ -72,8 +72,21 @@ function wrap(client) {
         async waitConn() {
             const dup = idle.pop() ?? (await open());
             let destroyed = false;
+            const c = conn(dup, nodeRedis, name);
             return {
-                ...conn(dup, nodeRedis, name),
+                ...c,
+                sendPair: (a, b) => {
+                    // node-redis writes the commands of one tick together; ioredis
+                    // writes each at once, so its socket is corked around them.
+                    const stream = nodeRedis ? undefined : dup.stream;
+                    stream?.cork?.();
+                    try {
+                        return [c.send(a), c.send(b)];
+                    }
+                    finally {
+                        stream?.uncork?.();
+                    }
+                },
                 idle: () => {
                     // Only a connection still open and never closed here: a close
                     // takes a moment to show in the client's state.

@@ -14,7 +14,8 @@
  * ```
  */
 export { Locks } from './locks.js';
-export type { AcquireOptions, Routine } from './locks.js';
+export type { AcquireOptions, CampaignOptions, ObserveOptions, Observer, Routine } from './locks.js';
 export { Lease } from './lease.js';
+export type { Leader } from './keys.js';
 export type { Arg, RedisLike } from './client.js';
 export { LockError, LockLostError, ModuleMissingError, NotAcquiredError, NotHeldError, StaleFenceError, } from './errors.js';

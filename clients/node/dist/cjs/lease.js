@@ -17,6 +17,12 @@ class Lease {
     fence;
     /** This holder's token: the credential for release and extend. */
     token;
+    /** The public value this holder stands with (`campaign`, changed by
+     * `proclaim`); null for a lock taken without one. */
+    get value() {
+        return this.valueOf;
+    }
+    valueOf;
     lost = new AbortController();
     keysOf;
     client;
@@ -26,10 +32,11 @@ class Lease {
     released = false;
     renewing;
     /** @internal */
-    constructor(client, keys, token, fence, ttlMs, started, renew) {
+    constructor(client, keys, token, fence, ttlMs, started, renew, value = null) {
         this.renew = renew;
         this.client = client;
         this.keysOf = keys;
+        this.valueOf = value;
         this.token = token;
         this.fence = Number(fence);
         this.ttlMs = ttlMs;
@@ -127,6 +134,33 @@ class Lease {
             clearTimeout(this.timer);
         this.schedule(started + ttlMs / 3);
         return true;
+    }
+    /** Changes this leader's public value (`LOCK.EXTEND key token ttl VALUE
+     * v`): its fence stays, its lease starts again, and observers are told
+     * (same fence, new value). Resolves once the server has it. It never
+     * grants: `LockLostError` if the lock is no longer held (the key is left
+     * as it is, free or another's); the server's error for a value above
+     * `lock.max-value-len` (the old value stays). */
+    async proclaim(value) {
+        (0, keys_js_1.checkValue)(value);
+        if (this.keysOf.names.length !== 1 || this.keysOf.shared) {
+            throw new TypeError('only a leader (one key, exclusive) has a value to proclaim');
+        }
+        if (this.released || this.lost.signal.aborted) {
+            throw new errors_js_1.LockLostError(`the lock on ${this.key} is not held: nothing to proclaim`);
+        }
+        const ttlMs = this.ttlMs;
+        const started = now();
+        const held = await this.call(this.client, this.keysOf.proclaim(this.token, Math.ceil(ttlMs), value));
+        if (Number(held) !== 1) {
+            this.lose('it was lost before a proclaim');
+            throw new errors_js_1.LockLostError(`the lock on ${this.key} was lost before the proclaim`);
+        }
+        this.valueOf = value;
+        this.until = started + ttlMs - (0, keys_js_1.drift)(ttlMs);
+        if (this.timer)
+            clearTimeout(this.timer);
+        this.schedule(started + ttlMs / 3);
     }
     /** Runs `command` on the lock's node only while this grant holds the
      * lock, checked and run in one step by the server (`LOCK.EXEC key token

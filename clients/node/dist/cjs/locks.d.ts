@@ -1,4 +1,5 @@
 import { RedisLike } from './client.js';
+import { Leader } from './keys.js';
 import { Lease } from './lease.js';
 /** How to take a lock. */
 export interface AcquireOptions {
@@ -16,6 +17,26 @@ export interface AcquireOptions {
     /** Renew in the background at a third of the TTL (default: the `Locks`'). */
     renew?: boolean;
 }
+/** How to stand for leader (`campaign`). */
+export interface CampaignOptions {
+    /** The lease (ms), renewed in the background; default 30 000. */
+    ttlMs?: number;
+    /** How long to wait in the server's line (ms): `Infinity` (default) for
+     * ever; 0 one attempt. Not granted in time: `NotAcquiredError`. */
+    timeoutMs?: number;
+    /** Aborts the wait: no lock and no place in line is left behind. */
+    signal?: AbortSignal;
+    /** Renew in the background at a third of the TTL (default: the `Locks`'). */
+    renew?: boolean;
+}
+/** How to observe (`observe`). */
+export interface ObserveOptions {
+    /** Ends the stream: its connection is closed, and the loop throws the
+     * abort's reason (as `events.on` does). */
+    signal?: AbortSignal;
+}
+/** `locks.observe(key)`: the leaders of a key as they change. */
+export type Observer = AsyncGenerator<Leader | null, void, undefined>;
 /** A routine run under the lock: `signal` is aborted if the lock is lost. */
 export type Routine<T> = (signal: AbortSignal, lease: Lease) => Promise<T>;
 /** Locks over your own client: an ioredis `Redis` or `Cluster`, or a
@@ -42,6 +63,26 @@ export declare class Locks {
      * aborted then). `key` may be several keys, taken all or nothing. */
     using<T>(key: string | string[], ttlMs: number, routine: Routine<T>): Promise<T>;
     using<T>(key: string | string[], ttlMs: number, options: AcquireOptions, routine: Routine<T>): Promise<T>;
+    /** Stands for leader of `key` with the public `value` (an address, an
+     * id: anyone reads it with `leader` and `observe`): waits in the
+     * server's line (for ever unless `timeoutMs`: then `NotAcquiredError`)
+     * and resolves to the leadership, a `Lease` renewed in the background
+     * (renewals keep the value). `lease.proclaim(v)` changes the value,
+     * `lease.release()` resigns: the next candidate in line leads at once. */
+    campaign(key: string, value: string, options?: CampaignOptions): Promise<Lease>;
+    /** Who leads `key` now: its fence and value, or null when nobody holds it
+     * (`LOCK.OBSERVE key`). */
+    leader(key: string): Promise<Leader | null>;
+    /** The leaders of `key` as they change: `for await (const leader of
+     * locks.observe(key))` gives `{ fence, value }`, or null for a vacancy;
+     * the state now first, then one item per change (a new leader, a
+     * vacancy, a proclaim). It holds one connection of its own (a blocked
+     * `LOCK.OBSERVE` holds its connection), closed when the loop ends
+     * (`break`, `return`, a throw) or `signal` aborts. A lost connection is
+     * opened again with a short backoff, and the stream resumes where it
+     * was, without a repeat or a miss. Other server errors end it, thrown. */
+    observe(key: string, options?: ObserveOptions): Observer;
+    private observing;
     /** Closes the idle wait connections (your client is yours). */
     close(): Promise<void>;
     private call;

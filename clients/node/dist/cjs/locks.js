@@ -6,6 +6,9 @@ const client_js_1 = require("./client.js");
 const errors_js_1 = require("./errors.js");
 const keys_js_1 = require("./keys.js");
 const lease_js_1 = require("./lease.js");
+/** An observer that lost its connection tries again after these waits
+ * (doubling from the first up to the second, ms), for ever until stopped. */
+const OBSERVE_BACKOFF_MS = [50, 1000];
 const now = () => performance.now();
 /** An aborted acquisition's token is released at once, again this long
  * after, and again in the background at these times (ms). */
@@ -55,6 +58,113 @@ class Locks {
             throwLost(keys);
         return out;
     }
+    /** Stands for leader of `key` with the public `value` (an address, an
+     * id: anyone reads it with `leader` and `observe`): waits in the
+     * server's line (for ever unless `timeoutMs`: then `NotAcquiredError`)
+     * and resolves to the leadership, a `Lease` renewed in the background
+     * (renewals keep the value). `lease.proclaim(v)` changes the value,
+     * `lease.release()` resigns: the next candidate in line leads at once. */
+    async campaign(key, value, options = {}) {
+        (0, keys_js_1.checkValue)(value);
+        const keys = new keys_js_1.Keys([key]);
+        const timeoutMs = options.timeoutMs ?? Infinity;
+        const lease = await this.take(keys, options.ttlMs ?? 30_000, { ...options, timeoutMs }, value);
+        if (!lease)
+            throw new errors_js_1.NotAcquiredError(`${key} was not granted within ${timeoutMs} ms`);
+        return lease;
+    }
+    /** Who leads `key` now: its fence and value, or null when nobody holds it
+     * (`LOCK.OBSERVE key`). */
+    async leader(key) {
+        new keys_js_1.Keys([key]);
+        return (0, keys_js_1.leaderOf)(await this.call(this.client, (0, keys_js_1.observeArgs)(key)));
+    }
+    /** The leaders of `key` as they change: `for await (const leader of
+     * locks.observe(key))` gives `{ fence, value }`, or null for a vacancy;
+     * the state now first, then one item per change (a new leader, a
+     * vacancy, a proclaim). It holds one connection of its own (a blocked
+     * `LOCK.OBSERVE` holds its connection), closed when the loop ends
+     * (`break`, `return`, a throw) or `signal` aborts. A lost connection is
+     * opened again with a short backoff, and the stream resumes where it
+     * was, without a repeat or a miss. Other server errors end it, thrown. */
+    observe(key, options = {}) {
+        new keys_js_1.Keys([key]);
+        return this.observing(key, options.signal);
+    }
+    async *observing(key, signal) {
+        let conn;
+        // The last item given; undefined: none yet.
+        let last;
+        // A blocked OBSERVE whose reply is still to come.
+        let pending;
+        let backoff = OBSERVE_BACKOFF_MS[0];
+        const onAbort = () => conn?.destroy();
+        signal?.addEventListener('abort', onAbort, { once: true });
+        try {
+            for (;;) {
+                signal?.throwIfAborted();
+                let next;
+                try {
+                    let fresh = false;
+                    if (!conn) {
+                        conn = await this.client.waitConn();
+                        fresh = true;
+                        if (signal?.aborted)
+                            conn.destroy();
+                    }
+                    if (fresh) {
+                        // First, and after a reconnect: the state now, given if it is
+                        // not the last one given.
+                        const state = (0, keys_js_1.leaderOf)(await conn.send((0, keys_js_1.observeArgs)(key)));
+                        if (last === undefined || !(0, keys_js_1.sameLeader)(state, last))
+                            next = state;
+                    }
+                    else {
+                        if (!pending) {
+                            // The state now and a wait for the next change in one write:
+                            // the server runs both in one go, so a change (a proclaim
+                            // keeps the fence) cannot slip in between.
+                            const [now, wait] = conn.sendPair((0, keys_js_1.observeArgs)(key), (0, keys_js_1.observeArgs)(key, last?.fence ?? 0));
+                            pending = wait;
+                            wait.catch(() => { }); // read below, or dropped with the connection
+                            const state = (0, keys_js_1.leaderOf)(await now);
+                            if (!(0, keys_js_1.sameLeader)(state, last))
+                                next = state;
+                        }
+                        if (next === undefined) {
+                            const reply = await pending;
+                            pending = undefined;
+                            if (reply !== null && reply !== undefined) {
+                                const state = (0, keys_js_1.leaderOf)(reply);
+                                if (!(0, keys_js_1.sameLeader)(state, last))
+                                    next = state;
+                            }
+                        }
+                    }
+                    backoff = OBSERVE_BACKOFF_MS[0];
+                }
+                catch (e) {
+                    signal?.throwIfAborted();
+                    conn?.destroy();
+                    conn = undefined;
+                    pending = undefined;
+                    if (!passing(e))
+                        throw (0, errors_js_1.translate)(e, this.client.name);
+                    await pause(backoff, signal);
+                    backoff = Math.min(backoff * 2, OBSERVE_BACKOFF_MS[1]);
+                    continue;
+                }
+                if (next !== undefined) {
+                    last = next;
+                    yield next;
+                }
+            }
+        }
+        finally {
+            signal?.removeEventListener('abort', onAbort);
+            conn?.destroy();
+        }
+    }
     /** Closes the idle wait connections (your client is yours). */
     close() {
         return this.client.close();
@@ -67,7 +177,7 @@ class Locks {
             throw (0, errors_js_1.translate)(e, conn.name);
         }
     }
-    async take(keys, ttlMs, o) {
+    async take(keys, ttlMs, o, value) {
         const ttl = (0, keys_js_1.checkMs)(ttlMs, 'ttlMs');
         o.signal?.throwIfAborted();
         const own = o.token === undefined;
@@ -77,12 +187,12 @@ class Locks {
         try {
             const wait = o.timeoutMs ?? 0;
             if (wait === 0) {
-                fence = await this.call(this.client, keys.acquire(token, ttl));
+                fence = await this.call(this.client, keys.acquire(token, ttl, undefined, value));
             }
             else {
                 // BLOCK 0 waits for ever; under a ms waits one.
                 const block = wait === Infinity ? 0 : Math.max(1, (0, keys_js_1.checkMs)(wait, 'timeoutMs'));
-                fence = await this.wait(keys.acquire(token, ttl, block), o.signal);
+                fence = await this.wait(keys.acquire(token, ttl, block, value), o.signal);
             }
             // Aborted as the reply came: not taken after all.
             o.signal?.throwIfAborted();
@@ -92,7 +202,7 @@ class Locks {
                 // The wait used up half the lease: renew now, for a validity
                 // measured from here.
                 started = now();
-                fence = (await this.call(this.client, keys.acquire(token, ttl))) ?? fence;
+                fence = (await this.call(this.client, keys.acquire(token, ttl, undefined, value))) ?? fence;
             }
         }
         catch (e) {
@@ -102,7 +212,7 @@ class Locks {
                 await this.undo(keys, token);
             throw e;
         }
-        return new lease_js_1.Lease(this.client, keys, token, Number(fence), ttl, started, o.renew ?? this.renew);
+        return new lease_js_1.Lease(this.client, keys, token, Number(fence), ttl, started, o.renew ?? this.renew, value ?? null);
     }
     /** Releases a token of ours that nothing holds for the caller: now, and
      * again a little later. A wait's connection closed on abort may still
@@ -150,6 +260,40 @@ class Locks {
     }
 }
 exports.Locks = Locks;
+/** Server errors that pass (a restart loading its data, a failover): an
+ * observer rides them out as it does a lost connection. */
+const PASSING = new Set(['LOADING', 'UNBLOCKED', 'TRYAGAIN', 'MASTERDOWN', 'BUSY']);
+/** An error of the server's (ioredis's `ReplyError`, node-redis's
+ * `ErrorReply`), not of the connection. */
+function isReply(e) {
+    for (let p = e ? Object.getPrototypeOf(e) : null; p && p !== Error.prototype; p = Object.getPrototypeOf(p)) {
+        const name = p.constructor?.name;
+        if (name === 'ReplyError' || name === 'ErrorReply')
+            return true;
+    }
+    return false;
+}
+/** A lost connection, or a server error that passes: an observer
+ * reconnects and resumes. Not: other server errors, or our own bugs. */
+function passing(e) {
+    if (!(e instanceof Error) || e instanceof TypeError || e instanceof RangeError || e instanceof ReferenceError)
+        return false;
+    if (!isReply(e))
+        return true;
+    return PASSING.has(e.message.split(' ', 1)[0]);
+}
+/** Waits `ms`, or until `signal` aborts. */
+function pause(ms, signal) {
+    return new Promise((resolve) => {
+        const done = () => {
+            clearTimeout(timer);
+            signal?.removeEventListener('abort', done);
+            resolve();
+        };
+        const timer = setTimeout(done, ms);
+        signal?.addEventListener('abort', done, { once: true });
+    });
+}
 function throwLost(keys) {
     throw new errors_js_1.LockLostError(`the lock on ${keys.first} was lost while the routine ran (it may have overlapped another holder)`);
 }

@@ -1,6 +1,6 @@
 "use strict";
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.MAX_BLOCK_MS = exports.NOT_GUARDABLE = exports.STALE_FENCE = exports.NOT_HELD = exports.NO_PERMISSION = exports.WRONG_TYPE = exports.OUT_OF_MEMORY = exports.READ_ONLY = exports.TRY_AGAIN = exports.LINE_FULL = exports.FENCE_WORD = exports.LIMIT = exports.SHARED = exports.MINFENCE = exports.BLOCK = exports.FENCED = exports.EXEC = exports.RELEASE_ALL = exports.ACQUIRE_ALL = exports.INFO = exports.FENCE = exports.EXTEND = exports.RELEASE = exports.ACQUIRE = void 0;
+exports.MAX_BLOCK_MS = exports.NOT_GUARDABLE = exports.STALE_FENCE = exports.NOT_HELD = exports.NO_PERMISSION = exports.WRONG_TYPE = exports.OUT_OF_MEMORY = exports.READ_ONLY = exports.TRY_AGAIN = exports.LINE_FULL = exports.FENCE_WORD = exports.LIMIT = exports.SHARED = exports.MINFENCE = exports.VALUE = exports.AFTER = exports.BLOCK = exports.OBSERVE = exports.FENCED = exports.EXEC = exports.RELEASE_ALL = exports.ACQUIRE_ALL = exports.INFO = exports.FENCE = exports.EXTEND = exports.RELEASE = exports.ACQUIRE = void 0;
 // Generated from core/src/protocol.rs by tests/client_protocol.rs
 // (CLIENT_PROTOCOL_BLESS=1 cargo test --test client_protocol rewrites it):
 // the command names, option words and error codes the module and every
@@ -14,7 +14,10 @@ exports.ACQUIRE_ALL = 'LOCK.ACQUIREALL';
 exports.RELEASE_ALL = 'LOCK.RELEASEALL';
 exports.EXEC = 'LOCK.EXEC';
 exports.FENCED = 'LOCK.FENCED';
+exports.OBSERVE = 'LOCK.OBSERVE';
 exports.BLOCK = 'BLOCK';
+exports.AFTER = 'AFTER';
+exports.VALUE = 'VALUE';
 exports.MINFENCE = 'MINFENCE';
 exports.SHARED = 'SHARED';
 exports.LIMIT = 'LIMIT';

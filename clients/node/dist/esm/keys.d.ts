@@ -1,4 +1,20 @@
 import { Arg } from './client.js';
+/** Who leads a key: the fencing token of its holder's grant, and the
+ * public value it campaigned with (`null`: none). A proclaim keeps the
+ * fence and changes the value. */
+export interface Leader {
+    readonly fence: number;
+    readonly value: string | null;
+}
+/** `LOCK.OBSERVE key` (the state now), or with `AFTER fence BLOCK 0` (wait
+ * until the key is no longer held with that fence; 0: vacant). */
+export declare const observeArgs: (key: string, after?: number) => Arg[];
+/** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
+ * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */
+export declare function leaderOf(reply: unknown): Leader | null;
+/** Same leader, same value (or both vacant). */
+export declare const sameLeader: (a: Leader | null, b: Leader | null) => boolean;
+export declare function checkValue(value: unknown): string;
 /** Whole milliseconds of a duration given in ms: positive, finite, within
  * what the module accepts. */
 export declare function checkMs(ms: number, what: string): number;
@@ -15,11 +31,16 @@ export declare class Keys {
     constructor(names: string[], shared?: boolean, limit?: number);
     get first(): string;
     private mode;
-    /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several). */
-    acquire(token: string, ttlMs: number, blockMs?: number): Arg[];
+    /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several); `value`:
+     * the holder's public value (`VALUE v`). */
+    acquire(token: string, ttlMs: number, blockMs?: number, value?: string): Arg[];
     release(token: string): Arg[];
     /** One `LOCK.EXTEND` per key: the lock is held while every key is. */
     extends(token: string, ttlMs: number): Arg[][];
+    /** `LOCK.EXTEND key token ttl VALUE v`: renews the leader's lease and
+     * sets its public value (one key, exclusive). Never a grant: 1 if
+     * `token` held the key, 0 otherwise (nothing changed). */
+    proclaim(token: string, ttlMs: number, value: string): Arg[];
     /** `LOCK.EXEC key token FENCE fence command...`, checked on the first key
      * (every key of the lock has the same holder and fence). */
     exec(token: string, fence: number, command: Arg[]): Arg[];

@@ -1,4 +1,39 @@
 import * as p from './protocol.js';
+const { OBSERVE, AFTER, VALUE } = p;
+/** `LOCK.OBSERVE key` (the state now), or with `AFTER fence BLOCK 0` (wait
+ * until the key is no longer held with that fence; 0: vacant). */
+export const observeArgs = (key, after) => after === undefined ? [OBSERVE, key] : [OBSERVE, key, AFTER, after, p.BLOCK, 0];
+/** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
+ * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */
+export function leaderOf(reply) {
+    const fields = new Map();
+    if (Array.isArray(reply)) {
+        for (let i = 0; i + 1 < reply.length; i += 2)
+            fields.set(String(reply[i]), reply[i + 1]);
+    }
+    else if (reply instanceof Map) {
+        for (const [k, v] of reply)
+            fields.set(String(k), v);
+    }
+    else if (reply && typeof reply === 'object') {
+        for (const [k, v] of Object.entries(reply))
+            fields.set(k, v);
+    }
+    const fence = Number(fields.get('fence'));
+    if (!Number.isSafeInteger(fence))
+        throw new TypeError(`unexpected reply to ${OBSERVE}: ${String(reply)}`);
+    if (fence === 0)
+        return null;
+    const v = fields.get('value');
+    return { fence, value: v === null || v === undefined ? null : String(v) };
+}
+/** Same leader, same value (or both vacant). */
+export const sameLeader = (a, b) => a === null || b === null ? a === b : a.fence === b.fence && a.value === b.value;
+export function checkValue(value) {
+    if (typeof value !== 'string')
+        throw new TypeError(`a leader's value is a string, not ${typeof value}`);
+    return value;
+}
 /** Whole milliseconds of a duration given in ms: positive, finite, within
  * what the module accepts. */
 export function checkMs(ms, what) {
@@ -53,12 +88,15 @@ export class Keys {
             words.push(p.LIMIT, this.limit);
         return words;
     }
-    /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several). */
-    acquire(token, ttlMs, blockMs) {
+    /** `LOCK.ACQUIRE` (one key) or `LOCK.ACQUIREALL` (several); `value`:
+     * the holder's public value (`VALUE v`). */
+    acquire(token, ttlMs, blockMs, value) {
         const args = this.names.length === 1
             ? [p.ACQUIRE, this.first, token, ttlMs]
             : [p.ACQUIRE_ALL, this.names.length, ...this.names, token, ttlMs];
         args.push(...this.mode());
+        if (value !== undefined)
+            args.push(VALUE, value);
         if (blockMs !== undefined)
             args.push(p.BLOCK, blockMs);
         return args;
@@ -71,6 +109,12 @@ export class Keys {
     /** One `LOCK.EXTEND` per key: the lock is held while every key is. */
     extends(token, ttlMs) {
         return this.names.map((k) => [p.EXTEND, k, token, ttlMs]);
+    }
+    /** `LOCK.EXTEND key token ttl VALUE v`: renews the leader's lease and
+     * sets its public value (one key, exclusive). Never a grant: 1 if
+     * `token` held the key, 0 otherwise (nothing changed). */
+    proclaim(token, ttlMs, value) {
+        return [p.EXTEND, this.first, token, ttlMs, VALUE, value];
     }
     /** `LOCK.EXEC key token FENCE fence command...`, checked on the first key
      * (every key of the lock has the same holder and fence). */

@@ -11,6 +11,10 @@ export declare class Lease {
     readonly fence: number;
     /** This holder's token: the credential for release and extend. */
     readonly token: string;
+    /** The public value this holder stands with (`campaign`, changed by
+     * `proclaim`); null for a lock taken without one. */
+    get value(): string | null;
+    private valueOf;
     private readonly lost;
     private readonly keysOf;
     private readonly client;
@@ -20,7 +24,7 @@ export declare class Lease {
     private released;
     private renewing?;
     /** @internal */
-    constructor(client: Client, keys: Keys, token: string, fence: number, ttlMs: number, started: number, renew: boolean);
+    constructor(client: Client, keys: Keys, token: string, fence: number, ttlMs: number, started: number, renew: boolean, value?: string | null);
     /** The locked key (the first, for a lock of several keys). */
     get key(): string;
     /** Every key of the lock. */
@@ -40,6 +44,13 @@ export declare class Lease {
     /** Sets the lease to `ttlMs` (default: its TTL) from now; later renewals
      * use it. False, and `signal` aborted, if the lock was lost. */
     extend(ttlMs?: number): Promise<boolean>;
+    /** Changes this leader's public value (`LOCK.EXTEND key token ttl VALUE
+     * v`): its fence stays, its lease starts again, and observers are told
+     * (same fence, new value). Resolves once the server has it. It never
+     * grants: `LockLostError` if the lock is no longer held (the key is left
+     * as it is, free or another's); the server's error for a value above
+     * `lock.max-value-len` (the old value stays). */
+    proclaim(value: string): Promise<void>;
     /** Runs `command` on the lock's node only while this grant holds the
      * lock, checked and run in one step by the server (`LOCK.EXEC key token
      * FENCE fence command...`): its reply, or `NotHeldError` (nothing ran). */

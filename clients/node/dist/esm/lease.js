@@ -1,7 +1,7 @@
 // A held lock: its fencing token, renewal, guarded writes and release.
 import { wrap } from './client.js';
-import { translate } from './errors.js';
-import { drift, fencedArgs } from './keys.js';
+import { LockLostError, translate } from './errors.js';
+import { checkValue, drift, fencedArgs } from './keys.js';
 const now = () => performance.now();
 /** A held lock. `fence` goes with every write to the protected resource,
  * which keeps the highest it has seen and refuses lower ones. `signal` is
@@ -14,6 +14,12 @@ export class Lease {
     fence;
     /** This holder's token: the credential for release and extend. */
     token;
+    /** The public value this holder stands with (`campaign`, changed by
+     * `proclaim`); null for a lock taken without one. */
+    get value() {
+        return this.valueOf;
+    }
+    valueOf;
     lost = new AbortController();
     keysOf;
     client;
@@ -23,10 +29,11 @@ export class Lease {
     released = false;
     renewing;
     /** @internal */
-    constructor(client, keys, token, fence, ttlMs, started, renew) {
+    constructor(client, keys, token, fence, ttlMs, started, renew, value = null) {
         this.renew = renew;
         this.client = client;
         this.keysOf = keys;
+        this.valueOf = value;
         this.token = token;
         this.fence = Number(fence);
         this.ttlMs = ttlMs;
@@ -124,6 +131,33 @@ export class Lease {
             clearTimeout(this.timer);
         this.schedule(started + ttlMs / 3);
         return true;
+    }
+    /** Changes this leader's public value (`LOCK.EXTEND key token ttl VALUE
+     * v`): its fence stays, its lease starts again, and observers are told
+     * (same fence, new value). Resolves once the server has it. It never
+     * grants: `LockLostError` if the lock is no longer held (the key is left
+     * as it is, free or another's); the server's error for a value above
+     * `lock.max-value-len` (the old value stays). */
+    async proclaim(value) {
+        checkValue(value);
+        if (this.keysOf.names.length !== 1 || this.keysOf.shared) {
+            throw new TypeError('only a leader (one key, exclusive) has a value to proclaim');
+        }
+        if (this.released || this.lost.signal.aborted) {
+            throw new LockLostError(`the lock on ${this.key} is not held: nothing to proclaim`);
+        }
+        const ttlMs = this.ttlMs;
+        const started = now();
+        const held = await this.call(this.client, this.keysOf.proclaim(this.token, Math.ceil(ttlMs), value));
+        if (Number(held) !== 1) {
+            this.lose('it was lost before a proclaim');
+            throw new LockLostError(`the lock on ${this.key} was lost before the proclaim`);
+        }
+        this.valueOf = value;
+        this.until = started + ttlMs - drift(ttlMs);
+        if (this.timer)
+            clearTimeout(this.timer);
+        this.schedule(started + ttlMs / 3);
     }
     /** Runs `command` on the lock's node only while this grant holds the
      * lock, checked and run in one step by the server (`LOCK.EXEC key token

@@ -12,9 +12,10 @@
 The asyncio client is :mod:`redis_lock_client.asyncio`, the same API awaited.
 """
 
-from ._sync import Lease, Locks
+from ._common import Leader
+from ._sync import Lease, Locks, Observer
 from .errors import LockError, LockLost, ModuleMissing, NotAcquired, NotHeld, StaleFence
 
-__all__ = ["Locks", "Lease", "LockError", "LockLost", "ModuleMissing", "NotAcquired", "NotHeld",
-           "StaleFence"]
+__all__ = ["Locks", "Lease", "Leader", "Observer", "LockError", "LockLost", "ModuleMissing",
+           "NotAcquired", "NotHeld", "StaleFence"]
 __version__ = "0.1.0"

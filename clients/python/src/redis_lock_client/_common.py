@@ -8,15 +8,85 @@ import math
 import re
 import secrets
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import _protocol as p
 from .errors import ModuleMissing, NotHeld, StaleFence
 
 #: Times are seconds (floats), as redis-py's ``Lock`` takes them.
 Seconds = float
+
+# Words of leader election not (yet) in the generated ``_protocol``
+# (tests/client_protocol.rs lists the words it copies there).
+OBSERVE = p.OBSERVE
+AFTER = p.AFTER
+VALUE = p.VALUE
+
+#: A leader's public value: what ``campaign`` takes. Read back as the
+#: client reads any string reply: ``bytes``, or ``str`` with
+#: ``decode_responses=True``.
+Value = Union[str, bytes]
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who leads a key: the fencing token of its holder's grant and the
+    public value it campaigned with (None: it gave none). Equal when both
+    are: a proclaim keeps the fence and changes the value."""
+
+    fence: int
+    value: Optional[Value] = None
+
+
+def check_value(value: Any) -> Value:
+    if not isinstance(value, (str, bytes)):
+        raise TypeError(f"a leader's value is a str or bytes, not {type(value).__name__}")
+    return value
+
+
+def observe_args(key: Any, after: Optional[int] = None) -> List[Any]:
+    """``LOCK.OBSERVE key`` (the state now), or with ``AFTER fence BLOCK 0``
+    (wait until the key is no longer held with that fence; 0: vacant)."""
+    if after is None:
+        return [OBSERVE, key]
+    return [OBSERVE, key, AFTER, after, p.BLOCK, 0]
+
+
+def leader_of(reply: Any) -> Optional[Leader]:
+    """``LOCK.OBSERVE``'s reply (a map on RESP3, a flat array on RESP2) as
+    a :class:`Leader`, or None when nobody holds the key (fence 0)."""
+    if isinstance(reply, dict):
+        pairs = list(reply.items())
+    elif isinstance(reply, (list, tuple)):
+        pairs = list(zip(reply[0::2], reply[1::2]))
+    else:
+        raise TypeError(f"unexpected reply to {OBSERVE}: {reply!r}")
+    fields = {(k.decode() if isinstance(k, bytes) else k): v for k, v in pairs}
+    fence = int(fields["fence"])
+    if fence == 0:
+        return None
+    return Leader(fence, fields.get("value"))
+
+
+#: An observer that lost its connection tries again after these waits
+#: (doubling from the first up to the last), for ever, until closed.
+OBSERVE_BACKOFF_S = (0.05, 1.0)
+
+#: Server errors that pass (a restart loading its data, a failover): an
+#: observer retries them as it does a lost connection.
+_PASSING = ("LOADING", "UNBLOCKED", "TRYAGAIN", "MASTERDOWN", "BUSY")
+
+
+def passing(error: BaseException) -> bool:
+    """A lost connection, a timeout, or a server error that passes: what an
+    observer rides out (reconnecting, and resuming where it was)."""
+    if isinstance(error, (RedisConnectionError, RedisTimeoutError, OSError)):
+        return True
+    return isinstance(error, ResponseError) and str(error).split(" ", 1)[0] in _PASSING
 
 
 def random_token() -> str:
@@ -87,13 +157,17 @@ class Keys:
             words += [p.LIMIT, self.limit]
         return words
 
-    def acquire(self, token: str, ttl_ms: int, block_ms: Optional[int] = None) -> List[Any]:
-        """``LOCK.ACQUIRE`` (one key) or ``LOCK.ACQUIREALL`` (several)."""
+    def acquire(self, token: str, ttl_ms: int, block_ms: Optional[int] = None,
+                value: Optional[Value] = None) -> List[Any]:
+        """``LOCK.ACQUIRE`` (one key) or ``LOCK.ACQUIREALL`` (several);
+        ``value``: the holder's public value (``VALUE v``)."""
         if len(self.names) == 1:
             args: List[Any] = [p.ACQUIRE, self.first, token, ttl_ms]
         else:
             args = [p.ACQUIRE_ALL, len(self.names), *self.names, token, ttl_ms]
         args += self._mode()
+        if value is not None:
+            args += [VALUE, value]
         if block_ms is not None:
             args += [p.BLOCK, block_ms]
         return args
@@ -106,6 +180,12 @@ class Keys:
     def extends(self, token: str, ttl_ms: int) -> List[List[Any]]:
         """One ``LOCK.EXTEND`` per key: the lock is held while every key is."""
         return [[p.EXTEND, k, token, ttl_ms] for k in self.names]
+
+    def proclaim(self, token: str, ttl_ms: int, value: Value) -> List[Any]:
+        """``LOCK.EXTEND key token ttl VALUE v``: renews the leader's lease
+        and sets its public value (one key, exclusive). Never a grant: 1 if
+        ``token`` held the key, 0 otherwise (nothing changed)."""
+        return [p.EXTEND, self.first, token, ttl_ms, VALUE, value]
 
 
 def exec_args(keys: Keys, token: str, fence: int, command: Sequence[Any]) -> List[Any]:

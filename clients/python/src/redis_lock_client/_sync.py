@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from . import _common as c
+from ._common import Leader
 from .errors import LockLost, NotAcquired
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,12 +76,15 @@ class Lease:
     """
 
     def __init__(self, locks: "Locks", keys: c.Keys, token: str, fence: int, ttl: float,
-                 started: float, renew: bool) -> None:
+                 started: float, renew: bool, value: Optional[c.Value] = None) -> None:
         self._locks = locks
         self._keys = keys
         self.token: str = token
         self.fence: int = int(fence)
         self.ttl: float = ttl
+        #: The public value this holder stands with (``campaign``, changed
+        #: by ``proclaim``); None for a lock taken without one.
+        self.value: Optional[c.Value] = value
         self.lost = threading.Event()
         self._lock = threading.Lock()
         self._valid_until = started + ttl - c.drift(ttl)
@@ -179,6 +183,33 @@ class Lease:
         self._next_renew = started + ttl / 3
         _KEEPER.schedule(self, self._wake())
         return True
+
+    # ---- leadership ----
+
+    def proclaim(self, value: c.Value) -> None:
+        """Changes this leader's public value (``LOCK.EXTEND key token ttl
+        VALUE v``): its fence stays, its lease starts again, and observers
+        are told (same fence, new value). Returns once the server has it.
+        It never grants: :class:`LockLost` if the lock is no longer held
+        (the key is left as it is, free or another's); the server's error
+        for a value above ``lock.max-value-len`` (the old value stays)."""
+        c.check_value(value)
+        if len(self._keys.names) != 1 or self._keys.shared:
+            raise TypeError("only a leader (one key, exclusive) has a value to proclaim")
+        if self._released or self.lost.is_set():
+            raise LockLost(f"the lock on {self.key} is not held: nothing to proclaim")
+        ttl = self.ttl
+        started = time.monotonic()
+        held = self._locks._call(*self._keys.proclaim(self.token, c.to_ms(ttl, "ttl"), value))
+        if held != 1:
+            self._lose()
+            raise LockLost(f"the lock on {self.key} was lost before the proclaim")
+        self.value = value
+        with self._lock:
+            self._valid_until = started + ttl - c.drift(ttl)
+            self._since = started
+        self._next_renew = started + ttl / 3
+        _KEEPER.schedule(self, self._wake())
 
     # ---- guarded writes ----
 
@@ -302,6 +333,42 @@ class Locks:
 
         return decorate
 
+    # ---- leader election ----
+
+    def campaign(self, key: str, value: c.Value, ttl: float = 30, *,
+                 timeout: Optional[float] = None) -> Lease:
+        """Stands for leader of ``key`` with the public ``value`` (an
+        address, an id: anyone reads it with :meth:`leader` and
+        :meth:`observe`): waits in the server's line (for ever with
+        ``timeout=None``, else :class:`NotAcquired` after ``timeout``
+        seconds; 0: one attempt) and returns the leadership as a
+        :class:`Lease` renewed in the background (renewals keep the
+        value). ``lease.proclaim(v)`` changes the value, ``lease.release()``
+        resigns: the next candidate in line leads at once. ``with
+        locks.campaign(...) as lease:`` resigns on exit."""
+        c.check_value(value)
+        keys = c.Keys.of([key], False, None)
+        lease = self._acquire(keys, ttl, timeout, None, value)
+        if lease is None:
+            raise NotAcquired(f"{key} was not granted within {timeout} s")
+        return lease
+
+    def leader(self, key: str) -> Optional[Leader]:
+        """Who leads ``key`` now: a :class:`Leader` (its fence and value),
+        or None when nobody holds it (``LOCK.OBSERVE key``)."""
+        c.Keys.of([key], False, None)
+        return c.leader_of(self._call(*c.observe_args(key)))
+
+    def observe(self, key: str) -> "Observer":
+        """The leaders of ``key`` as they change: an iterator of
+        :class:`Leader` (None: vacant), the state now first, then one item
+        per change (a new leader, a vacancy, a proclaim). It holds one
+        connection of its own; ``close()`` it (or use ``with``). A lost
+        connection is opened again and the stream resumes where it was,
+        without a repeat or a miss."""
+        c.Keys.of([key], False, None)
+        return Observer(self, key)
+
     @contextmanager
     def _held(self, keys: c.Keys, ttl: float, timeout: Optional[float]) -> Iterator[Lease]:
         wait = None if timeout is None else timeout
@@ -312,7 +379,7 @@ class Locks:
             yield lease
 
     def _acquire(self, keys: c.Keys, ttl: float, timeout: Optional[float],
-                 token: Optional[str]) -> Optional[Lease]:
+                 token: Optional[str], value: Optional[c.Value] = None) -> Optional[Lease]:
         ttl_ms = c.to_ms(ttl, "ttl")
         own = token is None
         token = token or c.random_token()
@@ -320,19 +387,19 @@ class Locks:
         lease: Optional[Lease] = None
         try:
             if timeout is not None and timeout <= 0:
-                fence = self._call(*keys.acquire(token, ttl_ms))
+                fence = self._call(*keys.acquire(token, ttl_ms, value=value))
             else:
                 # BLOCK 0 waits for ever; a wait of under a ms waits one.
                 block_ms = 0 if timeout is None else max(1, c.to_ms(timeout, "timeout"))
-                fence = self._wait(keys, keys.acquire(token, ttl_ms, block_ms))
+                fence = self._wait(keys, keys.acquire(token, ttl_ms, block_ms, value))
             if fence is None:
                 return None
             if own and time.monotonic() - started >= ttl / 2:
                 # The wait used up half the lease: renew now for a validity
                 # measured from here.
                 started = time.monotonic()
-                fence = self._call(*keys.acquire(token, ttl_ms)) or fence
-            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew)
+                fence = self._call(*keys.acquire(token, ttl_ms, value=value)) or fence
+            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew, value)
             return lease
         except BaseException:
             # Interrupted (Ctrl-C can strike anywhere, the lease's own
@@ -434,3 +501,125 @@ def _connection(pool: Any, name: str) -> Any:
         return pool.get_connection()
     except TypeError:
         return pool.get_connection(name)
+
+
+_UNSEEN: Any = object()  # nothing emitted yet
+_NOTHING: Any = object()  # no change to emit
+
+
+class Observer:
+    """``for leader in locks.observe(key):`` the leaders of ``key`` as they
+    change: a :class:`Leader` for a leader, None for a vacancy; the state
+    now first, then one item per change.
+
+    It holds one connection of its own (a blocked ``LOCK.OBSERVE`` holds
+    its connection as ``BLPOP`` does), made with the settings of the
+    blocking waits. ``close()`` (from any thread, also while another waits
+    in it), a ``with`` block, or dropping it closes the connection, and the
+    iteration ends. A lost connection (or a restart's ``LOADING``) is tried
+    again with a short backoff, for ever until closed, and the stream
+    resumes where it was: the state read after reconnecting is emitted only
+    if it differs from the last item. Other server errors (``NOPERM``,
+    ``WRONGTYPE``, :class:`ModuleMissing`) close it and are raised.
+    """
+
+    def __init__(self, locks: "Locks", key: str) -> None:
+        self._locks = locks
+        self.key = key
+        self._conn: Any = None
+        self._pending = False  # a blocked OBSERVE's reply is still to come
+        self._last: Any = _UNSEEN
+        self._closed = threading.Event()
+        self._guard = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Observer(key={self.key!r}, closed={self._closed.is_set()})"
+
+    def __iter__(self) -> "Observer":
+        return self
+
+    def __next__(self) -> Optional[Leader]:
+        backoff = c.OBSERVE_BACKOFF_S[0]
+        while True:
+            if self._closed.is_set():
+                raise StopIteration
+            try:
+                state = self._step()
+            except BaseException as e:
+                if self._closed.is_set():
+                    raise StopIteration from None
+                if not c.passing(e):
+                    self.close()
+                    if isinstance(e, RedisError):
+                        raise c.translate(e, self._locks._server) from None
+                    raise
+                self._drop()
+                self._closed.wait(backoff)
+                backoff = min(backoff * 2, c.OBSERVE_BACKOFF_S[1])
+                continue
+            if state is not _NOTHING:
+                self._last = state
+                return state
+
+    def _connection(self) -> Any:
+        with self._guard:
+            if self._closed.is_set():
+                raise redis.ConnectionError("the observer is closed")
+            if self._conn is None:
+                # Its own connection, outside any pool: close() may come
+                # from another thread while this one reads from it.
+                pool = self._locks._wait_client(self.key).connection_pool
+                self._conn = pool.connection_class(**pool.connection_kwargs)
+            return self._conn
+
+    def _step(self) -> Any:
+        """One round: the next item, or _NOTHING."""
+        conn = self._connection()
+        if not self._pending:
+            if self._last is _UNSEEN:
+                conn.send_command(*c.observe_args(self.key))
+                return c.leader_of(conn.read_response())
+            # The state now, and a wait for the next change, in one write:
+            # the server runs both in one go, so a change (a proclaim keeps
+            # the fence) cannot slip in between.
+            after = 0 if self._last is None else self._last.fence
+            conn.send_packed_command(conn.pack_commands(
+                [c.observe_args(self.key), c.observe_args(self.key, after)]))
+            self._pending = True
+            now = c.leader_of(conn.read_response())
+            if now != self._last:
+                return now  # the wait's reply is the change after it
+        reply = conn.read_response()
+        self._pending = False
+        if reply is None:
+            return _NOTHING
+        now = c.leader_of(reply)
+        return now if now != self._last else _NOTHING
+
+    def _drop(self) -> None:
+        with self._guard:
+            conn, self._conn = self._conn, None
+            self._pending = False
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # noqa: BLE001 - gone already
+                pass
+
+    def close(self) -> None:
+        """Closes its connection (the server drops the blocked observe);
+        the iteration ends, also in a thread waiting in it."""
+        self._closed.set()
+        self._drop()
+
+    def __enter__(self) -> "Observer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

@@ -11,7 +11,7 @@ import functools
 import inspect
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Dict, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Dict, Generator, Optional, Sequence, TypeVar
 
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
@@ -23,13 +23,14 @@ except ImportError:  # pragma: no cover
     from redis.retry import Retry  # type: ignore[assignment]
 
 from . import _common as c
+from ._common import Leader
 from .errors import (LockError, LockLost, ModuleMissing, NotAcquired, NotHeld,  # noqa: F401
                      StaleFence)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["Locks", "Lease", "LockError", "LockLost", "ModuleMissing", "NotAcquired", "NotHeld",
-           "StaleFence"]
+__all__ = ["Locks", "Lease", "Leader", "Observer", "LockError", "LockLost", "ModuleMissing",
+           "NotAcquired", "NotHeld", "StaleFence"]
 
 
 class Lease:
@@ -37,12 +38,14 @@ class Lease:
     ``asyncio.Event``, set when the lock is lost."""
 
     def __init__(self, locks: "Locks", keys: c.Keys, token: str, fence: int, ttl: float,
-                 started: float, renew: bool) -> None:
+                 started: float, renew: bool, value: Optional[c.Value] = None) -> None:
         self._locks = locks
         self._keys = keys
         self.token: str = token
         self.fence: int = int(fence)
         self.ttl: float = ttl
+        #: The public value this holder stands with (``campaign``).
+        self.value: Optional[c.Value] = value
         self.lost = asyncio.Event()
         self._valid_until = started + ttl - c.drift(ttl)
         self._renew = renew
@@ -109,6 +112,27 @@ class Lease:
         self._valid_until = started + ttl - c.drift(ttl)
         self._next_renew = started + ttl / 3
         return True
+
+    async def proclaim(self, value: c.Value) -> None:
+        """Changes this leader's public value (``LOCK.EXTEND key token ttl
+        VALUE v``): the fence stays, the lease starts again, observers are
+        told. Never a grant: :class:`LockLost` if the lock is no longer
+        held (see :meth:`redis_lock_client.Lease.proclaim`)."""
+        c.check_value(value)
+        if len(self._keys.names) != 1 or self._keys.shared:
+            raise TypeError("only a leader (one key, exclusive) has a value to proclaim")
+        if self._released or self.lost.is_set():
+            raise LockLost(f"the lock on {self.key} is not held: nothing to proclaim")
+        ttl = self.ttl
+        started = time.monotonic()
+        held = await self._locks._call(*self._keys.proclaim(self.token, c.to_ms(ttl, "ttl"),
+                                                            value))
+        if held != 1:
+            self.lost.set()
+            raise LockLost(f"the lock on {self.key} was lost before the proclaim")
+        self.value = value
+        self._valid_until = started + ttl - c.drift(ttl)
+        self._next_renew = started + ttl / 3
 
     async def exec(self, *command: Any) -> Any:
         """``LOCK.EXEC``: runs ``command`` only while this grant holds the
@@ -204,6 +228,30 @@ class Locks:
 
         return decorate
 
+    def campaign(self, key: str, value: c.Value, ttl: float = 30, *,
+                 timeout: Optional[float] = None) -> "_Campaign":
+        """Stands for leader of ``key`` with the public ``value`` (see
+        :meth:`redis_lock_client.Locks.campaign`): ``lease = await
+        locks.campaign(...)``, or ``async with locks.campaign(...) as
+        lease:`` (resigns on exit). :class:`NotAcquired` when not granted
+        within ``timeout`` (None: waits for ever)."""
+        c.check_value(value)
+        keys = c.Keys.of([key], False, None)
+        return _Campaign(self, keys, value, ttl, timeout)
+
+    async def leader(self, key: str) -> Optional[Leader]:
+        """Who leads ``key`` now: a :class:`Leader`, or None when vacant."""
+        c.Keys.of([key], False, None)
+        return c.leader_of(await self._call(*c.observe_args(key)))
+
+    def observe(self, key: str) -> "Observer":
+        """``async for leader in locks.observe(key):`` the leaders of
+        ``key`` as they change (None: vacant), the state now first. One
+        connection of its own: ``await observer.aclose()``, or ``async
+        with``."""
+        c.Keys.of([key], False, None)
+        return Observer(self, key)
+
     @asynccontextmanager
     async def _held(self, keys: c.Keys, ttl: float,
                     timeout: Optional[float]) -> AsyncIterator[Lease]:
@@ -214,7 +262,7 @@ class Locks:
             yield lease
 
     async def _acquire(self, keys: c.Keys, ttl: float, timeout: Optional[float],
-                       token: Optional[str]) -> Optional[Lease]:
+                       token: Optional[str], value: Optional[c.Value] = None) -> Optional[Lease]:
         ttl_ms = c.to_ms(ttl, "ttl")
         own = token is None
         token = token or c.random_token()
@@ -222,16 +270,16 @@ class Locks:
         lease: Optional[Lease] = None
         try:
             if timeout is not None and timeout <= 0:
-                fence = await self._call(*keys.acquire(token, ttl_ms))
+                fence = await self._call(*keys.acquire(token, ttl_ms, value=value))
             else:
                 block_ms = 0 if timeout is None else max(1, c.to_ms(timeout, "timeout"))
-                fence = await self._wait(keys, keys.acquire(token, ttl_ms, block_ms))
+                fence = await self._wait(keys, keys.acquire(token, ttl_ms, block_ms, value))
             if fence is None:
                 return None
             if own and time.monotonic() - started >= ttl / 2:
                 started = time.monotonic()
-                fence = await self._call(*keys.acquire(token, ttl_ms)) or fence
-            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew)
+                fence = await self._call(*keys.acquire(token, ttl_ms, value=value)) or fence
+            lease = Lease(self, keys, token, int(fence), ttl, started, self._renew, value)
             return lease
         except BaseException:
             # Cancelled, or failed with the request perhaps granted: the
@@ -324,3 +372,142 @@ class Locks:
         for w in self._waits.values():
             await w.aclose() if hasattr(w, "aclose") else await w.close()
         self._waits.clear()
+
+
+class _Campaign:
+    """``locks.campaign(...)``: awaited, the leadership's :class:`Lease`;
+    as ``async with``, the lease, resigned on exit."""
+
+    def __init__(self, locks: Locks, keys: c.Keys, value: c.Value, ttl: float,
+                 timeout: Optional[float]) -> None:
+        self._locks = locks
+        self._keys = keys
+        self._value = value
+        self._ttl = ttl
+        self._timeout = timeout
+        self._lease: Optional[Lease] = None
+
+    async def _run(self) -> Lease:
+        lease = await self._locks._acquire(self._keys, self._ttl, self._timeout, None, self._value)
+        if lease is None:
+            raise NotAcquired(f"{self._keys.first} was not granted within {self._timeout} s")
+        return lease
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        return self._run().__await__()
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._run()
+        return self._lease
+
+    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(kind, error, trace)
+
+
+_UNSEEN: Any = object()  # nothing emitted yet
+_NOTHING: Any = object()  # no change to emit
+
+
+class Observer:
+    """``async for leader in locks.observe(key):`` the leaders of ``key``
+    as they change (see :class:`redis_lock_client.Observer`): a
+    :class:`Leader`, or None for a vacancy; the state now first, then one
+    item per change. One connection of its own, closed by ``aclose()``
+    (also from another task while one waits in it), by ``async with``, or
+    when a task waiting in it is cancelled (the next item then reconnects
+    and resumes). Lost connections are retried with a short backoff and
+    resume without a repeat or a miss."""
+
+    def __init__(self, locks: Locks, key: str) -> None:
+        self._locks = locks
+        self.key = key
+        self._conn: Any = None
+        self._pending = False
+        self._last: Any = _UNSEEN
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Observer(key={self.key!r}, closed={self._closed})"
+
+    def __aiter__(self) -> "Observer":
+        return self
+
+    async def __anext__(self) -> Optional[Leader]:
+        backoff = c.OBSERVE_BACKOFF_S[0]
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            try:
+                state = await self._step()
+            except asyncio.CancelledError:
+                # The read was cut short: redis-py closed the connection
+                # (the server drops the blocked observe). Resumed next time.
+                await self._drop()
+                raise
+            except Exception as e:  # noqa: BLE001
+                if self._closed:
+                    raise StopAsyncIteration from None
+                if not c.passing(e):
+                    await self.aclose()
+                    if isinstance(e, RedisError):
+                        raise c.translate(e, self._locks._server) from None
+                    raise
+                await self._drop()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, c.OBSERVE_BACKOFF_S[1])
+                continue
+            if state is not _NOTHING:
+                self._last = state
+                return state
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            pool = self._locks._wait_client(self.key).connection_pool
+            self._conn = pool.connection_class(**pool.connection_kwargs)
+        return self._conn
+
+    async def _step(self) -> Any:
+        conn = self._connection()
+        if not self._pending:
+            if self._last is _UNSEEN:
+                await conn.send_command(*c.observe_args(self.key))
+                return c.leader_of(await conn.read_response())
+            # The state now and a wait for the next change in one write
+            # (see redis_lock_client.Observer).
+            after = 0 if self._last is None else self._last.fence
+            await conn.send_packed_command(conn.pack_commands(
+                [c.observe_args(self.key), c.observe_args(self.key, after)]))
+            self._pending = True
+            now = c.leader_of(await conn.read_response())
+            if now != self._last:
+                return now
+        reply = await conn.read_response()
+        self._pending = False
+        if reply is None:
+            return _NOTHING
+        now = c.leader_of(reply)
+        return now if now != self._last else _NOTHING
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._pending = False
+        if conn is not None:
+            try:
+                await conn.disconnect(nowait=True)
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def aclose(self) -> None:
+        """Closes its connection (the server drops the blocked observe);
+        the iteration ends."""
+        self._closed = True
+        await self._drop()
+
+    close = aclose
+
+    async def __aenter__(self) -> "Observer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
