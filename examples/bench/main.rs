@@ -9,6 +9,7 @@ mod charts;
 mod clients;
 mod contention;
 mod cost;
+mod election;
 mod guarded;
 mod host;
 mod load;
@@ -33,7 +34,8 @@ struct Options {
     seconds: f64,
     out: String,
     /// Run one section only: cost, guarded, memory, scaling, host,
-    /// contention, sweep, multikey, semaphore, sharedrepl or clients.
+    /// contention, sweep, multikey, semaphore, sharedrepl, clients or
+    /// election.
     only: Option<String>,
 }
 
@@ -119,7 +121,8 @@ fn main() {
         doc,
         "Written by `make bench` (`cargo run --release --example bench`), which starts its own \
          redis-server with the module{} and drives it from one client process over loopback. \
-         Figures are from one run on this machine; compare ratios, not absolute numbers.\n",
+         Figures are from one run on this machine; a section rerun on its own (`--only`) \
+         replaces its own and says which machine it ran on. Compare ratios, not absolute numbers.\n",
         if pinned {
             ", pinned to core 0 (the load generator on core 1)"
         } else {
@@ -133,8 +136,20 @@ fn main() {
         let _ = std::fs::create_dir_all(dir);
     }
     // The report is rewritten after each section, so a failure late in a
-    // long run keeps what was measured.
-    let save = |doc: &String| std::fs::write(&o.out, doc).expect("write the report");
+    // long run keeps what was measured. One section (`--only`) replaces
+    // its own in the report that is there, and keeps the others.
+    let machine_line = machine(&server, cores);
+    let kept = match o.only.is_some() && !o.smoke {
+        true => std::fs::read_to_string(&o.out).ok(),
+        false => None,
+    };
+    let save = |doc: &String| {
+        let text = match &kept {
+            Some(existing) => splice(existing, doc, &machine_line),
+            None => doc.clone(),
+        };
+        std::fs::write(&o.out, text).expect("write the report")
+    };
     if o.runs("cost") {
         cost_section(&mut doc, &o);
         save(&doc);
@@ -179,8 +194,57 @@ fn main() {
         clients::section(&mut doc, &o);
         save(&doc);
     }
+    if o.runs("election") {
+        election::section(&mut doc, &o);
+        save(&doc);
+    }
     println!("{doc}");
     println!("bench: wrote {}", o.out);
+}
+
+/// The top-level sections (`## N. ...`) of a report, after its header.
+fn sections(doc: &str) -> (&str, Vec<&str>) {
+    let mut starts: Vec<usize> = doc.match_indices("\n## ").map(|(i, _)| i + 1).collect();
+    let header_end = starts.first().copied().unwrap_or(doc.len());
+    starts.push(doc.len());
+    let secs = starts.windows(2).map(|w| &doc[w[0]..w[1]]).collect();
+    (&doc[..header_end], secs)
+}
+
+/// A section's number (`## 1b.` is "1b"), for its place in the report.
+fn section_number(section: &str) -> (u32, String) {
+    let label: String = section
+        .trim_start_matches("## ")
+        .chars()
+        .take_while(|c| *c != '.')
+        .collect();
+    let digits: String = label.chars().take_while(char::is_ascii_digit).collect();
+    (digits.parse().unwrap_or(u32::MAX), label)
+}
+
+/// `existing` with the sections of `fresh` in place of its own of the same
+/// number (or added in order), each saying the machine it ran on (other
+/// sections may come from other runs).
+fn splice(existing: &str, fresh: &str, machine: &str) -> String {
+    let (header, old) = sections(existing);
+    let (_, new) = sections(fresh);
+    let mut all: Vec<String> = old.iter().map(|s| s.to_string()).collect();
+    for section in new {
+        let (heading, body) = section.split_once('\n').unwrap_or((section, ""));
+        let stamped = format!("{heading}\n\n*This section: {machine}.*\n{body}");
+        let number = section_number(section);
+        match all.iter().position(|s| section_number(s).1 == number.1) {
+            Some(i) => all[i] = stamped,
+            None => {
+                let at = all
+                    .iter()
+                    .position(|s| section_number(s).0 > number.0)
+                    .unwrap_or(all.len());
+                all.insert(at, stamped);
+            }
+        }
+    }
+    format!("{header}{}", all.concat())
 }
 
 fn contention_section(doc: &mut String, server: &Server, o: &Options) {
