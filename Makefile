@@ -139,7 +139,8 @@ docker-test: docker-image
 	  && REDIS_LOCK_DOCKER_IMAGE=$(DOCKER_IMAGE) cargo test -p redis-lock-client --tests'; \
 	  status=$$?; scripts/docker.sh cleanup; exit $$status
 
-# Benchmarks: not part of `make test`. Starts its own redis-server and
+# Benchmarks: not part of `make test`. Starts its own redis-server (and,
+# for the leader-election section, an etcd 3.4 member beside it) and
 # rewrites docs/benchmarks.md; then the Redlock side by side (five servers;
 # this client, node-redlock and pottery, the peers installed under
 # target/bench-peers/ on first use) rewrites its section of docs/redlock.md.

