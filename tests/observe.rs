@@ -252,3 +252,60 @@ fn a_read_only_user_observes_and_one_without_the_key_is_refused() {
     assert_eq!(release(&mut admin, "app:k", "a"), 1);
     assert_eq!(waiting.join().unwrap(), Some((0, -2)));
 }
+
+/// After a restart an observer resumes with AFTER the fence it saw: a
+/// leader that changed while it was away is answered at once, one that
+/// did not is waited for.
+#[test]
+fn an_observer_resumes_with_after_across_a_restart() {
+    if common::skip_unless(common::Needs::OwnServer, "restarts its server") {
+        return;
+    }
+    let mut s = Server::builder()
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .start();
+    let f = acquire(&mut s.conn(), "k", "a", 60_000).unwrap();
+    assert_eq!(observe(&mut s.conn(), "k", &[]).unwrap().unwrap().0, f);
+    s.restart();
+    // Unchanged: the observer waits again, and is told of the next leader.
+    let o = observer(&s, "k", f, 10_000);
+    wait_blocked(&s, 1);
+    let mut c = s.conn();
+    assert_eq!(release(&mut c, "k", "a"), 1);
+    assert_eq!(o.join().unwrap().0, Some((0, -2)));
+    let g = acquire(&mut c, "k", "b", 60_000).unwrap();
+    assert!(g > f);
+    s.restart();
+    // Changed while it was away: answered at once.
+    let mut c = s.conn();
+    assert_eq!(
+        observe(&mut c, "k", &["AFTER", &f.to_string(), "BLOCK", "0"])
+            .unwrap()
+            .unwrap()
+            .0,
+        g
+    );
+}
+
+/// An observer blocked on a replica stays through its promotion (the
+/// master died): it is told when the new master's state changes.
+#[test]
+fn an_observer_on_a_replica_is_told_after_the_replica_is_promoted() {
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let f = acquire(&mut master.conn(), "k", "a", 60_000).unwrap();
+    master.wait_acknowledged(1, "scratch");
+    let o = observer(&replica, "k", f, 20_000);
+    wait_blocked(&replica, 1);
+    master.kill9();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query(&mut replica.conn())
+        .unwrap();
+    // The holder resigns on the new master: the observer hears of it.
+    assert_eq!(release(&mut replica.conn(), "k", "a"), 1);
+    assert_eq!(o.join().unwrap().0, Some((0, -2)));
+}

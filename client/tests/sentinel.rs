@@ -4,107 +4,12 @@
 
 use redis_lock_testkit as common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_until, Server};
+use common::{wait_until, Sentinel, Server};
 use redis_lock_client::LockClient;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
-
-/// A sentinel process on loopback, monitoring `master` as service `m`.
-struct SentinelProcess {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl SentinelProcess {
-    fn start(master: &Server) -> SentinelProcess {
-        let port = common::free_port();
-        let dir =
-            std::env::temp_dir().join(format!("redis-lock-sentinel-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor m 127.0.0.1 {} 1\nsentinel down-after-milliseconds m 2000\nsentinel failover-timeout m 10000\n",
-                dir.display(),
-                master.port
-            ),
-        )
-        .unwrap();
-        let child = Command::new(common::server_binary())
-            .arg(&conf)
-            .arg("--sentinel")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a sentinel");
-        let sentinel = SentinelProcess { child, port, dir };
-        wait_until(Duration::from_secs(20), || sentinel.master_port().is_some());
-        sentinel
-    }
-
-    fn conn(&self) -> Option<redis::Connection> {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
-            .ok()?
-            .get_connection_with_timeout(Duration::from_secs(1))
-            .ok()
-    }
-
-    fn master_port(&self) -> Option<u16> {
-        let mut c = self.conn()?;
-        let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
-            .arg("m")
-            .query(&mut c)
-            .ok()?;
-        addr.map(|(_, p)| p)
-    }
-}
-
-impl SentinelProcess {
-    /// Waits until the sentinel knows a replica of `m` (it cannot fail
-    /// over before).
-    fn wait_knows_a_replica(&self) {
-        wait_until(Duration::from_secs(30), || {
-            self.conn().is_some_and(|mut c| {
-                let replicas: Vec<redis::Value> = redis::cmd("SENTINEL")
-                    .arg("replicas")
-                    .arg("m")
-                    .query(&mut c)
-                    .unwrap_or_default();
-                !replicas.is_empty()
-            })
-        });
-    }
-
-    /// A manual failover to `replica`, once the sentinel reports it master
-    /// (NOGOODSLAVE until the sentinel has heard from the replica itself).
-    fn fail_over_to(&self, replica: &Server) {
-        let mut c = self.conn().unwrap();
-        wait_until(Duration::from_secs(30), || {
-            redis::cmd("SENTINEL")
-                .arg("failover")
-                .arg("m")
-                .query::<()>(&mut c)
-                .is_ok()
-        });
-        wait_until(Duration::from_secs(30), || {
-            self.master_port() == Some(replica.port)
-        });
-    }
-}
-
-impl Drop for SentinelProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 #[test]
 fn locks_follow_the_master_that_sentinel_reports() {
@@ -114,7 +19,7 @@ fn locks_follow_the_master_that_sentinel_reports() {
     let master = Server::start();
     let replica = Server::start();
     replica.replicate_from(&master);
-    let sentinel = SentinelProcess::start(&master);
+    let sentinel = Sentinel::start(&master);
     sentinel.wait_knows_a_replica();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
 
@@ -202,7 +107,7 @@ fn a_wait_rides_through_a_sentinel_failover() {
     let mut master = Server::start();
     let replica = Server::start();
     replica.replicate_from(&master);
-    let sentinel = SentinelProcess::start(&master);
+    let sentinel = Sentinel::start(&master);
     sentinel.wait_knows_a_replica();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     // Another holder, on the master and (acknowledged) on the replica.
@@ -258,7 +163,7 @@ fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
     let master = Server::start();
     let replica = Server::start();
     replica.replicate_from(&master);
-    let sentinel = SentinelProcess::start(&master);
+    let sentinel = Sentinel::start(&master);
     sentinel.wait_knows_a_replica();
     master.wait_acknowledged(1, "test:acked");
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);

@@ -47,6 +47,7 @@ mod ports;
 mod raw_conn;
 mod regression;
 mod replication;
+mod sentinel;
 mod server;
 mod server_info;
 mod skip;
@@ -74,6 +75,7 @@ pub use raw_conn::{RawConn, Resp};
 pub use regression::{
     alive, block_on, blocked_ids, fence_of_a_run, first_blocked_client, restore, wait_blocked,
 };
+pub use sentinel::Sentinel;
 pub use server::{urls, Server};
 pub use skip::{skip, skip_unless, Needs, Skip};
 pub use wait::wait_until;
