@@ -179,11 +179,14 @@ fn an_observer_that_disconnects_or_times_out_leaves_nothing_behind() {
     let mut gone = RawConn::connect(&s);
     gone.send(&["LOCK.OBSERVE", "k", "AFTER", &f.to_string(), "BLOCK", "0"]);
     wait_blocked(&s, 1);
+    assert_eq!(s.info_field("observers"), 1, "INFO lock counts it");
+    assert_eq!(s.info_field("waiters"), 0, "an observer is no waiter");
     drop(gone);
     wait_blocked(&s, 0);
     let timed = observer(&s, "k", f, 100);
     assert_eq!(timed.join().unwrap().0, None);
     assert_eq!(blocked_clients(&s), 0);
+    assert_eq!(s.info_field("observers"), 0);
     // The key's next change reaches nobody that left, and the server is
     // whole.
     assert_eq!(release(&mut c, "k", "a"), 1);

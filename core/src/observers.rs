@@ -79,6 +79,11 @@ impl<K, C> Default for Observers<K, C> {
 }
 
 impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
+    /// How many clients observe a key now.
+    pub fn total(&self) -> usize {
+        self.by_client.len()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_client.is_empty()
     }

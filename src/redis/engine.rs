@@ -75,6 +75,11 @@ pub fn waiters_total() -> usize {
     with_engine(|n| n.total_waiters())
 }
 
+/// How many clients observe a key now (INFO lock).
+pub fn observers_total() -> usize {
+    with_engine(|n| n.total_observers())
+}
+
 /// Whether any client waits in a line or observes a key (not from inside
 /// the node): a change under many keys at once must then be looked at.
 pub fn has_blocked_clients() -> bool {

@@ -155,6 +155,11 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         self.waiters.total()
     }
 
+    /// How many clients observe a key (`LOCK.OBSERVE ... BLOCK`) now.
+    pub fn total_observers(&self) -> usize {
+        self.observers.total()
+    }
+
     /// Whether any client waits in a line or observes a key: a key that
     /// leaves the keyspace must then be looked at.
     pub fn has_blocked_clients(&self) -> bool {
