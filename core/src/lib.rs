@@ -28,6 +28,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+mod checks;
 pub mod cluster;
 pub mod codec;
 pub mod error;

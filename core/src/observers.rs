@@ -16,6 +16,7 @@
 //! * an observed key always has a check pending no later than its
 //!   holder's lease end.
 
+use crate::checks::Checks;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
@@ -60,9 +61,8 @@ struct Observer<C> {
 pub struct Observers<K, C> {
     by_key: BTreeMap<K, Vec<Observer<C>>>,
     by_client: HashMap<C, K>,
-    /// When each observed key is looked at next, and the same by time.
-    checks: BTreeMap<K, i64>,
-    check_order: BTreeSet<(i64, K)>,
+    /// When each observed key is looked at next.
+    checks: Checks<K>,
     timeouts: BTreeSet<(i64, C)>,
 }
 
@@ -71,8 +71,7 @@ impl<K, C> Default for Observers<K, C> {
         Observers {
             by_key: BTreeMap::new(),
             by_client: HashMap::new(),
-            checks: BTreeMap::new(),
-            check_order: BTreeSet::new(),
+            checks: Checks::default(),
             timeouts: BTreeSet::new(),
         }
     }
@@ -160,30 +159,17 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
 
     /// Looks at `key` by `at_ms` (an earlier check stays).
     fn schedule(&mut self, key: &K, at_ms: i64) {
-        match self.checks.get(key) {
-            Some(&at) if at <= at_ms => {}
-            Some(&at) => {
-                self.check_order.remove(&(at, key.clone()));
-                self.checks.insert(key.clone(), at_ms);
-                self.check_order.insert((at_ms, key.clone()));
-            }
-            None => {
-                self.checks.insert(key.clone(), at_ms);
-                self.check_order.insert((at_ms, key.clone()));
-            }
-        }
+        self.checks.schedule(key, at_ms);
     }
 
     fn forget_key(&mut self, key: &K) {
         self.by_key.remove(key);
-        if let Some(at) = self.checks.remove(key) {
-            self.check_order.remove(&(at, key.clone()));
-        }
+        self.checks.cancel(key);
     }
 
     /// When a check or a timeout is next due.
     pub fn next_wakeup(&self) -> Option<i64> {
-        let check = self.check_order.first().map(|(at, _)| *at);
+        let check = self.checks.next();
         let timeout = self.timeouts.first().map(|(at, _)| *at);
         match (check, timeout) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -195,15 +181,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
     /// are taken (a key still observed after [`tell`](Self::tell) gets its
     /// next one there).
     pub fn due_keys(&mut self, now_ms: i64) -> Vec<K> {
-        let mut due = Vec::new();
-        while let Some((at, _)) = self.check_order.first() {
-            if *at > now_ms {
-                break;
-            }
-            let (_, key) = self.check_order.pop_first().expect("just seen");
-            self.checks.remove(&key);
-            due.push(key);
-        }
+        let mut due = self.checks.take_due(now_ms);
         due.sort();
         due
     }
@@ -284,11 +262,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         for key in self.by_client.values_mut() {
             *key = f(key);
         }
-        self.checks = std::mem::take(&mut self.checks)
-            .into_iter()
-            .map(|(k, at)| (f(&k), at))
-            .collect();
-        self.check_order = self.checks.iter().map(|(k, at)| (*at, k.clone())).collect();
+        self.checks.rename_keys(&f);
     }
 }
 
@@ -349,7 +323,8 @@ mod tests {
         assert_eq!(o.poll_timeouts(30), vec![(1, "k")]);
         assert!(o.is_empty());
         assert_eq!(o.next_wakeup(), None);
-        assert_eq!(o.by_key.len() + o.checks.len() + o.timeouts.len(), 0);
+        assert_eq!(o.by_key.len() + o.timeouts.len(), 0);
+        assert_eq!(o.checks.next(), None);
     }
 
     #[test]

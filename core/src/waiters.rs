@@ -26,6 +26,7 @@
 //! * a key with waiters always has a pending check no later than the moment
 //!   its lock can next be handed on.
 
+use crate::checks::Checks;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
 
@@ -140,8 +141,6 @@ struct KeyQueue {
     /// skipped or compacted away (ids are never reused, so that is safe).
     order: VecDeque<WaiterId>,
     live: usize,
-    /// The pending check of this key, if any (also in `Waiters::checks`).
-    check_at_ms: Option<i64>,
 }
 
 pub struct Waiters<K, C> {
@@ -151,8 +150,8 @@ pub struct Waiters<K, C> {
     queues: HashMap<K, KeyQueue>,
     /// (timeout, waiter) for every waiter with a timeout.
     timeouts: BTreeSet<(i64, WaiterId)>,
-    /// (when, key): keys to settle at that time.
-    checks: BTreeSet<(i64, K)>,
+    /// When each key with waiters is settled next.
+    checks: Checks<K>,
     /// Multi-key waiters a settle found first in a line, for the node to
     /// look at (in arrival order) once it is `groups_at_ms`.
     groups: BTreeSet<WaiterId>,
@@ -179,7 +178,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Default for Waiters<K, C> {
             by_client: HashMap::new(),
             queues: HashMap::new(),
             timeouts: BTreeSet::new(),
-            checks: BTreeSet::new(),
+            checks: Checks::default(),
             groups: BTreeSet::new(),
             groups_at_ms: None,
         }
@@ -248,7 +247,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             let queue = self.queues.entry(k.clone()).or_insert_with(|| KeyQueue {
                 order: VecDeque::new(),
                 live: 0,
-                check_at_ms: None,
             });
             queue.order.push_back(id);
             queue.live += 1;
@@ -401,7 +399,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     #[inline]
     pub fn next_wakeup(&self) -> Option<i64> {
         let timeout = self.timeouts.first().map(|(at, _)| *at);
-        let check = self.checks.first().map(|(at, _)| *at);
+        let check = self.checks.next();
         [timeout, check, self.groups_at_ms]
             .into_iter()
             .flatten()
@@ -410,18 +408,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
 
     /// Have `key` settled at `at_ms` at the latest (no-op without waiters).
     pub fn schedule(&mut self, key: &K, at_ms: i64) {
-        let Some(queue) = self.queues.get_mut(key) else {
-            return;
-        };
-        match queue.check_at_ms {
-            Some(pending) if pending <= at_ms => {}
-            pending => {
-                if let Some(pending) = pending {
-                    self.checks.remove(&(pending, key.clone()));
-                }
-                queue.check_at_ms = Some(at_ms);
-                self.checks.insert((at_ms, key.clone()));
-            }
+        if self.queues.contains_key(key) {
+            self.checks.schedule(key, at_ms);
         }
     }
 
@@ -429,12 +417,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     /// a hand-off that found its first waiter held back knows the whole
     /// state of the key (nobody behind passes the first).
     pub fn reschedule(&mut self, key: &K, at_ms: i64) {
-        if let Some(queue) = self.queues.get_mut(key) {
-            if let Some(pending) = queue.check_at_ms.take() {
-                self.checks.remove(&(pending, key.clone()));
-            }
+        if self.queues.contains_key(key) {
+            self.checks.set(key, at_ms);
         }
-        self.schedule(key, at_ms);
     }
 
     /// Every waiter whose timeout has come leaves the line, timed out.
@@ -451,18 +436,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
 
     /// Keys whose check is due; the caller settles each one (or defers it).
     pub fn due_keys(&mut self, now_ms: i64) -> Vec<K> {
-        let mut keys = Vec::new();
-        while let Some((at, _)) = self.checks.first() {
-            if *at > now_ms {
-                break;
-            }
-            let (_, key) = self.checks.pop_first().expect("checked above");
-            if let Some(queue) = self.queues.get_mut(&key) {
-                queue.check_at_ms = None;
-            }
-            keys.push(key);
-        }
-        keys
+        self.checks.take_due(now_ms)
     }
 
     /// Who stands first in `key`'s line now, as a hand-off looks at it: a
@@ -504,10 +478,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             .into_iter()
             .map(|(k, q)| (f(&k), q))
             .collect();
-        self.checks = std::mem::take(&mut self.checks)
-            .into_iter()
-            .map(|(at, k)| (at, f(&k)))
-            .collect();
+        self.checks.rename_keys(&f);
         for w in self.waiters.values_mut() {
             w.key = f(&w.key);
             for k in w.also.iter_mut() {
@@ -555,9 +526,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
             };
             queue.live -= 1;
             if queue.live == 0 {
-                if let Some(at) = queue.check_at_ms {
-                    self.checks.remove(&(at, key.clone()));
-                }
+                self.checks.cancel(key);
                 self.queues.remove(key);
             } else if queue.order.len() > 2 * queue.live + 16 {
                 let waiters = &self.waiters;
