@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
-use smallvec::SmallVec;
 
 use super::ffi::{self, clock_us, Ctx, RString};
 use crate::core::histogram;
@@ -69,29 +68,83 @@ pub fn wall_us() -> i64 {
 /// A lock's identity across commands: (db, key name).
 pub type Key = (i32, KeyName);
 
-/// A key's name, kept inline up to 24 bytes: a command makes its key's
-/// identity on every call, and the node's outputs copy it. Compared,
-/// ordered and hashed as its bytes; copied with one memcpy (SmallVec's own
-/// `Clone` and `From<&[u8]>` copy byte by byte).
-#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct KeyName(SmallVec<[u8; 24]>);
+/// A key's name, kept inline up to [`INLINE`] bytes: a command makes its
+/// key's identity on every call, and the node's outputs copy it, so a copy
+/// is a few register moves (no call, no allocation). Compared, ordered and
+/// hashed as its bytes.
+#[derive(Clone)]
+pub struct KeyName(Repr);
 
-impl Clone for KeyName {
-    fn clone(&self) -> Self {
-        KeyName(SmallVec::from_slice(&self.0))
+/// The longest name kept inline (the whole is 32 bytes).
+pub const INLINE: usize = 30;
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl Default for KeyName {
+    fn default() -> Self {
+        KeyName::from(&[][..])
     }
 }
 
 impl From<&[u8]> for KeyName {
+    #[inline]
     fn from(name: &[u8]) -> Self {
-        KeyName(SmallVec::from_slice(name))
+        if name.len() <= INLINE {
+            let mut bytes = [0u8; INLINE];
+            bytes[..name.len()].copy_from_slice(name);
+            return KeyName(Repr::Inline {
+                len: name.len() as u8,
+                bytes,
+            });
+        }
+        KeyName(Repr::Heap(name.into()))
     }
 }
 
 impl std::ops::Deref for KeyName {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..*len as usize],
+            Repr::Heap(bytes) => bytes,
+        }
+    }
+}
+
+impl PartialEq for KeyName {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for KeyName {}
+
+impl PartialOrd for KeyName {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for KeyName {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl std::hash::Hash for KeyName {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state)
+    }
+}
+
+impl std::fmt::Debug for KeyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self))
     }
 }
 
@@ -241,3 +294,33 @@ pub static SERVER: ServerState = ServerState {
     evictable: AtomicBool::new(false),
     maxmemory: AtomicBool::new(false),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    fn hash(k: &KeyName) -> u64 {
+        let mut h = DefaultHasher::new();
+        k.hash(&mut h);
+        h.finish()
+    }
+
+    /// Inline (up to 30 bytes) and on the heap alike: its bytes, compared,
+    /// ordered and hashed as the bytes are.
+    #[test]
+    fn a_key_name_is_its_bytes_inline_or_not() {
+        let long = [b'k'; INLINE + 1];
+        for name in [&b""[..], b"a", &long[..INLINE], &long[..]] {
+            let k = KeyName::from(name);
+            assert_eq!(&*k, name);
+            assert_eq!(k.clone(), k);
+            assert_eq!(hash(&k.clone()), hash(&k));
+        }
+        let (a, b) = (KeyName::from(&long[..INLINE]), KeyName::from(&long[..]));
+        assert!(a < b && a != b);
+        assert!(KeyName::from(&b"ab"[..]) < KeyName::from(&b"b"[..]));
+        assert_eq!(KeyName::default(), KeyName::from(&b""[..]));
+    }
+}
