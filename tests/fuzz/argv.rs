@@ -32,6 +32,10 @@ enum Expect {
     },
 }
 
+/// The parser's bound on a public value, and `lock.max-value-len`'s default.
+const MAX_VALUE: usize = 16 * 1024;
+const DEFAULT_MAX_VALUE: usize = 1024;
+
 fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
     let name = COMMANDS
         .iter()
@@ -70,6 +74,9 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
     let ttl_ok = |t: &[u8]| canonical(t).is_some_and(|v| v >= 1) || positive_digits(t);
     let ttl_too_large = |t: &[u8]| ttl_ok(t) && canonical(t).is_none_or(|v| v > MAX_TTL);
     let mut over_max_ttl = false;
+    // A value within the parser's 16 KiB but above lock.max-value-len
+    // (1024 by default): the node's check, after the lease's.
+    let mut over_max_value = false;
     let mut may_refuse_min_fence = false;
     let mut min_fence_too_large = false;
     let mut blocks = false;
@@ -81,6 +88,7 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             }
             over_max_ttl = ttl_too_large(&argv[3]);
             let (mut block, mut min, mut shared, mut limit) = (false, false, false, false);
+            let mut valued = false;
             let mut i = 4;
             while i < n {
                 let word = &argv[i];
@@ -112,6 +120,15 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
                             break;
                         }
                     }
+                } else if word.eq_ignore_ascii_case(b"VALUE") && !valued {
+                    valued = true;
+                    match value.map(|v| v.len()) {
+                        Some(len) if len <= MAX_VALUE => over_max_value = len > DEFAULT_MAX_VALUE,
+                        _ => {
+                            problems.push("VALUE");
+                            break;
+                        }
+                    }
                 } else if word.eq_ignore_ascii_case(b"LIMIT") && !limit {
                     limit = true;
                     match value.and_then(|v| canonical(v)) {
@@ -129,6 +146,9 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             if limit && !shared && problems.is_empty() {
                 problems.push("LIMIT");
             }
+            if valued && shared && problems.is_empty() {
+                problems.push("VALUE");
+            }
         }
         "LOCK.RELEASE" => check_token(&argv[2], &mut problems),
         "LOCK.EXTEND" => {
@@ -143,8 +163,8 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
             match &argv[4..] {
                 [] => {}
                 [w] if value_word(w) => problems.push("VALUE"),
-                [w, v] if value_word(w) && v.len() > 1024 => problems.push("VALUE"),
-                [w, _] if value_word(w) => {}
+                [w, v] if value_word(w) && v.len() > MAX_VALUE => problems.push("VALUE"),
+                [w, v] if value_word(w) => over_max_value = v.len() > DEFAULT_MAX_VALUE,
                 _ => problems.push("option"),
             }
         }
@@ -160,6 +180,9 @@ fn expect(argv: &[Vec<u8>], target: &Target) -> Expect {
     }
     if over_max_ttl {
         return Expect::Error(vec!["ttl-ms"]);
+    }
+    if over_max_value {
+        return Expect::Error(vec!["VALUE"]);
     }
     if min_fence_too_large {
         return Expect::Error(vec!["MINFENCE"]);
@@ -215,6 +238,16 @@ fn check_reply(argv: &[Vec<u8>], want: &Expect, got: &Resp, target: &Target) {
             msg.contains("LIMIT")
                 || msg.contains("no upgrade")
                 || (may_refuse_min_fence && msg.contains("MINFENCE")),
+            "{msg:?} for {}",
+            show()
+        );
+        return;
+    }
+    // A value from a shared key's holder (the fuzz keys' modes are not
+    // tracked): refused, saying so.
+    if let ("LOCK.EXTEND", Resp::Error(msg)) = (command, got) {
+        assert!(
+            msg.contains("VALUE is for an exclusive holder"),
             "{msg:?} for {}",
             show()
         );
@@ -503,7 +536,7 @@ fn random_argvs_get_answers_or_named_errors_and_change_no_held_lock() {
 /// whole command, so `LOCK.ACQUIRE k t 100 BLOCK 5 MINFENCE 7 junk` was
 /// granted. No valid argv has more than eleven arguments (`LOCK.ACQUIRE k t
 /// 100 SHARED LIMIT 2 BLOCK 5 MINFENCE 7`): longer ones are refused,
-/// however long.
+/// however long, each for a problem it has.
 #[test]
 fn an_argv_longer_than_any_valid_one_is_refused() {
     let server = Server::start();
@@ -531,4 +564,12 @@ fn an_argv_longer_than_any_valid_one_is_refused() {
         assert_eq!(w.call(&[b"EXISTS", b"k"]), Resp::Int(0));
     }
     assert!(matches!(w.call(&valid), Resp::Int(_)));
+    // Every option once, VALUE among them (13 arguments, the longest read
+    // whole): refused for what is wrong with it, VALUE with SHARED.
+    let mut all: Vec<&[u8]> = valid.to_vec();
+    all.extend([&b"VALUE"[..], b"v"]);
+    match w.call(&all) {
+        Resp::Error(msg) => assert!(msg.contains("VALUE is for an exclusive holder"), "{msg}"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -104,6 +104,18 @@ fn option_word(rng: &mut Rng) -> Vec<u8> {
     random_case(rng, word)
 }
 
+/// A public value (`VALUE v`): empty, short, around lock.max-value-len's
+/// default (1024) and the parser's bound (16 KiB), or junk.
+pub fn value(rng: &mut Rng) -> Vec<u8> {
+    match rng.below(6) {
+        0 => Vec::new(),
+        1 => b"10.0.0.7:6379".to_vec(),
+        2 => vec![b'v'; rng.range(1020, 1030) as usize],
+        3 => vec![b'v'; rng.range(16_380, 16_390) as usize],
+        _ => junk(rng),
+    }
+}
+
 pub fn junk(rng: &mut Rng) -> Vec<u8> {
     match rng.below(6) {
         0 => rng.bytes(8),
@@ -276,13 +288,21 @@ pub fn argv(rng: &mut Rng, target: &Target) -> Vec<Vec<u8>> {
                     options.push(vec![random_case(rng, "LIMIT"), limit]);
                 }
             }
+            if rng.chance(15) {
+                options.push(vec![random_case(rng, "VALUE"), value(rng)]);
+            }
             if rng.chance(50) {
                 options.reverse();
             }
             argv.extend(options.into_iter().flatten());
         }
         "LOCK.RELEASE" => argv.push(token(rng)),
-        "LOCK.EXTEND" => argv.extend([token(rng), ttl(rng, clock)]),
+        "LOCK.EXTEND" => {
+            argv.extend([token(rng), ttl(rng, clock)]);
+            if rng.chance(20) {
+                argv.extend([random_case(rng, "VALUE"), value(rng)]);
+            }
+        }
         "LOCK.FENCE" if rng.chance(50) => argv.push(token(rng)),
         "LOCK._SET" => argv.extend([
             token(rng),

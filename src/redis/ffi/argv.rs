@@ -2,14 +2,15 @@
 
 use super::*;
 
-/// One more than the longest valid argv of a command read through
-/// [`Argv::bytes`] (`LOCK.ACQUIRE key token ttl SHARED LIMIT n BLOCK t
-/// MINFENCE n`, 11, or `BLOCK t MINFENCE n VALUE v`, exclusive, 11 too):
-/// longer argvs are cut here, and the cut argv is still
-/// refused by the parsers (wrong arity, or an option word named twice or
-/// unknown), so no argument is ever silently dropped. Raise it with any
-/// new option. (Commands with any number of arguments read them all.)
-pub const MAX_ARGS: usize = 12;
+/// One more than the longest argv of a command read through
+/// [`Argv::bytes`] that names each of its options once (`LOCK.ACQUIRE key
+/// token ttl SHARED LIMIT n BLOCK t MINFENCE n VALUE v`, 13, refused only
+/// for VALUE with SHARED): longer argvs are cut here, and the cut argv is
+/// still refused by the parsers (wrong arity, or an option word named
+/// twice or unknown, within what is read), so no argument is ever silently
+/// dropped and the error names a real problem. Raise it with any new
+/// option. (Commands with any number of arguments read them all.)
+pub const MAX_ARGS: usize = 14;
 
 /// The command's arguments as byte slices borrowed from Redis's strings.
 pub struct Argv<'a> {
