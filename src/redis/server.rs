@@ -5,7 +5,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
-
 use super::ffi::{self, clock_us, Ctx, RString};
 use crate::core::histogram;
 use crate::core::time::Now;

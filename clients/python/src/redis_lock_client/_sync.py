@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import heapq
 import inspect
+import os
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, TypeVar
+from typing import (Any, Callable, Deque, Dict, Iterator, Optional, Sequence, Tuple,
+                    TypeVar)
 
 import redis
 from redis.backoff import NoBackoff
@@ -24,20 +27,51 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Keeper:
-    """One daemon thread for every lease of the process: it renews each at
-    a third of its TTL and sets ``lost`` when one is lost (a thread per
-    lease cost a thread's start on every grant, in the critical path of a
+    """Renewal for every lease of the process: one daemon thread keeps the
+    time, sets ``lost`` when a lease's validity runs out, and hands each
+    renewal that falls due to a pool of worker threads.
+
+    A renewal waits on its own server, for as long as the client's
+    timeouts and retries allow (for ever with redis-py's default of no
+    socket timeout, when a server stops answering). The keeper never waits
+    for one: a lease whose renewal has not come back when its validity
+    ends is lost on time. And a renewal that has waited ``GRACE_S`` in
+    line for a worker gets a new one: renewals stuck on one server delay
+    those of others by that much at most. Workers end after ``IDLE_S``
+    idle, so a process renewing now and then runs one (a thread per lease
+    cost a thread's start on every grant, in the critical path of a
     contended lock)."""
 
+    #: A renewal that has waited this long for a worker gets a new one.
+    GRACE_S = 0.05
+    #: A worker with nothing to do for this long ends.
+    IDLE_S = 10.0
+
     def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            # The child has none of the parent's threads, and a lock held
+            # by one of them at the fork would stay held.
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._due: list = []
         self._seq = 0
         self._cond = threading.Condition()
         self._thread: Optional[threading.Thread] = None
+        self._work = threading.Condition()
+        self._jobs: Deque[Tuple[float, Callable[[], None]]] = collections.deque()
+        self._workers = 0
+        self._idle = 0  # workers not running a job (started, or waiting for one)
+
+    # ---- the clock ----
 
     def schedule(self, lease: "Lease", at: float) -> None:
+        """Looks at ``lease`` at ``at`` (``time.monotonic()``), instead of
+        any time given before. Called with the lease's ``_lock`` held."""
         with self._cond:
             self._seq += 1
+            lease._slot = self._seq
             heapq.heappush(self._due, (at, self._seq, lease))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="redis-lock keeper",
@@ -48,18 +82,81 @@ class _Keeper:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    timeout = self._due[0][0] - time.monotonic() if self._due else None
-                    self._cond.wait(timeout)
-                _, _, lease = heapq.heappop(self._due)
+                while True:
+                    now = time.monotonic()
+                    check = self._supervise(now)
+                    if self._due and self._due[0][0] <= now:
+                        break
+                    at = min((t for t in (check, self._due[0][0] if self._due else None)
+                              if t is not None), default=None)
+                    self._cond.wait(None if at is None else at - now)
+                _, seq, lease = heapq.heappop(self._due)
+            if seq != lease._slot:
+                continue  # rescheduled since
             try:
-                after = lease._due()
+                lease._tick()
             except Exception:  # noqa: BLE001 - a lease's trouble is its own
-                after = None
-            if after is not None:
-                with self._cond:
-                    self._seq += 1
-                    heapq.heappush(self._due, (after, self._seq, lease))
+                pass
+
+    # ---- the workers ----
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Runs ``job`` on a worker: an idle one, or the first one; if all
+        are busy, the keeper starts another once it has waited GRACE_S."""
+        with self._work:
+            self._jobs.append((time.monotonic(), job))
+            if self._idle:
+                self._work.notify()
+            elif not self._workers:
+                self._start_worker()
+
+    def _supervise(self, now: float) -> Optional[float]:
+        """A new worker for each renewal that waited GRACE_S with none idle
+        for it; when to look again (None: nothing waits)."""
+        with self._work:
+            waited = 0
+            for queued, _ in self._jobs:
+                if now - queued < self.GRACE_S:
+                    break
+                waited += 1
+            for _ in range(waited - self._idle):
+                self._start_worker()
+            if not self._jobs:
+                return None
+            if waited < len(self._jobs):
+                return self._jobs[waited][0] + self.GRACE_S
+            return now + self.GRACE_S
+
+    def _start_worker(self) -> None:  # under _work
+        self._workers += 1
+        self._idle += 1
+        try:
+            threading.Thread(target=self._worker, name="redis-lock renewal", daemon=True).start()
+        except BaseException:
+            self._workers -= 1
+            self._idle -= 1
+            raise
+
+    def _worker(self) -> None:
+        while True:
+            with self._work:
+                deadline = time.monotonic() + self.IDLE_S
+                while not self._jobs:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._workers -= 1
+                        self._idle -= 1
+                        return
+                    self._work.wait(left)
+                _, job = self._jobs.popleft()
+                self._idle -= 1
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - a lease's trouble is its own
+                pass
+            finally:
+                with self._work:
+                    self._idle += 1
 
 
 _KEEPER = _Keeper()
@@ -94,8 +191,11 @@ class Lease:
         self._renew = renew
         # Held while a renewal is sent: a release waits for it.
         self._renewing = threading.Lock()
-        self._next_renew = started + ttl / 3
-        _KEEPER.schedule(self, self._wake())
+        self._in_flight = False  # a renewal is on a worker (under _lock)
+        self._slot = 0  # the keeper's current schedule of this lease
+        with self._lock:
+            self._next_renew = started + ttl / 3
+            _KEEPER.schedule(self, self._wake())
 
     def __repr__(self) -> str:  # no token: it is the holder's credential
         return f"Lease(keys={list(self._keys.names)!r}, fence={self.fence}, valid={self.is_valid()})"
@@ -123,40 +223,62 @@ class Lease:
     # ---- renewal ----
 
     def _wake(self) -> float:
-        """When the keeper must look at this lease next."""
-        with self._lock:
-            deadline = self._valid_until
-        return min(self._next_renew, deadline) if self._renew else deadline
+        """When the keeper must look at this lease next (under ``_lock``):
+        at its validity's end while a renewal is on its way."""
+        if self._renew and not self._in_flight:
+            return min(self._next_renew, self._valid_until)
+        return self._valid_until
 
-    def _due(self) -> Optional[float]:
-        """Called by the keeper when the lease is due: loses it, or renews
-        it. The next time it is due, or None when done with it."""
-        if self._stop.is_set():
-            return None
-        now = time.monotonic()
-        if now >= self.valid_until:
-            self._lose()
-            return None
-        if not self._renew or now < self._next_renew:
-            return self._wake()
-        with self._renewing:
-            if self._stop.is_set():
-                return None
-            started = time.monotonic()
-            try:
-                held = self._extend_now(self.ttl)
-            except RedisError:
-                # Retried while the validity allows; it runs out otherwise.
-                self._next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
-                return self._wake()
-        if not held:
-            self._lose()
-            return None
+    def _tick(self) -> None:
+        """The keeper's look at the lease when due: lost if its validity
+        ran out (a renewal still on its way or not), else a renewal handed
+        to a worker if one is due; then the next look."""
         with self._lock:
-            self._valid_until = started + self.ttl - c.drift(self.ttl)
+            if self._stop.is_set() or self.lost.is_set():
+                return
+            now = time.monotonic()
+            if now >= self._valid_until:
+                self._lose()
+                return
+            if self._renew and not self._in_flight and now >= self._next_renew:
+                self._in_flight = True
+                _KEEPER.run(self._renew_once)
+            _KEEPER.schedule(self, self._wake())
+
+    def _renew_once(self) -> None:
+        """One renewal, on a worker thread."""
+        ok = held = False
+        ttl = self.ttl
+        started = time.monotonic()
+        try:
+            with self._renewing:
+                if self._stop.is_set():
+                    return
+                ttl = self.ttl
+                started = time.monotonic()
+                held = self._extend_now(ttl)
+                ok = True
+        except Exception:  # noqa: BLE001 - RedisError mostly; retried below
+            pass
+        finally:
+            with self._lock:
+                self._in_flight = False
+                if not self._stop.is_set() and not self.lost.is_set():
+                    self._renewed(ok, held, ttl, started)
+
+    def _renewed(self, ok: bool, held: bool, ttl: float, started: float) -> None:
+        """A renewal's outcome (under ``_lock``)."""
+        if not ok:
+            # Retried while the validity allows; it runs out otherwise.
+            self._next_renew = time.monotonic() + min(ttl / 10, 0.1)
+        elif not held:
+            self._lose()
+            return
+        elif started >= self._since:  # else extend() or proclaim() came after it
+            self._valid_until = started + ttl - c.drift(ttl)
             self._since = started
-        self._next_renew = started + self.ttl / 3
-        return self._wake()
+            self._next_renew = started + ttl / 3
+        _KEEPER.schedule(self, self._wake())
 
     def _extend_now(self, ttl: float) -> bool:
         ms = c.to_ms(ttl, "ttl")
@@ -180,8 +302,8 @@ class Lease:
             self.ttl = ttl
             self._valid_until = started + ttl - c.drift(ttl)
             self._since = started
-        self._next_renew = started + ttl / 3
-        _KEEPER.schedule(self, self._wake())
+            self._next_renew = started + ttl / 3
+            _KEEPER.schedule(self, self._wake())
         return True
 
     # ---- leadership ----
@@ -208,8 +330,8 @@ class Lease:
         with self._lock:
             self._valid_until = started + ttl - c.drift(ttl)
             self._since = started
-        self._next_renew = started + ttl / 3
-        _KEEPER.schedule(self, self._wake())
+            self._next_renew = started + ttl / 3
+            _KEEPER.schedule(self, self._wake())
 
     # ---- guarded writes ----
 

@@ -84,8 +84,13 @@ class Lease:
                 continue
             started = time.monotonic()
             try:
-                held = await self._extend_now(self.ttl)
-            except RedisError:
+                # Bounded by the validity: a renewal still on its way when
+                # it ends (a server that stopped answering, and no socket
+                # timeout) is cancelled, its connection closed, and the
+                # lease lost on time, at the top of the loop.
+                held = await asyncio.wait_for(self._extend_now(self.ttl),
+                                              self._valid_until - started)
+            except (RedisError, asyncio.TimeoutError):
                 self._next_renew = time.monotonic() + min(self.ttl / 10, 0.1)
                 continue
             if not held:
