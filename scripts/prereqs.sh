@@ -12,6 +12,8 @@
 #                             whose libraries client/tests/snippets.rs installs),
 #                             etcd 3.4 (etcd-server: the benchmark's election section
 #                             runs it side by side; its smoke run skips etcd without it)
+#                             Prometheus (prometheus: the exporter's test scrapes
+#                             redis-lock exporter and runs the Grafana dashboard's queries)
 set -euo pipefail
 mode=${1:-run}
 
@@ -47,6 +49,9 @@ if [ "$mode" = test ]; then
   # The benchmark's leader-election section (make bench, and its smoke run
   # in make test) starts an etcd member of its own on free loopback ports.
   command -v etcd >/dev/null || apt_missing+=(etcd-server)
+  # redis-lock exporter's test (client/tests/exporter.rs) runs a Prometheus
+  # of its own on a free loopback port.
+  command -v prometheus >/dev/null || apt_missing+=(prometheus)
 fi
 
 if [ ${#apt_missing[@]} -gt 0 ]; then

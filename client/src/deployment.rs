@@ -196,4 +196,23 @@ impl LockClient {
         let limit = self.node_timeout(Duration::from_secs(5));
         join_all(self.inner.group.nodes.iter().map(|n| n.settings(limit))).await
     }
+
+    /// One `INFO` section (`"lock"`) of every server, as (`host:port`,
+    /// text), in the order the URLs were given (a cluster's masters each
+    /// in turn), each read within `limit` on the node's shared
+    /// connection: what `redis-lock exporter` serves.
+    #[doc(hidden)] // for the redis-lock command's exporter
+    pub async fn info_sections(
+        &self,
+        section: &str,
+        limit: Duration,
+    ) -> Vec<(String, Result<String>)> {
+        let reads = self
+            .inner
+            .group
+            .nodes
+            .iter()
+            .map(|n| n.info_texts(section, limit));
+        join_all(reads).await.into_iter().flatten().collect()
+    }
 }

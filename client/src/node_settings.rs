@@ -218,6 +218,44 @@ impl Node {
     }
 }
 
+impl Node {
+    /// One `INFO` section's text from each server behind this node, as
+    /// (`host:port`, text): the node itself, or each master of a cluster
+    /// (sorted by address). One entry with the node's address and the
+    /// error when it did not answer within `limit`.
+    pub(crate) async fn info_texts(
+        &self,
+        section: &str,
+        limit: Duration,
+    ) -> Vec<(String, Result<String>)> {
+        let mut info = redis::cmd("INFO");
+        info.arg(section);
+        let read = async {
+            if self.cluster.is_none() {
+                let text: String = self.run(info, limit).await?;
+                return Ok(vec![(self.addr().to_string(), Ok(text))]);
+            }
+            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+            let Conn::Cluster(mut conn) = self.connection(limit).await? else {
+                return Err(Error::Config("not a cluster connection".into()));
+            };
+            let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+            let reply = within(limit, async { Ok(conn.route_command(&info, all).await?) });
+            let per_master: std::collections::BTreeMap<String, redis::Value> =
+                redis::from_redis_value(&reply.await?)?;
+            Ok(per_master
+                .into_iter()
+                .map(|(addr, v)| (addr, redis::from_redis_value(&v).map_err(Error::from)))
+                .collect())
+        };
+        // The connection's own set-up waits too: bounded as a whole.
+        match within(limit, read).await {
+            Ok(texts) => texts,
+            Err(e) => vec![(self.addr().to_string(), Err(e))],
+        }
+    }
+}
+
 /// `lock.restart-delay-ms`, as CONFIG GET names it.
 static RESTART_DELAY_OPTION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(

@@ -22,6 +22,7 @@ use run::run_under_lock;
 
 mod doctor;
 mod duration;
+mod exporter;
 #[allow(unsafe_code)]
 mod job;
 mod run;
@@ -344,6 +345,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve every node's INFO lock as Prometheus metrics on
+    /// http://ADDR/metrics, read from the nodes at each scrape: counters
+    /// (redis_lock_*_total), gauges (locks, waiters, observers, ...), the
+    /// wait and hold histograms (redis_lock_wait_seconds,
+    /// redis_lock_hold_seconds) and redis_lock_up, each labelled
+    /// node="host:port". Runs until killed.
+    Exporter {
+        /// A node to read (as for the other subcommands); give it once per
+        /// node. A redis-cluster:// URL is read on each of its masters.
+        #[arg(long = "url", value_name = "URL")]
+        urls: Vec<String>,
+        /// Where to listen, as host:port (e.g. 0.0.0.0:9635, or
+        /// 127.0.0.1:0 for a free port, printed on stderr).
+        #[arg(long, value_name = "ADDR")]
+        listen: String,
+        /// How long each node has to answer INFO lock at a scrape (one that
+        /// does not is reported with redis_lock_up 0).
+        #[arg(long, value_parser = duration::parse, default_value = "2s")]
+        timeout: Duration,
+    },
 }
 
 fn main() -> ExitCode {
@@ -385,15 +406,20 @@ fn client(nodes: &Nodes, auto_renew: bool, grant: Grant) -> Result<LockClient, E
     client_for(&nodes.urls, options)
 }
 
-fn client_for(given: &[String], options: Options) -> Result<LockClient, ExitCode> {
-    let urls: Vec<String> = if given.is_empty() {
+/// The --url nodes, else $REDIS_LOCK_URL's, else the local default.
+fn node_urls(given: &[String]) -> Vec<String> {
+    if given.is_empty() {
         match std::env::var("REDIS_LOCK_URL") {
             Ok(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
             Err(_) => vec!["redis://127.0.0.1:6379/".into()],
         }
     } else {
         given.to_vec()
-    };
+    }
+}
+
+fn client_for(given: &[String], options: Options) -> Result<LockClient, ExitCode> {
+    let urls = node_urls(given);
     if urls.len() > 1 && urls.len() % 2 == 0 {
         eprintln!(
             "redis-lock: warning: {} nodes: an even count tolerates no more failures than one node fewer (a majority of {} is {}); use an odd number",
@@ -402,7 +428,12 @@ fn client_for(given: &[String], options: Options) -> Result<LockClient, ExitCode
             urls.len() / 2 + 1
         );
     }
-    LockClient::with_options(&urls, options).map_err(|e| match e {
+    open_client(&urls, options)
+}
+
+/// A client of exactly these nodes, or the usage error a bad URL is.
+fn open_client(urls: &[String], options: Options) -> Result<LockClient, ExitCode> {
+    LockClient::with_options(urls, options).map_err(|e| match e {
         // The URL did not parse at all: show the form.
         redis_lock_client::Error::Redis(_) => fail(
             exit::USAGE,
@@ -693,6 +724,18 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             doctor(&locks, ttl, json).await
+        }
+        Command::Exporter {
+            urls,
+            listen,
+            timeout,
+        } => {
+            // Any count of nodes: they are read one by one, not a group.
+            let locks = match open_client(&node_urls(&urls), Options::default()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            exporter::exporter(locks, &listen, timeout).await
         }
         Command::Info { nodes, json } => {
             let locks = match client(
