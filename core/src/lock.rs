@@ -413,23 +413,25 @@ pub(crate) fn renew_holder(
     let held = holder_of(store, token, now_ms).ok_or_else(internal)?;
     let (fence, granted_ms) = (held.fence, held.granted_ms);
     // A new value is a new holder record (the keyspace keeps the value
-    // inline), with the same fence unless raised.
-    let new_value = value.filter(|&v| v != held.value).map(<[u8]>::to_vec);
-    let kept_value = match &new_value {
-        Some(_) => Vec::new(),
-        None => held.value.to_vec(),
+    // inline), with the same fence unless raised. The held value is copied
+    // (out of the store about to be written) only when a raised fence
+    // rewrites the record with it; a plain renewal copies nothing.
+    let new_value = value.filter(|&v| v != held.value);
+    let kept_value = match (raised, new_value) {
+        (Some(_), None) => held.value.to_vec(),
+        _ => Vec::new(),
     };
     if store.mode() == Some(Mode::Exclusive) && mode.is_shared() {
         store.set_mode(mode);
     }
     let holder = |fence| NewHolder {
         token,
-        value: new_value.as_deref().unwrap_or(&kept_value),
+        value: new_value.unwrap_or(&kept_value),
         fence,
         deadline_ms,
         granted_ms,
     };
-    match (raised.or(new_value.as_ref().map(|_| fence)), store.mode()) {
+    match (raised.or(new_value.map(|_| fence)), store.mode()) {
         (Some(fence), Some(Mode::Exclusive)) => store.put(Mode::Exclusive, holder(fence)),
         (Some(fence), _) => store.add(holder(fence)),
         (None, _) => store.renew(token, deadline_ms),
