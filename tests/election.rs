@@ -43,19 +43,6 @@ fn text(v: &redis::Value) -> Option<String> {
     redis::from_redis_value(v).unwrap()
 }
 
-fn blocked_clients(s: &Server) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(&mut s.conn())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 fn leader(s: &Server, key: &str) -> Seen {
     observe(&mut s.conn(), key, &[]).unwrap()
 }
@@ -97,7 +84,7 @@ fn a_renewal_with_a_value_proclaims_it_and_observers_are_told() {
     let waiting = thread::spawn(move || {
         observe(&mut o, "k", &["AFTER", &f.to_string(), "BLOCK", "10000"]).unwrap()
     });
-    wait_until(Duration::from_secs(10), || blocked_clients(&s) == 1);
+    wait_blocked(&s, 1);
     // The same token: the same fence, a new value; the observer hears it.
     assert_eq!(campaign(&mut c, "k", "a", "v1b"), Some(f));
     assert_eq!(waiting.join().unwrap(), Some((f, Some("v1b".into()))));
@@ -107,7 +94,7 @@ fn a_renewal_with_a_value_proclaims_it_and_observers_are_told() {
     let waiting = thread::spawn(move || {
         observe(&mut o, "k", &["AFTER", &f.to_string(), "BLOCK", "10000"]).unwrap()
     });
-    wait_until(Duration::from_secs(10), || blocked_clients(&s) == 1);
+    wait_blocked(&s, 1);
     let extended: i64 = redis::cmd("LOCK.EXTEND")
         .arg(&["k", "a", "60000", "VALUE", "v2"])
         .query(&mut c)
@@ -128,7 +115,7 @@ fn a_renewal_with_a_value_proclaims_it_and_observers_are_told() {
     let waiting = thread::spawn(move || {
         observe(&mut o, "k", &["AFTER", &f.to_string(), "BLOCK", "300"]).unwrap()
     });
-    wait_until(Duration::from_secs(10), || blocked_clients(&s) == 1);
+    wait_blocked(&s, 1);
     assert_eq!(campaign(&mut c, "k", "a", "v2"), Some(f));
     assert_eq!(waiting.join().unwrap(), None, "timed out: nothing changed");
     // Another token cannot change it.
@@ -154,7 +141,7 @@ fn a_waiter_takes_the_lock_with_its_value() {
             .query::<Option<i64>>(&mut w)
             .unwrap()
     });
-    wait_until(Duration::from_secs(10), || blocked_clients(&s) == 1);
+    wait_blocked(&s, 1);
     assert_eq!(release(&mut c, "k", "a"), 1);
     let g = next.join().unwrap().unwrap();
     assert!(g > f);

@@ -41,24 +41,6 @@ fn observer(
     })
 }
 
-fn blocked_clients(s: &Server) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(&mut s.conn())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-/// Waits until `n` clients are blocked (the observers are in place).
-fn wait_blocked(s: &Server, n: i64) {
-    wait_until(Duration::from_secs(10), || blocked_clients(s) == n);
-}
-
 #[test]
 fn the_leader_is_answered_at_once_or_nil_when_it_is_the_one_seen() {
     let s = Server::start();

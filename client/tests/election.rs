@@ -36,26 +36,13 @@ async fn quiet(o: &mut Observer, ms: u64) {
     assert!(more.is_err(), "told again: {more:?}");
 }
 
-fn blocked(s: &Server) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query(&mut s.conn())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 async fn wait_blocked(s: &Server, n: i64) {
     let start = std::time::Instant::now();
-    while blocked(s) != n {
+    while common::blocked_clients(s) != n {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "{} blocked",
-            blocked(s)
+            common::blocked_clients(s)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -73,7 +73,8 @@ pub use mode::{mode, Mode};
 pub use ports::free_port;
 pub use raw_conn::{RawConn, Resp};
 pub use regression::{
-    alive, block_on, blocked_ids, fence_of_a_run, first_blocked_client, restore, wait_blocked,
+    alive, block_on, blocked_clients, blocked_ids, fence_of_a_run, first_blocked_client, restore,
+    wait_blocked,
 };
 pub use sentinel::Sentinel;
 pub use server::{urls, Server};

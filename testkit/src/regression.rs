@@ -32,16 +32,22 @@ pub fn first_blocked_client(c: &mut Connection) -> String {
         .to_string()
 }
 
+/// How many clients are blocked on the server now (`blocked_clients` of
+/// INFO clients: waiters in a line and observers alike).
+pub fn blocked_clients(s: &Server) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query(&mut s.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .map(|v| v.trim().parse::<i64>().unwrap())
+        .expect("INFO clients has blocked_clients")
+}
+
 /// Waits until `n` clients are blocked on the server.
 pub fn wait_blocked(s: &Server, n: i64) {
-    let mut c = s.conn();
-    wait_until(Duration::from_secs(10), || {
-        let info: String = redis::cmd("INFO").arg("clients").query(&mut c).unwrap();
-        info.lines()
-            .find_map(|l| l.strip_prefix("blocked_clients:"))
-            .map(|v| v.trim().parse::<i64>().unwrap())
-            == Some(n)
-    });
+    wait_until(Duration::from_secs(10), || blocked_clients(s) == n);
 }
 
 /// `RESTORE key 0 payload REPLACE`.
