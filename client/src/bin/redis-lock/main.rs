@@ -176,8 +176,8 @@ struct Codes {
     lost_exit_code: u8,
 }
 
-/// How a grant is acknowledged.
-#[derive(Args, Clone, Copy)]
+/// How a grant is acknowledged (default: as soon as the node grants it).
+#[derive(Args, Clone, Copy, Default)]
 struct Grant {
     /// Count a grant only once N replicas of each node have it, waiting up
     /// to TIMEOUT (default 1s) for them (WAIT); with fewer, it is released
@@ -548,13 +548,7 @@ async fn run(cli: Cli) -> ExitCode {
                     "elect leads one key, exclusively: no --shared, --limit or second --key",
                 );
             }
-            let locks = match client(
-                &nodes,
-                true,
-                Grant {
-                    wait_replicas: None,
-                },
-            ) {
+            let locks = match client(&nodes, true, Grant::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -567,13 +561,7 @@ async fn run(cli: Cli) -> ExitCode {
             if nodes.keys.len() > 1 {
                 return fail(exit::USAGE, "observe follows one --key");
             }
-            let locks = match client(
-                &nodes,
-                false,
-                Grant {
-                    wait_replicas: None,
-                },
-            ) {
+            let locks = match client(&nodes, false, Grant::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -641,13 +629,7 @@ async fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Release { nodes, token } => {
-            let locks = match client(
-                &nodes,
-                false,
-                Grant {
-                    wait_replicas: None,
-                },
-            ) {
+            let locks = match client(&nodes, false, Grant::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -680,13 +662,7 @@ async fn run(cli: Cli) -> ExitCode {
             if let Err(code) = check_ttl(ttl) {
                 return code;
             }
-            let locks = match client(
-                &nodes,
-                false,
-                Grant {
-                    wait_replicas: None,
-                },
-            ) {
+            let locks = match client(&nodes, false, Grant::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
@@ -738,13 +714,7 @@ async fn run(cli: Cli) -> ExitCode {
             exporter::exporter(locks, &listen, timeout).await
         }
         Command::Info { nodes, json } => {
-            let locks = match client(
-                &nodes,
-                false,
-                Grant {
-                    wait_replicas: None,
-                },
-            ) {
+            let locks = match client(&nodes, false, Grant::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
