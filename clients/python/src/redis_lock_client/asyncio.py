@@ -50,6 +50,10 @@ class Lease:
         self._valid_until = started + ttl - c.drift(ttl)
         self._renew = renew
         self._released = False
+        # Set by release: the keeper stops at its next step even if the
+        # cancel that wakes it is swallowed on the way (Python 3.11's
+        # wait_for, or a client library turning it into a connection error).
+        self._stopping = False
         self._next_renew = started + ttl / 3
         self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
@@ -73,9 +77,11 @@ class Lease:
         return not self.lost.is_set() and time.monotonic() < self._valid_until
 
     async def _keep(self) -> None:
-        while True:
+        while not self._stopping:
             wake = min(self._next_renew, self._valid_until) if self._renew else self._valid_until
             await asyncio.sleep(max(0.0, wake - time.monotonic()))
+            if self._stopping:
+                return
             now = time.monotonic()
             if now >= self._valid_until:
                 self.lost.set()
@@ -155,6 +161,7 @@ class Lease:
         """Stops renewing (waiting for a renewal in flight), then releases."""
         if self._released:
             return False
+        self._stopping = True
         self._keeper.cancel()
         try:
             await self._keeper
@@ -292,6 +299,7 @@ class Locks:
             # line, or takes back a grant it could not deliver), and a
             # token of ours is released.
             if lease is not None:
+                lease._stopping = True
                 lease._keeper.cancel()
             if own:
                 await asyncio.shield(self._undo(keys, token))
