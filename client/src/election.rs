@@ -29,6 +29,11 @@ use crate::node::{Conn, Node};
 /// (a campaign waits until it wins or is dropped).
 const CAMPAIGN_ROUND: Duration = Duration::from_secs(24 * 3600);
 
+/// How long an observer waits in the server before it reads the state
+/// again: a proclaim that lands between one answer and the next wait
+/// keeps the fence the wait names, so only this read tells it.
+const RESYNC: Duration = Duration::from_secs(1);
+
 /// A key's leader: its fencing token and public value.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leader {
@@ -303,7 +308,12 @@ async fn follow_node(
             loop {
                 let seen = observe_once(&mut conn, key, after).await?;
                 let Some(seen) = seen else {
-                    continue; // Not changed (a BLOCK can only end so by a timeout).
+                    // The wait's bound passed with no change of fence: read
+                    // the state again, so a proclaim made between a reply
+                    // and the next wait (AFTER names a fence, not a value)
+                    // is told within RESYNC.
+                    after = None;
+                    continue;
                 };
                 if last.as_ref() != Some(&seen) {
                     last = Some(seen.clone());
@@ -346,7 +356,7 @@ async fn observe_once(conn: &mut Conn, key: &str, after: Option<i64>) -> Result<
         cmd.arg(command::AFTER)
             .arg(fence)
             .arg(command::BLOCK)
-            .arg(0);
+            .arg(RESYNC.as_millis() as u64);
     }
     let reply: redis::Value = cmd.query_async(conn).await?;
     parse_observed(reply)
