@@ -25,10 +25,11 @@ lint:
 	cargo clippy --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --lib
 
-# The pure core's unit and model tests: no Redis server, no clang. In
+# The pure core's unit and model tests (and the test kit's own): no Redis server, no clang. In
 # release: the model's 20,000 cases take seconds there, a minute in debug.
 test-core:
 	cargo test --release -p redis-lock-core
+	cargo test --release -p redis-lock-testkit --lib
 
 # The fast inner loop: fmt, clippy of the core, its tests (seconds).
 check:

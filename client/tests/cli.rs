@@ -420,8 +420,7 @@ fn losing_a_majority_mid_run_stops_the_command_with_the_lost_lock_code() {
 #[test]
 fn acquire_output_is_exported_and_quoted_for_eval() {
     let s = Server::start();
-    let dir = std::env::temp_dir().join(format!("redis-lock-eval-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::ScratchDir::new("eval");
     let pwned = dir.join("pwned");
     let token = format!(
         "x'; touch {}; echo '$(touch {})",
@@ -475,7 +474,8 @@ fn refusals_get_the_exit_code_of_what_went_wrong() {
     }
     let s = Server::builder().module_arg("max-ttl-ms", "60000").start();
     let u = s.url();
-    let marker = std::env::temp_dir().join(format!("redis-lock-ran-{}", std::process::id()));
+    let dir = common::ScratchDir::new("ran");
+    let marker = dir.join("ran");
     let touch = format!("touch {}", marker.display());
     for (ttl, code, says) in [
         ("0", 64, "--ttl"),
@@ -777,14 +777,10 @@ fn pid_in(file: &std::path::Path) -> i32 {
     pid.unwrap()
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "redis-lock-cli-{}-{name}-{}",
-        std::process::id(),
-        common::free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join("pid")
+/// An empty directory of this test's own for its child's pid file
+/// (`pid` inside it), removed on drop.
+fn scratch(name: &str) -> common::ScratchDir {
+    common::ScratchDir::new(&format!("cli-{name}"))
 }
 
 /// A lost lock stops the whole job, not only the command: a process the
@@ -794,7 +790,8 @@ fn scratch(name: &str) -> std::path::PathBuf {
 #[test]
 fn a_lost_lock_kills_what_the_command_started_before_exiting() {
     let s = Server::start();
-    let pid_file = scratch("lost");
+    let dir = scratch("lost");
+    let pid_file = dir.join("pid");
     let script = format!(
         "(trap '' TERM; exec sleep 60) >/dev/null 2>&1 & echo $! > {}; wait",
         pid_file.display()
@@ -826,7 +823,8 @@ fn a_lost_lock_kills_what_the_command_started_before_exiting() {
 fn what_the_command_left_running_is_stopped_before_the_lock_is_released() {
     let s = Server::start();
     // One that ends on SIGTERM: the job ends at once.
-    let pid_file = scratch("term");
+    let dir = scratch("term");
+    let pid_file = dir.join("pid");
     let script = format!(
         "sleep 60 >/dev/null 2>&1 & echo $! > {}",
         pid_file.display()
@@ -860,7 +858,8 @@ fn what_the_command_left_running_is_stopped_before_the_lock_is_released() {
     );
     // One that ignores SIGTERM: SIGKILL after the grace, the lock held
     // until then.
-    let pid_file = scratch("ignores");
+    let dir = scratch("ignores");
+    let pid_file = dir.join("pid");
     // The command exits only once the leftover has set its trap (it writes
     // its pid after): exiting first raced the trap with the SIGTERM.
     let script = format!(
@@ -1022,7 +1021,8 @@ fn calls(s: &Server, command: &str) -> i64 {
 #[test]
 fn sigkill_to_redis_lock_ends_every_process_of_the_job() {
     let s = Server::start();
-    let pid_file = scratch("sigkill");
+    let dir = scratch("sigkill");
+    let pid_file = dir.join("pid");
     let script = format!(
         "sleep 60 >/dev/null 2>&1 & echo $! > {}; wait",
         pid_file.display()

@@ -9,7 +9,7 @@ use redis_lock_testkit as common;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
@@ -149,20 +149,9 @@ fn read_pid(file: &Path, limit: Duration) -> i32 {
     pid
 }
 
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "redis-lock-job-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::Relaxed)
+/// This test's own empty directory (pid files, markers), removed on drop.
+fn scratch() -> common::ScratchDir {
+    common::ScratchDir::new("job")
 }
 
 /// The pid of the redis-lock process whose child is `child`.

@@ -152,7 +152,8 @@ async fn with_the_replica_link_cut_a_grant_is_refused_and_released() {
     assert_eq!(common::fence(&mut master.conn(), "r:c"), None, "released");
 
     // The command: not acquired (75, or the conflict code), nothing run.
-    let marker = std::env::temp_dir().join(format!("redis-lock-replicas-{}", std::process::id()));
+    let dir = common::ScratchDir::new("replicas");
+    let marker = dir.join("ran");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_redis-lock"))
         .args(["run", "--url", &master.url(), "--key", "r:c"])
         .args(["--wait-replicas", "1:200ms", "--conflict-exit-code", "3"])

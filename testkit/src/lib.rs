@@ -63,6 +63,7 @@ pub use binaries::{
 };
 pub use builder::Builder;
 pub use commands::{active_expire, digest, error_text, login, run, run_err, set_user};
+pub use dirs::ScratchDir;
 pub use docker::{docker, MODULE_IN_IMAGE};
 pub use lock_commands::{
     acquire, extend, fence, holder, holder_and_fence, lease_ms, lock_info, lock_info_reply, now_ms,
