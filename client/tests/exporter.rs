@@ -8,7 +8,6 @@ use redis_lock_testkit as common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -737,12 +736,8 @@ fn prometheus_scrapes_the_exporter_and_answers_every_dashboard_query() {
     let b = Server::start();
     let (_exporter, port) = start_exporter(&[a.url(), b.url()]);
 
-    let dir = Dir(std::env::temp_dir().join(format!(
-        "redis-lock-prometheus-{}-{port}",
-        std::process::id()
-    )));
-    std::fs::create_dir_all(&dir.0).unwrap();
-    let config = dir.0.join("prometheus.yml");
+    let dir = common::ScratchDir::new("prometheus");
+    let config = dir.join("prometheus.yml");
     std::fs::write(
         &config,
         format!(
@@ -752,13 +747,13 @@ fn prometheus_scrapes_the_exporter_and_answers_every_dashboard_query() {
     )
     .unwrap();
     let prom_port = free_port();
-    let log = std::fs::File::create(dir.0.join("prometheus.log")).unwrap();
+    let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let prometheus = Running(
         Command::new("prometheus")
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
-                dir.0.join("data").display()
+                dir.join("data").display()
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
             .stdin(Stdio::null())
@@ -767,7 +762,7 @@ fn prometheus_scrapes_the_exporter_and_answers_every_dashboard_query() {
             .spawn()
             .expect("start prometheus"),
     );
-    let prom_log = || std::fs::read_to_string(dir.0.join("prometheus.log")).unwrap_or_default();
+    let prom_log = || std::fs::read_to_string(dir.join("prometheus.log")).unwrap_or_default();
     let scraped = |n: usize| {
         TcpStream::connect(("127.0.0.1", prom_port)).is_ok()
             && prom_query(prom_port, "redis_lock_up == 1").len() == 2
@@ -819,13 +814,4 @@ fn prometheus_scrapes_the_exporter_and_answers_every_dashboard_query() {
     let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(reply["data"].as_array().map(Vec::len), Some(2), "{body}");
     drop(prometheus);
-}
-
-/// A temporary directory removed on drop.
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
