@@ -123,6 +123,40 @@ fn a_renewal_with_a_value_proclaims_it_and_observers_are_told() {
     assert_eq!(leader(&s, "k"), Some((f, Some("v2".into()))));
 }
 
+/// A proclaim made on the master reaches an observer blocked on its
+/// replica (the replica applies the master's LOCK._SET: the same fence, a
+/// new value). Before, only a proclaim made by a command on the observed
+/// node itself was told; the replica's observer timed out.
+#[test]
+fn an_observer_on_a_replica_is_told_of_the_masters_proclaim() {
+    let master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let mut m = master.conn();
+    let f = campaign(&mut m, "k", "a", "v1").unwrap();
+    master.wait_acknowledged(1, "scratch");
+    assert_eq!(leader(&replica, "k"), Some((f, Some("v1".into()))));
+    let mut o = replica.conn();
+    let waiting = thread::spawn(move || {
+        observe(&mut o, "k", &["AFTER", &f.to_string(), "BLOCK", "10000"]).unwrap()
+    });
+    wait_blocked(&replica, 1);
+    let extended: i64 = redis::cmd("LOCK.EXTEND")
+        .arg(&["k", "a", "60000", "VALUE", "v2"])
+        .query(&mut m)
+        .unwrap();
+    assert_eq!(extended, 1);
+    assert_eq!(waiting.join().unwrap(), Some((f, Some("v2".into()))));
+    // A renewal without a new value tells the replica's observers nothing.
+    let mut o = replica.conn();
+    let waiting = thread::spawn(move || {
+        observe(&mut o, "k", &["AFTER", &f.to_string(), "BLOCK", "500"]).unwrap()
+    });
+    wait_blocked(&replica, 1);
+    assert_eq!(extend(&mut m, "k", "a", 60_000), 1);
+    assert_eq!(waiting.join().unwrap(), None, "timed out: nothing changed");
+}
+
 #[test]
 fn a_waiter_takes_the_lock_with_its_value() {
     let s = Server::start();

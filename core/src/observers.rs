@@ -10,7 +10,9 @@
 //!
 //! Invariants (the node's tests and the model check them):
 //! * an observer is told at most once, and only of a leader that differs
-//!   from what it saw (`after`: a fence, or 0 for nobody);
+//!   from what it saw (`after`: a fence, or 0 for nobody; with a fence,
+//!   the value that holder had when the observer came, so a proclaim is a
+//!   change whichever way it arrives: a command here, the master, the AOF);
 //! * a client observes at most one key at a time, and leaves nothing
 //!   behind when it goes (`leave`);
 //! * an observed key always has a check pending no later than its
@@ -44,15 +46,31 @@ impl Leader {
     }
 }
 
-/// What an observer saw when that no longer stands: no leader's fence
-/// (all are ≥ 1) nor a vacancy's (0).
-const SEEN_NOTHING: i64 = -1;
+/// What an observer saw: a leader's fence (0: the key free) and, held,
+/// that leader's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    /// The fence (0: vacant).
+    pub after: i64,
+    /// The holder's public value then (empty: none, or vacant).
+    pub value: Box<[u8]>,
+}
+
+impl Seen {
+    /// Whether `leader` is no longer what was seen: another fence, or the
+    /// same holder with another value (a proclaim).
+    fn differs(&self, leader: &Leader) -> bool {
+        match leader {
+            Leader::Vacant => self.after != 0,
+            Leader::Held { fence, value, .. } => *fence != self.after || *value != self.value,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Observer<C> {
     client: C,
-    /// The fence it saw (0: it saw the key free).
-    after: i64,
+    seen: Seen,
     timeout_at_ms: Option<i64>,
 }
 
@@ -97,7 +115,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         self.by_key.keys()
     }
 
-    /// `client` observes `key`, having seen `after`, until `timeout_at_ms`;
+    /// `client` observes `key`, having seen `seen`, until `timeout_at_ms`;
     /// the key is looked at again by `check_at_ms` (its holder's lease
     /// end; None: only when something writes to it). False (nothing
     /// changes) when the client observes already.
@@ -105,7 +123,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         &mut self,
         key: &K,
         client: C,
-        after: i64,
+        seen: Seen,
         timeout_at_ms: Option<i64>,
         check_at_ms: Option<i64>,
     ) -> bool {
@@ -115,7 +133,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         self.by_client.insert(client, key.clone());
         self.by_key.entry(key.clone()).or_default().push(Observer {
             client,
-            after,
+            seen,
             timeout_at_ms,
         });
         if let Some(at) = timeout_at_ms {
@@ -186,7 +204,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         due
     }
 
-    /// Every observer of `key` whose `after` differs from `leader`, in
+    /// Every observer of `key` whose [`Seen`] differs from `leader`, in
     /// arrival order, taken out; the others keep observing, and the key is
     /// looked at again when the leader's lease ends (`now_ms` + its ttl).
     pub fn tell(&mut self, key: &K, leader: &Leader, now_ms: i64) -> Vec<C> {
@@ -195,7 +213,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
         };
         let (told, kept): (Vec<_>, Vec<_>) = std::mem::take(list)
             .into_iter()
-            .partition(|o| o.after != leader.fence());
+            .partition(|o| o.seen.differs(leader));
         *list = kept;
         for o in &told {
             self.by_client.remove(&o.client);
@@ -209,18 +227,6 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
             self.schedule(key, now_ms.saturating_add(*ttl_ms));
         }
         told.into_iter().map(|o| o.client).collect()
-    }
-
-    /// What every observer of `key` saw no longer stands, though the fence
-    /// did not change (the holder proclaimed a new value): each is told
-    /// the key's leader at the next look, which [`touch`](Self::touch)
-    /// brings.
-    pub fn forget_seen(&mut self, key: &K) {
-        if let Some(list) = self.by_key.get_mut(key) {
-            for o in list {
-                o.after = SEEN_NOTHING;
-            }
-        }
     }
 
     /// Every observer of `key`, taken out (the key left this node).
@@ -272,6 +278,13 @@ mod tests {
 
     type O = Observers<&'static str, u32>;
 
+    fn saw(after: i64) -> Seen {
+        Seen {
+            after,
+            value: Box::default(),
+        }
+    }
+
     fn held(fence: i64, ttl_ms: i64) -> Leader {
         Leader::Held {
             fence,
@@ -283,9 +296,9 @@ mod tests {
     #[test]
     fn only_observers_that_saw_something_else_are_told() {
         let mut o = O::default();
-        assert!(o.add(&"k", 1, 7, None, Some(100)));
-        assert!(o.add(&"k", 2, 0, None, Some(100)));
-        assert!(!o.add(&"j", 1, 0, None, None), "one key at a time");
+        assert!(o.add(&"k", 1, saw(7), None, Some(100)));
+        assert!(o.add(&"k", 2, saw(0), None, Some(100)));
+        assert!(!o.add(&"j", 1, saw(0), None, None), "one key at a time");
         // Still held by 7: only the one that saw it free is told.
         assert_eq!(o.tell(&"k", &held(7, 50), 10), vec![2]);
         assert_eq!(o.observing(&"k"), 1);
@@ -296,11 +309,35 @@ mod tests {
         assert_eq!(o.next_wakeup(), None);
     }
 
+    /// The same holder with another value is a change (a proclaim, made
+    /// here or arriving from the master); the same value is not.
+    #[test]
+    fn a_new_value_under_the_same_fence_is_told() {
+        let mut o = O::default();
+        let v1 = Seen {
+            after: 7,
+            value: b"v1".as_slice().into(),
+        };
+        o.add(&"k", 1, v1, None, Some(100));
+        let with = |value: &[u8]| Leader::Held {
+            fence: 7,
+            ttl_ms: 50,
+            value: value.into(),
+        };
+        assert_eq!(o.tell(&"k", &with(b"v1"), 10), Vec::<u32>::new());
+        assert_eq!(o.tell(&"k", &with(b"v2"), 11), vec![1]);
+        // A vacancy differs from any holder; a key seen free is not told
+        // of being free.
+        o.add(&"k", 2, saw(0), None, None);
+        o.add(&"k", 3, saw(7), None, None);
+        assert_eq!(o.tell(&"k", &Leader::Vacant, 12), vec![3]);
+    }
+
     #[test]
     fn a_write_brings_the_check_forward_and_due_keys_take_it() {
         let mut o = O::default();
-        o.add(&"b", 1, 3, None, Some(500));
-        o.add(&"a", 2, 0, None, None);
+        o.add(&"b", 1, saw(3), None, Some(500));
+        o.add(&"a", 2, saw(0), None, None);
         assert_eq!(o.next_wakeup(), Some(500));
         o.touch(&"a", 20);
         o.touch(&"b", 20);
@@ -314,8 +351,8 @@ mod tests {
     #[test]
     fn leaving_or_timing_out_leaves_nothing_behind() {
         let mut o = O::default();
-        o.add(&"k", 1, 0, Some(30), Some(100));
-        o.add(&"k", 2, 0, Some(40), None);
+        o.add(&"k", 1, saw(0), Some(30), Some(100));
+        o.add(&"k", 2, saw(0), Some(40), None);
         assert!(o.leave(2));
         assert!(!o.leave(2));
         assert_eq!(o.next_wakeup(), Some(30));
@@ -330,7 +367,7 @@ mod tests {
     #[test]
     fn swapdb_moves_observers_with_their_keys() {
         let mut o = O::default();
-        o.add(&"a", 1, 4, None, Some(10));
+        o.add(&"a", 1, saw(4), None, Some(10));
         o.rename_keys(|k| if *k == "a" { "b" } else { "a" });
         assert_eq!(o.observing(&"b"), 1);
         assert_eq!(o.due_keys(10), vec!["b"]);

@@ -100,16 +100,13 @@ pub(super) struct Reference {
     pub(super) observers: Vec<RefObserver>,
 }
 
-/// What an observer saw once a proclaim made it stale: no fence.
-const SEEN_NOTHING: i64 = -1;
-
-/// An observer: its key, the fence it saw (0: free; SEEN_NOTHING after a
-/// proclaim), its timeout.
+/// An observer: its key, the fence it saw (0: free) and that holder's
+/// value when it came, its timeout.
 #[derive(Debug, Clone)]
 pub(super) struct RefObserver {
     pub(super) client: u8,
     pub(super) key: u8,
-    pub(super) after: i64,
+    pub(super) seen: (i64, Vec<u8>),
     pub(super) timeout_at: Option<i64>,
 }
 
@@ -682,8 +679,8 @@ impl Reference {
     }
 
     /// `token`'s live holder of exclusive `key`, just renewed (its new
-    /// lease id given), proclaims `value`: the key's observers no longer
-    /// stand on what they saw. True if the value changed.
+    /// lease id given), proclaims `value` (its observers see a new value
+    /// at the next tick). True if the value changed.
     pub(super) fn proclaim(&mut self, key: u8, token: &[u8], value: &[u8]) -> bool {
         let lock = self.locks.get_mut(&key).unwrap();
         let h = lock.holders.iter_mut().find(|h| h.token == token).unwrap();
@@ -691,9 +688,6 @@ impl Reference {
             return false;
         }
         h.value = value.to_vec();
-        for o in self.observers.iter_mut().filter(|o| o.key == key) {
-            o.after = SEEN_NOTHING;
-        }
         true
     }
 
@@ -715,7 +709,7 @@ impl Reference {
                 self.observers.push(RefObserver {
                     client,
                     key,
-                    after: a,
+                    seen: self.leader_told(key, now),
                     timeout_at: (b > 0).then_some(now + b),
                 });
                 Told::Blocked
@@ -736,7 +730,7 @@ impl Reference {
                 told.push((o.client, Told::Nil));
             } else if self.gone.contains(&o.key) {
                 told.push((o.client, error(LockError::Redirect(redirect_of(o.key)))));
-            } else if self.leader(o.key, now) != o.after {
+            } else if self.leader_told(o.key, now) != o.seen {
                 let (fence, value) = self.leader_told(o.key, now);
                 told.push((o.client, Told::Leader(fence, value)));
             } else {

@@ -279,12 +279,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             false => None,
         };
         for (key, store) in keys.iter().zip(stores.iter_mut()) {
-            let proclaims = value.is_some_and(|v| {
-                lock::holder_of(&*store, token, now_ms).is_some_and(|h| h.value != v)
-            });
-            if proclaims {
-                self.observers.forget_seen(key);
-            }
             let mut ledger = self.ledger(key, store, now_ms);
             lock::renew_holder(&mut ledger, token, mode, raised, value, deadline_ms, now_ms)?;
             // A downgrade lets the readers in line in now.

@@ -98,7 +98,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         };
         let extended = match proclaims {
             true => {
-                self.observers.forget_seen(key);
                 let deadline_ms = lock::deadline(now_ms, ttl_ms)?;
                 let mut ledger = self.ledger(key, store, now_ms);
                 let mode = Mode::Exclusive;

@@ -9,7 +9,7 @@ use std::hash::Hash;
 use super::{Conditions, Node, Served, TimerKeys};
 use crate::error::LockError;
 use crate::lock::{self, LockRead};
-use crate::observers::Leader;
+use crate::observers::{Leader, Seen};
 use crate::output::push_wake;
 use crate::time::Now;
 use crate::waiters::{Outcome, Wake};
@@ -32,7 +32,8 @@ pub enum Observation<K> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct ObserveTicket<K> {
     key: K,
-    after: i64,
+    /// What the client saw: `AFTER`'s fence, and that holder's value now.
+    seen: Seen,
     timeout_at_ms: Option<i64>,
     /// The holder's lease end (None: the key is free).
     check_at_ms: Option<i64>,
@@ -76,13 +77,13 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         };
         // A held key is looked at again when its lease ends; a free one
         // when something writes to it.
-        let check_at_ms = match leader {
-            Leader::Held { ttl_ms, .. } => Some(now_ms.saturating_add(ttl_ms)),
-            Leader::Vacant => None,
+        let (check_at_ms, value) = match leader {
+            Leader::Held { ttl_ms, value, .. } => (Some(now_ms.saturating_add(ttl_ms)), value),
+            Leader::Vacant => (None, Box::default()),
         };
         Ok(Observation::Wait(ObserveTicket {
             key: key.clone(),
-            after,
+            seen: Seen { after, value },
             timeout_at_ms: (block_ms > 0).then(|| now_ms.saturating_add(block_ms)),
             check_at_ms,
         }))
@@ -99,7 +100,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         if self.waiters.contains(client)
             || !self
                 .observers
-                .add(&t.key, client, t.after, t.timeout_at_ms, t.check_at_ms)
+                .add(&t.key, client, t.seen, t.timeout_at_ms, t.check_at_ms)
         {
             return Err(LockError::Internal);
         }
