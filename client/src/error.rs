@@ -115,8 +115,9 @@ impl Error {
 
     /// Whether a later attempt may succeed where this one failed: the node
     /// did not answer or its connection broke (a restart, a failover), it
-    /// is loading its data, it was demoted (READONLY), or it asks to be
-    /// tried again ([`is_busy`](Self::is_busy)). A wait goes on through these.
+    /// is loading its data, it was demoted (READONLY, or UNBLOCKED for a
+    /// client blocked on it then), or it asks to be tried again
+    /// ([`is_busy`](Self::is_busy)). A wait goes on through these.
     pub(crate) fn is_transient(&self) -> bool {
         match self {
             Error::Timeout | Error::TlsRefused { .. } => true,
@@ -133,6 +134,7 @@ impl Error {
                             | redis::ErrorKind::ClusterDown
                             | redis::ErrorKind::TryAgain
                     )
+                    || e.code() == Some(code::UNBLOCKED)
                     || self.is_busy()
             }
             _ => false,

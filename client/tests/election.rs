@@ -171,6 +171,26 @@ async fn an_observer_resumes_after_its_connection_dies_without_repeating_or_miss
     assert_eq!(next(&mut o).await, Observed::Vacant);
 }
 
+/// The observed node is demoted (REPLICAOF a node where nobody leads):
+/// Redis lets its blocked observer go with UNBLOCKED. The observer rides
+/// that out as it does a lost connection and is told the vacancy the
+/// replica now has. Before, the stream ended with the UNBLOCKED error
+/// (and `redis-lock observe` exited 69).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_rides_out_its_node_being_demoted() {
+    let s = Server::start();
+    let other = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let election = locks.election("k");
+    let a = election.campaign("a", TTL).await.unwrap();
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, leader(a.fence(), "a"));
+    wait_blocked(&s, 1).await;
+    std::mem::forget(a); // its renewals would only be refused (READONLY)
+    s.replicate_from(&other);
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_group_elects_with_the_groups_fence() {
     // The nodes' restart delay is the TTL: a short one.

@@ -111,6 +111,10 @@ pub mod code {
     pub const TRY_AGAIN: &str = "TRYAGAIN";
     /// A write on a replica.
     pub const READ_ONLY: &str = "READONLY";
+    /// Redis's own: a blocked client (a waiter, an observer) let go
+    /// because the node changed role (demoted to a replica) or by `CLIENT
+    /// UNBLOCK ... ERROR`: try again, where the line or the leader now is.
+    pub const UNBLOCKED: &str = "UNBLOCKED";
     /// Memory above `maxmemory`: no new grant or place in line.
     pub const OUT_OF_MEMORY: &str = "OOM";
     /// The key holds another type.
