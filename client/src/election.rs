@@ -2,7 +2,9 @@
 //! (`LOCK.ACQUIRE ... BLOCK ... VALUE v`), the leader is the holder, its
 //! public value (an address, an id) is what followers read, and followers
 //! are told of every change by the server (`LOCK.OBSERVE key AFTER fence
-//! BLOCK 0`), a vacancy included, with no polling.
+//! BLOCK ms`), a vacancy included; an observer also reads the state again
+//! after each second without a change (a proclaim in the instant between
+//! one answer and the next wait keeps the fence that wait names).
 //!
 //! A leader is a [`LockGuard`] with a value: its fence goes with every
 //! write it makes (`LOCK.EXEC`, `LOCK.FENCED` or the resource's own check),
@@ -39,7 +41,9 @@ const RESYNC: Duration = Duration::from_secs(1);
 pub struct Leader {
     /// The leader's fencing token (the group's, on a Redlock group).
     pub fence: i64,
-    /// What it proclaimed (`VALUE`), if anything.
+    /// What it proclaimed (`VALUE`), if anything. Values are bytes on the
+    /// server; bytes that are not UTF-8 are read with U+FFFD in their place
+    /// (a writer's binary value never ends a follower's stream).
     pub value: Option<String>,
 }
 
@@ -379,7 +383,10 @@ fn parse_observed(reply: redis::Value) -> Result<Option<Observed>> {
         let name: String = redis::from_redis_value(&name)?;
         match name.as_str() {
             info_field::FENCE => fence = Some(redis::from_redis_value::<i64>(&v)?),
-            info_field::VALUE => value = redis::from_redis_value::<Option<String>>(&v)?,
+            info_field::VALUE => {
+                value = redis::from_redis_value::<Option<Vec<u8>>>(&v)?
+                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            }
             _ => {}
         }
     }
@@ -438,5 +445,17 @@ mod tests {
         assert_eq!(parse_observed(vacant).unwrap(), Some(Observed::Vacant));
         assert_eq!(parse_observed(Nil).unwrap(), None);
         assert!(parse_observed(Int(3)).is_err());
+        // A value that is not UTF-8 (any writer may set one) is read, not
+        // an error that would end the stream.
+        let binary = Array(vec![
+            word("fence"),
+            Int(8),
+            word("value"),
+            BulkString(vec![0xff, b'a', 0xfe]),
+        ]);
+        assert_eq!(
+            parse_observed(binary).unwrap(),
+            Some(leader(8, "\u{fffd}a\u{fffd}"))
+        );
     }
 }
