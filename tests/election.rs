@@ -123,6 +123,44 @@ fn a_renewal_with_a_value_proclaims_it_and_observers_are_told() {
     assert_eq!(leader(&s, "k"), Some((f, Some("v2".into()))));
 }
 
+/// `AFTER fence VALUE v` names what the follower saw: a proclaim made
+/// between one answer and its next call is answered at once (before, that
+/// call named the same fence and waited on); the value it names as the
+/// holder's now waits, and is told of the next proclaim.
+#[test]
+fn after_with_the_value_seen_is_answered_a_proclaim_made_meanwhile() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let f = campaign(&mut c, "k", "a", "v1").unwrap();
+    assert_eq!(leader(&s, "k"), Some((f, Some("v1".into()))));
+    // The proclaim the follower has not seen yet.
+    assert_eq!(campaign(&mut c, "k", "a", "v2"), Some(f));
+    let fence = f.to_string();
+    let at_once = observe(&mut c, "k", &["AFTER", &fence, "VALUE", "v1", "BLOCK", "0"]);
+    assert_eq!(at_once.unwrap(), Some((f, Some("v2".into()))));
+    // Seen with no value (an empty VALUE): v2 differs from that too.
+    let seen = observe(&mut c, "k", &["AFTER", &fence, "VALUE", "", "BLOCK", "0"]);
+    assert_eq!(
+        seen.unwrap(),
+        Some((f, Some("v2".into()))),
+        "seen with none"
+    );
+    let still = observe(&mut c, "k", &["AFTER", &fence, "VALUE", "v2"]);
+    assert_eq!(still.unwrap(), None, "what it saw is the state now: nil");
+    let mut o = s.conn();
+    let waiting = thread::spawn(move || {
+        observe(
+            &mut o,
+            "k",
+            &["AFTER", &f.to_string(), "VALUE", "v2", "BLOCK", "10000"],
+        )
+        .unwrap()
+    });
+    wait_blocked(&s, 1);
+    assert_eq!(campaign(&mut c, "k", "a", "v3"), Some(f));
+    assert_eq!(waiting.join().unwrap(), Some((f, Some("v3".into()))));
+}
+
 /// A proclaim made on the master reaches an observer blocked on its
 /// replica (the replica applies the master's LOCK._SET: the same fence, a
 /// new value). Before, only a proclaim made by a command on the observed

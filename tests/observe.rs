@@ -89,6 +89,10 @@ fn bad_arguments_and_other_types_are_refused() {
         (&["BLOCK", "-3"][..], "timeout"),
         (&["AFTER", "1", "AFTER", "2"][..], "'AFTER'"),
         (&["NOW"][..], "'NOW'"),
+        (&["AFTER", "7", "VALUE"][..], "VALUE needs a value"),
+        (&["VALUE", "v"][..], "VALUE is the value seen"),
+        (&["AFTER", "0", "VALUE", "v"][..], "VALUE is the value seen"),
+        (&["AFTER", "7", "VALUE", "a", "VALUE", "b"][..], "'VALUE'"),
     ] {
         let err = observe(&mut c, "k", args).unwrap_err();
         assert!(error_text(&err).contains(wanted), "{args:?}: {err}");

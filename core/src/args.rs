@@ -430,18 +430,21 @@ pub fn parse_info(argv: &[&[u8]]) -> Result<(), LockError> {
     arity(argv, 2, 2, "lock.info")
 }
 
-/// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`, the options in any
-/// order, each at most once.
+/// `LOCK.OBSERVE key [AFTER fence [VALUE v]] [BLOCK timeout-ms]`, the
+/// options in any order, each at most once.
 #[derive(Debug, PartialEq, Eq)]
-pub struct ObserveArgs {
+pub struct ObserveArgs<'a> {
     /// The fence the client saw (0: the key free); None: answer at once.
     pub after: Option<i64>,
+    /// The value it saw with that fence (empty: none); None: not given
+    /// (taken as the holder's value now).
+    pub value: Option<&'a [u8]>,
     pub block_ms: Option<i64>,
 }
 
-pub fn parse_observe(argv: &[&[u8]]) -> Result<ObserveArgs, LockError> {
-    arity(argv, 2, 6, "lock.observe")?;
-    let (mut after, mut block_ms) = (None, None);
+pub fn parse_observe<'a>(argv: &[&'a [u8]]) -> Result<ObserveArgs<'a>, LockError> {
+    arity(argv, 2, 8, "lock.observe")?;
+    let (mut after, mut value, mut block_ms) = (None, None, None);
     let mut options = argv[2..].iter();
     while let Some(option) = options.next() {
         if option.eq_ignore_ascii_case(b"AFTER") && after.is_none() {
@@ -450,6 +453,12 @@ pub fn parse_observe(argv: &[&[u8]]) -> Result<ObserveArgs, LockError> {
                 Ok(n) if n >= 0 => n,
                 _ => return Err(LockError::BadAfter(show_arg(n))),
             });
+        } else if option.eq_ignore_ascii_case(b"VALUE") && value.is_none() {
+            let v = options.next().ok_or(LockError::MissingValue)?;
+            if v.len() > MAX_VALUE_LEN {
+                return Err(LockError::ValueTooLong(v.len(), MAX_VALUE_LEN));
+            }
+            value = Some(*v);
         } else if option.eq_ignore_ascii_case(b"BLOCK") && block_ms.is_none() {
             let timeout = options.next().ok_or(LockError::MissingTimeout)?;
             block_ms = Some(parse_timeout(timeout)?);
@@ -457,7 +466,14 @@ pub fn parse_observe(argv: &[&[u8]]) -> Result<ObserveArgs, LockError> {
             return Err(LockError::UnknownOption(show_arg(option)));
         }
     }
-    Ok(ObserveArgs { after, block_ms })
+    if value.is_some() && !after.is_some_and(|a| a > 0) {
+        return Err(LockError::ValueWithoutLeader);
+    }
+    Ok(ObserveArgs {
+        after,
+        value,
+        block_ms,
+    })
 }
 
 pub fn parse_set<'a>(argv: &[&'a [u8]]) -> Result<SetArgs<'a>, LockError> {
@@ -566,21 +582,46 @@ mod tests {
 
     #[test]
     fn observe_takes_after_and_block_once_each_in_any_order() {
-        let parse = |args: &[&str]| {
-            let mut argv: Vec<&[u8]> = vec![b"lock.observe", b"k"];
+        let parse = |args: &[&'static str]| -> Result<ObserveArgs<'static>, LockError> {
+            let mut argv: Vec<&'static [u8]> = vec![b"lock.observe", b"k"];
             argv.extend(args.iter().map(|a| a.as_bytes()));
             parse_observe(&argv)
         };
         let none = ObserveArgs {
             after: None,
+            value: None,
             block_ms: None,
         };
         assert_eq!(parse(&[]), Ok(none));
         let both = ObserveArgs {
             after: Some(0),
+            value: None,
             block_ms: Some(250),
         };
         assert_eq!(parse(&["block", "250", "AFTER", "0"]), Ok(both));
+        let all = ObserveArgs {
+            after: Some(7),
+            value: Some(&b"10.0.0.1"[..]),
+            block_ms: Some(0),
+        };
+        assert_eq!(
+            parse(&["VALUE", "10.0.0.1", "BLOCK", "0", "after", "7"]),
+            Ok(all)
+        );
+        let empty = parse(&["AFTER", "7", "VALUE", ""]).unwrap();
+        assert_eq!(empty.value, Some(&b""[..]), "an empty value: none seen");
+        assert_eq!(
+            parse(&["AFTER", "7", "VALUE"]),
+            Err(LockError::MissingValue)
+        );
+        for no_leader in [&["VALUE", "v"][..], &["AFTER", "0", "VALUE", "v"]] {
+            assert_eq!(parse(no_leader), Err(LockError::ValueWithoutLeader));
+        }
+        let long: &'static str = "x".repeat(MAX_VALUE_LEN + 1).leak();
+        assert_eq!(
+            parse(&["AFTER", "7", "VALUE", long]),
+            Err(LockError::ValueTooLong(MAX_VALUE_LEN + 1, MAX_VALUE_LEN))
+        );
         assert_eq!(parse(&["AFTER"]), Err(LockError::MissingAfter));
         assert_eq!(
             parse(&["AFTER", "-1"]),
@@ -600,7 +641,7 @@ mod tests {
             Err(LockError::UnknownOption("'AFTER'".into()))
         );
         assert_eq!(
-            parse(&["AFTER", "1", "BLOCK", "2", "X"]),
+            parse(&["AFTER", "1", "BLOCK", "2", "VALUE", "v", "X"]),
             Err(LockError::WrongArity("lock.observe"))
         );
         assert_eq!(

@@ -40,6 +40,9 @@ pub enum LockError {
     MissingAfter,
     /// AFTER's fence is not an integer from 0 up.
     BadAfter(String),
+    /// OBSERVE's VALUE (the value seen with AFTER's fence) without AFTER
+    /// or with AFTER 0 (a free key has no value).
+    ValueWithoutLeader,
     /// MINFENCE's n is not an integer from 1 up.
     BadMinFence(String),
     /// MINFENCE's n is more than 2^50 above the node's mark and clock.
@@ -181,6 +184,10 @@ impl fmt::Display for LockError {
             BadAfter(v) => write!(
                 f,
                 "ERR invalid AFTER {v}: must be a fencing token, or 0 for a free key"
+            ),
+            ValueWithoutLeader => write!(
+                f,
+                "ERR VALUE is the value seen with AFTER's fence: it needs AFTER and a fence above 0"
             ),
             BadMinFence(v) => write!(
                 f,
@@ -344,6 +351,7 @@ mod tests {
             LockError::ValueTooLong(2000, 1024),
             LockError::ValueShared,
             LockError::BadAfter("'x'".into()),
+            LockError::ValueWithoutLeader,
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::EvictionUnsafe,

@@ -59,7 +59,7 @@ pub struct Seen {
 impl Seen {
     /// Whether `leader` is no longer what was seen: another fence, or the
     /// same holder with another value (a proclaim).
-    fn differs(&self, leader: &Leader) -> bool {
+    pub fn differs(&self, leader: &Leader) -> bool {
         match leader {
             Leader::Vacant => self.after != 0,
             Leader::Held { fence, value, .. } => *fence != self.after || *value != self.value,

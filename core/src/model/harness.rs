@@ -134,13 +134,14 @@ impl Harness {
         client: u8,
         key: u8,
         after: Option<i64>,
+        value: Option<&[u8]>,
         block: Option<i64>,
         now: i64,
     ) -> Told {
         let at = self.at(now);
         let cond = self.cond(true);
         let observed = self.with_store(key, |node, store, _| {
-            node.observe(&key, store.map(|s| &*s), after, block, cond, at)
+            node.observe(&key, store.map(|s| &*s), after, value, block, cond, at)
         });
         match observed {
             Ok(Observation::Now(leader)) => told_leader(&leader),

@@ -87,12 +87,14 @@ pub(super) enum Op {
     Vanish {
         client: u8,
     },
-    /// `LOCK.OBSERVE key [AFTER fence] [BLOCK ms]`: `after` picks what the
-    /// client saw (see [`AFTERS`]).
+    /// `LOCK.OBSERVE key [AFTER fence [VALUE v]] [BLOCK ms]`: `after`
+    /// picks what the client saw (see [`AFTERS`]); `value` the value it
+    /// names with a leader's fence (see [`seen_value`]; None: not given).
     Observe {
         client: u8,
         key: u8,
         after: usize,
+        value: Option<u8>,
         block: Option<i64>,
     },
     /// ACL SETUSER: the client's user loses `lock.acquire` (or the key).
@@ -203,8 +205,9 @@ pub(super) fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Swap),
         1 => (0..KEYS).prop_map(|key| Op::Migrate { key }),
         2 => (0..CLIENTS).prop_map(|client| Op::Disconnect { client }),
-        3 => (0..CLIENTS, 0..KEYS, 0..AFTERS.len(), prop::option::weighted(0.8, 0..30i64))
-            .prop_map(|(client, key, after, block)| Op::Observe { client, key, after, block }),
+        3 => (0..CLIENTS, 0..KEYS, 0..AFTERS.len(), prop::option::weighted(0.4, 0..3u8),
+              prop::option::weighted(0.8, 0..30i64))
+            .prop_map(|(client, key, after, value, block)| Op::Observe { client, key, after, value, block }),
         2 => (0..CLIENTS).prop_map(|client| Op::Vanish { client }),
         1 => (0..CLIENTS).prop_map(|client| Op::Deny { client }),
         1 => (0..2usize, 0..2usize, 0..2usize)
@@ -282,6 +285,16 @@ pub(super) enum Told {
 /// The bytes of a proclaimed value (`Op::Extend`'s `value`).
 pub(super) fn value_bytes(v: u8) -> Vec<u8> {
     vec![b'v', b'0' + v]
+}
+
+/// The value an observer names as seen (`Op::Observe`'s `value`): one of
+/// the two proclaimed (0, 1), or none (2: a leader that proclaimed
+/// nothing, the empty value).
+pub(super) fn seen_value(v: u8) -> Vec<u8> {
+    match v {
+        0 | 1 => value_bytes(v),
+        _ => Vec::new(),
+    }
 }
 
 pub(super) fn error(e: LockError) -> Told {

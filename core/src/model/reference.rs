@@ -691,34 +691,39 @@ impl Reference {
         true
     }
 
-    /// `LOCK.OBSERVE key [AFTER after] [BLOCK block]`.
+    /// `LOCK.OBSERVE key [AFTER after [VALUE value]] [BLOCK block]`.
     pub(super) fn observe(
         &mut self,
         client: u8,
         key: u8,
         after: Option<i64>,
+        value: Option<&[u8]>,
         block: Option<i64>,
         now: i64,
     ) -> Told {
         if self.wrongtype.contains(&key) {
             return error(LockError::WrongType);
         }
-        let leader = self.leader(key, now);
-        match (after, block) {
-            (Some(a), Some(b)) if a == leader => {
+        let leader = self.leader_told(key, now);
+        // What the client saw: AFTER's fence, with the value it names (else
+        // the holder's value now; a free key has none).
+        let seen = after.map(|a| match (value, a == leader.0) {
+            (Some(v), _) => (a, v.to_vec()),
+            (None, true) => (a, leader.1.clone()),
+            (None, false) => (a, Vec::new()),
+        });
+        match (seen, block) {
+            (Some(seen), Some(b)) if seen == leader => {
                 self.observers.push(RefObserver {
                     client,
                     key,
-                    seen: self.leader_told(key, now),
+                    seen,
                     timeout_at: (b > 0).then_some(now + b),
                 });
                 Told::Blocked
             }
-            (Some(a), None) if a == leader => Told::Nil,
-            _ => {
-                let (fence, value) = self.leader_told(key, now);
-                Told::Leader(fence, value)
-            }
+            (Some(seen), None) if seen == leader => Told::Nil,
+            _ => Told::Leader(leader.0, leader.1),
         }
     }
 

@@ -511,6 +511,7 @@ impl Run {
             client,
             key,
             after,
+            value,
             block,
         } = *op
         else {
@@ -534,9 +535,15 @@ impl Run {
             After::Current => Some(current),
             After::Stale => Some(current + 1_000_000),
         };
+        // VALUE goes with a leader's fence only (the parser refuses it
+        // else): the value seen, which may be the one now or not.
+        let value = value
+            .filter(|_| after.is_some_and(|a| a > 0))
+            .map(seen_value);
+        let value = value.as_deref();
         let Step { replies, .. } = st;
-        replies.0 = Some(model.observe(client, key, after, block, now));
-        let reply = h.observe(client, key, after, block, now);
+        replies.0 = Some(model.observe(client, key, after, value, block, now));
+        let reply = h.observe(client, key, after, value, block, now);
         if reply == Told::Blocked {
             let timeout_at = block.filter(|t| *t > 0).map(|t| now + t);
             asked.insert(client, (vec![key], Vec::new(), timeout_at));

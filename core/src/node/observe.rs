@@ -1,4 +1,4 @@
-//! `LOCK.OBSERVE key [AFTER fence] [BLOCK ms]`: a key's leader, and
+//! `LOCK.OBSERVE key [AFTER fence [VALUE v]] [BLOCK ms]`: a key's leader, and
 //! observers told when it is no longer the one they saw: a new holder, a
 //! release, a lease that ended (told at its end, whether or not a command
 //! touches the key). Observers only read, so they are served on a replica
@@ -32,7 +32,7 @@ pub enum Observation<K> {
 #[derive(Debug, PartialEq, Eq)]
 pub struct ObserveTicket<K> {
     key: K,
-    /// What the client saw: `AFTER`'s fence, and that holder's value now.
+    /// What the client saw: `AFTER`'s fence and the value with it.
     seen: Seen,
     timeout_at_ms: Option<i64>,
     /// The holder's lease end (None: the key is free).
@@ -52,38 +52,52 @@ pub(crate) fn leader_of(store: &impl LockRead, now_ms: i64) -> Leader {
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
-    /// `LOCK.OBSERVE key [AFTER after] [BLOCK block_ms]`: the leader of
-    /// `key` (its `store`, Err for a key of another type), at once when
-    /// there is no `after` or the leader differs from it (`after` 0: the
-    /// client saw the key free); else, with `block_ms` (0: no timeout) and
-    /// when the client may block, a ticket to observe the key until it
-    /// changes; else nil. Reads only.
+    /// `LOCK.OBSERVE key [AFTER after [VALUE value]] [BLOCK block_ms]`:
+    /// the leader of `key` (its `store`, Err for a key of another type), at
+    /// once when there is no `after` or the leader differs from what the
+    /// client saw (`after` 0: the key free; else that fence, with `value`,
+    /// or without it the holder's value now); else, with `block_ms` (0: no
+    /// timeout) and when the client may block, a ticket to observe the key
+    /// until it changes; else nil. Reads only.
+    #[allow(clippy::too_many_arguments)] // one input per thing the call depends on
     pub fn observe(
         &self,
         key: &K,
         store: Result<&impl LockRead, LockError>,
         after: Option<i64>,
+        value: Option<&[u8]>,
         block_ms: Option<i64>,
         cond: Conditions,
         now: Now,
     ) -> Result<Observation<K>, LockError> {
         let now_ms = now.mono_ms();
         let leader = leader_of(store?, now_ms);
-        let Some(after) = after.filter(|&a| a == leader.fence()) else {
+        let Some(after) = after else {
             return Ok(Observation::Now(leader));
         };
+        let seen = Seen {
+            after,
+            value: match (value, &leader) {
+                (Some(v), _) => v.into(),
+                (None, Leader::Held { value, .. }) => value.clone(),
+                (None, Leader::Vacant) => Box::default(),
+            },
+        };
+        if seen.differs(&leader) {
+            return Ok(Observation::Now(leader));
+        }
         let Some(block_ms) = block_ms.filter(|_| cond.contains(Conditions::MAY_BLOCK)) else {
             return Ok(Observation::Nil);
         };
         // A held key is looked at again when its lease ends; a free one
         // when something writes to it.
-        let (check_at_ms, value) = match leader {
-            Leader::Held { ttl_ms, value, .. } => (Some(now_ms.saturating_add(ttl_ms)), value),
-            Leader::Vacant => (None, Box::default()),
+        let check_at_ms = match leader {
+            Leader::Held { ttl_ms, .. } => Some(now_ms.saturating_add(ttl_ms)),
+            Leader::Vacant => None,
         };
         Ok(Observation::Wait(ObserveTicket {
             key: key.clone(),
-            seen: Seen { after, value },
+            seen,
             timeout_at_ms: (block_ms > 0).then(|| now_ms.saturating_add(block_ms)),
             check_at_ms,
         }))

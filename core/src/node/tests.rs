@@ -1132,6 +1132,7 @@ fn watch(node: &mut N, store: &MemStore, client: u32, after: i64, block_ms: i64,
         &"k",
         Ok(store),
         Some(after),
+        None,
         Some(block_ms),
         BLOCKING,
         now(at_ms),
@@ -1148,7 +1149,7 @@ fn an_observer_is_told_of_a_vacancy_when_the_lease_ends_without_any_command() {
     hold(&mut node, &mut store, b"a", Mode::Exclusive, 100, T0);
     let fence = node.fence_of(&store, None, T0).unwrap();
     outputs(&mut node);
-    let seen = node.observe(&"k", Ok(&store), None, None, BLOCKING, now(T0 + 1));
+    let seen = node.observe(&"k", Ok(&store), None, None, None, BLOCKING, now(T0 + 1));
     assert_eq!(
         seen,
         Ok(Observation::Now(Leader::Held {
@@ -1215,24 +1216,25 @@ fn a_hand_off_at_the_lease_end_tells_the_new_leader_and_a_renewal_tells_nobody()
 fn an_observer_that_saw_another_leader_is_answered_at_once_or_nil_without_block() {
     let mut node = N::default();
     let mut store = MemStore::default();
-    let free = node.observe(&"k", Ok(&store), Some(0), None, BLOCKING, now(T0));
+    let free = node.observe(&"k", Ok(&store), Some(0), None, None, BLOCKING, now(T0));
     assert_eq!(free, Ok(Observation::Nil));
     // Inside MULTI or a script, BLOCK answers at once.
     let free = node.observe(
         &"k",
         Ok(&store),
         Some(0),
+        None,
         Some(0),
         Conditions::empty(),
         now(T0),
     );
     assert_eq!(free, Ok(Observation::Nil));
     hold(&mut node, &mut store, b"a", Mode::Exclusive, 100, T0);
-    let seen = node.observe(&"k", Ok(&store), Some(0), Some(0), BLOCKING, now(T0));
+    let seen = node.observe(&"k", Ok(&store), Some(0), None, Some(0), BLOCKING, now(T0));
     assert!(matches!(seen, Ok(Observation::Now(Leader::Held { .. }))));
     let wrong: Result<&MemStore, LockError> = Err(LockError::WrongType);
     assert_eq!(
-        node.observe(&"k", wrong, None, None, BLOCKING, now(T0)),
+        node.observe(&"k", wrong, None, None, None, BLOCKING, now(T0)),
         Err(LockError::WrongType)
     );
 }
@@ -1265,6 +1267,54 @@ fn set_args(
         deadline_ms,
         granted_ms,
     }
+}
+
+/// `AFTER fence VALUE v`: what the client saw is that fence with that
+/// value, so a proclaim it missed between two calls is answered at once;
+/// the value it names as the holder's now waits as `AFTER` alone does.
+#[test]
+fn after_with_the_value_seen_answers_a_proclaim_made_meanwhile() {
+    let mut node = N::default();
+    let mut store = MemStore::default();
+    let r = AcquireRequest {
+        value: Some(&b"v2"[..]),
+        ..req(b"a", 100, None)
+    };
+    let got = node.acquire(&"k", Ok(&mut store), r, BLOCKING, &mut AdmitAll, now(T0));
+    let Ok(Acquire::Granted(fence)) = got else {
+        panic!("{got:?}")
+    };
+    let ask = |node: &N, value: &[u8]| {
+        node.observe(
+            &"k",
+            Ok(&store),
+            Some(fence),
+            Some(value),
+            Some(0),
+            BLOCKING,
+            now(T0 + 1),
+        )
+    };
+    let now_leader = Leader::Held {
+        fence,
+        ttl_ms: 99,
+        value: b"v2"[..].into(),
+    };
+    assert_eq!(ask(&node, b"v1"), Ok(Observation::Now(now_leader)));
+    assert_eq!(
+        ask(&node, b""),
+        Ok(Observation::Now(Leader::Held {
+            fence,
+            ttl_ms: 99,
+            value: b"v2"[..].into(),
+        })),
+        "seen with no value"
+    );
+    let Ok(Observation::Wait(ticket)) = ask(&node, b"v2") else {
+        panic!("the value it saw is the value now: it waits")
+    };
+    node.start_observing(ticket, 7).unwrap();
+    assert_eq!(node.observing(&"k"), 1);
 }
 
 /// A leader's public value: granted with the lock, changed by a renewal

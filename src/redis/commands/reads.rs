@@ -73,10 +73,10 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     ]))
 }
 
-/// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`: the key's leader
-/// at once, or, when it is still the one seen (`AFTER`), nil or (with
-/// `BLOCK`) the client waits to be told of the next one. Reads only: on a
-/// replica too.
+/// `LOCK.OBSERVE key [AFTER fence [VALUE v]] [BLOCK timeout-ms]`: the
+/// key's leader at once, or, when it is still the one seen (`AFTER`, and
+/// `VALUE` with it), nil or (with `BLOCK`) the client waits to be told of
+/// the next one. Reads only: on a replica too.
 pub(super) fn observe(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = args::parse_observe(argv.bytes())?;
     let store = ReadKey::open(ctx, argv.key());
@@ -85,7 +85,7 @@ pub(super) fn observe(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let cond = engine::conditions(ctx, a.block_ms.is_some() && may_block(ctx));
     let seen = engine::with_engine(|n| {
         let store = store.as_ref().map_err(|e| e.clone());
-        n.observe(&key, store, a.after, a.block_ms, cond, now)
+        n.observe(&key, store, a.after, a.value, a.block_ms, cond, now)
     })?;
     drop(store);
     match seen {

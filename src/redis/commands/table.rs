@@ -354,10 +354,14 @@ pub static COMMANDS: [Command; 15] = [
         key_flags: RO | ACCESS,
         keys: KeyPlace::First,
         acl_categories: c"read blocking",
-        summary: c"Replies with the key's leader (fence, ttl and value; fence 0, ttl -2 and value nil when nobody holds it). With AFTER, only when it is no longer the one with that fence (0: the key was free): else nil, or with BLOCK the client waits until it changes, up to timeout-ms (0: forever).",
+        summary: c"Replies with the key's leader (fence, ttl and value; fence 0, ttl -2 and value nil when nobody holds it). With AFTER, only when it is no longer the one with that fence (0: the key was free) and, with VALUE, that value: else nil, or with BLOCK the client waits until it changes, up to timeout-ms (0: forever).",
         args: &[
             LOCK_KEY,
             option(c"AFTER", c"fence", c"The fence of the leader last seen (0: the key was free): answer only once the leader differs."),
+            ArgDoc {
+                kind: STRING,
+                ..option(c"VALUE", c"value", c"With AFTER and a fence above 0: the value seen with that leader (empty: none); a new value it proclaimed since is answered at once. Without it, the holder's value now.")
+            },
             option(c"BLOCK", c"timeout-ms", c"With AFTER: wait up to timeout-ms (0: no timeout) for the next leader instead of answering nil."),
         ],
     },
