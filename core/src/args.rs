@@ -466,7 +466,7 @@ pub fn parse_observe<'a>(argv: &[&'a [u8]]) -> Result<ObserveArgs<'a>, LockError
             return Err(LockError::UnknownOption(show_arg(option)));
         }
     }
-    if value.is_some() && !after.is_some_and(|a| a > 0) {
+    if value.is_some() && after.is_none_or(|a| a <= 0) {
         return Err(LockError::ValueWithoutLeader);
     }
     Ok(ObserveArgs {
