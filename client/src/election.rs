@@ -2,9 +2,8 @@
 //! (`LOCK.ACQUIRE ... BLOCK ... VALUE v`), the leader is the holder, its
 //! public value (an address, an id) is what followers read, and followers
 //! are told of every change by the server (`LOCK.OBSERVE key AFTER fence
-//! BLOCK ms`), a vacancy included; an observer also reads the state again
-//! after each second without a change (a proclaim in the instant between
-//! one answer and the next wait keeps the fence that wait names).
+//! VALUE v BLOCK 0`: the fence and the value last seen), a vacancy
+//! included, with no polling.
 //!
 //! A leader is a [`LockGuard`] with a value: its fence goes with every
 //! write it makes (`LOCK.EXEC`, `LOCK.FENCED` or the resource's own check),
@@ -30,11 +29,6 @@ use crate::node::{Conn, Node};
 /// How long one campaign round waits in the line before it queues again
 /// (a campaign waits until it wins or is dropped).
 const CAMPAIGN_ROUND: Duration = Duration::from_secs(24 * 3600);
-
-/// How long an observer waits in the server before it reads the state
-/// again: a proclaim that lands between one answer and the next wait
-/// keeps the fence the wait names, so only this read tells it.
-const RESYNC: Duration = Duration::from_secs(1);
 
 /// A key's leader: its fencing token and public value.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -149,6 +143,7 @@ impl Election<'_> {
             .await
             .into_iter()
             .filter_map(|r| r.ok().flatten())
+            .map(|(observed, _)| observed)
             .collect();
         let answered = seen.len();
         if answered < group.quorum() {
@@ -164,7 +159,7 @@ impl Election<'_> {
     /// now, then each new leader, each new value a leader proclaims, and
     /// each vacancy (a release, or a lease that ended with no command). One
     /// connection per node, blocked in the server (`LOCK.OBSERVE ... AFTER
-    /// fence BLOCK 0`); after a reconnect the stream reads the state again
+    /// fence VALUE v BLOCK 0`); after a reconnect the stream reads the state again
     /// and goes on from what it last told, so no change is repeated and the
     /// newest is never missed (changes in between are seen as the newest).
     /// On a Redlock group a state is told once a majority agree on it. An
@@ -307,15 +302,14 @@ async fn follow_node(
     loop {
         let watched = async {
             let mut conn = node.open(limit).await?;
-            // The state now (a resync after a reconnect), then each change.
-            let mut after = None;
+            // The state now (a resync after a reconnect), then each change:
+            // each wait names the fence and the value's bytes last seen.
+            let mut after: Option<(i64, Vec<u8>)> = None;
             loop {
-                let seen = observe_once(&mut conn, key, after).await?;
-                let Some(seen) = seen else {
-                    // The wait's bound passed with no change of fence: read
-                    // the state again, so a proclaim made between a reply
-                    // and the next wait (AFTER names a fence, not a value)
-                    // is told within RESYNC.
+                let seen = observe_once(&mut conn, key, after.as_ref()).await?;
+                let Some((seen, raw_value)) = seen else {
+                    // Nil: the wait was let go (CLIENT UNBLOCK ... TIMEOUT):
+                    // read the state again.
                     after = None;
                     continue;
                 };
@@ -325,7 +319,7 @@ async fn follow_node(
                         return Ok(());
                     }
                 }
-                after = Some(seen.fence());
+                after = Some((seen.fence(), raw_value));
             }
         };
         let ended: Result<()> = tokio::select! {
@@ -351,24 +345,30 @@ async fn follow_node(
 }
 
 /// `LOCK.OBSERVE key` (None: the state now) or `LOCK.OBSERVE key AFTER f
-/// BLOCK 0` (the next state that differs from "led with fence f", or with
-/// f the same fence and a new value); None for nil.
-async fn observe_once(conn: &mut Conn, key: &str, after: Option<i64>) -> Result<Option<Observed>> {
+/// VALUE v BLOCK 0` (the next state that differs from "led by fence f with
+/// value v", or from a vacancy for f 0); None for nil.
+async fn observe_once(
+    conn: &mut Conn,
+    key: &str,
+    after: Option<&(i64, Vec<u8>)>,
+) -> Result<Option<(Observed, Vec<u8>)>> {
     let mut cmd = redis::cmd(command::OBSERVE);
     cmd.arg(key);
-    if let Some(fence) = after {
-        cmd.arg(command::AFTER)
-            .arg(fence)
-            .arg(command::BLOCK)
-            .arg(RESYNC.as_millis() as u64);
+    if let Some((fence, value)) = after {
+        cmd.arg(command::AFTER).arg(*fence);
+        if *fence > 0 {
+            cmd.arg(command::VALUE).arg(value.as_slice());
+        }
+        cmd.arg(command::BLOCK).arg(0);
     }
     let reply: redis::Value = cmd.query_async(conn).await?;
     parse_observed(reply)
 }
 
 /// A `LOCK.OBSERVE` reply: a map (RESP3) or flat array (RESP2) of fence,
-/// ttl and value; nil.
-fn parse_observed(reply: redis::Value) -> Result<Option<Observed>> {
+/// ttl and value, with the value's bytes as the server has them (empty:
+/// none), which the next wait names; nil.
+fn parse_observed(reply: redis::Value) -> Result<Option<(Observed, Vec<u8>)>> {
     let pairs: Vec<(redis::Value, redis::Value)> = match reply {
         redis::Value::Nil => return Ok(None),
         redis::Value::Map(pairs) => pairs,
@@ -378,21 +378,24 @@ fn parse_observed(reply: redis::Value) -> Result<Option<Observed>> {
             .collect(),
         other => return Err(unexpected(format!("{other:?}"))),
     };
-    let (mut fence, mut value) = (None, None);
+    let (mut fence, mut raw) = (None, None);
     for (name, v) in pairs {
         let name: String = redis::from_redis_value(&name)?;
         match name.as_str() {
             info_field::FENCE => fence = Some(redis::from_redis_value::<i64>(&v)?),
-            info_field::VALUE => {
-                value = redis::from_redis_value::<Option<Vec<u8>>>(&v)?
-                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            }
+            info_field::VALUE => raw = redis::from_redis_value::<Option<Vec<u8>>>(&v)?,
             _ => {}
         }
     }
+    let value = raw
+        .as_ref()
+        .map(|bytes| String::from_utf8_lossy(bytes).into_owned());
     Ok(Some(match fence {
-        Some(0) => Observed::Vacant,
-        Some(fence) => Observed::Leader(Leader { fence, value }),
+        Some(0) => (Observed::Vacant, Vec::new()),
+        Some(fence) => (
+            Observed::Leader(Leader { fence, value }),
+            raw.unwrap_or_default(),
+        ),
         None => return Err(unexpected("no fence".into())),
     }))
 }
@@ -428,6 +431,7 @@ mod tests {
     fn replies_read_in_both_protocols() {
         use redis::Value::{Array, BulkString, Int, Map, Nil};
         let word = |w: &str| BulkString(w.as_bytes().to_vec());
+        let told = |v| parse_observed(v).unwrap().map(|(o, _)| o);
         let resp2 = Array(vec![
             word("fence"),
             Int(7),
@@ -436,13 +440,13 @@ mod tests {
             word("value"),
             word("10.0.0.7"),
         ]);
-        assert_eq!(parse_observed(resp2).unwrap(), Some(leader(7, "10.0.0.7")));
+        assert_eq!(told(resp2), Some(leader(7, "10.0.0.7")));
         let vacant = Map(vec![
             (word("fence"), Int(0)),
             (word("ttl"), Int(-2)),
             (word("value"), Nil),
         ]);
-        assert_eq!(parse_observed(vacant).unwrap(), Some(Observed::Vacant));
+        assert_eq!(told(vacant), Some(Observed::Vacant));
         assert_eq!(parse_observed(Nil).unwrap(), None);
         assert!(parse_observed(Int(3)).is_err());
         // A value that is not UTF-8 (any writer may set one) is read, not
@@ -453,9 +457,8 @@ mod tests {
             word("value"),
             BulkString(vec![0xff, b'a', 0xfe]),
         ]);
-        assert_eq!(
-            parse_observed(binary).unwrap(),
-            Some(leader(8, "\u{fffd}a\u{fffd}"))
-        );
+        let (observed, raw) = parse_observed(binary).unwrap().unwrap();
+        assert_eq!(observed, leader(8, "\u{fffd}a\u{fffd}"));
+        assert_eq!(raw, vec![0xff, b'a', 0xfe], "the bytes the next wait names");
     }
 }

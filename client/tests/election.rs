@@ -171,6 +171,38 @@ async fn an_observer_resumes_after_its_connection_dies_without_repeating_or_miss
     assert_eq!(next(&mut o).await, Observed::Vacant);
 }
 
+/// An observer sends nothing while nothing changes: the state once, then
+/// one wait in the server (`AFTER fence VALUE v BLOCK 0`). Before, it
+/// re-read the state every second to catch a proclaim made between an
+/// answer and its next wait; the wait now names the value seen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_observer_sends_nothing_while_nothing_changes() {
+    let s = Server::start();
+    let locks = LockClient::new(&[s.url()]).unwrap();
+    let election = locks.election("k");
+    let a = election.campaign("a", TTL).await.unwrap();
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, leader(a.fence(), "a"));
+    wait_blocked(&s, 1).await;
+    let calls = || {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut s.conn())
+            .unwrap();
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_lock.observe:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = calls();
+    quiet(&mut o, 2500).await;
+    assert_eq!(calls(), before, "no command while nothing changed");
+    assert!(a.proclaim("b").await.unwrap());
+    assert_eq!(next(&mut o).await, leader(a.fence(), "b"));
+}
+
 /// The observed node is demoted (REPLICAOF a node where nobody leads):
 /// Redis lets its blocked observer go with UNBLOCKED. The observer rides
 /// that out as it does a lost connection and is told the vacancy the

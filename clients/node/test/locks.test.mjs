@@ -240,6 +240,31 @@ each('a proclaim is seen by an observer; renewals keep the value; a resignation 
   await changes.return();
 });
 
+each('an observer of a value that is not UTF-8 waits without spinning', async (locks, server) => {
+  // A writer's binary value (a Lua escape makes the byte 0xff): it reads
+  // back as a string of other bytes, so a wait naming it would be answered
+  // at once for ever; the observer then waits on the fence alone.
+  const fence = await server.command(
+    'EVAL',
+    "return redis.call('LOCK.ACQUIRE', KEYS[1], 'tok', '60000', 'VALUE', '\\255a')",
+    '1',
+    'election',
+  );
+  const calls = async () => {
+    const stats = await server.command('INFO', 'commandstats');
+    return Number(/cmdstat_lock\.observe:calls=(\d+)/.exec(stats)?.[1] ?? 0);
+  };
+  const changes = reader(locks.observe('election'));
+  const first = await changes.next();
+  assert.equal(first.fence, fence);
+  const before = await calls();
+  assert.equal(await changes.next(1000), NOTHING, 'nothing changed');
+  assert.ok((await calls()) - before < 10, 'no loop of waits answered at once');
+  assert.equal(await server.command('LOCK.RELEASE', 'election', 'tok'), 1);
+  assert.equal(await changes.next(), null, 'told of the vacancy');
+  await changes.return();
+});
+
 each('a proclaim after the lease ended is lost and grants nothing', async (locks, server) => {
   // The lease ends in the server while this client still counts it held.
   let a = await locks.campaign('election', 'v1');

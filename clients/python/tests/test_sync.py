@@ -410,6 +410,33 @@ def test_a_proclaim_after_the_lease_ended_is_lost_and_grants_nothing(server):
     assert b.release() is True
 
 
+def observe_calls(r) -> int:
+    stats = r.info("commandstats").get("cmdstat_lock.observe", {})
+    return int(stats.get("calls", 0))
+
+
+def test_an_observer_of_a_value_it_cannot_decode_waits_without_spinning(server):
+    """With ``decode_responses`` (and ``encoding_errors="replace"``), a
+    value that is not UTF-8 reads back as other bytes than the server's, so
+    a wait naming it would be answered at once for ever: the observer then
+    waits on the fence alone. It is still told of the next change."""
+    r = server.client(decode_responses=True, encoding_errors="replace")
+    admin = server.client()
+    locks = Locks(r)
+    # A Lua string escape makes the byte 0xff: a writer's binary value.
+    fence = admin.eval(
+        "return redis.call('LOCK.ACQUIRE', KEYS[1], 'tok', '60000', 'VALUE', '\\255a')",
+        1, "election")
+    with locks.observe("election") as observer:
+        pump = Pump(observer)
+        assert pump.get() == Leader(fence, "\ufffda")
+        before = observe_calls(admin)
+        assert pump.get(within=1.0) is Pump.NOTHING, "nothing changed"
+        assert observe_calls(admin) - before < 10, "no loop of waits answered at once"
+        assert admin.execute_command("LOCK.RELEASE", "election", "tok") == 1
+        assert pump.get() is None, "told of the vacancy"
+
+
 def test_an_observer_is_told_when_a_lease_ends_with_no_command(server):
     locks = Locks(server.client(), renew=False)
     with locks.observe("election") as observer:

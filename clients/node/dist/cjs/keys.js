@@ -40,9 +40,18 @@ exports.checkMs = checkMs;
 exports.randomToken = randomToken;
 const p = __importStar(require("./protocol.js"));
 const { OBSERVE, AFTER, VALUE } = p;
-/** `LOCK.OBSERVE key` (the state now), or with `AFTER fence BLOCK 0` (wait
- * until the key is no longer held with that fence; 0: vacant). */
-const observeArgs = (key, after) => after === undefined ? [OBSERVE, key] : [OBSERVE, key, AFTER, after, p.BLOCK, 0];
+/** `LOCK.OBSERVE key` (the state now), or given what was `seen`, `AFTER
+ * fence VALUE v BLOCK 0`: wait until the key is no longer led by it with
+ * its value (`null`: until it is no longer vacant, `AFTER 0`). Without
+ * `withValue`, the wait names the fence alone (the holder's value now). */
+const observeArgs = (key, seen, withValue = true) => {
+    if (seen === undefined)
+        return [OBSERVE, key];
+    if (seen === null)
+        return [OBSERVE, key, AFTER, 0, p.BLOCK, 0];
+    const named = withValue ? [VALUE, seen.value ?? ''] : [];
+    return [OBSERVE, key, AFTER, seen.fence, ...named, p.BLOCK, 0];
+};
 exports.observeArgs = observeArgs;
 /** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
  * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */

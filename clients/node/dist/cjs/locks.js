@@ -97,6 +97,8 @@ class Locks {
         let last;
         // A blocked OBSERVE whose reply is still to come.
         let pending;
+        // Whether the wait names the value last given (see below).
+        let exact = true;
         let backoff = OBSERVE_BACKOFF_MS[0];
         const onAbort = () => conn?.destroy();
         signal?.addEventListener('abort', onAbort, { once: true });
@@ -121,10 +123,12 @@ class Locks {
                     }
                     else {
                         if (!pending) {
-                            // The state now and a wait for the next change in one write:
-                            // the server runs both in one go, so a change (a proclaim
-                            // keeps the fence) cannot slip in between.
-                            const [now, wait] = conn.sendPair((0, keys_js_1.observeArgs)(key), (0, keys_js_1.observeArgs)(key, last?.fence ?? 0));
+                            // The state now and a wait for the next change in one write;
+                            // the wait names the fence and the value last given, so a
+                            // change made since (a proclaim keeps the fence) is answered
+                            // at once.
+                            const seen = last;
+                            const [now, wait] = conn.sendPair((0, keys_js_1.observeArgs)(key), (0, keys_js_1.observeArgs)(key, seen, exact));
                             pending = wait;
                             wait.catch(() => { }); // read below, or dropped with the connection
                             const state = (0, keys_js_1.leaderOf)(await now);
@@ -138,6 +142,12 @@ class Locks {
                                 const state = (0, keys_js_1.leaderOf)(reply);
                                 if (!(0, keys_js_1.sameLeader)(state, last))
                                     next = state;
+                                // Answered though nothing changed: the value read back as a
+                                // string is not the bytes the server holds (not UTF-8), so
+                                // naming it never matches. Wait on the fence alone for this
+                                // leader rather than be answered at once for ever.
+                                else
+                                    exact = false;
                             }
                         }
                     }
@@ -156,6 +166,7 @@ class Locks {
                 }
                 if (next !== undefined) {
                     last = next;
+                    exact = true;
                     yield next;
                 }
             }

@@ -94,6 +94,8 @@ export class Locks {
         let last;
         // A blocked OBSERVE whose reply is still to come.
         let pending;
+        // Whether the wait names the value last given (see below).
+        let exact = true;
         let backoff = OBSERVE_BACKOFF_MS[0];
         const onAbort = () => conn?.destroy();
         signal?.addEventListener('abort', onAbort, { once: true });
@@ -118,10 +120,12 @@ export class Locks {
                     }
                     else {
                         if (!pending) {
-                            // The state now and a wait for the next change in one write:
-                            // the server runs both in one go, so a change (a proclaim
-                            // keeps the fence) cannot slip in between.
-                            const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, last?.fence ?? 0));
+                            // The state now and a wait for the next change in one write;
+                            // the wait names the fence and the value last given, so a
+                            // change made since (a proclaim keeps the fence) is answered
+                            // at once.
+                            const seen = last;
+                            const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, seen, exact));
                             pending = wait;
                             wait.catch(() => { }); // read below, or dropped with the connection
                             const state = leaderOf(await now);
@@ -135,6 +139,12 @@ export class Locks {
                                 const state = leaderOf(reply);
                                 if (!sameLeader(state, last))
                                     next = state;
+                                // Answered though nothing changed: the value read back as a
+                                // string is not the bytes the server holds (not UTF-8), so
+                                // naming it never matches. Wait on the fence alone for this
+                                // leader rather than be answered at once for ever.
+                                else
+                                    exact = false;
                             }
                         }
                     }
@@ -153,6 +163,7 @@ export class Locks {
                 }
                 if (next !== undefined) {
                     last = next;
+                    exact = true;
                     yield next;
                 }
             }

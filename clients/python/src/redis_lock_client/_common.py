@@ -48,12 +48,21 @@ def check_value(value: Any) -> Value:
     return value
 
 
-def observe_args(key: Any, after: Optional[int] = None) -> List[Any]:
-    """``LOCK.OBSERVE key`` (the state now), or with ``AFTER fence BLOCK 0``
-    (wait until the key is no longer held with that fence; 0: vacant)."""
-    if after is None:
+def observe_args(
+    key: Any, seen: Optional["Leader"] = None, wait: bool = False, with_value: bool = True
+) -> List[Any]:
+    """``LOCK.OBSERVE key`` (the state now), or with ``wait``, ``AFTER fence
+    VALUE v BLOCK 0``: wait until the key is no longer led by ``seen`` with
+    its value (``None``: until it is no longer vacant, ``AFTER 0``); without
+    ``with_value``, on the fence alone (the holder's value now)."""
+    if not wait:
         return [OBSERVE, key]
-    return [OBSERVE, key, AFTER, after, p.BLOCK, 0]
+    if seen is None:
+        return [OBSERVE, key, AFTER, 0, p.BLOCK, 0]
+    if not with_value:
+        return [OBSERVE, key, AFTER, seen.fence, p.BLOCK, 0]
+    value = b"" if seen.value is None else seen.value
+    return [OBSERVE, key, AFTER, seen.fence, p.VALUE, value, p.BLOCK, 0]
 
 
 def leader_of(reply: Any) -> Optional[Leader]:

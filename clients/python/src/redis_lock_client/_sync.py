@@ -651,6 +651,8 @@ class Observer:
         self._conn: Any = None
         self._pending = False  # a blocked OBSERVE's reply is still to come
         self._last: Any = _UNSEEN
+        # Whether the wait names the value last given (see _step).
+        self._exact = True
         self._closed = threading.Event()
         self._guard = threading.Lock()
 
@@ -681,6 +683,7 @@ class Observer:
                 continue
             if state is not _NOTHING:
                 self._last = state
+                self._exact = True
                 return state
 
     def _connection(self) -> Any:
@@ -701,12 +704,11 @@ class Observer:
             if self._last is _UNSEEN:
                 conn.send_command(*c.observe_args(self.key))
                 return c.leader_of(conn.read_response())
-            # The state now, and a wait for the next change, in one write:
-            # the server runs both in one go, so a change (a proclaim keeps
-            # the fence) cannot slip in between.
-            after = 0 if self._last is None else self._last.fence
+            # The state now, and a wait for the next change, in one write;
+            # the wait names the fence and the value last told, so a change
+            # made since (a proclaim keeps the fence) is answered at once.
             conn.send_packed_command(conn.pack_commands(
-                [c.observe_args(self.key), c.observe_args(self.key, after)]))
+                [c.observe_args(self.key), c.observe_args(self.key, self._last, wait=True, with_value=self._exact)]))
             self._pending = True
             now = c.leader_of(conn.read_response())
             if now != self._last:
@@ -716,7 +718,14 @@ class Observer:
         if reply is None:
             return _NOTHING
         now = c.leader_of(reply)
-        return now if now != self._last else _NOTHING
+        if now == self._last:
+            # Answered though nothing changed: the value as decoded is not
+            # the bytes the server holds (decode_responses with a value that
+            # is not UTF-8), so naming it never matches. Wait on the fence
+            # alone for this leader rather than be answered at once for ever.
+            self._exact = False
+            return _NOTHING
+        return now
 
     def _drop(self) -> None:
         with self._guard:

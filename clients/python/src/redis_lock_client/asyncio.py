@@ -438,6 +438,8 @@ class Observer:
         self._conn: Any = None
         self._pending = False
         self._last: Any = _UNSEEN
+        # Whether the wait names the value last given (see _step).
+        self._exact = True
         self._closed = False
 
     def __repr__(self) -> str:
@@ -472,6 +474,7 @@ class Observer:
                 continue
             if state is not _NOTHING:
                 self._last = state
+                self._exact = True
                 return state
 
     def _connection(self) -> Any:
@@ -488,9 +491,8 @@ class Observer:
                 return c.leader_of(await conn.read_response())
             # The state now and a wait for the next change in one write
             # (see redis_lock_client.Observer).
-            after = 0 if self._last is None else self._last.fence
             await conn.send_packed_command(conn.pack_commands(
-                [c.observe_args(self.key), c.observe_args(self.key, after)]))
+                [c.observe_args(self.key), c.observe_args(self.key, self._last, wait=True, with_value=self._exact)]))
             self._pending = True
             now = c.leader_of(await conn.read_response())
             if now != self._last:
@@ -500,7 +502,14 @@ class Observer:
         if reply is None:
             return _NOTHING
         now = c.leader_of(reply)
-        return now if now != self._last else _NOTHING
+        if now == self._last:
+            # Answered though nothing changed: the value as decoded is not
+            # the bytes the server holds (decode_responses with a value that
+            # is not UTF-8), so naming it never matches. Wait on the fence
+            # alone for this leader rather than be answered at once for ever.
+            self._exact = False
+            return _NOTHING
+        return now
 
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
