@@ -101,6 +101,10 @@ pub enum DecodeError {
     Holders(i64),
     /// Two holders with one token (version 3).
     DuplicateToken,
+    /// A holder of a shared key with a public value (version 4): a value
+    /// names a leader, an exclusive holder; no command of this module
+    /// writes one, and an AOF rewrite (`LOCK._SHARED`) would drop it.
+    SharedValue,
 }
 
 impl fmt::Display for DecodeError {
@@ -128,6 +132,12 @@ impl fmt::Display for DecodeError {
                 "{n} holders (1 when exclusive, 1 to {MAX_STORED_HOLDERS} when shared)"
             ),
             DecodeError::DuplicateToken => write!(f, "two holders have one token"),
+            DecodeError::SharedValue => {
+                write!(
+                    f,
+                    "a holder of a shared key has a value (only a leader has one)"
+                )
+            }
         }
     }
 }
@@ -176,6 +186,11 @@ pub fn decode_value<R: ValueReader>(
     tokens.sort_unstable();
     if tokens.windows(2).any(|w| w[0] == w[1]) {
         return Err(DecodeError::DuplicateToken);
+    }
+    let has_value =
+        |h: &StoredLock<R::Bytes>| h.value.as_ref().is_some_and(|v| !v.as_ref().is_empty());
+    if mode.is_shared() && holders.iter().any(has_value) {
+        return Err(DecodeError::SharedValue);
     }
     Ok(StoredValue { mode, holders })
 }
@@ -393,6 +408,23 @@ mod tests {
         assert_eq!(
             decode_value(4, &mut RdbBytes::new(&too_long), accept),
             Err(DecodeError::ValueLength(MAX_VALUE_LEN + 1))
+        );
+        // A shared key's holders carry none (an empty one is none); a
+        // crafted payload with one is refused, not loaded for an AOF
+        // rewrite to drop.
+        let shared = Mode::Shared { limit: None };
+        let none = encode_value_v4(shared, &[(b"r1", 5, 6, 0, &b""[..]), (b"r2", 7, 8, 0, b"")]);
+        assert_eq!(
+            decode_value(4, &mut RdbBytes::new(&none), accept).map(|v| v.holders.len()),
+            Ok(2)
+        );
+        let valued = encode_value_v4(
+            shared,
+            &[(b"r1", 5, 6, 0, &b""[..]), (b"r2", 7, 8, 0, b"v")],
+        );
+        assert_eq!(
+            decode_value(4, &mut RdbBytes::new(&valued), accept).map(|v| v.holders.len()),
+            Err(DecodeError::SharedValue)
         );
     }
 

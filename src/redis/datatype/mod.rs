@@ -14,7 +14,7 @@
 //! | fence       | SaveSigned          | fencing token of this grant, > 0     |
 //! | deadline_ms | SaveSigned          | absolute end of the lease, Unix ms (wall clock) |
 //! | granted_ms  | SaveSigned          | when this holder was granted, Unix ms (0 ≤ it ≤ deadline_ms; 0: unknown) |
-//! | value       | SaveStringBuffer    | the holder's public value, 0–16384 bytes (empty: none) |
+//! | value       | SaveStringBuffer    | the holder's public value, 0–16384 bytes (empty: none; always none for a shared key's holders) |
 //!
 //! Both times are converted from the monotonic clock at one instant when
 //! written (`core::time::wall_times`). A grant time after the deadline (an
@@ -37,7 +37,10 @@
 //! `core::limits::MAX_FENCE_LEAD` above the node's mark and clock (for a
 //! `RESTORE`, above the clock alone), rather than guessing. A loaded RDB's
 //! mark comes from its aux field; a `RESTORE`d value raises the mark with
-//! its own fence once decoded whole.
+//! its own fence once decoded whole. A value longer than
+//! `lock.max-value-len` (but within 16384 bytes) loads: that option bounds
+//! the values of new grants and proclaims, and a server may have had a
+//! higher one when it wrote the data.
 //!
 //! ## In memory
 //! An exclusive lock is one allocation, the token inline (see [`LockBlock`]), its
