@@ -24,7 +24,12 @@
 //! the replica had not received is lost with the old master, and the
 //! follower is then told the new master's older state); the run reports
 //! how often. Clock steps are not among these faults: tests/history.rs
-//! runs the lock commands under them.
+//! runs the lock commands under them. (Tried here under libfaketime on
+//! Redis 8.2: a lock node's wall clock stepped by an hour leaves its
+//! replica's replication link looking down for an hour to Sentinel, which
+//! then finds no replica to promote and the failover never comes; and it
+//! found a promoted replica with its clock behind reissuing the fences of
+//! grants its master made unseen, since mended, see `fence`.)
 //!
 //! `ELECTION_HISTORY_SECONDS` sets the length (default 8 s),
 //! `ELECTION_HISTORY_SEED` the random choices.

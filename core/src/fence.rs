@@ -12,13 +12,17 @@
 //!   the HWM ([`FenceCounter::observe`]), but only within
 //!   [`MAX_FENCE_LEAD`] of `max(HWM, now)`: one damaged or hostile value
 //!   cannot use up the token space.
-//! * At load and promotion the HWM is raised to the clock
-//!   ([`FenceCounter::raise_to_clock`]), so a node that lost its tail starts
-//!   above every token it could have issued, provided its clock did not go
-//!   back and it issued fewer than a million grants a second on average.
+//! * At load and promotion the HWM is raised to the clock, or, when the
+//!   clock is behind the HWM, [`SERVING_FENCE_GAP`] (10 s of µs) above it
+//!   ([`FenceCounter::start_serving`]), so a node that lost its tail (grants
+//!   a failover or a crash lost) starts above every token its predecessor
+//!   could have issued: by the clock, when clocks agree and fewer than a
+//!   million grants a second went out on average; by the gap, when this
+//!   node's clock is behind (a step back), for up to 10 s or 10 million
+//!   grants of lag.
 
 use super::error::LockError;
-use super::limits::MAX_FENCE_LEAD;
+use super::limits::{MAX_FENCE_LEAD, SERVING_FENCE_GAP};
 
 /// The clock bound shared by every token that raises the mark on request
 /// (MINFENCE, RESTORE): at most `MAX_FENCE_LEAD` above the clock.
@@ -34,6 +38,15 @@ pub fn check_min_fence(fence: i64, now_us: i64) -> Result<(), LockError> {
         return Err(LockError::BadFence("more than 2^50 above the clock"));
     }
     Ok(())
+}
+
+/// The mark a node starts serving with, from the mark `hwm` it had and its
+/// clock (see [`FenceCounter::start_serving`]).
+pub fn serving_mark(hwm: i64, now_us: i64) -> i64 {
+    match now_us > hwm {
+        true => now_us,
+        false => hwm.checked_add(SERVING_FENCE_GAP).unwrap_or(hwm),
+    }
 }
 
 /// Where the engine takes a new fencing token from.
@@ -85,9 +98,13 @@ impl FenceCounter {
         Ok(())
     }
 
-    /// At load and at promotion: never below the wall clock in µs.
-    pub fn raise_to_clock(&mut self, now_us: i64) {
-        self.hwm = self.hwm.max(now_us);
+    /// At load and at promotion: the wall clock in µs when it is past the
+    /// mark (as every grant takes it: two nodes that start from one mark
+    /// still part by their clocks); else, the clock being behind,
+    /// [`SERVING_FENCE_GAP`] above the mark (unless that would pass
+    /// `i64::MAX`: a mark that high keeps what is left).
+    pub fn start_serving(&mut self, now_us: i64) {
+        self.hwm = serving_mark(self.hwm, now_us);
     }
 }
 
@@ -150,12 +167,33 @@ mod tests {
     #[test]
     fn restart_raises_to_the_clock_but_not_below_what_was_saved() {
         let mut lost_tail = FenceCounter::new(10);
-        lost_tail.raise_to_clock(NOW);
+        lost_tail.start_serving(NOW);
         assert_eq!(lost_tail.next_fence(NOW - 1), Ok(NOW + 1));
 
         let mut ahead = FenceCounter::new(i64::MAX - 5);
-        ahead.raise_to_clock(NOW);
+        ahead.start_serving(NOW);
         assert_eq!(ahead.hwm(), i64::MAX - 5);
+        // Two nodes that start from one mark with their clocks past it
+        // part by their clocks, as before: no run of equal tokens.
+        assert_eq!(serving_mark(NOW - 5_000, NOW), NOW);
+        assert_eq!(serving_mark(NOW - 5_000, NOW + 7), NOW + 7);
+    }
+
+    /// A promoted replica whose clock is behind (stepped back an hour) saw
+    /// fence F last; its master may have granted F + 1, F + 2, ... before
+    /// it died (its own clock behind too: one above the mark each). The
+    /// replica's first grant is above them all. Before, it was F + 1 again.
+    #[test]
+    fn a_node_whose_clock_is_behind_starts_past_what_it_may_have_lost() {
+        let seen = NOW;
+        let mut promoted = FenceCounter::new(seen);
+        promoted.start_serving(NOW - 3_600_000_000);
+        let first = promoted.next_fence(NOW - 3_600_000_000).unwrap();
+        assert!(
+            first > seen + 1_000_000,
+            "{first} is past a million lost grants"
+        );
+        assert_eq!(first, seen + SERVING_FENCE_GAP + 1);
     }
 
     #[test]

@@ -24,6 +24,13 @@ pub const DEFAULT_MAX_TTL_MS: i64 = 7 * 86_400_000;
 /// years. Whatever is loaded, at least 2^62 tokens stay available.
 pub const MAX_FENCE_LEAD: i64 = 1 << 50;
 
+/// How far above its mark a node's fences start when it loaded its data or
+/// was promoted with its clock behind that mark (10 s in µs): above every
+/// token a predecessor could have issued after the last one this node saw
+/// (a step back, a promoted replica whose clock lags), provided fewer than
+/// 10 million grants or 10 s of its clock went by meanwhile (see `fence`).
+pub const SERVING_FENCE_GAP: i64 = 10_000_000;
+
 /// Fences at or above this are a clock's µs (2^50 µs is September 2005):
 /// every fence this module issues is, and so is a Redlock group's. A
 /// fence below it is a counter of the user's own, which no clock orders.

@@ -134,7 +134,8 @@ pub fn background_conditions(ctx: Ctx) -> Conditions {
 }
 
 /// The node (re)started with its data loaded, or was promoted: the fence
-/// mark rises to the clock and the restart delay starts.
+/// mark rises to the clock and past what a predecessor may have granted
+/// unseen, and the restart delay starts.
 pub fn start_serving() {
     let now = server::now();
     with_engine(|n| n.start_serving(now));

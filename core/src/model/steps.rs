@@ -6,6 +6,7 @@ use super::ops::*;
 use super::reference::*;
 use super::run::*;
 use crate::error::{LockError, NotHeld};
+use crate::limits::SERVING_FENCE_GAP;
 use crate::lock;
 use crate::node::{Acquire, AcquireRequest, Conditions, Limits};
 
@@ -701,7 +702,15 @@ impl Run {
         }
         model.replica = false;
         model.serving_since = now;
-        model.hwm = model.hwm.max((now + model.wall_offset) * 1000);
+        // The clock when it is past the mark, else the gap above it.
+        let clock_us = (now + model.wall_offset) * 1000;
+        model.hwm = match clock_us > model.hwm {
+            true => clock_us,
+            false => model
+                .hwm
+                .checked_add(SERVING_FENCE_GAP)
+                .unwrap_or(model.hwm),
+        };
         model.gate_floor = model.hwm + 1;
         h.replica = false;
         let at = h.at(now);

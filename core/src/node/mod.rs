@@ -227,9 +227,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     }
 
     /// The node loaded its data, or was promoted: the fence mark rises to
-    /// the clock, and the restart delay starts.
+    /// the clock and past what a predecessor may have granted unseen
+    /// (`fence::FenceCounter::start_serving`), and the restart delay starts.
     pub fn start_serving(&mut self, now: Now) {
-        self.fences.raise_to_clock(now.wall_us);
+        self.fences.start_serving(now.wall_us);
         self.serving_since_ms = now.mono_ms();
         // Every fence issued before now is at most the mark; every later
         // one is above it. A gate's mark may have been lost with the data
