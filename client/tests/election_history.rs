@@ -25,11 +25,12 @@
 //! follower is then told the new master's older state); the run reports
 //! how often. Clock steps are not among these faults: tests/history.rs
 //! runs the lock commands under them. (Tried here under libfaketime on
-//! Redis 8.2: a lock node's wall clock stepped by an hour leaves its
-//! replica's replication link looking down for an hour to Sentinel, which
-//! then finds no replica to promote and the failover never comes; and it
-//! found a promoted replica with its clock behind reissuing the fences of
-//! grants its master made unseen, since mended, see `fence`.)
+//! Redis 8.2, with steps of an hour and of 30 s: Sentinel then found no
+//! good replica for a failover for 30 s and more, in one run of four at
+//! 30 s (`SENTINEL FAILOVER` answering NOGOODSLAVE), which would make this
+//! test fail for Sentinel's sake; and the steps found a promoted replica
+//! with its clock behind reissuing the fences of grants its master made
+//! unseen, since mended: see `fence` and tests/clock_steps.rs.)
 //!
 //! `ELECTION_HISTORY_SECONDS` sets the length (default 8 s),
 //! `ELECTION_HISTORY_SEED` the random choices.
