@@ -972,8 +972,8 @@ fn run_on_a_free_redlock_group_asks_each_node_once() {
     let nodes: Vec<Server> = (0..3).map(|_| Server::start()).collect();
     let mut acquires_per_run = Vec::new();
     for attempt in 0..3 {
-        let infos_before: Vec<i64> = nodes.iter().map(|n| calls(n, "info")).collect();
-        let acquires_before: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
+        let infos_before: Vec<i64> = nodes.iter().map(|n| n.command_calls("info")).collect();
+        let acquires_before: i64 = nodes.iter().map(|n| n.command_calls("lock.acquire")).sum();
         let out = redis_lock_on(
             "run",
             &common::urls(&nodes),
@@ -991,28 +991,15 @@ fn run_on_a_free_redlock_group_asks_each_node_once() {
         // distinct-server check share the read); the two INFOs that read
         // the counts before are counted too.
         for (n, before) in nodes.iter().zip(infos_before) {
-            assert_eq!(calls(n, "info") - before - 2, 1, "one INFO per node");
+            assert_eq!(n.command_calls("info") - before - 2, 1, "one INFO per node");
         }
-        let acquires: i64 = nodes.iter().map(|n| calls(n, "lock.acquire")).sum();
+        let acquires: i64 = nodes.iter().map(|n| n.command_calls("lock.acquire")).sum();
         acquires_per_run.push(acquires - acquires_before);
         if acquires_per_run.last() == Some(&3) {
             return;
         }
     }
     panic!("no run asked each node once: LOCK.ACQUIREs per run {acquires_per_run:?}");
-}
-
-/// How many times `command` ran on `s` (INFO commandstats).
-fn calls(s: &Server, command: &str) -> i64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut s.conn())
-        .unwrap();
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 /// SIGKILL to `redis-lock` (the OOM killer, a supervisor) ends the whole

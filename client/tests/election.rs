@@ -184,18 +184,7 @@ async fn an_idle_observer_sends_nothing_while_nothing_changes() {
     let mut o = election.observe();
     assert_eq!(next(&mut o).await, leader(a.fence(), "a"));
     wait_blocked(&s, 1).await;
-    let calls = || {
-        let stats: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut s.conn())
-            .unwrap();
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_lock.observe:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
+    let calls = || s.command_calls("lock.observe");
     let before = calls();
     quiet(&mut o, 2500).await;
     assert_eq!(calls(), before, "no command while nothing changed");

@@ -34,19 +34,6 @@ fn holders(nodes: &[Server], key: &str) -> Vec<Option<String>> {
     nodes.iter().map(|n| holder(&mut n.conn(), key)).collect()
 }
 
-/// How many times `command` ran on the node (INFO commandstats).
-fn calls(node: &Server, command: &str) -> i64 {
-    let text: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut node.conn())
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// Every node is free of `key` within `limit`; until then, whatever holds
 /// it on a node is `token` (nobody else). Returns the most nodes seen
 /// holding it at once, and how long it took to be free everywhere.
@@ -91,8 +78,8 @@ async fn a_blackholed_node_costs_only_its_timeout_like_a_paused_one() {
         let warm = locks.try_acquire("k", ttl).await.unwrap().expect("free");
         assert!(warm.release().await.unwrap());
         let grants_before = nodes[0].info_field("grants");
-        let releases_before = calls(&nodes[0], "lock.release");
-        let acquires_before = calls(&nodes[0], "lock.acquire");
+        let releases_before = nodes[0].command_calls("lock.release");
+        let acquires_before = nodes[0].command_calls("lock.acquire");
         match fault {
             "blackhole" => proxies[0].blackhole(),
             _ => nodes[0].signal("STOP"),
@@ -134,12 +121,12 @@ async fn a_blackholed_node_costs_only_its_timeout_like_a_paused_one() {
         // free before it came would be held after this check, into the
         // next round.
         common::wait_until(Duration::from_secs(10), || {
-            calls(&nodes[0], "lock.acquire") > acquires_before
+            nodes[0].command_calls("lock.acquire") > acquires_before
         });
         let (late, free_after) =
             wait_free_everywhere(&nodes, "k", &token, ttl + Duration::from_secs(5));
         let late_grants = nodes[0].info_field("grants") - grants_before;
-        let late_releases = calls(&nodes[0], "lock.release") - releases_before;
+        let late_releases = nodes[0].command_calls("lock.release") - releases_before;
         eprintln!("{fault}: acquire took {took:?}; after the fault ended the cut-off node granted {late_grants} late ACQUIREs, got {late_releases} RELEASEs, and held the released lock: {}, free everywhere {free_after:.1?} later", late > 0);
         outcomes.push(held_by);
     }

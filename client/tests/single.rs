@@ -725,17 +725,7 @@ async fn the_blocking_facade_works_inside_a_runtime() {
 async fn a_free_lock_with_a_wait_costs_one_command() {
     let s = Server::start();
     let locks = LockClient::new(&[s.url()]).unwrap();
-    let calls = || {
-        let text: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query(&mut s.conn())
-            .unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_lock.acquire:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .map(|n| n.parse::<i64>().unwrap())
-            .unwrap_or(0)
-    };
+    let calls = || s.command_calls("lock.acquire");
     let before = calls();
     let ttl = Duration::from_secs(10);
     let guard = locks

@@ -1,4 +1,5 @@
-//! What a running server tells about itself: its version, `INFO lock`,
+//! What a running server tells about itself: its version, how often it ran
+//! a command, `INFO lock`,
 //! its newest AOF file, and whether it is still persisting.
 
 use std::path::PathBuf;
@@ -8,6 +9,21 @@ use crate::server::Server;
 use crate::wait::wait_until;
 
 impl Server {
+    /// How many times `command` (lower case, `lock.acquire`) ran here,
+    /// from INFO commandstats (0: never).
+    pub fn command_calls(&self, command: &str) -> i64 {
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .unwrap();
+        let prefix = format!("cmdstat_{command}:calls=");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// "Redis 7.0.15" or "Valkey 8.1.1" (INFO server).
     pub fn version(&self) -> String {
         let info: String = redis::cmd("INFO")
