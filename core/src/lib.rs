@@ -37,6 +37,7 @@ mod fence;
 pub mod fuzz;
 pub mod guarded;
 pub mod histogram;
+mod lease_ends;
 pub mod limits;
 mod lock;
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 
 use crate::error::LockError;
+use crate::lease_ends::LeaseEnds;
 use crate::lock::{holders, Ledger, Lock, LockRead, LockStore, Mode, NewHolder, Removal};
 use crate::waiters::{Outcome, Wake};
 
@@ -149,10 +150,12 @@ pub(crate) struct Recorder<'a, S, K, C> {
     pub out: &'a mut VecDeque<Output<K, C>>,
     /// The node's lease counter.
     pub leases: &'a mut u64,
+    /// The node's locks by lease end: every lease started here is filed.
+    pub ends: &'a mut LeaseEnds<K>,
     pub now_ms: i64,
 }
 
-impl<S: LockStore, K: Clone, C> Recorder<'_, S, K, C> {
+impl<S: LockStore, K: Ord + Clone, C> Recorder<'_, S, K, C> {
     fn next_lease(&mut self) -> u64 {
         *self.leases += 1;
         *self.leases
@@ -186,13 +189,14 @@ impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
     }
 }
 
-impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
+impl<S: LockStore, K: Ord + Clone, C> Ledger for Recorder<'_, S, K, C> {
     fn put(&mut self, mode: Mode, h: NewHolder<'_>) {
         let now_ms = self.now_ms;
         for l in holders(&*self.store).filter(|l| !l.is_live(now_ms)) {
             expired(self.out, self.key, l.deadline_ms, l.granted_ms);
         }
         let lease = self.next_lease();
+        self.ends.file(self.key, h.deadline_ms);
         self.store.put(mode, stamped(h, lease));
         self.out.push_back(Output::Changed(self.key.clone()));
     }
@@ -207,6 +211,7 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
             self.expired(deadline_ms, granted_ms);
         }
         let lease = self.next_lease();
+        self.ends.file(self.key, h.deadline_ms);
         self.store.add(stamped(h, lease));
         self.out.push_back(Output::Holder(self.key.clone(), lease));
     }
@@ -214,6 +219,11 @@ impl<S: LockStore, K: Clone, C> Ledger for Recorder<'_, S, K, C> {
     fn renew(&mut self, token: &[u8], deadline_ms: i64) {
         // The state machine renews only a holder it found.
         debug_assert!(holders(&*self.store).any(|l| l.token == token));
+        // A longer lease is found where the old one ended (and filed
+        // again there); a shorter one is filed now.
+        if holders(&*self.store).any(|l| l.token == token && deadline_ms < l.deadline_ms) {
+            self.ends.file(self.key, deadline_ms);
+        }
         let lease = self.next_lease();
         self.store.renew(token, deadline_ms, lease);
         let out = match self.store.mode() {

@@ -138,7 +138,19 @@ pub fn background_conditions(ctx: Ctx) -> Conditions {
 /// unseen, and the restart delay starts.
 pub fn start_serving() {
     let now = server::now();
-    with_engine(|n| n.start_serving(now));
+    let next_wakeup = with_engine(|n| {
+        n.start_serving(now);
+        n.next_wakeup()
+    });
+    // What it loaded or was sent as a replica is filed by its lease's end:
+    // the timer reclaims it from now.
+    timer::arm_for(next_wakeup);
+}
+
+/// Arms the timer for what the node asks next (after locks entered it
+/// without a decision: an RDB, a `RESTORE`).
+pub fn arm_timer() {
+    timer::arm_for(with_engine(|n| n.next_wakeup()));
 }
 
 pub fn fence_hwm() -> i64 {

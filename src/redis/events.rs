@@ -53,6 +53,9 @@ pub extern "C" fn on_loading(
             read_server_state(ctx);
             if !SERVER.replica.load(Relaxed) {
                 engine::start_serving();
+            } else {
+                // A replica prunes the leases it loaded (see `Node::run_timer`).
+                engine::arm_timer();
             }
         }
     })

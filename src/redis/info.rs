@@ -39,6 +39,8 @@ pub extern "C" fn info_section(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_rep
         raw::add_info_field_long_long(ctx, "locks", STATS.locks.load(Relaxed));
         raw::add_info_field_unsigned_long_long(ctx, "waiters", engine::waiters_total() as u64);
         raw::add_info_field_unsigned_long_long(ctx, "observers", engine::observers_total() as u64);
+        let filed = engine::with_engine(|n| n.lease_ends_filed());
+        raw::add_info_field_unsigned_long_long(ctx, "lease_ends", filed as u64);
         raw::add_info_field_unsigned_long_long(
             ctx,
             "wait_time_total_ms",

@@ -1,21 +1,18 @@
-//! The background sweep: finds locks whose lease ended and has the node
-//! reclaim them (a replicated DEL, a `lock.expire` event, counted), so no
-//! ended lock stays in the keyspace, wherever it went (RENAME, MOVE,
-//! SWAPDB, a restart).
+//! The background sweep, the backstop: finds locks whose lease ended and
+//! has the node reclaim them (a replicated DEL, a `lock.expire` event,
+//! counted), so no ended lock stays in the keyspace, wherever it went.
 //!
-//! Lock keys carry no Redis expiry, and the module keeps no per-lock index
-//! (it would make every lock bigger): the sweep walks the keyspace with
-//! RM_Scan, a slice of at most [`SLICE_US`] at a time, only while the node
-//! holds locks. A slice that reclaimed something comes back after
-//! [`BUSY_GAP_MS`] (many leases may be ending together); otherwise the next
-//! slice is [`IDLE_GAP_MS`] away, so a server whose locks are all live pays
-//! about 0.1% of a core for the sweep, whatever the size of its keyspace
-//! (`make bench`, section 5, measures what other commands pay). An ended
-//! lock nobody waits for is reclaimed within one pass over the keyspace
-//! (docs/benchmarks.md, section 6, on Redis 7.0 with one lock held: 1,019
-//! keys a second among 100,000 other keys, 780 among 1 million, 464 among
-//! 10 million); keys with waiters do not depend on the sweep: their
-//! hand-off is timed by the node.
+//! The node files every lease by its end and its timer reclaims ended
+//! locks on time (`core::lease_ends`); what that index does not follow is
+//! a lock key renamed or moved (RENAME, MOVE, COPY), and that is what the
+//! sweep is for. It walks the keyspace with RM_Scan, a slice of at most
+//! [`SLICE_US`] at a time, only while the node holds locks. A slice that
+//! reclaimed something comes back after [`BUSY_GAP_MS`]; otherwise the
+//! next slice is [`IDLE_GAP_MS`] away, so a server whose locks are all live
+//! pays about 0.1% of a core for the sweep, whatever the size of its
+//! keyspace (`make bench`, section 5, measures what other commands pay). A
+//! lock the index missed is reclaimed within one pass over the keyspace
+//! (docs/benchmarks.md, section 6, gives the sweep's rate and pass).
 
 use std::os::raw::c_void;
 use std::sync::atomic::Ordering::Relaxed;

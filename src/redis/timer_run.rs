@@ -163,9 +163,12 @@ impl ClusterView {
     }
 }
 
-/// Every waited-on or observed key of db `db` (-1: all) may have changed
-/// (FLUSHDB, FLUSHALL).
+/// Every key of db `db` (-1: all) is gone (FLUSHDB, FLUSHALL): waited-on
+/// and observed ones may have changed.
 pub fn flushed(db: i32) {
+    // Their leases leave the index with them (else each would be looked
+    // at once more, finding nothing).
+    engine::with_engine(|n| n.lease_ends_flushed(|k| db < 0 || k.0 == db));
     if !engine::has_blocked_clients() {
         return;
     }
@@ -174,10 +177,11 @@ pub fn flushed(db: i32) {
     engine::rearm_timer();
 }
 
-/// SWAPDB a b: lines move with their databases, and every key in both is
-/// looked at again (its lock may differ now).
+/// SWAPDB a b: lines and leases filed by their end move with their
+/// databases, and every key in both is looked at again (its lock may
+/// differ now).
 pub fn swapped(a: i32, b: i32) {
-    if !engine::has_blocked_clients() {
+    if !engine::has_blocked_clients() && engine::with_engine(|n| n.lease_ends_empty()) {
         return;
     }
     let now_ms = server::mono_ms();

@@ -70,6 +70,9 @@ pub(super) struct Reference {
     pub(super) delay: i64,
     /// `lock.lock-delay-ms`.
     pub(super) lock_delay: i64,
+    /// The longest `lock.lock-delay-ms` of the run (a lease filed under
+    /// it may be looked at that late).
+    pub(super) lock_delay_max: i64,
     pub(super) serving_since: i64,
     pub(super) replica: bool,
     pub(super) wrongtype: BTreeSet<u8>,
@@ -260,6 +263,20 @@ impl Reference {
                 self.locks.remove(&key);
             }
         }
+    }
+
+    /// The timer reclaimed ended locks nobody touched (the node files
+    /// every lease by its end): each holder here whose lease and lock-delay
+    /// have passed and that the node no longer has (`node_has(key, token)`)
+    /// is gone here too. Which run within a lease's slot reclaims it is the
+    /// node's; that one does is checked by the run (`lease_ends_kept`).
+    pub(super) fn follow_timer_reclaims(&mut self, now: i64, node_has: impl Fn(u8, &[u8]) -> bool) {
+        let delay = self.lock_delay;
+        for (key, lock) in self.locks.iter_mut() {
+            lock.holders
+                .retain(|h| now < h.deadline_ms + delay || node_has(*key, &h.token));
+        }
+        self.locks.retain(|_, lock| !lock.holders.is_empty());
     }
 
     pub(super) fn paused(&self, now: i64) -> i64 {

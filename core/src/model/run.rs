@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::harness::*;
 use super::ops::*;
 use super::reference::*;
+use crate::lease_ends::SLOT_MS;
 use crate::lock;
 use crate::node::{Node, RETRY_MS};
 use crate::waiters::{Outcome, Wake};
@@ -252,6 +253,8 @@ impl Run {
         let ran = h.timer(now);
         let taken = model.tick(now, ran, &mut model_told);
         let d = h.drain();
+        follow_timer_reclaims(model, h, now);
+        lease_ends_kept(step, model, h, now, *resumed_at);
         assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
         if let Some(key) = expected_expiry {
             assert!(
@@ -379,6 +382,47 @@ impl Run {
             let here = h.stores.get(&key).map(copy_of).unwrap_or_default();
             let there = h.replicated.get(&key).cloned().unwrap_or_default();
             assert_eq!(here, there, "step {step} {op:?}: replica of key {key}");
+        }
+    }
+}
+
+/// The reference follows the ended locks the node's timer reclaimed.
+pub(super) fn follow_timer_reclaims(model: &mut Reference, h: &Harness, now: i64) {
+    model.follow_timer_reclaims(now, |key, token| {
+        h.stores
+            .get(&key)
+            .is_some_and(|s| s.holders.iter().any(|l| l.token == token))
+    });
+}
+
+/// After a timer run, while the node acts alone, no lease ended longer
+/// ago than a slot (and the longest lock-delay of the run) is still stored:
+/// every lock is filed by its end, and reclaimed when its slot comes due.
+/// (Not for a second after a promotion, when a replica's filed locks are
+/// looked at again, nor for a retry after a pause; keys moved away or of
+/// another type are not the node's.)
+pub(super) fn lease_ends_kept(
+    step: usize,
+    model: &Reference,
+    h: &Harness,
+    now: i64,
+    resumed_at: i64,
+) {
+    let settling = now < model.serving_since + 1_000 + 2 * SLOT_MS
+        || now < resumed_at.saturating_add(RETRY_MS + 2 * SLOT_MS);
+    if h.replica || h.writes_paused || model.resume_pending || settling {
+        return;
+    }
+    for (key, store) in &h.stores {
+        if h.gone.contains(key) || h.wrongtype.contains(key) {
+            continue;
+        }
+        for l in &store.holders {
+            assert!(
+                now < l.deadline_ms + model.lock_delay_max + SLOT_MS,
+                "step {step}: key {key}'s lease ended at {} and is still stored at {now}",
+                l.deadline_ms
+            );
         }
     }
 }

@@ -623,6 +623,7 @@ impl Run {
         let Run { now, model, h, .. } = self;
         let now = *now;
         model.lock_delay = LOCK_DELAY[lock_delay];
+        model.lock_delay_max = model.lock_delay_max.max(model.lock_delay);
         model.max_ttl = MAX_TTL[max_ttl];
         model.delay = DELAY[delay];
         model.max_token_len = MAX_TOKEN[max_token];
@@ -807,6 +808,7 @@ impl Run {
             h,
             asked,
             granted,
+            resumed_at,
             ..
         } = self;
         let Step { tick_wakes, .. } = st;
@@ -817,6 +819,8 @@ impl Run {
             let ran = h.timer(now);
             let taken = model.tick(now, ran, &mut model_tick);
             let d = h.drain();
+            follow_timer_reclaims(model, h, now);
+            lease_ends_kept(step, model, h, now, *resumed_at);
             assert_eq!(d.released, taken, "step {step}: taken back");
             assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
             let wakes = d.wakes;

@@ -46,6 +46,7 @@ use std::hash::Hash;
 
 use crate::error::LockError;
 use crate::fence::FenceCounter;
+use crate::lease_ends::LeaseEnds;
 use crate::lock::LockStore;
 use crate::observers::Observers;
 use crate::output::{Output, Recorder};
@@ -114,6 +115,9 @@ pub struct Node<K, C> {
     /// The last lease id handed out: one per grant and renewal, for the
     /// life of the process (see `Lock::lease`).
     leases: u64,
+    /// The keys of the locks here by when their lease ends: the timer
+    /// reclaims ended ones ([`Node::run_timer`]).
+    lease_ends: LeaseEnds<K>,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Default for Node<K, C> {
@@ -132,6 +136,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Default for Node<K, C> {
             retry_at_ms: None,
             outputs: VecDeque::new(),
             leases: 0,
+            lease_ends: LeaseEnds::default(),
         }
     }
 }
@@ -196,6 +201,18 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// time the node schedules).
     #[inline]
     pub fn next_wakeup(&self) -> Option<i64> {
+        match (
+            self.next_wakeup_but_lease_ends(),
+            self.lease_ends.next_due(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// [`next_wakeup`](Self::next_wakeup) but the lease ends filed: what
+    /// the lines, take-backs, gates and observers ask for.
+    pub(crate) fn next_wakeup_but_lease_ends(&self) -> Option<i64> {
         let at = match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -272,7 +289,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     }
 
     /// SWAPDB moved whole databases: lines move with their keys (`rename`
-    /// must be a bijection), so do grants waiting to be taken back (held
+    /// must be a bijection), so do leases filed by their end, grants waiting to be taken back (held
     /// back by a write pause: before, they stayed on the old name, took
     /// back nothing, and the undelivered grant was held for its whole
     /// lease), and every moved key is looked at now.
@@ -287,6 +304,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         }
         self.waiters.rename_keys(&rename);
         self.observers.rename_keys(&rename);
+        self.lease_ends.rename_keys(&rename);
         self.keys_changed(moved, now_ms);
     }
 
@@ -313,6 +331,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             key,
             out: &mut self.outputs,
             leases: &mut self.leases,
+            ends: &mut self.lease_ends,
             now_ms,
         }
     }

@@ -25,12 +25,15 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     // ---- locks from outside: the master, the AOF, an RDB, RESTORE ----
 
     /// `LOCK._SET key token fence deadline-ms granted-ms` from the master or
-    /// the AOF: the fence is checked and raises the mark in one step (a
+    /// the AOF (every lock from outside is filed by its lease's end, as the
+    /// node's own are: a replica prunes them, and reclaims them once
+    /// promoted): the fence is checked and raises the mark in one step (a
     /// refused one changes nothing), then the lock is stored as given, its
     /// wall-clock times on this node's monotonic clock, the lease capped as
     /// every lease entering the node is ([`crate::time::local_times`]).
     pub fn apply_set(
         &mut self,
+        key: &K,
         store: &mut impl LockStore,
         holder: &args::SetArgs<'_>,
         now: Now,
@@ -48,6 +51,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             granted_ms,
             lease,
         };
+        self.lease_ends.file(key, deadline_ms);
         store.put(Mode::Exclusive, lock);
         Ok(())
     }
@@ -59,6 +63,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// this node's monotonic clock.
     pub fn apply_shared(
         &mut self,
+        key: &K,
         store: &mut impl LockStore,
         mode: Mode,
         holders: &[args::SetArgs<'_>],
@@ -83,6 +88,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 granted_ms,
                 lease: self.next_lease(),
             };
+            self.lease_ends.file(key, deadline_ms);
             match i {
                 0 => store.put(mode, lock),
                 _ => store.add(lock),
@@ -98,6 +104,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// nothing); times as for [`apply_set`](Self::apply_set).
     pub fn apply_hold(
         &mut self,
+        key: &K,
         store: &mut impl LockStore,
         mode: Mode,
         holder: &args::SetArgs<'_>,
@@ -117,6 +124,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             granted_ms,
             lease: self.next_lease(),
         };
+        self.lease_ends.file(key, deadline_ms);
         match store.mode() {
             Some(held) if held == mode => store.add(lock),
             _ => store.put(mode, lock),
@@ -152,10 +160,12 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// value raises the mark with its highest (an RDB's mark comes in its
     /// aux field), and each holder's times come back on this node's
     /// monotonic clock, capped as every lease entering the node is, with a
-    /// lease id. An Err (the fence refused, and why) changes nothing:
+    /// lease id, and filed by its end under `key` (when Redis names the key
+    /// being loaded). An Err (the fence refused, and why) changes nothing:
     /// refuse the value.
     pub fn accept_value(
         &mut self,
+        key: Option<&K>,
         holders: &[(i64, i64, i64)],
         restoring: bool,
         now: Now,
@@ -176,6 +186,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             .map(|&(_, wall_deadline_ms, wall_granted_ms)| {
                 let (deadline_ms, granted_ms) =
                     self.local_times(wall_deadline_ms, wall_granted_ms, now);
+                if let Some(key) = key {
+                    self.lease_ends.file(key, deadline_ms);
+                }
                 Loaded {
                     deadline_ms,
                     granted_ms,

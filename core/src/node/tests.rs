@@ -142,13 +142,21 @@ fn the_lock_goes_to_the_first_in_line_when_its_lease_ends() {
     hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
     wait(&mut node, &mut store, 1, req(b"a", 1000, Some(0)), T0);
     wait(&mut node, &mut store, 2, req(b"b", 1000, Some(0)), T0);
-    assert_eq!(node.next_wakeup(), Some(T0 + 100), "the lease's end");
+    assert_eq!(
+        node.next_wakeup_but_lease_ends(),
+        Some(T0 + 100),
+        "the lease's end"
+    );
     tick(&mut node, &mut store, T0 + 99);
     assert!(wakes(&mut node).is_empty());
     tick(&mut node, &mut store, T0 + 100);
     assert_eq!(answered(&wakes(&mut node)), vec![(1, true)]);
     assert_eq!(store.lock().unwrap().token, b"a");
-    assert_eq!(node.next_wakeup(), Some(T0 + 1100), "a's lease end");
+    assert_eq!(
+        node.next_wakeup_but_lease_ends(),
+        Some(T0 + 1100),
+        "a's lease end"
+    );
 }
 
 /// A waiter whose timeout comes in the millisecond the lock frees is
@@ -196,7 +204,7 @@ fn one_line_serves_readers_together_and_a_writer_alone_in_arrival_order() {
         "two readers at once: the limit"
     );
     assert_eq!(
-        node.next_wakeup(),
+        node.next_wakeup_but_lease_ends(),
         Some(T0 + 1100),
         "the first reader's end"
     );
@@ -204,7 +212,11 @@ fn one_line_serves_readers_together_and_a_writer_alone_in_arrival_order() {
     assert_eq!(answered(&wakes(&mut node)), vec![(3, true)]);
     release(&mut node, &mut store, b"r2", T0 + 300);
     assert!(wakes(&mut node).is_empty(), "r5 does not pass the writer");
-    assert_eq!(node.next_wakeup(), Some(T0 + 1200), "r3's end");
+    assert_eq!(
+        node.next_wakeup_but_lease_ends(),
+        Some(T0 + 1200),
+        "r3's end"
+    );
     release(&mut node, &mut store, b"r3", T0 + 400);
     assert_eq!(answered(&wakes(&mut node)), vec![(4, true)]);
     assert_eq!(store.mode(), Some(Mode::Exclusive));
@@ -252,6 +264,7 @@ fn a_waiter_whose_token_holds_the_key_at_its_turn_is_renewed() {
     // The key now holds "a"'s lock, as a master's LOCK._SET writes it.
     let wall_deadline_ms = T0 + 500;
     node.apply_set(
+        &"k",
         &mut store,
         &set_args(b"a", 77, wall_deadline_ms, T0),
         now(T0 + 1),
@@ -551,11 +564,15 @@ fn what_a_pause_held_back_goes_on_at_one_run() {
                 .unwrap();
         }
         let paused = Conditions::WRITES_PAUSED;
-        assert_eq!(node.next_wakeup(), Some(T0 + 5));
+        assert_eq!(node.next_wakeup_but_lease_ends(), Some(T0 + 5));
         node.run_timer(&mut keys, paused, now(T0 + 5));
-        assert_eq!(node.next_wakeup(), Some(T0 + 8));
+        assert_eq!(node.next_wakeup_but_lease_ends(), Some(T0 + 8));
         node.run_timer(&mut keys, paused, now(T0 + 8));
-        assert_eq!(node.next_wakeup(), Some(T0 + 5 + RETRY_MS), "one instant");
+        assert_eq!(
+            node.next_wakeup_but_lease_ends(),
+            Some(T0 + 5 + RETRY_MS),
+            "one instant"
+        );
         assert!(wakes(&mut node).is_empty());
         (node, keys)
     };
@@ -568,7 +585,7 @@ fn what_a_pause_held_back_goes_on_at_one_run() {
         let mut woken: Vec<u32> = wakes(&mut node).iter().map(|w| w.client).collect();
         woken.sort();
         assert_eq!(woken, [1, 2], "resumed at T0 + {}", resumed_at - T0);
-        assert_eq!(node.next_wakeup(), None);
+        assert_eq!(node.next_wakeup_but_lease_ends(), None);
     }
 }
 
@@ -593,7 +610,7 @@ fn a_replica_hands_nothing_on_and_drops_take_backs() {
     assert!(!took_back(&out, "k"));
     let woken = wakes_in(&out);
     assert_eq!(woken[0].outcome, Outcome::TimedOut, "timeouts still run");
-    assert_eq!(node.next_wakeup(), None, "take-back dropped");
+    assert_eq!(node.next_wakeup_but_lease_ends(), None, "take-back dropped");
     let refused = node.acquire(
         &"k",
         Ok(&mut store),
@@ -940,23 +957,36 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
     let mut store = MemStore::default();
     let at = now(T0);
     let too_far = T0 * 1000 + crate::limits::MAX_FENCE_LEAD + 10;
-    let refused = node.apply_set(&mut store, &set_args(b"t", too_far, T0 + 60_000, T0), at);
+    let refused = node.apply_set(
+        &"k",
+        &mut store,
+        &set_args(b"t", too_far, T0 + 60_000, T0),
+        at,
+    );
     assert!(refused.is_err());
     assert!(store.lock().is_none(), "nothing stored");
     assert_eq!(node.fence_hwm(), 0, "the mark did not move");
     assert!(node
-        .accept_value(&[(too_far, T0 + 60_000, T0)], true, at)
+        .accept_value(None, &[(too_far, T0 + 60_000, T0)], true, at)
         .is_err());
     assert_eq!(node.fence_hwm(), 0);
     // One refused holder refuses the value whole: the mark stays.
     let ok = T0 * 1000 + 1;
     let two = [(ok, T0 + 60_000, T0), (too_far, T0 + 60_000, T0)];
-    assert_eq!(node.accept_value(&two, true, at).unwrap_err().0, too_far);
+    assert_eq!(
+        node.accept_value(None, &two, true, at).unwrap_err().0,
+        too_far
+    );
     assert_eq!(node.fence_hwm(), 0);
 
     let fence = T0 * 1000 + 5;
-    node.apply_set(&mut store, &set_args(b"t", fence, T0 + 60_000, T0), at)
-        .unwrap();
+    node.apply_set(
+        &"k",
+        &mut store,
+        &set_args(b"t", fence, T0 + 60_000, T0),
+        at,
+    )
+    .unwrap();
     assert_eq!(node.fence_hwm(), fence);
     let held = store.lock().unwrap();
     assert_eq!(held.deadline_ms, T0 + 1_000, "capped at max-ttl");
@@ -969,11 +999,12 @@ fn a_lock_from_outside_is_taken_whole_or_not_at_all() {
     );
     // A RESTORE raises the mark; an RDB value leaves it to the aux field.
     let loaded = node
-        .accept_value(&[(fence + 10, T0 + 500, 0)], false, at)
+        .accept_value(None, &[(fence + 10, T0 + 500, 0)], false, at)
         .unwrap()[0];
     assert_eq!((loaded.deadline_ms, node.fence_hwm()), (T0 + 500, fence));
     let restored = node
         .accept_value(
+            None,
             &[(fence + 10, T0 + 500, 0), (fence + 20, T0 + 500, 0)],
             true,
             at,

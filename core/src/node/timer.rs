@@ -69,6 +69,11 @@ impl<K> Default for TimerWork<K> {
     }
 }
 
+/// The most leases a timer run looks at (about 1 ms of work): more due at
+/// once (a burst of grants with one TTL) are left due, for the next run,
+/// at once, so clients are served between.
+pub(super) const MAX_RECLAIMS_PER_RUN: usize = 1_000;
+
 /// How many times one timer run goes round (settling the keys, then the
 /// multi-key waiters) while answering a waiter made more due at once.
 pub(super) const MAX_TIMER_ROUNDS: usize = 64;
@@ -108,7 +113,72 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// one sequence.
     pub fn run_timer<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
         self.hand_on_due(keys, cond, now);
+        self.reclaim_ended(keys, cond, now);
         self.tell_observers(keys, now);
+    }
+
+    /// Whether no lease is filed by its end (the glue arms the timer for
+    /// the first lock from outside).
+    pub fn lease_ends_empty(&self) -> bool {
+        self.lease_ends.is_empty()
+    }
+
+    /// Keys flushed (FLUSHDB, FLUSHALL): their leases leave the index.
+    pub fn lease_ends_flushed(&mut self, gone: impl Fn(&K) -> bool) {
+        self.lease_ends.drop_keys(gone);
+    }
+
+    /// How many leases are filed by their end (`INFO lock`).
+    pub fn lease_ends_filed(&self) -> usize {
+        self.lease_ends.len()
+    }
+
+    /// The timer's part for locks nobody touches: every key filed in a slot
+    /// now due ([`LeaseEnds`](crate::lease_ends::LeaseEnds)) is looked at;
+    /// an ended lock is reclaimed as the sweep's are ([`Node::reclaim`]:
+    /// deleted, or its ended holders dropped, and the key handed on), and
+    /// a key still held is filed again where its next holder's time ends.
+    /// A key with no lock, of another type, or gone from this node leaves.
+    /// While writes wait, the due keys are filed again for the retry; on a
+    /// replica, the master reclaims, so the keys are only pruned (a lock
+    /// still there is looked at again a second later, kept for a
+    /// promotion). At most [`MAX_RECLAIMS_PER_RUN`] keys a run.
+    fn reclaim_ended<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
+        let now_ms = now.mono_ms();
+        if self.lease_ends.next_due().is_none_or(|at| at > now_ms) {
+            return;
+        }
+        let due = self.lease_ends.take_due(now_ms, MAX_RECLAIMS_PER_RUN);
+        let replica = cond.contains(Conditions::REPLICA);
+        if !replica && !acts_alone(cond) {
+            let retry_at = self.retry_at(now_ms);
+            for key in &due {
+                self.lease_ends.file(key, retry_at);
+            }
+            return;
+        }
+        let delay = self.limits.lock_delay_ms;
+        for key in due {
+            keys.with_key(&key, |store, served, admit| {
+                let (Ok(store), Served::Here) = (store, served) else {
+                    return;
+                };
+                if !replica {
+                    self.reclaim(&key, store, cond, admit, now);
+                }
+                let next = lock::holders(&*store)
+                    .map(|l| l.grants_held_until(delay))
+                    .min();
+                if let Some(end) = next {
+                    // (Never due again in this run.)
+                    let at = match replica {
+                        true => end.max(now_ms.saturating_add(1_000)),
+                        false => end.max(now_ms.saturating_add(1)),
+                    };
+                    self.lease_ends.file(&key, at);
+                }
+            });
+        }
     }
 
     /// [`run_timer`](Self::run_timer) but the observers.

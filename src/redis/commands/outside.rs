@@ -14,7 +14,7 @@ pub(super) fn set(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         ctx,
         argv,
         &format!("LOCK._SET with fence {}", a.fence),
-        |n, store, now| n.apply_set(store, &a, now),
+        |n, key, store, now| n.apply_set(key, store, &a, now),
     )
 }
 
@@ -27,8 +27,8 @@ pub(super) fn set_shared(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let a = trusted(ctx, protocol::command::SET_SHARED, || {
         args::parse_shared_set(&all)
     })?;
-    apply_from_outside(ctx, argv, "LOCK._SHARED", |n, store, now| {
-        n.apply_shared(store, a.mode, &a.holders, now)
+    apply_from_outside(ctx, argv, "LOCK._SHARED", |n, key, store, now| {
+        n.apply_shared(key, store, a.mode, &a.holders, now)
     })
 }
 
@@ -43,7 +43,7 @@ pub(super) fn hold(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         ctx,
         argv,
         &format!("LOCK._HOLD with fence {}", holder.fence),
-        |n, store, now| n.apply_hold(store, mode, &holder, now),
+        |n, key, store, now| n.apply_hold(key, store, mode, &holder, now),
     )
 }
 
@@ -53,7 +53,7 @@ pub(super) fn drop_holder(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let token = trusted(ctx, protocol::command::DROP, || {
         args::parse_drop(argv.bytes())
     })?;
-    apply_from_outside(ctx, argv, "LOCK._DROP", |n, store, _| {
+    apply_from_outside(ctx, argv, "LOCK._DROP", |n, _, store, _| {
         n.apply_drop(store, token);
         Ok(())
     })
@@ -82,17 +82,25 @@ pub(super) fn apply_from_outside(
     ctx: Ctx,
     argv: &Argv,
     what: &str,
-    apply: impl FnOnce(&mut engine::ModuleNode, &mut LockKey, Now) -> Result<(), LockError>,
+    apply: impl FnOnce(
+        &mut engine::ModuleNode,
+        &engine::Key,
+        &mut LockKey,
+        Now,
+    ) -> Result<(), LockError>,
 ) -> Result<Reply, LockError> {
     let mut store = LockKey::open_from_outside(ctx, argv.key())?;
     let now = server::conversion_now();
     let key = engine::key_of(ctx, argv.key_bytes());
     let (applied, next_wakeup) = engine::with_engine(|n| {
-        let applied = apply(n, &mut store, now);
+        let first_filed = n.lease_ends_empty();
+        let applied = apply(n, &key, &mut store, now);
         // Its observers (on a replica) look again; the timer is armed only
-        // then (an AOF load applies millions of these).
+        // then, or for the first lease filed (an AOF load applies millions
+        // of these; a timer run arms the next one).
         let observed = n.applied(&key, now.mono_ms());
-        (applied, observed.then(|| n.next_wakeup()).flatten())
+        let arm = observed || first_filed;
+        (applied, arm.then(|| n.next_wakeup()).flatten())
     });
     timer::arm_for(next_wakeup);
     if let Err(err) = applied {

@@ -97,8 +97,15 @@ pub(super) extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -
                 .iter()
                 .map(|h| (h.fence, h.deadline_ms, h.granted_ms))
                 .collect();
-            let loaded = engine::with_engine(|n| n.accept_value(&times, restoring, now))
-                .map_err(|(fence, e)| codec::DecodeError::Fence(fence, e))?;
+            let key = key_of_io(rdb);
+            let loaded =
+                engine::with_engine(|n| n.accept_value(key.as_ref(), &times, restoring, now))
+                    .map_err(|(fence, e)| codec::DecodeError::Fence(fence, e))?;
+            if restoring {
+                // A RESTORE is no decision: nothing else arms the timer
+                // for its lease's end (loading arms it when it ends).
+                engine::arm_timer();
+            }
             Ok((
                 value.mode,
                 value.holders.into_iter().zip(loaded).collect::<Vec<_>>(),
@@ -130,6 +137,24 @@ pub(super) extern "C" fn rdb_load(rdb: *mut raw::RedisModuleIO, encver: c_int) -
             }
         }
     })
+}
+
+/// The key an RDB load or a `RESTORE` is reading (its db and name, copied),
+/// when Redis names it.
+fn key_of_io(rdb: *mut raw::RedisModuleIO) -> Option<engine::Key> {
+    // SAFETY: `rdb` is the IO context Redis gave this callback; the name
+    // is Redis's, valid during it, and copied here.
+    unsafe {
+        let name = raw::RedisModule_GetKeyNameFromIO?(rdb);
+        if name.is_null() {
+            return None;
+        }
+        let db = raw::RedisModule_GetDbIdFromIO?(rdb);
+        let mut len = 0;
+        let ptr = api!(RedisModule_StringPtrLen)(name, &mut len);
+        let bytes = std::slice::from_raw_parts(ptr.cast::<u8>(), len);
+        Some((db, bytes.into()))
+    }
 }
 
 /// A lock's deadline and grant time as written out (Unix ms, converted at

@@ -1,0 +1,332 @@
+//! The node's locks by when their lease ends, so an ended lock nobody
+//! touches is reclaimed on time whatever else the keyspace holds (the
+//! sweep, a walk of the whole keyspace, stays as the backstop).
+//!
+//! A key is filed when a lease starts on it (a grant, a holder added, a
+//! renewal that shortens, a lock from outside), in the slot of
+//! [`SLOT_MS`] its lease's end falls in; a renewal that lengthens files
+//! nothing. Entries are hints, checked on use: when a slot comes due its
+//! keys are looked at, an ended lock reclaimed, and a key whose lock ends
+//! later (renewed, released and taken again) filed again where it now
+//! ends; a key with no lock (released, deleted, renamed away) leaves. One
+//! entry per held key, then, plus one per grant released before its
+//! lease's end, kept until that end: no removal on release, which would
+//! cost a search (a flush drops its keys' entries at once).
+//!
+//! Grants come in runs with one TTL, so most land in the slot the last one
+//! went to: that slot is kept out of the map (`hot`) and filing into it is
+//! a push (none when the key is the one filed last: a line handed on, one
+//! holder's retries).
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+
+/// The width of a slot, ms: a lease's end is acted on at most this late
+/// (plus the timer's own lateness).
+pub const SLOT_MS: i64 = 64;
+
+/// Keys by the slot their lease ends in: slot `s` holds ends in
+/// `((s - 1) * SLOT_MS, s * SLOT_MS]`, due at `s * SLOT_MS`.
+#[derive(Debug)]
+pub struct LeaseEnds<K> {
+    slots: BTreeMap<i64, Vec<K>>,
+    /// The slot filed into last, with its keys: not in `slots`.
+    hot: Option<(i64, Vec<K>)>,
+    len: usize,
+}
+
+impl<K> Default for LeaseEnds<K> {
+    fn default() -> Self {
+        LeaseEnds {
+            slots: BTreeMap::new(),
+            hot: None,
+            len: 0,
+        }
+    }
+}
+
+/// The slot `end_ms` falls in.
+fn slot_of(end_ms: i64) -> i64 {
+    let slot = end_ms.div_euclid(SLOT_MS);
+    match end_ms.rem_euclid(SLOT_MS) {
+        0 => slot,
+        _ => slot.saturating_add(1),
+    }
+}
+
+impl<K: Ord + Clone> LeaseEnds<K> {
+    /// Files `key`, whose lease ends at `end_ms`.
+    pub fn file(&mut self, key: &K, end_ms: i64) {
+        let slot = slot_of(end_ms);
+        match &mut self.hot {
+            // A hot key granted over and over (a line handed on, a
+            // holder's retries) is filed once per slot.
+            Some((at, keys)) if *at == slot => {
+                if keys.last() != Some(key) {
+                    keys.push(key.clone());
+                    self.len += 1;
+                }
+            }
+            hot => {
+                if let Some((at, mut keys)) = hot.take() {
+                    // It is cold now: only its exact size is kept.
+                    keys.shrink_to_fit();
+                    match self.slots.entry(at) {
+                        Entry::Vacant(e) => {
+                            e.insert(keys);
+                        }
+                        Entry::Occupied(mut e) => e.get_mut().append(&mut keys),
+                    }
+                }
+                *hot = Some((slot, vec![key.clone()]));
+                self.len += 1;
+            }
+        }
+    }
+
+    /// When the first slot comes due (monotonic ms); None when empty.
+    pub fn next_due(&self) -> Option<i64> {
+        let cold = self.slots.keys().next().copied();
+        let hot = self.hot.as_ref().map(|(at, _)| *at);
+        let slot = match (cold, hot) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
+        Some(slot.saturating_mul(SLOT_MS))
+    }
+
+    /// The keys of the slots due by `now_ms`, taken out, in key order,
+    /// each once: at most about `max` entries (the earliest slots first; a
+    /// slot larger than what is left is split), so one run's work is
+    /// bounded and the rest stays due for the next.
+    pub fn take_due(&mut self, now_ms: i64, max: usize) -> Vec<K> {
+        let mut due = Vec::new();
+        while due.len() < max {
+            let cold = self.slots.first_key_value().map(|(at, _)| *at);
+            let hot = self.hot.as_ref().map(|(at, _)| *at);
+            let (at, from_hot) = match (cold, hot) {
+                (Some(c), Some(h)) if h < c => (h, true),
+                (Some(c), _) => (c, false),
+                (None, Some(h)) => (h, true),
+                (None, None) => break,
+            };
+            if at.saturating_mul(SLOT_MS) > now_ms {
+                break;
+            }
+            let keys = match from_hot {
+                true => &mut self.hot.as_mut().expect("the hot slot").1,
+                false => self.slots.get_mut(&at).expect("the first slot"),
+            };
+            let room = max - due.len();
+            let mut taken = match keys.len() > room {
+                true => keys.split_off(keys.len() - room),
+                false => std::mem::take(keys),
+            };
+            let emptied = keys.is_empty();
+            due.append(&mut taken);
+            if emptied {
+                match from_hot {
+                    true => self.hot = None,
+                    false => {
+                        self.slots.remove(&at);
+                    }
+                }
+            }
+        }
+        self.len -= due.len();
+        due.sort();
+        due.dedup();
+        due
+    }
+
+    /// Every entry renamed (SWAPDB moved whole databases; `rename` is a
+    /// bijection): a walk of every entry.
+    pub fn rename_keys(&mut self, rename: impl Fn(&K) -> K) {
+        let hot = self.hot.iter_mut().map(|(_, keys)| keys);
+        for keys in self.slots.values_mut().chain(hot) {
+            for key in keys.iter_mut() {
+                *key = rename(key);
+            }
+        }
+    }
+
+    /// Every entry of a key `gone` says is gone (FLUSHDB, FLUSHALL),
+    /// dropped: a walk of every entry.
+    pub fn drop_keys(&mut self, gone: impl Fn(&K) -> bool) {
+        let hot = self.hot.iter_mut().map(|(_, keys)| keys);
+        for keys in self.slots.values_mut().chain(hot) {
+            keys.retain(|k| !gone(k));
+        }
+        self.slots.retain(|_, keys| !keys.is_empty());
+        if self.hot.as_ref().is_some_and(|(_, keys)| keys.is_empty()) {
+            self.hot = None;
+        }
+        let hot = self.hot.iter().map(|(_, keys)| keys.len());
+        self.len = self.slots.values().map(Vec::len).chain(hot).sum();
+    }
+
+    /// How many entries are filed (a key may be filed more than once).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing is filed.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `key` is filed in a slot due by `by_ms` (a check for the
+    /// tests and the model: a linear search).
+    #[cfg(test)]
+    pub fn is_filed_by(&self, key: &K, by_ms: i64) -> bool {
+        let hot = self.hot.iter().map(|(at, keys)| (at, keys));
+        self.slots
+            .iter()
+            .chain(hot)
+            .filter(|(at, _)| **at <= slot_of(by_ms))
+            .any(|(_, keys)| keys.contains(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_due_at_its_end_and_holds_the_ends_up_to_it() {
+        assert_eq!(slot_of(0), 0);
+        assert_eq!(slot_of(1), 1);
+        assert_eq!(slot_of(SLOT_MS), 1);
+        assert_eq!(slot_of(SLOT_MS + 1), 2);
+        assert_eq!(slot_of(-1), 0);
+        let mut ends = LeaseEnds::default();
+        ends.file(&"a", 100);
+        assert_eq!(ends.next_due(), Some(128));
+        assert!(ends.take_due(127, usize::MAX).is_empty());
+        assert_eq!(ends.take_due(128, usize::MAX), vec!["a"]);
+        assert!(ends.is_empty());
+        assert_eq!(ends.next_due(), None);
+    }
+
+    #[test]
+    fn due_keys_come_out_in_key_order_each_once_and_later_ones_stay() {
+        let mut ends = LeaseEnds::default();
+        for (key, end) in [("c", 10), ("a", 20), ("c", 30), ("b", 500), ("a", 5)] {
+            ends.file(&key, end);
+        }
+        assert_eq!(ends.len(), 5);
+        assert_eq!(ends.next_due(), Some(64));
+        assert_eq!(ends.take_due(100, usize::MAX), vec!["a", "c"]);
+        assert_eq!(ends.len(), 1);
+        assert!(ends.is_filed_by(&"b", 500));
+        assert!(!ends.is_filed_by(&"b", 400));
+        assert_eq!(ends.next_due(), Some(512));
+        assert_eq!(ends.take_due(i64::MAX, usize::MAX), vec!["b"]);
+    }
+
+    #[test]
+    fn the_hot_slot_and_the_cold_ones_are_one_index() {
+        // Slots filed out of order, the hot one moving back and forth.
+        let mut ends = LeaseEnds::default();
+        let mut all = Vec::new();
+        for i in 0..1_000i64 {
+            let end = (i * 7_919) % 3_000;
+            ends.file(&i, end);
+            all.push((end, i));
+        }
+        let mut seen = Vec::new();
+        for now in (0..3_100).step_by(50) {
+            let due = ends.take_due(now, usize::MAX);
+            for key in &due {
+                let end = all[*key as usize].0;
+                assert!(slot_of(end) * SLOT_MS <= now, "{key} came out early");
+                assert!(slot_of(end) * SLOT_MS > now - 50, "{key} came out late");
+            }
+            seen.extend(due);
+        }
+        seen.sort();
+        assert_eq!(seen, (0..1_000).collect::<Vec<_>>());
+        assert!(ends.is_empty());
+    }
+
+    #[test]
+    fn a_key_filed_again_right_after_itself_in_one_slot_is_kept_once() {
+        let mut ends = LeaseEnds::default();
+        for i in 0..1_000 {
+            ends.file(&"hot", 1_000 + i % 10);
+        }
+        assert_eq!(ends.len(), 1, "a line handed on: one entry");
+        ends.file(&"other", 1_000);
+        ends.file(&"hot", 1_000);
+        assert_eq!(ends.len(), 3, "after another key, filed again");
+        ends.file(&"later", 5_000);
+        assert_eq!(ends.take_due(1_024, usize::MAX), vec!["hot", "other"]);
+        assert_eq!(ends.len(), 1);
+    }
+
+    #[test]
+    fn a_run_takes_a_bounded_share_earliest_first_and_leaves_the_rest_due() {
+        let mut ends = LeaseEnds::default();
+        for i in 0..250u32 {
+            ends.file(&i, 10); // one slot, hot
+        }
+        for i in 250..300u32 {
+            ends.file(&i, 100); // the next, hot; the first goes cold
+        }
+        let mut seen = Vec::new();
+        while !ends.is_empty() {
+            let due = ends.take_due(1_000, 64);
+            assert!(!due.is_empty() && due.len() <= 64, "{}", due.len());
+            seen.extend(due);
+        }
+        seen.sort();
+        assert_eq!(seen, (0..300).collect::<Vec<_>>());
+        // The earliest slot first: its keys before the next slot's.
+        for i in 0..250u32 {
+            ends.file(&i, 10);
+        }
+        ends.file(&999, 100);
+        let first = ends.take_due(1_000, 250);
+        assert!(!first.contains(&999));
+        assert_eq!(ends.take_due(1_000, 250), vec![999]);
+    }
+
+    #[test]
+    fn flushed_keys_leave() {
+        let mut ends = LeaseEnds::default();
+        for i in 0..10 {
+            ends.file(&i, i * 100);
+        }
+        ends.drop_keys(|k| k % 2 == 0);
+        assert_eq!(ends.len(), 5);
+        assert_eq!(ends.take_due(i64::MAX, usize::MAX), vec![1, 3, 5, 7, 9]);
+        ends.file(&1, 10);
+        ends.drop_keys(|_| true);
+        assert!(ends.is_empty() && ends.next_due().is_none());
+    }
+
+    #[test]
+    fn renamed_keys_come_due_under_their_new_names() {
+        let mut ends = LeaseEnds::default();
+        ends.file(&1, 10);
+        ends.file(&2, 100);
+        ends.file(&3, 200);
+        ends.rename_keys(|k| match k {
+            1 => 2,
+            2 => 1,
+            k => *k,
+        });
+        assert_eq!(ends.take_due(64, usize::MAX), vec![2]);
+        assert_eq!(ends.take_due(i64::MAX, usize::MAX), vec![1, 3]);
+    }
+
+    #[test]
+    fn ends_far_out_or_before_zero_do_not_overflow() {
+        let mut ends = LeaseEnds::default();
+        ends.file(&1, i64::MAX);
+        ends.file(&2, i64::MIN);
+        assert_eq!(ends.take_due(0, usize::MAX), vec![2]);
+        assert_eq!(ends.next_due(), Some(i64::MAX));
+        assert_eq!(ends.take_due(i64::MAX, usize::MAX), vec![1]);
+    }
+}
