@@ -4,14 +4,15 @@
 //!
 //! A key is filed when a lease starts on it (a grant, a holder added, a
 //! renewal that shortens, a lock from outside), in the slot of
-//! [`SLOT_MS`] its lease's end falls in; a renewal that lengthens files
-//! nothing. Entries are hints, checked on use: when a slot comes due its
+//! [`SLOT_MS`] its lease's end falls in, or [`LOOK_AHEAD_MS`] on if that
+//! is sooner ([`look_at`]); a renewal that lengthens files nothing. Entries are hints, checked on use: when a slot comes due its
 //! keys are looked at, an ended lock reclaimed, and a key whose lock ends
 //! later (renewed, released and taken again) filed again where it now
 //! ends; a key with no lock (released, deleted, renamed away) leaves. One
 //! entry per held key, then, plus one per grant released before its
-//! lease's end, kept until that end: no removal on release, which would
-//! cost a search (a flush drops its keys' entries at once).
+//! lease's end, kept until that end or for [`LOOK_AHEAD_MS`]: no removal
+//! on release, which would cost a search (a flush drops its keys' entries
+//! at once).
 //!
 //! Grants come in runs with one TTL, so most land in the slot the last one
 //! went to: that slot is kept out of the map (`hot`) and filing into it is
@@ -24,6 +25,18 @@ use std::collections::BTreeMap;
 /// The width of a slot, ms: a lease's end is acted on at most this late
 /// (plus the timer's own lateness).
 pub const SLOT_MS: i64 = 64;
+
+/// The furthest ahead a key is filed: a lease that ends later is looked
+/// at this soon (found held, and filed again as far), so the entry a
+/// release leaves (entries are not removed then) lives at most this long,
+/// whatever the lease asked (up to `lock.max-ttl-ms`, a week by default).
+/// A lock held for an hour is looked at about twice a minute.
+pub const LOOK_AHEAD_MS: i64 = 30_000;
+
+/// When a key whose lease ends at `end_ms` is looked at, filed at `now_ms`.
+pub fn look_at(end_ms: i64, now_ms: i64) -> i64 {
+    end_ms.min(now_ms.saturating_add(LOOK_AHEAD_MS))
+}
 
 /// Keys by the slot their lease ends in: slot `s` holds ends in
 /// `((s - 1) * SLOT_MS, s * SLOT_MS]`, due at `s * SLOT_MS`.
@@ -289,6 +302,13 @@ mod tests {
         let first = ends.take_due(1_000, 250);
         assert!(!first.contains(&999));
         assert_eq!(ends.take_due(1_000, 250), vec![999]);
+    }
+
+    #[test]
+    fn a_long_lease_is_looked_at_within_the_look_ahead() {
+        assert_eq!(look_at(500, 0), 500);
+        assert_eq!(look_at(7 * 86_400_000, 1_000), 1_000 + LOOK_AHEAD_MS);
+        assert_eq!(look_at(i64::MAX, i64::MAX - 5), i64::MAX);
     }
 
     #[test]

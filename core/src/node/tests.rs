@@ -1456,3 +1456,50 @@ fn a_proclaim_tells_the_observers_and_a_plain_renewal_keeps_the_value() {
     assert_eq!(long, Err(LockError::ValueTooLong(4, 2)));
     assert_eq!(store.lock().unwrap().value, b"x");
 }
+
+/// Every lease is filed by its end, at most 30 s ahead: an ended lock
+/// nobody touches is reclaimed by the timer, a held one is looked at and
+/// kept, and the entry a release leaves is gone within the look-ahead,
+/// whatever lease it asked for.
+#[test]
+fn the_timer_reclaims_ended_leases_keeps_held_ones_and_forgets_released_ones() {
+    use crate::lease_ends::{LOOK_AHEAD_MS, SLOT_MS};
+    let (mut node, mut store) = (N::default(), MemStore::default());
+    hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+    assert_eq!(node.lease_ends_filed(), 1);
+    let due = node.next_wakeup().unwrap();
+    assert!(
+        (T0 + 100..T0 + 100 + SLOT_MS).contains(&due),
+        "{}",
+        due - T0
+    );
+    tick(&mut node, &mut store, due - 1);
+    assert!(store.lock().is_some(), "not before its slot");
+    tick(&mut node, &mut store, due);
+    assert!(store.lock().is_none(), "reclaimed at its slot");
+    assert!(outputs(&mut node).contains(&Output::Event("k", Event::Expire)));
+    assert_eq!((node.lease_ends_filed(), node.next_wakeup()), (0, None));
+
+    // An hour's lease: looked at 30 s on, found held, filed again.
+    let at = T0 + 1_000;
+    hold(
+        &mut node,
+        &mut store,
+        b"long",
+        Mode::Exclusive,
+        3_600_000,
+        at,
+    );
+    let look = node.next_wakeup().unwrap();
+    assert!(look <= at + LOOK_AHEAD_MS + SLOT_MS, "{}", look - at);
+    tick(&mut node, &mut store, look);
+    assert_eq!(store.lock().unwrap().token, b"long");
+    assert_eq!(node.lease_ends_filed(), 1);
+    let next = node.next_wakeup().unwrap();
+    assert!(next > look && next <= look + LOOK_AHEAD_MS + SLOT_MS);
+    // Released: its entry stays until then, and then leaves.
+    release(&mut node, &mut store, b"long", look + 1);
+    assert_eq!(node.lease_ends_filed(), 1);
+    tick(&mut node, &mut store, next);
+    assert_eq!((node.lease_ends_filed(), node.next_wakeup()), (0, None));
+}

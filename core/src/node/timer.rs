@@ -6,6 +6,7 @@ use std::hash::Hash;
 
 use super::{acts_alone, Admission, Conditions, GateStore, Node, Served, RETRY_MS};
 use crate::error::LockError;
+use crate::lease_ends::look_at;
 use crate::lock::{self, LockStore};
 use crate::output::{push_wake, Event, Output, Stat};
 use crate::time::Now;
@@ -137,7 +138,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// now due ([`LeaseEnds`](crate::lease_ends::LeaseEnds)) is looked at;
     /// an ended lock is reclaimed as the sweep's are ([`Node::reclaim`]:
     /// deleted, or its ended holders dropped, and the key handed on), and
-    /// a key still held is filed again where its next holder's time ends.
+    /// a key still held is filed again where its next holder's time ends
+    /// (or [`LOOK_AHEAD_MS`](crate::lease_ends::LOOK_AHEAD_MS) on).
     /// A key with no lock, of another type, or gone from this node leaves.
     /// While writes wait, the due keys are filed again for the retry; on a
     /// replica, the master reclaims, so the keys are only pruned (a lock
@@ -172,8 +174,8 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 if let Some(end) = next {
                     // (Never due again in this run.)
                     let at = match replica {
-                        true => end.max(now_ms.saturating_add(1_000)),
-                        false => end.max(now_ms.saturating_add(1)),
+                        true => look_at(end, now_ms).max(now_ms.saturating_add(1_000)),
+                        false => look_at(end, now_ms).max(now_ms.saturating_add(1)),
                     };
                     self.lease_ends.file(&key, at);
                 }

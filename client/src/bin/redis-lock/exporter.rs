@@ -90,7 +90,7 @@ const FIELDS: &[Field] = &[
     gauge("locks", "redis_lock_locks", "Holders in memory now (one per exclusive lock key, one per holder of a shared key; an ended lease counts until reclaimed)."),
     gauge("waiters", "redis_lock_waiters", "Clients waiting with BLOCK in a lock's line now."),
     gauge("observers", "redis_lock_observers", "Clients blocked in LOCK.OBSERVE ... BLOCK now."),
-    gauge("lease_ends", "redis_lock_lease_ends", "Leases filed by their end for the timer to reclaim (one per held key, plus one per grant for the rest of its lease)."),
+    gauge("lease_ends", "redis_lock_lease_ends", "Leases filed by their end for the timer to reclaim (one per held key, plus one per grant released early, for at most 30 s)."),
     in_seconds(gauge("wait_time_max_ms", "redis_lock_wait_time_max_seconds", "The longest wait of a BLOCK waiter before its hand-off since the server started, in seconds.")),
     gauge("fence_hwm", "redis_lock_fence_hwm", "The fencing high-water mark: the largest token issued or applied."),
     in_seconds(gauge("grants_paused_ms", "redis_lock_grants_paused_seconds", "Seconds left of lock.restart-delay-ms (0 when grants are allowed).")),
