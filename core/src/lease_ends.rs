@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 /// The width of a slot, ms: a lease's end is acted on at most this late
 /// (plus the timer's own lateness).
 pub const SLOT_MS: i64 = 64;
+const _: () = assert!(SLOT_MS.count_ones() == 1, "a power of two");
 
 /// The furthest ahead a key is filed: a lease that ends later is looked
 /// at this soon (found held, and filed again as far), so the entry a
@@ -58,12 +59,13 @@ impl<K> Default for LeaseEnds<K> {
     }
 }
 
-/// The slot `end_ms` falls in.
+/// The slot `end_ms` falls in: its end rounded up to a multiple of
+/// [`SLOT_MS`] (a power of two: a shift, floor division for negatives too).
 fn slot_of(end_ms: i64) -> i64 {
-    let slot = end_ms.div_euclid(SLOT_MS);
-    match end_ms.rem_euclid(SLOT_MS) {
-        0 => slot,
-        _ => slot.saturating_add(1),
+    match end_ms.checked_add(SLOT_MS - 1) {
+        Some(end) => end >> SLOT_MS.trailing_zeros(),
+        // The last slot (its due saturates at i64::MAX).
+        None => (i64::MAX >> SLOT_MS.trailing_zeros()) + 1,
     }
 }
 
