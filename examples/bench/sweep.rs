@@ -65,12 +65,7 @@ fn row(others: u64, window: Duration, measure_up_to: Duration) -> Row {
     let server = Server::start();
     let mut c = server.conn();
     if others > 0 {
-        let _: () = redis::cmd("DEBUG")
-            .arg("POPULATE")
-            .arg(others)
-            .arg("other")
-            .query(&mut c)
-            .expect("DEBUG POPULATE");
+        common::populate(&mut c, others);
     }
     // No lock: the sweep does not run.
     std::thread::sleep(Duration::from_millis(500));
@@ -157,12 +152,7 @@ fn fire_and_forget(
         false => Server::builder().without_module().start(),
     };
     let mut c = server.conn();
-    let _: () = redis::cmd("DEBUG")
-        .arg("POPULATE")
-        .arg(others)
-        .arg("other")
-        .query(&mut c)
-        .expect("DEBUG POPULATE");
+    common::populate(&mut c, others);
     let started = Instant::now();
     let mut taken: u64 = 0;
     while started.elapsed() < run {

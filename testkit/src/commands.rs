@@ -1,5 +1,5 @@
 //! Plain Redis commands: any command with its raw reply or its error text,
-//! ACL users, active expiry, `DEBUG DIGEST`.
+//! ACL users, active expiry, `DEBUG DIGEST`, `DEBUG POPULATE`.
 
 use redis::{Connection, Value};
 
@@ -14,6 +14,17 @@ pub fn active_expire(c: &mut Connection, on: bool) {
         .arg(i32::from(on))
         .query(c)
         .unwrap();
+}
+
+/// Fills the keyspace with `n` string keys named `other:N` (`DEBUG
+/// POPULATE`): what a server holds beside its locks.
+pub fn populate(c: &mut Connection, n: u64) {
+    let _: () = redis::cmd("DEBUG")
+        .arg("POPULATE")
+        .arg(n)
+        .arg("other")
+        .query(c)
+        .expect("DEBUG POPULATE");
 }
 
 /// Runs a command and returns the raw reply (errors as `Err`).

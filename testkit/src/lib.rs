@@ -62,7 +62,7 @@ pub use binaries::{
     workspace_root,
 };
 pub use builder::Builder;
-pub use commands::{active_expire, digest, error_text, login, run, run_err, set_user};
+pub use commands::{active_expire, digest, error_text, login, populate, run, run_err, set_user};
 pub use dirs::ScratchDir;
 pub use docker::{docker, MODULE_IN_IMAGE};
 pub use lock_commands::{
@@ -79,5 +79,5 @@ pub use regression::{
 };
 pub use sentinel::Sentinel;
 pub use server::{urls, Server};
-pub use skip::{skip, skip_unless, Needs, Skip};
+pub use skip::{faketime_servers_or_skip, skip, skip_unless, Needs, Skip};
 pub use wait::wait_until;

