@@ -70,9 +70,15 @@ fn slot_of(end_ms: i64) -> i64 {
 }
 
 impl<K: Ord + Clone> LeaseEnds<K> {
-    /// Files `key`, whose lease ends at `end_ms`.
-    pub fn file(&mut self, key: &K, end_ms: i64) {
-        let slot = slot_of(end_ms);
+    /// Files `key`, whose lease (started or seen at `now_ms`) ends at
+    /// `end_ms`: in its end's slot, or [`LOOK_AHEAD_MS`] on if sooner.
+    pub fn file_lease(&mut self, key: &K, end_ms: i64, now_ms: i64) {
+        self.file(key, look_at(end_ms, now_ms));
+    }
+
+    /// Files `key` to be looked at at `at_ms`.
+    pub fn file(&mut self, key: &K, at_ms: i64) {
+        let slot = slot_of(at_ms);
         match &mut self.hot {
             // A hot key granted over and over (a line handed on, a
             // holder's retries) is filed once per slot.

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::ffi::CStr;
 
 use crate::error::LockError;
-use crate::lease_ends::{look_at, LeaseEnds};
+use crate::lease_ends::LeaseEnds;
 use crate::lock::{holders, Ledger, Lock, LockRead, LockStore, Mode, NewHolder, Removal};
 use crate::waiters::{Outcome, Wake};
 
@@ -196,8 +196,7 @@ impl<S: LockStore, K: Ord + Clone, C> Ledger for Recorder<'_, S, K, C> {
             expired(self.out, self.key, l.deadline_ms, l.granted_ms);
         }
         let lease = self.next_lease();
-        self.ends
-            .file(self.key, look_at(h.deadline_ms, self.now_ms));
+        self.ends.file_lease(self.key, h.deadline_ms, self.now_ms);
         self.store.put(mode, stamped(h, lease));
         self.out.push_back(Output::Changed(self.key.clone()));
     }
@@ -212,8 +211,7 @@ impl<S: LockStore, K: Ord + Clone, C> Ledger for Recorder<'_, S, K, C> {
             self.expired(deadline_ms, granted_ms);
         }
         let lease = self.next_lease();
-        self.ends
-            .file(self.key, look_at(h.deadline_ms, self.now_ms));
+        self.ends.file_lease(self.key, h.deadline_ms, self.now_ms);
         self.store.add(stamped(h, lease));
         self.out.push_back(Output::Holder(self.key.clone(), lease));
     }
@@ -224,7 +222,7 @@ impl<S: LockStore, K: Ord + Clone, C> Ledger for Recorder<'_, S, K, C> {
         // A longer lease is found where the old one ended (and filed
         // again there); a shorter one is filed now.
         if holders(&*self.store).any(|l| l.token == token && deadline_ms < l.deadline_ms) {
-            self.ends.file(self.key, look_at(deadline_ms, self.now_ms));
+            self.ends.file_lease(self.key, deadline_ms, self.now_ms);
         }
         let lease = self.next_lease();
         self.store.renew(token, deadline_ms, lease);

@@ -8,7 +8,6 @@ use super::Node;
 use crate::args;
 use crate::codec;
 use crate::error::LockError;
-use crate::lease_ends::look_at;
 use crate::lock::{Lock, LockStore, Mode};
 use crate::time::Now;
 
@@ -52,8 +51,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             granted_ms,
             lease,
         };
-        self.lease_ends
-            .file(key, look_at(deadline_ms, now.mono_ms()));
+        self.lease_ends.file_lease(key, deadline_ms, now.mono_ms());
         store.put(Mode::Exclusive, lock);
         Ok(())
     }
@@ -90,8 +88,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 granted_ms,
                 lease: self.next_lease(),
             };
-            self.lease_ends
-                .file(key, look_at(deadline_ms, now.mono_ms()));
+            self.lease_ends.file_lease(key, deadline_ms, now.mono_ms());
             match i {
                 0 => store.put(mode, lock),
                 _ => store.add(lock),
@@ -127,8 +124,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             granted_ms,
             lease: self.next_lease(),
         };
-        self.lease_ends
-            .file(key, look_at(deadline_ms, now.mono_ms()));
+        self.lease_ends.file_lease(key, deadline_ms, now.mono_ms());
         match store.mode() {
             Some(held) if held == mode => store.add(lock),
             _ => store.put(mode, lock),
@@ -191,8 +187,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 let (deadline_ms, granted_ms) =
                     self.local_times(wall_deadline_ms, wall_granted_ms, now);
                 if let Some(key) = key {
-                    self.lease_ends
-                        .file(key, look_at(deadline_ms, now.mono_ms()));
+                    self.lease_ends.file_lease(key, deadline_ms, now.mono_ms());
                 }
                 Loaded {
                     deadline_ms,

@@ -147,10 +147,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// promotion). At most [`MAX_RECLAIMS_PER_RUN`] keys a run.
     fn reclaim_ended<S: TimerKeys<K, C>>(&mut self, keys: &mut S, cond: Conditions, now: Now) {
         let now_ms = now.mono_ms();
-        if self.lease_ends.next_due().is_none_or(|at| at > now_ms) {
+        let due = self.lease_ends.take_due(now_ms, MAX_RECLAIMS_PER_RUN);
+        if due.is_empty() {
             return;
         }
-        let due = self.lease_ends.take_due(now_ms, MAX_RECLAIMS_PER_RUN);
         let replica = cond.contains(Conditions::REPLICA);
         if !replica && !acts_alone(cond) {
             let retry_at = self.retry_at(now_ms);
@@ -172,11 +172,10 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                     .map(|l| l.grants_held_until(delay))
                     .min();
                 if let Some(end) = next {
-                    // (Never due again in this run.)
-                    let at = match replica {
-                        true => look_at(end, now_ms).max(now_ms.saturating_add(1_000)),
-                        false => look_at(end, now_ms).max(now_ms.saturating_add(1)),
-                    };
+                    // Never due again in this run; on a replica, not for
+                    // a second (the master's DEL is on its way).
+                    let soonest_ms = if replica { 1_000 } else { 1 };
+                    let at = look_at(end, now_ms).max(now_ms.saturating_add(soonest_ms));
                     self.lease_ends.file(&key, at);
                 }
             });
