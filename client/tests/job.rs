@@ -208,6 +208,12 @@ fn ctrl_z_stops_the_child_with_redis_lock_and_fg_checks_the_lock() {
         ));
         let child = read_pid(&pid_file, Duration::from_secs(10));
         let redis_lock = parent_of(child);
+        // Its loop has begun (the pid is written first: on a loaded
+        // machine a stop could come before the first tick, and the tick
+        // count below would have no file to read).
+        wait_for(Duration::from_secs(10), "the child's first tick", || {
+            ticks.exists()
+        });
         pty.send("\x1a");
         pty.expect("Stopped", Duration::from_secs(30));
         assert_eq!(state(child), Some('T'), "the child is stopped");
