@@ -438,10 +438,10 @@ impl<'a> Acquire<'a> {
 
     /// Acquires with this token rather than a fresh random one. A token
     /// already holding the lock renews it and keeps its fencing token while
-    /// every granting node still holds it. (With Redlock, a node that had
-    /// lost it grants a new, larger token, and the second phase raises the
-    /// others to it: the group's token then changes, upwards, as for any
-    /// new grant.) With Redlock the first phase then asks for no token
+    /// a majority of the nodes still holds it. (With Redlock, a node that
+    /// had lost it grants a new, larger token; when that leaves no majority
+    /// on one token, the second phase raises the others to the largest: the
+    /// group's token then changes, upwards, as for any new grant.) With Redlock the first phase then asks for no token
     /// floor, so a grant may take the second phase.
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(token.into());

@@ -143,13 +143,15 @@
 //! for the whole group (**quorum fencing**):
 //!
 //! 1. acquire on every node and collect the tokens of the granting nodes;
-//!    T = their maximum;
-//! 2. send `LOCK.ACQUIRE key token ttl MINFENCE T` to the granting nodes:
-//!    each raises this lock's token, and its node-wide high-water mark, to
-//!    at least T, so every later grant on that node exceeds T.
+//!    T = the token a majority of all nodes granted, if one did, else their
+//!    maximum;
+//! 2. only when no majority granted T: send `LOCK.ACQUIRE key token ttl
+//!    MINFENCE T` to the granting nodes below it: each raises this lock's
+//!    token, and its node-wide high-water mark, to at least T, so every
+//!    later grant on that node exceeds T.
 //!
-//! The lock and T reach the caller only once a majority confirmed step 2
-//! within the validity.
+//! The lock and T reach the caller only once a majority holds T (from step
+//! 1 or step 2) within the validity.
 //!
 //! Step 1 already asks for a token: `MINFENCE g` with g 2 ms above **the
 //! nodes' clock** and above every token this client has seen. The nodes'
@@ -157,15 +159,20 @@
 //! and carried forward on this client's monotonic clock, never this
 //! client's wall clock. A node grants exactly g when its own clock and
 //! high-water mark are below g, the rule when the nodes' clocks agree, so
-//! usually every granting node has T = g after step 1 and step 2 is skipped
-//! (one round trip, as without fencing). A node that granted more (its
-//! clock ahead) makes T its token, and the others are raised in step 2 as
-//! above. No client's clock moves the tokens: they rest on the nodes alone.
+//! usually a majority (every node) has T = g after step 1 and step 2 is
+//! skipped (one round trip, as without fencing). A node that granted more
+//! (its clock ahead, or a mark raised) keeps its own larger token, which a
+//! later grant there exceeds; only when no majority agreed are the nodes
+//! raised in step 2. T is never a token only a minority holds: an observer
+//! of the group (an election's) sees a majority agree on the leader's own
+//! fence, never on another on the way to it. No client's clock moves the
+//! tokens: they rest on the nodes alone.
 //!
 //! Any two majorities of the N nodes share a node.
 //! A later Redlock grant of the same key needs a majority, so it includes a
-//! node that confirmed T, whose next token is above T; and T' is the maximum
-//! over its majority, so **T' > T**. The resource rejects the older holder.
+//! node that holds T, whose next token is above T; and T' is held by its
+//! majority, or is the maximum over it, so **T' > T**. The resource rejects
+//! the older holder.
 //!
 //! Assumptions: each node keeps its high-water mark across restarts (only
 //! `appendfsync always` keeps it across a crash), or, having lost it,

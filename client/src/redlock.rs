@@ -53,6 +53,23 @@ const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 /// Whether a node refused the request itself rather than failing to
 /// answer or asking to try again later ([`Error::is_busy`]): a TTL above
 /// `lock.max-ttl-ms`, a token too long, an ACL refusal, no module.
+/// The group's token for a first phase's grants (node index, token): the
+/// token a majority granted, when one did, else the largest, which the
+/// second phase raises the nodes behind to. Not simply the largest: a node
+/// ahead of the others (its clock, or a raised mark) would cost a second
+/// round trip, and between the two an observer sees a majority agree on a
+/// leader's fence that is not the one it leads with. Either way a majority
+/// holds the token, which is all the order argument needs: any later
+/// majority shares a node with it, whose next token is larger.
+fn group_fence(granted: &[(usize, i64)], quorum: usize) -> i64 {
+    granted
+        .iter()
+        .map(|(_, f)| *f)
+        .find(|t| granted.iter().filter(|(_, f)| f == t).count() >= quorum)
+        .or_else(|| granted.iter().map(|(_, f)| *f).max())
+        .unwrap_or(0)
+}
+
 fn refuses_the_request(e: &Error) -> bool {
     match e {
         Error::ModuleMissing { .. } => true,
@@ -409,12 +426,12 @@ impl LockClient {
     /// 1. ACQUIRE on every node in parallel, asking for token g
     ///    (`MINFENCE g`, see [`first_phase_fence`](Self::first_phase_fence));
     ///    held if a majority granted before the TTL (less drift) ran out.
-    ///    T = the largest token granted.
-    /// 2. Only on granting nodes whose token is below T: ACQUIRE again with
-    ///    `MINFENCE T`, so their token for this lock, and their high-water
-    ///    mark, become at least T. Held only if a majority has T (from
-    ///    phase 1 or 2), still within the validity. Usually every node
-    ///    granted g and there is no phase 2.
+    ///    T = the token a majority granted, if one did (usually all granted
+    ///    g), else the largest token granted ([`group_fence`]).
+    /// 2. Only when no majority granted T: ACQUIRE again with `MINFENCE T`
+    ///    on the granting nodes below it, so their token for this lock, and
+    ///    their high-water mark, become at least T. Held only if a majority
+    ///    has T (from phase 1 or 2), still within the validity.
     ///
     /// `order`: the ordering node; if it answers and refuses, the attempt
     /// fails even with a majority elsewhere (a waiter in its line goes
@@ -473,23 +490,23 @@ impl LockClient {
         };
         let allowed = !matches!(order_reply, Reply::Refused) || order.is_none();
         if allowed && granted.len() >= quorum && in_time(start) {
-            let t = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
-            self.saw_fence(t);
+            let largest = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
+            self.saw_fence(largest);
+            // Without quorum fencing the largest, unconfirmed.
+            let t = match fencing {
+                true => group_fence(&granted, quorum),
+                false => largest,
+            };
             let mut confirmed = granted.len();
             if fencing {
-                let behind: Vec<usize> = granted
-                    .iter()
-                    .filter(|(_, f)| *f < t)
-                    .map(|(i, _)| *i)
-                    .collect();
-                // Usually none: every node granted g. Those behind are
-                // raised too, so every granting node has the same token.
-                confirmed -= behind.len();
-                if !behind.is_empty() {
+                // Usually every node granted g, and a majority at t is all
+                // the confirmation there is to have.
+                confirmed = granted.iter().filter(|(_, f)| *f == t).count();
+                if confirmed < quorum {
+                    // No majority agreed: t is the largest; raise the rest.
+                    let behind = granted.iter().filter(|(_, f)| *f < t);
                     confirmed += join_all(
-                        behind
-                            .iter()
-                            .map(|&i| nodes[i].acquire(keys, token, ttl, Some(t), limit)),
+                        behind.map(|&(i, _)| nodes[i].acquire(keys, token, ttl, Some(t), limit)),
                     )
                     .await
                     .into_iter()
@@ -533,6 +550,17 @@ impl LockClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_groups_fence_is_the_majoritys_token_else_the_largest() {
+        // One node ahead: the two that granted g are the majority.
+        assert_eq!(group_fence(&[(0, 7), (1, 7), (2, 9)], 2), 7);
+        // No two agree: the largest, which the others are raised to.
+        assert_eq!(group_fence(&[(0, 7), (1, 8), (2, 9)], 2), 9);
+        assert_eq!(group_fence(&[(0, 9), (2, 7)], 2), 9);
+        assert_eq!(group_fence(&[(0, 5), (1, 5), (2, 5), (3, 6), (4, 7)], 3), 5);
+        assert_eq!(group_fence(&[(0, 5), (1, 5), (3, 6), (4, 7)], 3), 7);
+    }
 
     fn urls() -> Vec<String> {
         (0..5)

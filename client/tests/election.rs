@@ -212,6 +212,60 @@ async fn an_observer_rides_out_its_node_being_demoted() {
     assert_eq!(next(&mut o).await, Observed::Vacant);
 }
 
+/// One node's tokens for "g" run 10 s ahead of the others' (a grant there
+/// asked for them), so a campaign's first phase grants two fences: the
+/// group's is the majority's, with no second phase, and it is the one the
+/// observer tells. (When the group's token was the largest, the observer
+/// could see the majority agree on the first phase's fence before the
+/// second raised it: a leader told with a fence it never led with.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_observer_tells_the_fence_the_leader_holds_when_a_node_is_ahead() {
+    let ttl = Duration::from_secs(2);
+    let nodes = Server::redlock_nodes(3, ttl.as_millis());
+    let ahead = (common::now_ms() + 10_000) * 1000;
+    let mut c = nodes[2].conn();
+    let raised: i64 = loop {
+        let granted = redis::cmd("LOCK.ACQUIRE")
+            .arg("g")
+            .arg("elsewhere")
+            .arg(1000)
+            .arg("MINFENCE")
+            .arg(ahead)
+            .query(&mut c);
+        match granted {
+            Ok(fence) => break fence,
+            // The restart delay of a node just started.
+            Err(e) if e.code() == Some("TRYAGAIN") => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(raised >= ahead);
+    assert_eq!(common::release(&mut c, "g", "elsewhere"), 1);
+    let locks = LockClient::new(&common::urls(&nodes)).unwrap();
+    let election = locks.election("g");
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+    let a = election.campaign("one", ttl).await.unwrap();
+    assert!(a.fence() < raised, "the majority's token");
+    let on_node = |n: &Server| common::fence(&mut n.conn(), "g");
+    assert_eq!(on_node(&nodes[0]), Some(a.fence()));
+    assert_eq!(on_node(&nodes[1]), Some(a.fence()));
+    assert!(
+        on_node(&nodes[2]).unwrap() > raised,
+        "not raised or lowered"
+    );
+    assert_eq!(next(&mut o).await, leader(a.fence(), "one"));
+    quiet(&mut o, 300).await;
+    assert_eq!(
+        election.leader().await.unwrap().map(|l| l.fence),
+        Some(a.fence())
+    );
+    assert!(a.resign().await.unwrap());
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_group_elects_with_the_groups_fence() {
     // The nodes' restart delay is the TTL: a short one.
