@@ -143,6 +143,47 @@ fn bad_input_is_refused_and_changes_nothing() {
     assert_eq!(keys, ["x", "y"]);
 }
 
+/// VALUE gives every key's holder the public value; a renewal changes it
+/// on each; SHARED with VALUE is refused and changes nothing.
+#[test]
+fn a_value_is_every_keys_holders() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let value_of = |c: &mut Connection, key: &str| -> Option<String> {
+        let v: redis::Value = redis::cmd("LOCK.OBSERVE").arg(key).query(c).unwrap();
+        let redis::Value::Array(items) = v else {
+            panic!("{v:?}")
+        };
+        let at = items
+            .iter()
+            .position(|i| *i == redis::Value::BulkString(b"value".to_vec()));
+        redis::from_redis_value(&items[at.unwrap() + 1]).unwrap()
+    };
+    let all = |c: &mut Connection, extra: &[&str]| -> redis::RedisResult<Option<i64>> {
+        redis::cmd("LOCK.ACQUIREALL")
+            .arg(2)
+            .arg("a")
+            .arg("b")
+            .arg("t")
+            .arg(60_000)
+            .arg(extra)
+            .query(c)
+    };
+    let f = all(&mut c, &["VALUE", "10.0.0.7"]).unwrap().unwrap();
+    assert_eq!(value_of(&mut c, "a").as_deref(), Some("10.0.0.7"));
+    assert_eq!(value_of(&mut c, "b").as_deref(), Some("10.0.0.7"));
+    assert_eq!(all(&mut c, &["VALUE", "10.0.0.8"]).unwrap(), Some(f));
+    assert_eq!(value_of(&mut c, "a").as_deref(), Some("10.0.0.8"));
+    assert_eq!(value_of(&mut c, "b").as_deref(), Some("10.0.0.8"));
+    let before = digest(&mut c);
+    let err = all(&mut c, &["SHARED", "VALUE", "v"]).unwrap_err();
+    assert!(
+        error_text(&err).contains("VALUE is for an exclusive"),
+        "{err}"
+    );
+    assert_eq!(digest(&mut c), before);
+}
+
 #[test]
 fn a_replica_gets_every_key() {
     let master = Server::start();

@@ -93,6 +93,7 @@ fn bad_arguments_and_other_types_are_refused() {
         (&["VALUE", "v"][..], "VALUE is the value seen"),
         (&["AFTER", "0", "VALUE", "v"][..], "VALUE is the value seen"),
         (&["AFTER", "7", "VALUE", "a", "VALUE", "b"][..], "'VALUE'"),
+        (&["BLOCK", "0"][..], "BLOCK waits for a change"),
     ] {
         let err = observe(&mut c, "k", args).unwrap_err();
         assert!(error_text(&err).contains(wanted), "{args:?}: {err}");

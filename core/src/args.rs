@@ -469,6 +469,9 @@ pub fn parse_observe<'a>(argv: &[&'a [u8]]) -> Result<ObserveArgs<'a>, LockError
     if value.is_some() && after.is_none_or(|a| a <= 0) {
         return Err(LockError::ValueWithoutLeader);
     }
+    if block_ms.is_some() && after.is_none() {
+        return Err(LockError::BlockWithoutAfter);
+    }
     Ok(ObserveArgs {
         after,
         value,
@@ -633,7 +636,12 @@ mod tests {
         );
         assert_eq!(parse(&["BLOCK"]), Err(LockError::MissingTimeout));
         assert_eq!(
-            parse(&["BLOCK", "-5"]),
+            parse(&["BLOCK", "0"]),
+            Err(LockError::BlockWithoutAfter),
+            "a wait with nothing to wait for: refused, not answered at once"
+        );
+        assert_eq!(
+            parse(&["AFTER", "0", "BLOCK", "-5"]),
             Err(LockError::BadTimeout("'-5'".into()))
         );
         assert_eq!(

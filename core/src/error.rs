@@ -43,6 +43,9 @@ pub enum LockError {
     /// OBSERVE's VALUE (the value seen with AFTER's fence) without AFTER
     /// or with AFTER 0 (a free key has no value).
     ValueWithoutLeader,
+    /// OBSERVE's BLOCK without AFTER: a wait needs the state it waits to
+    /// change from (it would otherwise answer at once).
+    BlockWithoutAfter,
     /// MINFENCE's n is not an integer from 1 up.
     BadMinFence(String),
     /// MINFENCE's n is more than 2^50 above the node's mark and clock.
@@ -188,6 +191,10 @@ impl fmt::Display for LockError {
             ValueWithoutLeader => write!(
                 f,
                 "ERR VALUE is the value seen with AFTER's fence: it needs AFTER and a fence above 0"
+            ),
+            BlockWithoutAfter => write!(
+                f,
+                "ERR BLOCK waits for a change from the state seen: it needs AFTER (AFTER 0: the key was free)"
             ),
             BadMinFence(v) => write!(
                 f,
@@ -352,6 +359,7 @@ mod tests {
             LockError::ValueShared,
             LockError::BadAfter("'x'".into()),
             LockError::ValueWithoutLeader,
+            LockError::BlockWithoutAfter,
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::EvictionUnsafe,

@@ -277,6 +277,10 @@ pub static COMMANDS: [Command; 15] = [
             option(c"LIMIT", c"limit", c"With SHARED: every key is a semaphore of limit holders."),
             option(c"BLOCK", c"timeout-ms", c"Wait in every key's line up to timeout-ms (0: no timeout) instead of answering nil."),
             option(c"MINFENCE", c"min-fence", c"Redlock quorum fencing: the fencing token is at least min-fence."),
+            ArgDoc {
+                kind: STRING,
+                ..option(c"VALUE", c"value", c"Exclusive only: every key's holder gets this public value.")
+            },
         ],
     },
     Command {
