@@ -299,3 +299,56 @@ fn an_observer_on_a_replica_is_told_after_the_replica_is_promoted() {
     assert_eq!(release(&mut replica.conn(), "k", "a"), 1);
     assert_eq!(o.join().unwrap().0, Some((0, -2)));
 }
+
+/// An observer whose user loses read access to the key, or the command,
+/// while it observes (ACL SETUSER) is told NOPERM at the next change, not
+/// the change; an observer whose user keeps both is told the change.
+#[test]
+fn an_observer_that_loses_the_key_to_acl_is_refused_not_told() {
+    let s = Server::start();
+    let mut admin = s.conn();
+    let rules = ["%R~app:*", "+lock.observe"];
+    for user in ["keeps", "loses_key", "loses_command"] {
+        set_user(&mut admin, user, &rules);
+    }
+    let f = acquire(&mut admin, "app:k", "holder", 60_000).unwrap();
+    let watch = |user: &str| {
+        let mut c = RawConn::connect(&s);
+        c.send(&["AUTH", user, "pw"]);
+        assert!(matches!(
+            c.read_within(Duration::from_secs(5)),
+            Some(Resp::Simple(_))
+        ));
+        c.send(&[
+            "LOCK.OBSERVE",
+            "app:k",
+            "AFTER",
+            &f.to_string(),
+            "BLOCK",
+            "0",
+        ]);
+        c
+    };
+    let mut observers: Vec<RawConn> = ["keeps", "loses_key", "loses_command"].map(watch).into();
+    wait_blocked(&s, 3);
+    set_user(&mut admin, "loses_key", &["%R~other:*", "+lock.observe"]);
+    set_user(
+        &mut admin,
+        "loses_command",
+        &["%R~app:*", "+@read", "-lock.observe"],
+    );
+    assert_eq!(release(&mut admin, "app:k", "holder"), 1);
+    let told: Vec<Option<Resp>> = observers
+        .iter_mut()
+        .map(|c| c.read_within(Duration::from_secs(5)))
+        .collect();
+    assert!(matches!(&told[0], Some(Resp::Array(_))), "{told:?}");
+    for refused in &told[1..] {
+        assert!(
+            matches!(refused, Some(Resp::Error(e)) if e.starts_with("NOPERM")),
+            "{told:?}"
+        );
+    }
+    assert_eq!(blocked_clients(&s), 0);
+    assert_eq!(s.info_field("observers"), 0);
+}

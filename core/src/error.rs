@@ -75,6 +75,9 @@ pub enum LockError {
     /// A waiter's user lost the right to write the key while it waited
     /// (ACL SETUSER): it is not granted the lock.
     NoPermission,
+    /// An observer's user may no longer read the key (ACL changed while it
+    /// observed): told this instead of the change.
+    NoReadPermission,
     /// `LOCK.EXEC`: the token does not hold the lock now; nothing ran.
     NotHeld(NotHeld),
     /// `LOCK.FENCED`: `fence` is below the gate's `mark`; nothing ran.
@@ -221,6 +224,10 @@ impl fmt::Display for LockError {
             NoPermission => write!(
                 f,
                 "NOPERM this user may no longer write the lock's key (its ACL changed while it waited)"
+            ),
+            NoReadPermission => write!(
+                f,
+                "NOPERM this user may no longer read the lock's key (its ACL changed while it observed)"
             ),
             BadInternalArgument(what) => write!(f, "ERR invalid {what}"),
             InternalCommand(cmd) => write!(
@@ -390,6 +397,9 @@ mod tests {
             .to_string()
             .starts_with("READONLY "));
         assert!(LockError::OutOfMemory.to_string().starts_with("OOM "));
+        for e in [LockError::NoPermission, LockError::NoReadPermission] {
+            assert!(e.to_string().starts_with("NOPERM "), "{e}");
+        }
         let moved = LockError::Redirect("MOVED 3 127.0.0.1:7000".into());
         assert_eq!(moved.to_string(), "MOVED 3 127.0.0.1:7000");
         assert!(LockError::GrantsPaused(5)

@@ -208,6 +208,18 @@ fn take_decided(addr: usize) -> Option<(Handle, Box<Delivery>)> {
 /// `name`. Yes when it cannot be told (no ACL API, client unknown); no when
 /// its user was deleted.
 pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
+    user_may(ctx, client, |user| ffi::user_may_acquire(ctx, user, name))
+}
+
+/// Whether the user of the observer `client` may still run LOCK.OBSERVE
+/// on `name` (read it). As [`may_take`] otherwise.
+pub fn may_observe(ctx: Ctx, client: Client, name: RString) -> bool {
+    user_may(ctx, client, |user| ffi::user_may_observe(ctx, user, name))
+}
+
+/// `check` of the blocked `client`'s user, by name; yes when there is no
+/// user to ask.
+fn user_may(ctx: Ctx, client: Client, check: impl FnOnce(RString) -> bool) -> bool {
     let Some(id) = locked(&WAITING)
         .handles
         .get(&client)
@@ -220,7 +232,7 @@ pub fn may_take(ctx: Ctx, client: Client, name: RString) -> bool {
     let Some(user) = ffi::client_user_name(ctx, id) else {
         return true;
     };
-    ffi::user_may_acquire(ctx, user.get(), name)
+    check(user.get())
 }
 
 /// The Redis side of the waiters: the callbacks of their blocked clients

@@ -353,6 +353,10 @@ impl Admission<u8> for NotDenied<'_> {
     fn may_take(&mut self, client: u8) -> bool {
         !self.0.contains(&client)
     }
+
+    fn may_observe(&mut self, client: u8) -> bool {
+        !self.0.contains(&client)
+    }
 }
 
 impl<'a> TimerKeys<u8, u8> for ModelKeys<'a> {

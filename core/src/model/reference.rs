@@ -753,8 +753,13 @@ impl Reference {
             } else if self.gone.contains(&o.key) {
                 told.push((o.client, error(LockError::Redirect(redirect_of(o.key)))));
             } else if self.leader_told(o.key, now) != o.seen {
-                let (fence, value) = self.leader_told(o.key, now);
-                told.push((o.client, Told::Leader(fence, value)));
+                // Its user lost the key (ACL SETUSER) while it observed.
+                if self.denied.contains(&o.client) {
+                    told.push((o.client, error(LockError::NoReadPermission)));
+                } else {
+                    let (fence, value) = self.leader_told(o.key, now);
+                    told.push((o.client, Told::Leader(fence, value)));
+                }
             } else {
                 self.observers.push(o);
             }

@@ -66,10 +66,14 @@ pub enum Served {
     Elsewhere(String),
 }
 
-/// Whether a waiter may still take the lock when its turn comes: its user
-/// may have lost the command or the key (ACL SETUSER) while it waited.
+/// Whether a waiter may still take the lock, or an observer still read
+/// it, when its turn comes: its user may have lost the command or the key
+/// (ACL SETUSER) while it waited.
 pub trait Admission<C> {
+    /// A waiter's turn: may it take the lock.
     fn may_take(&mut self, client: C) -> bool;
+    /// An observer's change: may it be told (read the key).
+    fn may_observe(&mut self, client: C) -> bool;
 }
 
 /// Every waiter is still admitted (no ACL to ask).
@@ -79,10 +83,19 @@ impl<C> Admission<C> for AdmitAll {
     fn may_take(&mut self, _client: C) -> bool {
         true
     }
+
+    fn may_observe(&mut self, _client: C) -> bool {
+        true
+    }
 }
 
+/// A test's rule, the same for waiters and observers.
 impl<C, F: FnMut(C) -> bool> Admission<C> for F {
     fn may_take(&mut self, client: C) -> bool {
+        self(client)
+    }
+
+    fn may_observe(&mut self, client: C) -> bool {
         self(client)
     }
 }

@@ -6,7 +6,7 @@
 
 use std::hash::Hash;
 
-use super::{Conditions, Node, Served, TimerKeys};
+use super::{Admission, Conditions, Node, Served, TimerKeys};
 use crate::error::LockError;
 use crate::lock::{self, LockRead};
 use crate::observers::{Leader, Seen};
@@ -147,19 +147,33 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             self.answer_observer(client, key, Outcome::TimedOut);
         }
         for key in self.observers.due_keys(now_ms) {
-            let seen = keys.with_key(&key, |store, served, _| match served {
+            // Each observer told is asked of ACL as it is told: its user
+            // may have lost read access while it observed.
+            let observers = &mut self.observers;
+            let seen = keys.with_key(&key, |store, served, admit| match served {
                 Served::Elsewhere(redirect) => Err(redirect),
-                Served::Here => Ok(match store {
-                    Ok(store) => leader_of(&*store, now_ms),
-                    // Another type: no lock holds the key.
-                    Err(_) => Leader::Vacant,
-                }),
+                Served::Here => {
+                    let leader = match store {
+                        Ok(store) => leader_of(&*store, now_ms),
+                        // Another type: no lock holds the key.
+                        Err(_) => Leader::Vacant,
+                    };
+                    let told: Vec<(C, bool)> = observers
+                        .tell(&key, &leader, now_ms)
+                        .into_iter()
+                        .map(|client| (client, admit.may_observe(client)))
+                        .collect();
+                    Ok((leader, told))
+                }
             });
             match seen {
-                Ok(leader) => {
-                    for client in self.observers.tell(&key, &leader, now_ms) {
-                        let told = Outcome::Observed(leader.clone());
-                        self.answer_observer(client, key.clone(), told);
+                Ok((leader, told)) => {
+                    for (client, admitted) in told {
+                        let outcome = match admitted {
+                            true => Outcome::Observed(leader.clone()),
+                            false => Outcome::Failed(LockError::NoReadPermission),
+                        };
+                        self.answer_observer(client, key.clone(), outcome);
                     }
                 }
                 Err(redirect) => {

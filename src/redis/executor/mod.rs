@@ -29,8 +29,8 @@ use crate::core::Outcome;
 use crate::core::Wake;
 use route::{At, Effects, Shape};
 
-/// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`
-/// (asked of ACL when its turn comes).
+/// Whether a waiter's user may still run LOCK.ACQUIRE on the key `name`,
+/// or an observer's LOCK.OBSERVE (asked of ACL when its turn comes).
 pub struct WaiterAcl {
     pub ctx: Ctx,
     pub name: RString,
@@ -39,6 +39,10 @@ pub struct WaiterAcl {
 impl Admission<Client> for WaiterAcl {
     fn may_take(&mut self, client: Client) -> bool {
         blocked::may_take(self.ctx, client, self.name)
+    }
+
+    fn may_observe(&mut self, client: Client) -> bool {
+        blocked::may_observe(self.ctx, client, self.name)
     }
 }
 

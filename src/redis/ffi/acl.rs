@@ -50,6 +50,12 @@ pub(super) fn acl_api_present() -> bool {
 /// Whether the user named `user_name` may write `key`. No when that user
 /// no longer exists; yes without the ACL API.
 pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
+    user_key_permission(user_name, key, raw::REDISMODULE_CMD_KEY_UPDATE)
+}
+
+/// Whether the user named `user_name` has `flags` (a key-spec access flag)
+/// on `key`. No when that user no longer exists; yes without the ACL API.
+fn user_key_permission(user_name: RString, key: RString, flags: u32) -> bool {
     let Some(check) = optional_api!(RedisModule_ACLCheckKeyPermissions) else {
         return true;
     };
@@ -61,13 +67,7 @@ pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
     };
     // SAFETY: `user` is live until dropped below; `key` is a handle Redis
     // gave the caller.
-    let answer = unsafe {
-        check(
-            user.ptr.as_ptr(),
-            key.0,
-            raw::REDISMODULE_CMD_KEY_UPDATE as c_int,
-        )
-    };
+    let answer = unsafe { check(user.ptr.as_ptr(), key.0, flags as c_int) };
     answer == raw::REDISMODULE_OK as c_int
 }
 
@@ -76,9 +76,29 @@ pub fn user_may_write_key(user_name: RString, key: RString) -> bool {
 /// server can check it, as Valkey and Redis 8 do for a BLPOP waiter) and
 /// write access to the key.
 pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
-    if !user_may_write_key(user_name, key) {
-        return false;
-    }
+    let acquire = crate::core::protocol::command::ACQUIRE.as_bytes();
+    user_may_write_key(user_name, key) && user_may_run(ctx, user_name, acquire, key, &[b"t", b"1"])
+}
+
+/// Whether the user named `user_name` may still run `LOCK.OBSERVE` on
+/// `key`: the command and read access to the key (an observer told of a
+/// change reads the key's leader then).
+pub fn user_may_observe(ctx: Ctx, user_name: RString, key: RString) -> bool {
+    let observe = crate::core::protocol::command::OBSERVE.as_bytes();
+    user_key_permission(user_name, key, raw::REDISMODULE_CMD_KEY_ACCESS)
+        && user_may_run(ctx, user_name, observe, key, &[])
+}
+
+/// Whether the user named `user_name` may run `command key rest...` (the
+/// command's ACL rules; keys are checked apart). Yes where the server
+/// cannot check it (no ACL API).
+fn user_may_run(
+    ctx: Ctx,
+    user_name: RString,
+    command: &[u8],
+    key: RString,
+    rest: &[&[u8]],
+) -> bool {
     let Some(check) = optional_api!(RedisModule_ACLCheckCommandPermissions) else {
         return true;
     };
@@ -88,11 +108,15 @@ pub fn user_may_acquire(ctx: Ctx, user_name: RString, key: RString) -> bool {
     let Some(user) = ModuleUser::named(user_name) else {
         return false;
     };
-    let name = crate::core::protocol::command::ACQUIRE.as_bytes();
-    let words = [name, b"t", b"1"].map(|w| OwnedString::new(ctx, w));
-    let mut argv = [words[0].get(), key, words[1].get(), words[2].get()].map(RString::as_ptr);
-    // SAFETY: `user` is live until dropped below; argv holds four valid
-    // strings, alive for the call (`words` and `key`).
+    let name = OwnedString::new(ctx, command);
+    let words: Vec<OwnedString> = rest.iter().map(|w| OwnedString::new(ctx, w)).collect();
+    let mut argv: Vec<*mut raw::RedisModuleString> = [name.get(), key]
+        .into_iter()
+        .chain(words.iter().map(OwnedString::get))
+        .map(RString::as_ptr)
+        .collect();
+    // SAFETY: `user` is live until dropped below; argv holds valid
+    // strings, alive for the call (`name`, `words` and `key`).
     let answer = unsafe { check(user.ptr.as_ptr(), argv.as_mut_ptr(), argv.len() as c_int) };
     answer == raw::REDISMODULE_OK as c_int
 }
