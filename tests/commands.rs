@@ -94,7 +94,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
-    assert_eq!(items.len(), 18);
+    assert_eq!(items.len(), 20);
     let fields: Vec<(String, Value)> = items
         .chunks(2)
         .map(|p| {
@@ -142,8 +142,10 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
         panic!("{holders:?}")
     };
     assert_eq!(holder[..4], items[..4], "its token and fence");
-    // Last, the public value: none was given.
+    // Then the public value: none was given; last, how long the first in
+    // line has waited: nobody waits.
     assert_eq!(fields[8], ("value".into(), Value::Nil));
+    assert_eq!(fields[9], ("longest_wait".into(), Value::Nil));
     assert_eq!(
         holder[8..],
         [Value::BulkString(b"value".to_vec()), Value::Nil]
@@ -160,7 +162,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Map(map) = lock_info_reply(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
-    assert_eq!(map.len(), 9);
+    assert_eq!(map.len(), 10);
     assert_eq!(
         map[1],
         (Value::BulkString(b"fence".to_vec()), Value::Int(f))
@@ -1052,11 +1054,13 @@ fn the_server_accepts_every_commands_info() {
         };
         let arity: i64 = redis::from_redis_value(&parts[1]).unwrap();
         assert_ne!(arity, -1, "{v} {name}: no arity declared");
-        // The key specs (the 9th field) name at least the first key.
+        // The key specs (the 9th field) name at least the first key; the
+        // keyless LOCK.SCAN (each node its own, as SCAN) names none.
         let Value::Array(specs) = &parts[8] else {
             panic!("{v} {name}: {parts:?}")
         };
-        assert!(!specs.is_empty(), "{v} {name}: no key spec");
+        let keyless = name == "lock.scan";
+        assert_eq!(specs.is_empty(), keyless, "{v} {name}: key specs {specs:?}");
         let docs = run(&mut c, &[b"COMMAND", b"DOCS", name.as_bytes()]).unwrap();
         assert!(
             format!("{docs:?}").contains("summary"),

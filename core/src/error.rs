@@ -46,6 +46,12 @@ pub enum LockError {
     /// OBSERVE's BLOCK without AFTER: a wait needs the state it waits to
     /// change from (it would otherwise answer at once).
     BlockWithoutAfter,
+    /// SCAN's cursor is not an integer from 0 up.
+    BadCursor(String),
+    /// SCAN's COUNT is not an integer from 1 up.
+    BadCount(String),
+    /// SCAN's MATCH or COUNT without its argument.
+    MissingScanArgument(&'static str),
     /// MINFENCE's n is not an integer from 1 up.
     BadMinFence(String),
     /// MINFENCE's n is more than 2^50 above the node's mark and clock.
@@ -195,6 +201,9 @@ impl fmt::Display for LockError {
                 f,
                 "ERR VALUE is the value seen with AFTER's fence: it needs AFTER and a fence above 0"
             ),
+            BadCursor(v) => write!(f, "ERR invalid cursor {v}: must be 0 or a cursor LOCK.SCAN answered"),
+            BadCount(v) => write!(f, "ERR invalid COUNT {v}: must be a positive integer"),
+            MissingScanArgument(what) => write!(f, "ERR {what} needs its argument"),
             BlockWithoutAfter => write!(
                 f,
                 "ERR BLOCK waits for a change from the state seen: it needs AFTER (AFTER 0: the key was free)"
@@ -367,6 +376,9 @@ mod tests {
             LockError::BadAfter("'x'".into()),
             LockError::ValueWithoutLeader,
             LockError::BlockWithoutAfter,
+            LockError::BadCursor("'x'".into()),
+            LockError::BadCount("'0'".into()),
+            LockError::MissingScanArgument("MATCH"),
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::EvictionUnsafe,

@@ -160,6 +160,44 @@ impl<K: Ord + Clone> LeaseEnds<K> {
         due
     }
 
+    /// A page of `LOCK.SCAN`: the keys filed in the slots from `from` on
+    /// (0 or less: the first), whole slots until at least `count` entries,
+    /// each key once; and the slot to go on from, 0 when none is left.
+    ///
+    /// Complete like `SCAN`: a key filed from the first page to the last
+    /// is in some page. Entries never move to an earlier slot: a renewal
+    /// that shortens a lease adds an entry and leaves the later one, and a
+    /// slot that comes due is refiled from now on, past any slot a page
+    /// has reached (pages go forward from slots that were in the future).
+    /// A key may come in more than one page.
+    pub fn scan(&self, from: i64, count: usize) -> (Vec<K>, i64) {
+        let mut cold = self.slots.range(from.max(i64::MIN + 1)..).peekable();
+        let mut hot = self.hot.as_ref().filter(|(at, _)| *at >= from);
+        let mut page: Vec<K> = Vec::new();
+        loop {
+            // The next slot in order, from the map or the hot one.
+            // (The hot slot may also be in the map: filed into, cooled,
+            // then filed into again. Then both are one slot.)
+            let at = match (cold.peek().map(|(at, _)| **at), hot.map(|(at, _)| *at)) {
+                (Some(c), Some(h)) => c.min(h),
+                (c, h) => match c.or(h) {
+                    Some(at) => at,
+                    None => break (dedup(page), 0),
+                },
+            };
+            if let Some((_, keys)) = cold.next_if(|(c, _)| **c == at) {
+                page.extend(keys.iter().cloned());
+            }
+            if let Some((_, keys)) = hot.take_if(|(h, _)| *h == at) {
+                page.extend(keys.iter().cloned());
+            }
+            if page.len() >= count {
+                let more = cold.peek().is_some() || hot.is_some();
+                break (dedup(page), if more { at + 1 } else { 0 });
+            }
+        }
+    }
+
     /// Every entry renamed (SWAPDB moved whole databases; `rename` is a
     /// bijection): a walk of every entry.
     pub fn rename_keys(&mut self, rename: impl Fn(&K) -> K) {
@@ -209,9 +247,117 @@ impl<K: Ord + Clone> LeaseEnds<K> {
     }
 }
 
+fn dedup<K: Ord>(mut keys: Vec<K>) -> Vec<K> {
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every page of a scan from the start.
+    fn pages(ends: &LeaseEnds<u32>, count: usize) -> Vec<Vec<u32>> {
+        let (mut from, mut out) = (0, Vec::new());
+        loop {
+            let (page, next) = ends.scan(from, count);
+            out.push(page);
+            if next == 0 {
+                return out;
+            }
+            assert!(next > from, "pages go forward");
+            from = next;
+        }
+    }
+
+    #[test]
+    fn a_scan_pages_through_every_slot_once_hot_one_included() {
+        let mut ends = LeaseEnds::default();
+        for (key, at) in [(1, 100), (2, 100), (3, 1_000), (4, 5_000), (5, 100)] {
+            ends.file(&key, at);
+        }
+        assert_eq!(ends.scan(0, 100), (vec![1, 2, 3, 4, 5], 0));
+        // Whole slots: at least `count` entries, never part of one.
+        assert_eq!(pages(&ends, 1), vec![vec![1, 2, 5], vec![3], vec![4]]);
+        assert_eq!(pages(&ends, 4), vec![vec![1, 2, 3, 5], vec![4]]);
+        let empty: LeaseEnds<u32> = LeaseEnds::default();
+        assert_eq!(empty.scan(0, 10), (vec![], 0));
+    }
+
+    /// A randomized history: between pages, keys are filed (grants, renewals
+    /// that shorten) and slots come due and are refiled or dropped, as the
+    /// timer does; every key filed all along is in some page.
+    #[test]
+    fn a_key_filed_throughout_a_scan_is_in_some_page() {
+        let mut rng: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        for _ in 0..200 {
+            let mut ends = LeaseEnds::default();
+            let mut now = 1_000;
+            // Where each held key's lease ends; absent: not held.
+            let mut held: std::collections::BTreeMap<u32, i64> = Default::default();
+            for key in 0..40 {
+                let end = now + 1 + next(60_000) as i64;
+                held.insert(key, end);
+                ends.file_lease(&key, end, now);
+            }
+            let throughout: Vec<u32> = (0..40).filter(|k| k % 3 == 0).collect();
+            let (mut from, mut seen) = (0, std::collections::BTreeSet::new());
+            loop {
+                let (page, next_from) = ends.scan(from, 1 + next(5) as usize);
+                seen.extend(page);
+                // Some time passes (the keys kept throughout renewed
+                // first, so they never end); the timer looks at what came
+                // due.
+                let passes = next(3_000) as i64;
+                for k in &throughout {
+                    if held[k] <= now + passes {
+                        let end = now + passes + 1 + next(20_000) as i64;
+                        held.insert(*k, end);
+                        ends.file_lease(k, end, now);
+                    }
+                }
+                now += passes;
+                for key in ends.take_due(now, usize::MAX) {
+                    match held.get(&key) {
+                        Some(&end) if end > now => ends.file(&key, look_at(end, now).max(now + 1)),
+                        _ => {
+                            held.remove(&key);
+                        }
+                    }
+                }
+                // Others are released, taken again, renewed (also shorter).
+                for _ in 0..5 {
+                    let key = next(40) as u32;
+                    let end = now + 1 + next(60_000) as i64;
+                    if throughout.contains(&key) || next(2) == 0 {
+                        // Renewed or taken again.
+                        if held.get(&key).is_some_and(|&e| end >= e) {
+                            held.insert(key, end); // lengthened: no filing
+                            continue;
+                        }
+                        held.insert(key, end);
+                        ends.file_lease(&key, end, now);
+                    } else {
+                        held.remove(&key);
+                    }
+                }
+                if next_from == 0 {
+                    break;
+                }
+                from = next_from;
+            }
+            for k in &throughout {
+                assert!(seen.contains(k), "{k} missed");
+            }
+        }
+    }
 
     #[test]
     fn a_slot_is_due_at_its_end_and_holds_the_ends_up_to_it() {

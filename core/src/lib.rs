@@ -16,6 +16,7 @@
 //! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
 //! * `args`    — argument parsing and validation
+//! * `glob`    — `MATCH` patterns, matched as Redis matches them
 //! * `guarded` — `LOCK.EXEC` and `LOCK.FENCED`: their arguments, which
 //!   commands may run guarded, the gate's rule
 //! * `codec`   — the persisted form of a lock value, decoded and checked
@@ -35,6 +36,7 @@ pub mod error;
 mod fence;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod glob;
 pub mod guarded;
 pub mod histogram;
 mod lease_ends;

@@ -20,6 +20,9 @@ pub mod command {
     /// `LOCK.OBSERVE key [AFTER fence] [BLOCK timeout-ms]`: the key's
     /// leader, at once or when it is no longer the one seen.
     pub const OBSERVE: &str = "LOCK.OBSERVE";
+    /// `LOCK.SCAN cursor [MATCH pattern] [COUNT n] [WAITING]`: the node's
+    /// locks, a page at a time, each as `LOCK.INFO` shows it with its key.
+    pub const SCAN: &str = "LOCK.SCAN";
     /// `LOCK.ACQUIREALL numkeys key ... token ttl-ms [SHARED] [LIMIT n]
     /// [BLOCK timeout-ms] [MINFENCE n]`: every key with one fence, or none.
     pub const ACQUIRE_ALL: &str = "LOCK.ACQUIREALL";
@@ -65,6 +68,11 @@ pub mod command {
     /// `ACQUIRE`'s word for a shared holder, and its limit's.
     pub const SHARED: &str = "SHARED";
     pub const LIMIT: &str = "LIMIT";
+    /// `SCAN`'s option words: a glob on the key, the page's size, only
+    /// locks with waiters.
+    pub const MATCH: &str = "MATCH";
+    pub const COUNT: &str = "COUNT";
+    pub const WAITING: &str = "WAITING";
     /// `EXEC`'s option word: the holder's grant must have this fence.
     pub const FENCE_WORD: &str = "FENCE";
 }
@@ -94,9 +102,22 @@ pub mod info_field {
     /// none): shown to every reader, unlike the token. Last, so replies
     /// read by position before it existed still read.
     pub const VALUE: &str = "value";
+    /// How long the first in line has waited, ms (nil: nobody waits).
+    pub const LONGEST_WAIT: &str = "longest_wait";
+    /// `LOCK.SCAN`'s entries only, first: the lock's key.
+    pub const KEY: &str = "key";
     /// Every field, in reply order.
-    pub const ALL: [&str; 9] = [
-        TOKEN, FENCE, TTL, WAITERS, GRANTED, MODE, LIMIT, HOLDERS, VALUE,
+    pub const ALL: [&str; 10] = [
+        TOKEN,
+        FENCE,
+        TTL,
+        WAITERS,
+        GRANTED,
+        MODE,
+        LIMIT,
+        HOLDERS,
+        VALUE,
+        LONGEST_WAIT,
     ];
     /// The fields of each map of HOLDERS, in reply order.
     pub const HOLDER: [&str; 5] = [TOKEN, FENCE, TTL, GRANTED, VALUE];

@@ -386,6 +386,17 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
         self.queues.get(key).map_or(0, |q| q.live)
     }
 
+    /// When the first in `key`'s line began to wait (monotonic µs); None
+    /// with nobody in line.
+    pub fn first_since_us(&self, key: &K) -> Option<i64> {
+        let queue = self.queues.get(key)?;
+        // Ids of waiters that left stay in the order until skipped.
+        queue
+            .order
+            .iter()
+            .find_map(|id| self.waiters.get(id).map(|w| w.since_us))
+    }
+
     pub fn total(&self) -> usize {
         self.waiters.len()
     }

@@ -18,6 +18,8 @@ pub struct Held<'s> {
     pub newest: usize,
     /// How many wait in its line.
     pub waiters: usize,
+    /// How long the first in line has waited, ms (None: nobody waits).
+    pub longest_wait_ms: Option<i64>,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
@@ -74,6 +76,21 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             live,
             newest,
             waiters: self.waiters.waiting_on(key),
+            longest_wait_ms: self
+                .waiters
+                .first_since_us(key)
+                .map(|since_us| (now_ms.saturating_mul(1000) - since_us).max(0) / 1000),
         })
+    }
+
+    /// A page of `LOCK.SCAN`: the keys the lease index holds from the
+    /// cursor `from` on (0: the start), at least about `count` entries,
+    /// each key once, with the cursor to go on from (0: done). The keys are
+    /// candidates: the caller reads each ([`Node::info`]), for an entry may
+    /// be a lock released, ended or gone since it was filed. Every lock
+    /// filed from the first page to the last is in some page (see
+    /// `LeaseEnds::scan`), so every lock held throughout a scan is listed.
+    pub fn scan_locks(&self, from: i64, count: usize) -> (Vec<K>, i64) {
+        self.lease_ends.scan(from, count)
     }
 }

@@ -30,7 +30,15 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
     let Some(held) = engine::with_engine(|n| n.info(&key, &store, now)) else {
         return Ok(Reply::Null);
     };
-    let show_tokens = may_write_key(ctx, argv.key());
+    Ok(Reply::Map(lock_fields(
+        held,
+        now,
+        may_write_key(ctx, argv.key()),
+    )))
+}
+
+/// `LOCK.INFO`'s fields of a held lock (`LOCK.SCAN`'s entries too).
+fn lock_fields(held: Held<'_>, now: i64, show_tokens: bool) -> Vec<(&'static str, Value)> {
     let holder_fields = |held: &Lock<'_>| {
         let token = match show_tokens {
             true => Value::Bytes(held.token.to_vec()),
@@ -56,8 +64,9 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
         Mode::Exclusive => ("exclusive", None),
     };
     let waiters = held.waiters;
+    let longest_wait = held.longest_wait_ms.map_or(Value::Null, Value::Integer);
     let live = held.live;
-    Ok(Reply::Map(vec![
+    vec![
         token,
         fence,
         ttl,
@@ -70,7 +79,45 @@ pub(super) fn info(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
             Value::Maps(live.iter().map(|l| holder_fields(l).into()).collect()),
         ),
         value,
-    ]))
+        (info_field::LONGEST_WAIT, longest_wait),
+    ]
+}
+
+/// `LOCK.SCAN cursor [MATCH pattern] [COUNT n] [WAITING]`: a page of the
+/// node's lease index (`Node::scan_locks`), each candidate in the current
+/// db read as `LOCK.INFO` reads it and listed if held now, its key
+/// matches, the user may read it (tokens: write it) and, with `WAITING`,
+/// it has waiters. O(page), whatever else the keyspace holds.
+pub(super) fn scan(ctx: Ctx, argv: &Argv) -> Result<Reply, LockError> {
+    let a = args::parse_scan(argv.bytes())?;
+    let db = ffi::selected_db(ctx);
+    let now = server::mono_ms();
+    let (candidates, next) = engine::with_engine(|n| n.scan_locks(a.cursor, a.count));
+    let mut entries = Vec::new();
+    for (key_db, name) in candidates {
+        if key_db != db || a.pattern.is_some_and(|p| !glob::matches(p, &name)) {
+            continue;
+        }
+        let key_name = ffi::OwnedString::new(ctx, &name);
+        if !ffi::may_read_key(ctx, key_name.get()) {
+            continue;
+        }
+        // Another type now (the index's entries are hints): not a lock.
+        let Ok(store) = ReadKey::open(ctx, key_name.get()) else {
+            continue;
+        };
+        let key = (key_db, name);
+        let Some(held) = engine::with_engine(|n| n.info(&key, &store, now)) else {
+            continue;
+        };
+        if a.waiting && held.waiters == 0 {
+            continue;
+        }
+        let mut fields = vec![(info_field::KEY, Value::Bytes(key.1.to_vec()))];
+        fields.extend(lock_fields(held, now, may_write_key(ctx, key_name.get())));
+        entries.push(fields);
+    }
+    Ok(Reply::Page(next.to_string().into_bytes(), entries))
 }
 
 /// `LOCK.OBSERVE key [AFTER fence [VALUE v]] [BLOCK timeout-ms]`: the

@@ -89,7 +89,7 @@ pub(super) const ACQUIRE_ALL_KEY_FLAGS: u64 = RW | ACCESS | UPDATE;
 pub(super) const RELEASE_ALL_KEY_FLAGS: u64 = RW | DELETE;
 
 /// Every command the module adds. The key is always argv[1].
-pub static COMMANDS: [Command; 15] = [
+pub static COMMANDS: [Command; 16] = [
     Command {
         name: c"lock.acquire",
         callback: command_callback!(acquire),
@@ -369,6 +369,29 @@ pub static COMMANDS: [Command; 15] = [
             option(c"BLOCK", c"timeout-ms", c"With AFTER: wait up to timeout-ms (0: no timeout) for the next leader instead of answering nil."),
         ],
     },
+    Command {
+        name: c"lock.scan",
+        callback: command_callback!(scan),
+        // Reads only; keyless, as SCAN: each node lists its own locks.
+        flags: c"readonly",
+        arity: -2,
+        key_flags: 0,
+        keys: KeyPlace::None,
+        acl_categories: c"read keyspace",
+        summary: c"Replies with the next cursor (0: done) and a page of the node's held locks in the current db, from its index of leases (not a walk of the keyspace): each as LOCK.INFO shows it, with its key first. Only keys the user may read; tokens only where it may write.",
+        args: &[
+            arg(c"cursor", INTEGER, c"0 to start, then the cursor the last page answered."),
+            ArgDoc {
+                kind: STRING,
+                ..option(c"MATCH", c"pattern", c"Only keys matching this glob, as SCAN's MATCH.")
+            },
+            option(c"COUNT", c"count", c"About how many index entries one page looks at (default 10)."),
+            ArgDoc {
+                kind: PURE_TOKEN,
+                ..option(c"WAITING", c"waiting", c"Only locks with clients waiting in their line.")
+            },
+        ],
+    },
 ];
 
 /// The table's names are the protocol's (`core::protocol::command`), which
@@ -377,7 +400,7 @@ pub static COMMANDS: [Command; 15] = [
 pub(super) fn check_names() -> Result<(), String> {
     use protocol::command::{
         ACQUIRE, ACQUIRE_ALL, DROP, EXEC, EXTEND, FENCE, FENCED, GATE, HOLD, INFO, OBSERVE,
-        RELEASE, RELEASE_ALL, SET, SET_SHARED,
+        RELEASE, RELEASE_ALL, SCAN, SET, SET_SHARED,
     };
     let names = [
         ACQUIRE,
@@ -395,6 +418,7 @@ pub(super) fn check_names() -> Result<(), String> {
         HOLD,
         DROP,
         OBSERVE,
+        SCAN,
     ];
     for (c, name) in COMMANDS.iter().zip(names) {
         if !c.name.to_bytes().eq_ignore_ascii_case(name.as_bytes()) {
@@ -415,7 +439,7 @@ pub fn register(ctx: Ctx) -> Result<(), String> {
     let lock_category = ffi::add_acl_category(ctx, c"lock");
     for c in &COMMANDS {
         // First key, last key, step: 1, 1, 1.
-        let ok = ffi::create_command(ctx, c.name, c.callback, c.flags);
+        let ok = ffi::create_command(ctx, c.name, c.callback, c.flags, c.keys);
         if ok != Some(true) {
             return Err(format!("could not create command {:?}", c.name));
         }

@@ -15,6 +15,19 @@ pub fn may_write_key(ctx: Ctx, key: RString) -> bool {
     user_may_write_key(name.get(), key)
 }
 
+/// Whether the user running this command may read `key` (ACL key
+/// patterns, `%R~`). As [`may_write_key`] otherwise.
+pub fn may_read_key(ctx: Ctx, key: RString) -> bool {
+    let Some(user_name) = optional_api!(RedisModule_GetCurrentUserName) else {
+        return true;
+    };
+    // SAFETY: ctx is a handle Redis gave the caller.
+    let Some(name) = OwnedString::take(ctx, RString(unsafe { user_name(ctx.0) })) else {
+        return true;
+    };
+    user_key_permission(name.get(), key, raw::REDISMODULE_CMD_KEY_ACCESS)
+}
+
 /// A user looked up by name for an ACL check, freed on drop.
 pub(super) struct ModuleUser {
     ptr: NonNull<raw::RedisModuleUser>,

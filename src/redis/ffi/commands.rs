@@ -7,14 +7,34 @@ pub fn can_create_commands() -> bool {
     optional_api!(RedisModule_CreateCommand).is_some()
 }
 
-/// RM_CreateCommand (first key, last key, step: 1, 1, 1): whether Redis
-/// accepted; None where it lacks the API.
-pub fn create_command(ctx: Ctx, name: &CStr, callback: CommandFn, flags: &CStr) -> Option<bool> {
+/// RM_CreateCommand (first key, last key, step: 1, 1, 1; a keyless
+/// command 0, 0, 0): whether Redis accepted; None where it lacks the API.
+pub fn create_command(
+    ctx: Ctx,
+    name: &CStr,
+    callback: CommandFn,
+    flags: &CStr,
+    keys: KeyPlace,
+) -> Option<bool> {
     let create = optional_api!(RedisModule_CreateCommand)?;
     let callback = raw_callback!(callback);
+    let first = match keys {
+        KeyPlace::None => 0,
+        KeyPlace::First | KeyPlace::NumKeys => 1,
+    };
     // SAFETY: ctx is the load context Redis gave the caller; Redis copies
     // the strings; the callback is a plain function.
-    let ok = unsafe { create(ctx.0, name.as_ptr(), callback, flags.as_ptr(), 1, 1, 1) };
+    let ok = unsafe {
+        create(
+            ctx.0,
+            name.as_ptr(),
+            callback,
+            flags.as_ptr(),
+            first,
+            first,
+            first,
+        )
+    };
     Some(ok == raw::REDISMODULE_OK as c_int)
 }
 
@@ -66,6 +86,8 @@ pub enum KeyPlace {
     First,
     /// `numkeys key [key ...]`: the count at argv[1], the keys after it.
     NumKeys,
+    /// No key (the node's, as `SCAN`): served by the node it is sent to.
+    None,
 }
 
 /// Declares the command `name`'s arity, its keys (with `key_flags`),
@@ -99,6 +121,8 @@ pub fn set_command_info(
     // SAFETY: a plain C struct of integers, raw pointers and unions of
     // those: all zeros is a valid value (C's `{0}`).
     let mut key_specs: [raw::RedisModuleCommandKeySpec; 2] = unsafe { std::mem::zeroed() };
+    // A keyless command declares none: the all-zero spec ends the array.
+    let keyless = matches!(keys, KeyPlace::None);
     key_specs[0].flags = key_flags;
     key_specs[0].begin_search_type =
         raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
@@ -118,6 +142,11 @@ pub fn set_command_info(
             key_specs[0].fk.keynum.firstkey = 1;
             key_specs[0].fk.keynum.keystep = 1;
         }
+        KeyPlace::None => {}
+    }
+    if keyless {
+        // SAFETY: as above: all zeros is a valid spec.
+        key_specs[0] = unsafe { std::mem::zeroed() };
     }
     // The array ends with an all-zero entry; Redis copies it.
     let mut raw_args: Vec<raw::RedisModuleCommandArg> = args

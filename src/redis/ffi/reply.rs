@@ -16,6 +16,9 @@ pub enum Reply {
     Call(CallReply),
     /// A key-position request was answered (`KeyAtPos`): no reply.
     KeysReported,
+    /// A page of a scan, as `SCAN` answers: the next cursor (a bulk
+    /// string), then an array of maps (each as [`Reply::Map`] sends one).
+    Page(Vec<u8>, Vec<Vec<(&'static str, Value)>>),
 }
 
 pub enum Value {
@@ -151,6 +154,16 @@ pub(super) fn send(ctx: Ctx, reply: Reply) {
             unsafe { api!(RedisModule_ReplyWithCallReply)(ctx.0, reply.0.as_ptr()) };
         }
         Reply::Map(fields) => send_map(ctx, fields),
+        Reply::Page(cursor, entries) => {
+            // SAFETY: ctx is a handle Redis gave the caller.
+            unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, 2) };
+            reply_bytes(ctx, &cursor);
+            // SAFETY: as above.
+            unsafe { api!(RedisModule_ReplyWithArray)(ctx.0, entries.len() as _) };
+            for entry in entries {
+                send_map(ctx, entry);
+            }
+        }
     }
 }
 
