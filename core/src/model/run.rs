@@ -255,6 +255,7 @@ impl Run {
         let d = h.drain();
         follow_timer_reclaims(model, h, now);
         lease_ends_kept(step, model, h, now, *resumed_at);
+        scan_lists_every_held_lock(step, h, now);
         assert_eq!(d.take_backs, taken.len(), "step {step}: take-backs counted");
         if let Some(key) = expected_expiry {
             assert!(
@@ -422,6 +423,36 @@ pub(super) fn lease_ends_kept(
                 now < l.deadline_ms + model.lock_delay_max + SLOT_MS,
                 "step {step}: key {key}'s lease ended at {} and is still stored at {now}",
                 l.deadline_ms
+            );
+        }
+    }
+}
+
+/// `LOCK.SCAN`'s source, the lease index, after every step: a full scan
+/// (pages of a size that varies with the step) names every key whose
+/// store has a live holder, whatever happened to it (grants, renewals
+/// longer and shorter, hand-offs, loads, SWAPDB, a promotion); the glue
+/// then lists only those it reads held, so nothing gone is listed.
+pub(super) fn scan_lists_every_held_lock(step: usize, h: &Harness, now: i64) {
+    let count = 1 + step % 4;
+    let (mut from, mut listed) = (0, BTreeSet::new());
+    loop {
+        let (page, next) = h.node.scan_locks(from, count);
+        listed.extend(page);
+        if next == 0 {
+            break;
+        }
+        assert!(next > from, "step {step}: the scan goes forward");
+        from = next;
+    }
+    for (key, store) in &h.stores {
+        if h.gone.contains(key) || h.wrongtype.contains(key) {
+            continue;
+        }
+        if store.holders.iter().any(|l| l.deadline_ms > now) {
+            assert!(
+                listed.contains(key),
+                "step {step}: key {key} is held and no scan page names it"
             );
         }
     }
