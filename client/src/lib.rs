@@ -223,6 +223,7 @@ mod node_settings;
 mod node_url;
 mod options;
 mod redlock;
+mod scan;
 mod settle;
 
 /// Support for the `redis-lock` command; not part of the library's API.
@@ -237,3 +238,4 @@ pub use guard::{Lease, LockGuard, LostSignal, ValidityWatch};
 pub use keys::Keys;
 pub use node::LockInfo;
 pub use node_settings::NodeSettings;
+pub use scan::{ListedHolder, ListedLock};

@@ -400,7 +400,8 @@ fn check_against_info(
         covered.insert(field);
     };
     for (name, f) in families {
-        if name == "redis_lock_up" {
+        // Up, and the per-key families (LOCK.SCAN's, not INFO's).
+        if name == "redis_lock_up" || name.starts_with("redis_lock_key_") {
             continue;
         }
         for sample in f.samples.iter().filter(|s| s.labels["node"] == node) {
@@ -513,7 +514,8 @@ fn metrics_of_two_nodes_match_info_lock_and_a_down_node_reads_zero() {
         "no module"
     );
     for (name, f) in &families {
-        if name != "redis_lock_up" {
+        // The per-key families name only the nodes with waiting locks.
+        if name != "redis_lock_up" && !name.starts_with("redis_lock_key_") {
             let nodes: BTreeSet<&str> = f
                 .samples
                 .iter()
@@ -596,6 +598,23 @@ fn metrics_of_two_nodes_match_info_lock_and_a_down_node_reads_zero() {
     }
     let waited = value(&families, "redis_lock_wait_time_seconds_total", &na).unwrap();
     assert!(waited >= 0.02, "{waited}");
+    // The locks with the most waiters, by key (LOCK.SCAN WAITING): only
+    // "held", the one lock with a waiter, on a.
+    for (metric, check) in [
+        ("redis_lock_key_waiters", (|v| v == 1.0) as fn(f64) -> bool),
+        ("redis_lock_key_holders", |v| v == 1.0),
+        ("redis_lock_key_longest_wait_seconds", |v| v > 0.0),
+    ] {
+        let f = families
+            .get(metric)
+            .unwrap_or_else(|| panic!("no {metric}"));
+        assert_eq!(f.kind, "gauge", "{metric}");
+        let samples: Vec<_> = f.samples.iter().map(|s| (&s.labels, s.value)).collect();
+        assert_eq!(samples.len(), 1, "{metric}: {samples:?}");
+        assert_eq!(samples[0].0["node"], na, "{metric}");
+        assert_eq!(samples[0].0["key"], "held", "{metric}");
+        assert!(check(samples[0].1), "{metric}: {samples:?}");
+    }
 
     // Anything but /metrics: 404.
     for path in ["/", "/metric", "/metrics/x", "/favicon.ico"] {
@@ -629,6 +648,48 @@ fn metrics_of_two_nodes_match_info_lock_and_a_down_node_reads_zero() {
     assert!(!stderr.contains(&format!("node {na} is down")), "{stderr}");
 }
 
+/// `--top N` exports the N locks with the most waiters, the most first,
+/// and a key's label is escaped as the text format asks.
+#[test]
+fn top_exports_the_locks_with_the_most_waiters_by_key() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut waiters = Vec::new();
+    for (key, n) in [("one", 1), ("three \"q\"", 3), ("two", 2), ("none", 0)] {
+        common::acquire(&mut c, key, "holder", 60_000).expect("granted");
+        for i in 0..n {
+            waiters.push(RawConn::block_acquire(&s, key, &format!("w{i}"), 60_000, 0));
+        }
+    }
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 6);
+    let port = free_port();
+    let _exporter = Running(
+        Command::new(BIN)
+            .args(["exporter", "--url", &s.url(), "--top", "2"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("REDIS_LOCK_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-lock exporter"),
+    );
+    common::wait_until(Duration::from_secs(20), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let (_, _, body) = http_get(port, "/metrics");
+    let families = parse_exposition(&body);
+    let by_key: BTreeMap<String, f64> = families["redis_lock_key_waiters"]
+        .samples
+        .iter()
+        .map(|s| (s.labels["key"].clone(), s.value))
+        .collect();
+    let wanted: BTreeMap<String, f64> =
+        [("three \"q\"".to_string(), 3.0), ("two".to_string(), 2.0)].into();
+    assert_eq!(by_key, wanted);
+    assert!(body.contains("key=\"three \\\"q\\\"\"}"), "escaped: {body}");
+}
+
 #[test]
 fn a_cluster_url_is_read_on_each_master() {
     if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {
@@ -636,6 +697,22 @@ fn a_cluster_url_is_read_on_each_master() {
     }
     let cluster = common::cluster::Cluster::start(false);
     let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
+    // A lock with a waiter on the master of its slot (the one node that
+    // grants it; the others answer MOVED): listed there, by key.
+    let owner = cluster
+        .nodes
+        .iter()
+        .find(|n| {
+            redis::cmd("LOCK.ACQUIRE")
+                .arg("hot")
+                .arg("holder")
+                .arg(60_000)
+                .query::<Option<i64>>(&mut n.conn())
+                .is_ok()
+        })
+        .expect("a master takes hot");
+    let _waiter = RawConn::block_acquire(owner, "hot", "next", 60_000, 0);
+    common::wait_until(Duration::from_secs(10), || owner.info_field("waiters") == 1);
     let (_exporter, port) = start_exporter(&[url]);
     let before: Vec<_> = cluster.nodes.iter().map(info_map).collect();
     let (status, _, body) = http_get(port, "/metrics");
@@ -652,6 +729,12 @@ fn a_cluster_url_is_read_on_each_master() {
         check_against_info(&families, &node, &before[i], &after[i]);
     }
     assert_eq!(families["redis_lock_up"].samples.len(), 3, "{body}");
+    let hot: Vec<_> = families["redis_lock_key_waiters"]
+        .samples
+        .iter()
+        .map(|s| (s.labels["node"].clone(), s.labels["key"].clone(), s.value))
+        .collect();
+    assert_eq!(hot, [(format!("127.0.0.1:{}", owner.port), "hot".into(), 1.0)]);
 }
 
 // ---- a real Prometheus ----

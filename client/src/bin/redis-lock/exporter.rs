@@ -1,5 +1,6 @@
 //! `redis-lock exporter`: every node's `INFO lock` as Prometheus metrics,
-//! read when scraped (no background polling) and served over a minimal
+//! and its `--top` locks with the most waiters (`LOCK.SCAN WAITING`) by
+//! key, read when scraped (no background polling) and served over a minimal
 //! HTTP/1.1 responder: `GET /metrics` answers the text exposition format
 //! (version 0.0.4), any other path 404. Each connection is a task of its
 //! own with deadlines on reading the request and writing the answer, so a
@@ -11,7 +12,7 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis_lock_client::LockClient;
+use redis_lock_client::{ListedLock, LockClient};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -113,7 +114,12 @@ const HISTOGRAMS: &[(&str, &str, &str)] = &[
 ];
 
 /// `redis-lock exporter`: serves until killed (or the listener fails).
-pub(crate) async fn exporter(locks: LockClient, listen: &str, timeout: Duration) -> ExitCode {
+pub(crate) async fn exporter(
+    locks: LockClient,
+    listen: &str,
+    timeout: Duration,
+    top: usize,
+) -> ExitCode {
     let listener = match TcpListener::bind(listen).await {
         Ok(l) => l,
         Err(e) => {
@@ -133,6 +139,7 @@ pub(crate) async fn exporter(locks: LockClient, listen: &str, timeout: Duration)
     let state = Arc::new(Exporter {
         locks,
         timeout,
+        top,
         last: Mutex::new(HashMap::new()),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
@@ -161,6 +168,8 @@ struct Exporter {
     locks: LockClient,
     /// How long each node has to answer `INFO lock`.
     timeout: Duration,
+    /// How many locks with waiters to export per node, by key.
+    top: usize,
     /// Each node's last state (None: up, Some: why not), logged on change.
     last: Mutex<HashMap<String, Option<String>>>,
 }
@@ -235,7 +244,14 @@ type Fields = Vec<(String, i64)>;
 impl Exporter {
     /// Reads every node now and renders the exposition.
     async fn scrape(&self) -> String {
-        let replies = self.locks.info_sections("lock", self.timeout).await;
+        let listing = async {
+            match self.top {
+                0 => Vec::new(),
+                _ => self.locks.list_locks(None, true, self.timeout).await,
+            }
+        };
+        let (replies, listed) =
+            tokio::join!(self.locks.info_sections("lock", self.timeout), listing);
         let mut nodes: Vec<(String, Option<Fields>)> = Vec::new();
         for (node, reply) in replies {
             if nodes.iter().any(|(seen, _)| *seen == node) {
@@ -255,7 +271,15 @@ impl Exporter {
             self.log_change(&node, fields.as_ref().err());
             nodes.push((node, fields.ok()));
         }
-        render(&nodes)
+        let mut out = render(&nodes);
+        // A node that cannot list (an older module, no LOCK.SCAN in its
+        // ACL) exports its INFO fields without the per-key series.
+        let hottest: Vec<(String, Vec<ListedLock>)> = listed
+            .into_iter()
+            .filter_map(|(node, l)| Some((node, hottest(l.ok()?, self.top))))
+            .collect();
+        render_hottest(&mut out, &hottest);
+        out
     }
 
     /// Says on stderr when a node goes down (and why) or comes back.
@@ -432,6 +456,55 @@ fn seconds(ms: i64) -> String {
     }
     let frac = format!("{frac:03}");
     format!("{sign}{whole}.{}", frac.trim_end_matches('0'))
+}
+
+/// The `n` locks with the most waiters (the longest wait first among
+/// equals, then by key: a stable order).
+fn hottest(mut locks: Vec<ListedLock>, n: usize) -> Vec<ListedLock> {
+    locks.sort_by(|a, b| {
+        (b.waiters, b.longest_wait_ms, &a.key).cmp(&(a.waiters, a.longest_wait_ms, &b.key))
+    });
+    locks.truncate(n);
+    locks
+}
+
+/// The per-key families of each node's hottest locks.
+fn render_hottest(out: &mut String, nodes: &[(String, Vec<ListedLock>)]) {
+    type Read = fn(&ListedLock) -> String;
+    let families: [(&str, &str, Read); 3] = [
+        (
+            "redis_lock_key_waiters",
+            "Clients waiting in the line of one of the node's locks with the most waiters (--top of them, by key).",
+            |l| l.waiters.to_string(),
+        ),
+        (
+            "redis_lock_key_longest_wait_seconds",
+            "How long the first in that lock's line has waited, in seconds.",
+            |l| seconds(l.longest_wait_ms.unwrap_or(0)),
+        ),
+        (
+            "redis_lock_key_holders",
+            "That lock's live holders (1 when exclusive).",
+            |l| l.holders.len().to_string(),
+        ),
+    ];
+    if nodes.iter().all(|(_, locks)| locks.is_empty()) {
+        return;
+    }
+    for (metric, help, read) in families {
+        family_head(out, metric, "gauge", help);
+        for (node, locks) in nodes {
+            for l in locks {
+                let key = label(&String::from_utf8_lossy(&l.key));
+                let _ = writeln!(
+                    out,
+                    "{metric}{{node=\"{}\",key=\"{key}\"}} {}",
+                    label(node),
+                    read(l)
+                );
+            }
+        }
+    }
 }
 
 /// A label value escaped as the text format asks.

@@ -364,6 +364,11 @@ enum Command {
         /// does not is reported with redis_lock_up 0).
         #[arg(long, value_parser = duration::parse, default_value = "2s")]
         timeout: Duration,
+        /// How many of each node's locks with waiters to export by key
+        /// (the most waiters first; LOCK.SCAN WAITING at each scrape): the
+        /// key is a label, so this bounds the series. 0: none.
+        #[arg(long, value_name = "N", default_value_t = 10)]
+        top: usize,
     },
 }
 
@@ -705,13 +710,14 @@ async fn run(cli: Cli) -> ExitCode {
             urls,
             listen,
             timeout,
+            top,
         } => {
             // Any count of nodes: they are read one by one, not a group.
             let locks = match open_client(&node_urls(&urls), Options::default()) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            exporter::exporter(locks, &listen, timeout).await
+            exporter::exporter(locks, &listen, timeout, top).await
         }
         Command::Info { nodes, json } => {
             let locks = match client(&nodes, false, Grant::default()) {
