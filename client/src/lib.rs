@@ -154,7 +154,7 @@
 //! 1 or step 2) within the validity.
 //!
 //! Step 1 already asks for a token: `MINFENCE g` with g 2 ms above **the
-//! nodes' clock** and above every token this client has seen. The nodes'
+//! nodes' clock** and above every group token this client was granted. The nodes'
 //! clock is the median of their `TIME` replies, read at most 30 s before
 //! and carried forward on this client's monotonic clock, never this
 //! client's wall clock. A node grants exactly g when its own clock and

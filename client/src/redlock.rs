@@ -332,7 +332,8 @@ impl LockClient {
     }
 
     /// The fencing token to ask for in the first phase (`MINFENCE g`): just
-    /// above the nodes' clock and above every token this client has seen. A
+    /// above the nodes' clock and above every group token this client was
+    /// granted (not a minority node's run ahead, which it keeps). A
     /// node grants exactly `g` when its clock and its high-water mark are
     /// below it, which is the rule on nodes whose clocks agree: then every
     /// node of the majority already has the same token and the second phase
@@ -490,13 +491,16 @@ impl LockClient {
         };
         let allowed = !matches!(order_reply, Reply::Refused) || order.is_none();
         if allowed && granted.len() >= quorum && in_time(start) {
-            let largest = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
-            self.saw_fence(largest);
             // Without quorum fencing the largest, unconfirmed.
+            let largest = granted.iter().map(|(_, f)| *f).max().unwrap_or(0);
             let t = match fencing {
                 true => group_fence(&granted, quorum),
                 false => largest,
             };
+            // The next floor goes above the group's token, not above a
+            // minority node's run ahead (its clock, a MINFENCE): that would
+            // drag every node's tokens to it.
+            self.saw_fence(t);
             let mut confirmed = granted.len();
             if fencing {
                 // Usually every node granted g, and a majority at t is all

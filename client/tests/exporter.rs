@@ -734,7 +734,10 @@ fn a_cluster_url_is_read_on_each_master() {
         .iter()
         .map(|s| (s.labels["node"].clone(), s.labels["key"].clone(), s.value))
         .collect();
-    assert_eq!(hot, [(format!("127.0.0.1:{}", owner.port), "hot".into(), 1.0)]);
+    assert_eq!(
+        hot,
+        [(format!("127.0.0.1:{}", owner.port), "hot".into(), 1.0)]
+    );
 }
 
 // ---- a real Prometheus ----

@@ -143,9 +143,11 @@ async fn a_failed_attempt_is_released_on_every_node() {
     }
 }
 
-/// Quorum fencing: a node whose tokens run far ahead (here raised by hand)
-/// takes part in one grant; a later grant on a majority without it must
-/// still get a larger token. Without MINFENCE it would get the clock's.
+/// Quorum fencing: a node whose tokens run an hour ahead (here raised by
+/// hand) takes part in one grant, whose token is the other four's (a
+/// majority), so the group is not dragged an hour ahead; it keeps its own.
+/// A later grant on a majority without it still gets a larger token, and
+/// so does one after it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_later_grant_on_another_majority_gets_a_larger_token() {
     let mut nodes = group(5);
@@ -162,12 +164,25 @@ async fn a_later_grant_on_another_majority_gets_a_larger_token() {
     let ttl = Duration::from_secs(5);
     let first = locks.try_acquire("res", ttl).await.unwrap().unwrap();
     let t1 = first.fence();
-    assert!(t1 > ahead);
+    assert!(t1 < ahead, "the majority's token");
+    for n in &nodes[..4] {
+        assert_eq!(node_fence(n, "res"), Some(t1));
+    }
+    assert!(node_fence(&nodes[4], "res").unwrap() > ahead, "its own");
     assert!(first.release().await.unwrap());
+    // The next floor follows the group's token, not the node ahead.
+    let again = locks.try_acquire("res", ttl).await.unwrap().unwrap();
+    assert!(
+        again.fence() > t1 && again.fence() < ahead,
+        "{}",
+        again.fence()
+    );
+    let t2 = again.fence();
+    assert!(again.release().await.unwrap());
     nodes[4].kill9();
     nodes[3].kill9();
     let second = locks.try_acquire("res", ttl).await.unwrap().unwrap();
-    assert!(second.fence() > t1, "{} > {t1}", second.fence());
+    assert!(second.fence() > t2, "{} > {t2}", second.fence());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
