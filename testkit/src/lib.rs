@@ -51,6 +51,7 @@ mod sentinel;
 mod server;
 mod server_info;
 mod skip;
+mod tmux;
 mod wait;
 
 pub mod cluster;
@@ -80,4 +81,5 @@ pub use regression::{
 pub use sentinel::Sentinel;
 pub use server::{urls, Server};
 pub use skip::{faketime_servers_or_skip, skip, skip_unless, Needs, Skip};
+pub use tmux::Tmux;
 pub use wait::wait_until;

@@ -301,7 +301,7 @@ impl Exporter {
 }
 
 /// The `lock_` fields of an `INFO lock` text with integer values.
-fn parse(text: &str) -> Fields {
+pub(crate) fn parse(text: &str) -> Fields {
     text.lines()
         .filter_map(|l| l.strip_prefix("lock_")?.split_once(':'))
         .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))

@@ -28,6 +28,7 @@ mod job;
 mod run;
 #[allow(unsafe_code)]
 mod sys;
+mod top;
 
 /// Exit codes besides the child's own status.
 mod exit {
@@ -319,6 +320,30 @@ enum Command {
         /// export line (an extend keeps the fencing token acquire printed).
         #[arg(long)]
         json: bool,
+    },
+    /// A live view of the nodes' locks, redrawn every --interval: each
+    /// node's counters (grants and hand-offs a second), then its locks
+    /// (LOCK.SCAN), the most waited for first, with holders, fence, lease
+    /// left, hold time and the line. Keys: s sorts, / filters (a glob), j/k
+    /// or the arrows choose, Enter shows every holder, q quits. Without a
+    /// terminal, or with --once, one frame is printed and it exits.
+    Top {
+        /// A node to read; give it once per node (a Redlock group's nodes
+        /// each, a redis-cluster:// URL is read on each master).
+        #[arg(long = "url", value_name = "URL")]
+        urls: Vec<String>,
+        /// The first order (s goes to the next).
+        #[arg(long, value_enum, default_value = "waiters")]
+        sort: top::Sort,
+        /// Only keys matching this glob (LOCK.SCAN MATCH; / changes it).
+        #[arg(long = "match", value_name = "GLOB")]
+        pattern: Option<String>,
+        /// How often to read the nodes again.
+        #[arg(long, value_parser = duration::parse, default_value = "1s")]
+        interval: Duration,
+        /// Print one frame and exit (as without a terminal).
+        #[arg(long)]
+        once: bool,
     },
     /// Show the lock on every node.
     Info {
@@ -718,6 +743,20 @@ async fn run(cli: Cli) -> ExitCode {
                 Err(code) => return code,
             };
             exporter::exporter(locks, &listen, timeout, top).await
+        }
+        Command::Top {
+            urls,
+            sort,
+            pattern,
+            interval,
+            once,
+        } => {
+            // Any count of nodes: each is read on its own.
+            let locks = match open_client(&node_urls(&urls), Options::default()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            top::top(locks, sort, pattern, interval, once).await
         }
         Command::Info { nodes, json } => {
             let locks = match client(&nodes, false, Grant::default()) {

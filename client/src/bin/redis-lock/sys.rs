@@ -1,4 +1,5 @@
-//! Every system call of `redis-lock run`, each a thin wrapper: plain
+//! Every system call of `redis-lock run` (and the terminal mode and size of
+//! `redis-lock top`, at the end), each a thin wrapper: plain
 //! integers, or pointers to the caller's locals, in and out. None
 //! allocates, takes a lock or touches stdio, so each is async-signal-safe
 //! (POSIX.1-2017 2.4.3, or a Linux syscall with no user-space state) and may
@@ -299,4 +300,47 @@ pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) {
 pub fn exit_now(code: c_int) -> ! {
     // SAFETY: an integer; _exit does not return.
     unsafe { libc::_exit(code) }
+}
+
+// ---- the terminal, for `redis-lock top` ----
+
+/// A terminal's settings as `tcgetattr` read them, to put back.
+pub struct TermMode(libc::termios);
+
+/// Puts the terminal at `fd` in raw input mode (no line editing, no echo,
+/// no signals from keys: `top` reads each key, Ctrl-C among them), and
+/// gives back its previous settings; None if `fd` is no terminal.
+pub fn raw_mode(fd: BorrowedFd<'_>) -> Option<TermMode> {
+    // SAFETY: termios is plain integers: all zeros is a valid value, and
+    // tcgetattr fills it.
+    let mut old: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: an fd the caller holds open and a local to fill.
+    if unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut old) } != 0 {
+        return None;
+    }
+    let mut raw = old;
+    raw.c_lflag &= !(libc::ICANON | libc::ECHO | libc::ISIG | libc::IEXTEN);
+    raw.c_iflag &= !(libc::IXON | libc::ICRNL);
+    raw.c_cc[libc::VMIN] = 1;
+    raw.c_cc[libc::VTIME] = 0;
+    // SAFETY: as above, with a local it reads.
+    if unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &raw) } != 0 {
+        return None;
+    }
+    Some(TermMode(old))
+}
+
+/// Puts back settings [`raw_mode`] read.
+pub fn restore_mode(fd: BorrowedFd<'_>, mode: &TermMode) {
+    // SAFETY: an fd the caller holds open and settings it read before.
+    unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &mode.0) };
+}
+
+/// The terminal's size at `fd` as (columns, rows); None if it is none.
+pub fn window_size(fd: BorrowedFd<'_>) -> Option<(u16, u16)> {
+    // SAFETY: winsize is plain integers: all zeros is a valid value.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ fills the local winsize.
+    let ok = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut size) } == 0;
+    (ok && size.ws_col > 0 && size.ws_row > 0).then_some((size.ws_col, size.ws_row))
 }

@@ -1,0 +1,212 @@
+//! `redis-lock top` (issue 35): one frame without a terminal, against one
+//! node, a Redlock group's three and a cluster, with what it says when it
+//! may not list; and live in a real terminal (tmux): keys sent, the pane
+//! read back, the terminal as it was after `q`.
+
+use redis_lock_testkit as common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{RawConn, Server, Skip, Tmux};
+
+const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
+
+/// `redis-lock top --once` over `urls` (no terminal): its output and exit code.
+fn once(urls: &[String], extra: &[&str]) -> (String, Option<i32>) {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("top").arg("--once");
+    for u in urls {
+        cmd.args(["--url", u]);
+    }
+    let out = cmd
+        .args(extra)
+        .env_remove("REDIS_LOCK_URL")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-lock top");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code(),
+    )
+}
+
+/// The rows of a frame that name `key`.
+fn rows_of<'a>(frame: &'a str, key: &str) -> Vec<&'a str> {
+    frame
+        .lines()
+        .filter(|l| {
+            l.get(2..)
+                .is_some_and(|r| r.starts_with(&format!("{key} ")))
+        })
+        .collect()
+}
+
+/// `orders:1` held with two waiters, `orders:2` with one, `jobs:7` with
+/// none: the waiters' connections, kept for as long as they must wait.
+fn busy(s: &Server) -> Vec<RawConn> {
+    let mut c = s.conn();
+    let mut waiting = Vec::new();
+    for (key, n) in [("orders:1", 2), ("orders:2", 1), ("jobs:7", 0)] {
+        common::acquire(&mut c, key, "holder", 60_000).expect("granted");
+        for i in 0..n {
+            waiting.push(RawConn::block_acquire(s, key, &format!("w{i}"), 60_000, 0));
+        }
+    }
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 3);
+    waiting
+}
+
+#[test]
+fn one_frame_lists_the_locks_the_most_waited_for_first() {
+    let s = Server::start();
+    let _waiting = busy(&s);
+    let (frame, code) = once(&[s.url()], &[]);
+    assert_eq!(code, Some(0), "{frame}");
+    assert!(frame.contains("locks 3  waiters 3"), "{frame}");
+    let order: Vec<&str> = frame
+        .lines()
+        .filter(|l| l.contains("exclusive"))
+        .filter_map(|l| l.get(2..)?.split_whitespace().next())
+        .collect();
+    assert_eq!(order, ["orders:1", "orders:2", "jobs:7"], "{frame}");
+    let row = rows_of(&frame, "orders:1")[0];
+    let fence = common::fence(&mut s.conn(), "orders:1").unwrap();
+    assert!(row.contains(&fence.to_string()), "{row}");
+    assert!(row.contains("exclusive"), "{row}");
+    // By key, and filtered.
+    let (by_key, _) = once(&[s.url()], &["--sort", "key", "--match", "orders:*"]);
+    assert!(rows_of(&by_key, "jobs:7").is_empty(), "{by_key}");
+    let first = by_key.find("orders:1").unwrap();
+    assert!(first < by_key.find("orders:2").unwrap(), "{by_key}");
+}
+
+#[test]
+fn a_group_and_a_cluster_are_read_node_by_node() {
+    if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {
+        return;
+    }
+    let group: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+    let urls: Vec<String> = group.iter().map(Server::url).collect();
+    for s in &group {
+        common::acquire(&mut s.conn(), "res", "t", 60_000).unwrap();
+    }
+    let (frame, code) = once(&urls, &[]);
+    assert_eq!(code, Some(0), "{frame}");
+    let rows = rows_of(&frame, "res");
+    assert_eq!(rows.len(), 3, "one row per node: {frame}");
+    for s in &group {
+        let node = format!("127.0.0.1:{}", s.port);
+        assert!(rows.iter().any(|r| r.contains(&node)), "{node}: {frame}");
+    }
+    let cluster = common::cluster::Cluster::start(false);
+    let owner = cluster
+        .nodes
+        .iter()
+        .find(|n| {
+            redis::cmd("LOCK.ACQUIRE")
+                .arg("hot")
+                .arg("t")
+                .arg(60_000)
+                .query::<Option<i64>>(&mut n.conn())
+                .is_ok()
+        })
+        .expect("a master takes hot");
+    let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
+    let (frame, code) = once(&[url], &[]);
+    assert_eq!(code, Some(0), "{frame}");
+    assert!(frame.contains("3 node(s)"), "every master: {frame}");
+    let rows = rows_of(&frame, "hot");
+    assert_eq!(rows.len(), 1, "{frame}");
+    assert!(
+        rows[0].contains(&format!("127.0.0.1:{}", owner.port)),
+        "{frame}"
+    );
+}
+
+/// Without LOCK.SCAN in its ACL a user sees the counters and is told why
+/// no lock is listed; a node without the module, or down, is named; with
+/// no node answering, the exit is 69.
+#[test]
+fn what_it_cannot_read_it_says() {
+    let s = Server::start();
+    let _waiting = busy(&s);
+    common::set_user(&mut s.conn(), "ops", &["+info", "~*"]);
+    let url = format!("redis://ops:pw@127.0.0.1:{}/", s.port);
+    let (frame, code) = once(&[url], &[]);
+    assert_eq!(code, Some(0), "{frame}");
+    assert!(frame.contains("may not run LOCK.SCAN"), "{frame}");
+    assert!(frame.contains("locks 3"), "the counters still: {frame}");
+    let plain = Server::builder().without_module().start();
+    let (frame, _) = once(&[plain.url()], &[]);
+    assert!(frame.contains("no redis-lock module"), "{frame}");
+    let down = format!("redis://127.0.0.1:{}/", common::free_port());
+    let (frame, code) = once(&[down], &["--interval", "500ms"]);
+    assert_eq!(code, Some(69), "{frame}");
+    assert!(frame.contains("counters not read"), "{frame}");
+}
+
+/// Live, in a real terminal: it draws, sorts, filters, shows one lock's
+/// holders, goes back, quits on `q`, and leaves the terminal as it was
+/// (canonical mode and echo back on).
+#[test]
+fn live_in_a_terminal_it_sorts_filters_and_shows_a_lock() {
+    if !Tmux::available() {
+        common::skip(
+            Skip::Missing,
+            "tmux is not installed (apt-get install -y tmux)",
+        );
+        return;
+    }
+    let s = Server::start();
+    let _waiting = busy(&s);
+    let shell = format!(
+        "{BIN} top --url {} --interval 300ms; rc=$?; stty -a; echo top-exited-$rc",
+        s.url()
+    );
+    // Seven rows: the frame fills the screen, whose header must stay.
+    let t = Tmux::start(&shell, 160, 7);
+    let limit = Duration::from_secs(20);
+    let first = t.wait_for(limit, "the locks", |p| {
+        p.contains("orders:2") && p.contains("jobs:7")
+    });
+    assert!(first.starts_with("redis-lock top:"), "{first}");
+    assert!(first.contains("sort: waiters"), "{first}");
+    let selected = first.lines().find(|l| l.starts_with('>')).unwrap_or("");
+    assert!(
+        selected.contains("orders:1"),
+        "the top row is chosen: {first}"
+    );
+    t.keys(&["s"]);
+    t.wait_for(limit, "the next sort", |p| p.contains("sort: wait "));
+    t.keys(&["/"]);
+    t.wait_for(limit, "the filter prompt", |p| p.contains("filter (glob"));
+    t.type_text("jobs:*");
+    t.keys(&["Enter"]);
+    let filtered = t.wait_for(limit, "only jobs:7", |p| {
+        p.contains("filter: jobs:*") && p.contains("jobs:7") && !p.contains("orders:1")
+    });
+    assert!(
+        filtered.contains("locks 3"),
+        "the counters are the node's: {filtered}"
+    );
+    t.keys(&["/"]);
+    t.keys(&["Enter"]);
+    t.wait_for(limit, "every lock again", |p| {
+        p.contains("orders:1") && p.contains("filter: * ")
+    });
+    t.keys(&["Enter"]);
+    let detail = t.wait_for(limit, "orders:1's holders", |p| p.contains("TOKEN"));
+    assert!(detail.contains("holder"), "its token: {detail}");
+    assert!(detail.contains("2 waiting"), "{detail}");
+    t.keys(&["Escape"]);
+    t.wait_for(limit, "the list again", |p| p.contains("WAITERS"));
+    t.keys(&["q"]);
+    let after = t.wait_for(limit, "the shell after top", |p| p.contains("top-exited-"));
+    assert!(after.contains("top-exited-0"), "{after}");
+    let modes: Vec<&str> = after.split_whitespace().collect();
+    assert!(
+        modes.contains(&"icanon") && modes.contains(&"echo"),
+        "the terminal restored: {after}"
+    );
+}
