@@ -4,8 +4,10 @@
 //!
 //! The node files every lease by its end and its timer reclaims ended
 //! locks on time (`core::lease_ends`); what that index does not follow is
-//! a lock key renamed or moved (RENAME, MOVE, COPY), and that is what the
-//! sweep is for. It walks the keyspace with RM_Scan, a slice of at most
+//! a lock key renamed or moved (RENAME, MOVE; COPY of one is refused), and
+//! that is what the sweep is for: it reclaims the ended locks it passes and
+//! files the held ones (so `LOCK.SCAN` lists a renamed lock from then on).
+//! It walks the keyspace with RM_Scan, a slice of at most
 //! [`SLICE_US`] at a time, only while the node holds locks. A slice that
 //! reclaimed something comes back after [`BUSY_GAP_MS`]; otherwise the
 //! next slice is [`IDLE_GAP_MS`] away, so a server whose locks are all live
@@ -22,7 +24,7 @@ use super::datatype;
 use super::engine::{self, Key};
 use super::executor::{self, Site, WaiterAcl};
 use super::ffi::{self, guard, Ctx, KeyRef, RString, ScanCursor};
-use super::keyspace::LockKey;
+use super::keyspace::{LockKey, ReadKey};
 use super::server::{self, STATS};
 use crate::core::time::{self, Now};
 
@@ -74,10 +76,13 @@ pub fn heal(ctx: Ctx) {
     arm(ctx, 0);
 }
 
-/// Keys whose lock ended, found by one RM_Scan step.
+/// Keys whose lock ended, found by one RM_Scan step, and those held.
 struct Found {
     now: Now,
     ended: Vec<Box<[u8]>>,
+    /// Held locks, filed in the lease index again: one renamed or moved
+    /// here is not there under this name (`Node::found_held`).
+    held: Vec<Box<[u8]>>,
     /// Live locks with a Redis expiry at their lease's end (written by an
     /// earlier build): the expiry is dropped.
     legacy: Vec<Box<[u8]>>,
@@ -122,6 +127,7 @@ fn sweep(ctx: Ctx) -> bool {
         let mut found = Found {
             now: server::conversion_now(),
             ended: Vec::new(),
+            held: Vec::new(),
             legacy: Vec::new(),
         };
         let more = pos
@@ -129,6 +135,9 @@ fn sweep(ctx: Ctx) -> bool {
             .scan(ctx, |name, key| on_key(&mut found, name, key));
         for name in &found.ended {
             reclaim(ctx, pos.db, name);
+        }
+        for name in &found.held {
+            file_held(ctx, pos.db, name);
         }
         reclaimed |= !found.ended.is_empty();
         for name in &found.legacy {
@@ -162,6 +171,7 @@ fn on_key(found: &mut Found, name: RString, key: Option<KeyRef<'_>>) {
         found.ended.push(name());
         return;
     }
+    found.held.push(name());
     let Some(lock) = value.exclusive() else {
         return;
     };
@@ -184,6 +194,20 @@ fn drop_legacy_expiry(ctx: Ctx, name: &[u8], now: Now) {
     let rname = owned.get();
     if let Ok(mut store) = LockKey::open(ctx, rname) {
         store.drop_legacy_expiry(|| now);
+    }
+}
+
+/// Opens `name` in `db` for reading and files it in the lease index (the
+/// timer armed for it, as every decision's next wake-up is).
+fn file_held(ctx: Ctx, db: i32, name: &[u8]) {
+    let key: Key = (db, name.into());
+    // ctx: the timer's context; the string is freed below.
+    let owned = ffi::OwnedString::new(ctx, name);
+    if let Ok(store) = ReadKey::open(ctx, owned.get()) {
+        let now_ms = server::mono_ms();
+        let ((), decided) = executor::decide(|n| n.found_held(&key, &store, now_ms));
+        drop(store);
+        executor::carry_out(ctx, decided, Site::Background);
     }
 }
 

@@ -132,6 +132,18 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         lock::holders(store).any(|l| !l.is_live(now_ms))
     }
 
+    /// The sweep found `key` held: filed by its earliest live lease's end,
+    /// so a lock the index does not know (renamed, moved or copied to this
+    /// name) is listed by `LOCK.SCAN` and reclaimed on time from then on.
+    /// A key filed already gets a second entry, which leaves when it comes
+    /// due (at most the look-ahead later).
+    pub fn found_held(&mut self, key: &K, store: &impl LockRead, now_ms: i64) {
+        let live = lock::holders(store).filter(|l| l.is_live(now_ms));
+        if let Some(end) = live.map(|l| l.deadline_ms).min() {
+            self.lease_ends.file_lease(key, end, now_ms);
+        }
+    }
+
     /// The background sweep (or any caller) found `key`'s lock: reclaim it
     /// if its lease has ended, and hand the key on if anyone waits. True if
     /// it was reclaimed.
