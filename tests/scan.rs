@@ -233,6 +233,10 @@ fn bad_arguments_are_refused_by_name() {
         (&["0", "MATCH"][..], "MATCH needs its argument"),
         (&["0", "TYPE", "string"][..], "unknown option 'TYPE'"),
         (&["0", "WAITING", "WAITING"][..], "unknown option 'WAITING'"),
+        (
+            &["0", "MATCH", &"*".repeat(1025)][..],
+            "invalid MATCH: 1025 bytes",
+        ),
     ] {
         let err = page(&mut c, args[0], &args[1..]).unwrap_err();
         assert!(error_text(&err).contains(wanted), "{args:?}: {err}");

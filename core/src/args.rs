@@ -495,6 +495,8 @@ pub struct ScanArgs<'a> {
 
 /// `SCAN`'s default COUNT.
 pub const SCAN_COUNT: usize = 10;
+/// The longest `MATCH` pattern.
+pub const MAX_PATTERN_LEN: usize = 1024;
 
 pub fn parse_scan<'a>(argv: &[&'a [u8]]) -> Result<ScanArgs<'a>, LockError> {
     arity(argv, 2, 7, "lock.scan")?;
@@ -506,11 +508,14 @@ pub fn parse_scan<'a>(argv: &[&'a [u8]]) -> Result<ScanArgs<'a>, LockError> {
     let mut options = argv[2..].iter();
     while let Some(option) = options.next() {
         if option.eq_ignore_ascii_case(b"MATCH") && pattern.is_none() {
-            pattern = Some(
-                *options
-                    .next()
-                    .ok_or(LockError::MissingScanArgument("MATCH"))?,
-            );
+            let p = *options
+                .next()
+                .ok_or(LockError::MissingScanArgument("MATCH"))?;
+            // Matching costs the pattern's length times the key's: bounded.
+            if p.len() > MAX_PATTERN_LEN {
+                return Err(LockError::PatternTooLong(p.len(), MAX_PATTERN_LEN));
+            }
+            pattern = Some(p);
         } else if option.eq_ignore_ascii_case(b"COUNT") && count.is_none() {
             let n = options
                 .next()
@@ -754,6 +759,14 @@ mod tests {
         assert_eq!(
             parse(&["0", "COUNT"]),
             Err(LockError::MissingScanArgument("COUNT"))
+        );
+        let long: &'static str = "*a".repeat(MAX_PATTERN_LEN).leak();
+        assert_eq!(
+            parse(&["0", "MATCH", long]),
+            Err(LockError::PatternTooLong(
+                2 * MAX_PATTERN_LEN,
+                MAX_PATTERN_LEN
+            ))
         );
         assert_eq!(
             parse(&["0", "WAITING", "WAITING"]),

@@ -52,6 +52,8 @@ pub enum LockError {
     BadCount(String),
     /// SCAN's MATCH or COUNT without its argument.
     MissingScanArgument(&'static str),
+    /// SCAN's MATCH pattern is longer than its bound.
+    PatternTooLong(usize, usize),
     /// MINFENCE's n is not an integer from 1 up.
     BadMinFence(String),
     /// MINFENCE's n is more than 2^50 above the node's mark and clock.
@@ -204,6 +206,10 @@ impl fmt::Display for LockError {
             BadCursor(v) => write!(f, "ERR invalid cursor {v}: must be 0 or a cursor LOCK.SCAN answered"),
             BadCount(v) => write!(f, "ERR invalid COUNT {v}: must be a positive integer"),
             MissingScanArgument(what) => write!(f, "ERR {what} needs its argument"),
+            PatternTooLong(n, max) => write!(
+                f,
+                "ERR invalid MATCH: {n} bytes, above the limit of {max}"
+            ),
             BlockWithoutAfter => write!(
                 f,
                 "ERR BLOCK waits for a change from the state seen: it needs AFTER (AFTER 0: the key was free)"
@@ -379,6 +385,7 @@ mod tests {
             LockError::BadCursor("'x'".into()),
             LockError::BadCount("'0'".into()),
             LockError::MissingScanArgument("MATCH"),
+            LockError::PatternTooLong(2000, 1024),
             LockError::MinFenceTooLarge("'9'".into()),
             LockError::BadFence("x"),
             LockError::EvictionUnsafe,
