@@ -357,3 +357,32 @@ fn a_renamed_or_moved_lock_is_listed_once_the_sweep_finds_it() {
             && keys(&scan_all(&mut db1, &[]).0) == ["moving".to_string()].into()
     });
 }
+
+/// A burst of grants with one TTL lands in one slot of the index: pages
+/// of COUNT 100 still hold at most 100 locks each, and all are listed.
+#[test]
+fn a_burst_in_one_slot_is_paged_by_count() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let mut pipe = redis::pipe();
+    for i in 0..2_000 {
+        pipe.cmd("LOCK.ACQUIRE")
+            .arg(format!("burst:{i}"))
+            .arg("t")
+            .arg(60_000);
+    }
+    let _: Vec<i64> = pipe.query(&mut c).unwrap();
+    let (mut cursor, mut seen, mut pages) = ("0".to_string(), BTreeSet::new(), 0);
+    loop {
+        let (next, entries) = page(&mut c, &cursor, &["COUNT", "100"]).unwrap();
+        assert!(entries.len() <= 100, "{} in one page", entries.len());
+        seen.extend(keys(&entries));
+        pages += 1;
+        if next == "0" {
+            break;
+        }
+        cursor = next;
+    }
+    assert_eq!(seen.len(), 2_000);
+    assert!(pages >= 20, "{pages} pages");
+}

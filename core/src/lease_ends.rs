@@ -34,6 +34,17 @@ const _: () = assert!(SLOT_MS.count_ones() == 1, "a power of two");
 /// A lock held for an hour is looked at about twice a minute.
 pub const LOOK_AHEAD_MS: i64 = 30_000;
 
+/// The bits of a `LOCK.SCAN` cursor that hold the position in its slot
+/// (the rest is the slot): 16 million entries, and slots of 64 ms for a
+/// thousand years of a monotonic clock.
+pub const OFFSET_BITS: u32 = 24;
+const OFFSET_MASK: i64 = (1 << OFFSET_BITS) - 1;
+
+/// Whether a cursor can name `slot` (above 0: 0 is the start).
+fn nameable(slot: i64) -> bool {
+    slot > 0 && slot < i64::MAX >> OFFSET_BITS
+}
+
 /// When a key whose lease ends at `end_ms` is looked at, filed at `now_ms`.
 pub fn look_at(end_ms: i64, now_ms: i64) -> i64 {
     end_ms.min(now_ms.saturating_add(LOOK_AHEAD_MS))
@@ -160,24 +171,35 @@ impl<K: Ord + Clone> LeaseEnds<K> {
         due
     }
 
-    /// A page of `LOCK.SCAN`: the keys filed in the slots from `from` on
-    /// (0 or less: the first), whole slots until at least `count` entries,
-    /// each key once; and the slot to go on from, 0 when none is left.
+    /// A page of `LOCK.SCAN`: about `count` entries from the cursor `from`
+    /// on (0: the start), each key once; and the cursor to go on from, 0
+    /// when none is left. A cursor is a slot and a position in it
+    /// ([`OFFSET_BITS`] bits), so a slot of a burst of grants (a hundred
+    /// thousand with one TTL within 64 ms) is paged too.
     ///
     /// Complete like `SCAN`: a key filed from the first page to the last
     /// is in some page. Entries never move to an earlier slot: a renewal
     /// that shortens a lease adds an entry and leaves the later one, and a
     /// slot that comes due is refiled from now on, past any slot a page
     /// has reached (pages go forward from slots that were in the future).
-    /// A key may come in more than one page.
+    /// Within a slot, entries only ever join at the end (the hot slot's
+    /// keys go after the map's when it cools) and leave from the end (a
+    /// bounded timer run takes a slot's last ones), so a position holds.
+    /// Only a flush, which drops some entries of a slot, can move the
+    /// others back past a cursor. A key may come in more than one page.
     pub fn scan(&self, from: i64, count: usize) -> (Vec<K>, i64) {
-        let mut cold = self.slots.range(from.max(i64::MIN + 1)..).peekable();
-        let mut hot = self.hot.as_ref().filter(|(at, _)| *at >= from);
+        let (from_slot, mut skip) = match from {
+            ..=0 => (i64::MIN + 1, 0),
+            c => (c >> OFFSET_BITS, (c & OFFSET_MASK) as usize),
+        };
+        let mut cold = self.slots.range(from_slot..).peekable();
+        let mut hot = self.hot.as_ref().filter(|(at, _)| *at >= from_slot);
         let mut page: Vec<K> = Vec::new();
         loop {
             // The next slot in order, from the map or the hot one.
             // (The hot slot may also be in the map: filed into, cooled,
-            // then filed into again. Then both are one slot.)
+            // then filed into again. Then both are one slot, the map's
+            // entries first.)
             let at = match (cold.peek().map(|(at, _)| **at), hot.map(|(at, _)| *at)) {
                 (Some(c), Some(h)) => c.min(h),
                 (c, h) => match c.or(h) {
@@ -185,15 +207,36 @@ impl<K: Ord + Clone> LeaseEnds<K> {
                     None => break (dedup(page), 0),
                 },
             };
+            let mut entries: Vec<&K> = Vec::new();
             if let Some((_, keys)) = cold.next_if(|(c, _)| **c == at) {
-                page.extend(keys.iter().cloned());
+                entries.extend(keys.iter());
             }
             if let Some((_, keys)) = hot.take_if(|(h, _)| *h == at) {
-                page.extend(keys.iter().cloned());
+                entries.extend(keys.iter());
             }
+            let first = if at == from_slot {
+                std::mem::take(&mut skip)
+            } else {
+                0
+            };
+            let room = count.saturating_sub(page.len());
+            let rest = entries.get(first..).unwrap_or(&[]);
+            // Stop inside the slot where the position fits a cursor.
+            let stop = first + room;
+            if rest.len() > room && stop <= OFFSET_MASK as usize && nameable(at) {
+                page.extend(rest[..room].iter().map(|k| (*k).clone()));
+                break (dedup(page), (at << OFFSET_BITS) | stop as i64);
+            }
+            page.extend(rest.iter().map(|k| (*k).clone()));
             if page.len() >= count {
-                let more = cold.peek().is_some() || hot.is_some();
-                break (dedup(page), if more { at + 1 } else { 0 });
+                let next = cold.peek().map(|(at, _)| **at);
+                match next.into_iter().chain(hot.map(|(at, _)| *at)).min() {
+                    None => break (dedup(page), 0),
+                    Some(n) if nameable(n) => break (dedup(page), n << OFFSET_BITS),
+                    // A slot no cursor names (not on a real clock): on
+                    // into it in this page.
+                    Some(_) => {}
+                }
             }
         }
     }
@@ -278,9 +321,30 @@ mod tests {
             ends.file(&key, at);
         }
         assert_eq!(ends.scan(0, 100), (vec![1, 2, 3, 4, 5], 0));
-        // Whole slots: at least `count` entries, never part of one.
-        assert_eq!(pages(&ends, 1), vec![vec![1, 2, 5], vec![3], vec![4]]);
+        // `count` entries a page, within a slot too (the map's entries of
+        // a slot, then the hot ones).
+        assert_eq!(
+            pages(&ends, 1),
+            vec![vec![1], vec![2], vec![5], vec![3], vec![4]]
+        );
+        assert_eq!(pages(&ends, 2), vec![vec![1, 2], vec![3, 5], vec![4]]);
         assert_eq!(pages(&ends, 4), vec![vec![1, 2, 3, 5], vec![4]]);
+        // A slot that a bounded timer run took the end of: the position
+        // holds for what is left.
+        let mut burst = LeaseEnds::default();
+        for key in 0..10u32 {
+            burst.file(&key, 1_000);
+        }
+        burst.file(&99, 9_000); // cools the burst's slot
+        let (first, cursor) = burst.scan(0, 4);
+        assert_eq!(first, vec![0, 1, 2, 3]);
+        assert_eq!(
+            burst.take_due(1_024, 3).len(),
+            3,
+            "three taken from the end"
+        );
+        let (second, _) = burst.scan(cursor, 100);
+        assert_eq!(second, vec![4, 5, 6, 99]);
         let empty: LeaseEnds<u32> = LeaseEnds::default();
         assert_eq!(empty.scan(0, 10), (vec![], 0));
     }

@@ -84,7 +84,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     }
 
     /// A page of `LOCK.SCAN`: the keys the lease index holds from the
-    /// cursor `from` on (0: the start), at least about `count` entries,
+    /// cursor `from` on (0: the start), `count` entries at most,
     /// each key once, with the cursor to go on from (0: done). The keys are
     /// candidates: the caller reads each ([`Node::info`]), for an entry may
     /// be a lock released, ended or gone since it was filed. Every lock
