@@ -192,12 +192,15 @@ async fn with_the_lock_commands_alone_an_unverifiable_group_is_refused() {
             .await
             .unwrap()
             .expect("free");
-        for s in &nodes {
-            assert_eq!(
-                common::fence(&mut s.conn(), guard.key()),
-                Some(guard.fence())
-            );
-        }
+        // A majority holds the group's token (here every node, raised in
+        // the second phase, unless two happened to grant the same µs).
+        let fences: Vec<i64> = nodes
+            .iter()
+            .map(|s| common::fence(&mut s.conn(), guard.key()).unwrap())
+            .collect();
+        let holding = fences.iter().filter(|f| **f == guard.fence()).count();
+        assert!(holding * 2 > nodes.len(), "{fences:?} {}", guard.fence());
+        assert!(fences.iter().all(|f| *f >= guard.fence()), "{fences:?}");
         assert!(guard.release().await.unwrap());
     }
     for s in &nodes {

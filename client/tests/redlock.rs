@@ -22,14 +22,28 @@ fn node_fence(s: &Server, key: &str) -> Option<i64> {
     common::fence(&mut s.conn(), key)
 }
 
+/// The group's token is held by a majority of the nodes (usually all:
+/// each grants the first phase's floor); a node that granted later than
+/// the floor's lead (its clock past it, as on a loaded machine) keeps its
+/// own larger one. No node holds less, and every node's mark is at least it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_majority_grant_gives_every_granting_node_the_same_token() {
+async fn a_majority_grant_gives_a_majority_the_groups_token() {
     let nodes = group(5);
     let locks = LockClient::new(&urls(&nodes)).unwrap();
     let ttl = Duration::from_secs(10);
     let guard = locks.try_acquire("res", ttl).await.unwrap().expect("free");
-    for n in &nodes {
-        assert_eq!(node_fence(n, "res"), Some(guard.fence()));
+    let fences: Vec<i64> = nodes
+        .iter()
+        .map(|n| node_fence(n, "res").unwrap())
+        .collect();
+    let holding = fences.iter().filter(|f| **f == guard.fence()).count();
+    assert!(
+        holding >= 3,
+        "a majority holds {}: {fences:?}",
+        guard.fence()
+    );
+    for (n, f) in nodes.iter().zip(&fences) {
+        assert!(*f >= guard.fence(), "{fences:?}");
         assert!(n.info_field("fence_hwm") >= guard.fence());
     }
     let left = guard.valid_until() - Instant::now();
@@ -165,9 +179,12 @@ async fn a_later_grant_on_another_majority_gets_a_larger_token() {
     let first = locks.try_acquire("res", ttl).await.unwrap().unwrap();
     let t1 = first.fence();
     assert!(t1 < ahead, "the majority's token");
-    for n in &nodes[..4] {
-        assert_eq!(node_fence(n, "res"), Some(t1));
-    }
+    // (A node of the four may have granted past the floor's lead: its own.)
+    let holding = nodes[..4]
+        .iter()
+        .filter(|n| node_fence(n, "res") == Some(t1))
+        .count();
+    assert!(holding >= 3, "a majority of the five holds {t1}");
     assert!(node_fence(&nodes[4], "res").unwrap() > ahead, "its own");
     assert!(first.release().await.unwrap());
     // The next floor follows the group's token, not the node ahead.
@@ -372,9 +389,12 @@ async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
         .await
         .unwrap()
         .expect("free");
-    for n in &nodes {
-        assert_eq!(node_fence(n, "res"), Some(first.fence()));
-    }
+    let before: Vec<Option<i64>> = nodes.iter().map(|n| node_fence(n, "res")).collect();
+    let holding = before.iter().filter(|f| **f == Some(first.fence())).count();
+    assert!(
+        holding >= 2,
+        "a majority holds the group's token: {before:?}"
+    );
     // Past the node clock's next µs and the client's floor lead.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let again = locks
@@ -384,9 +404,8 @@ async fn a_same_token_reacquire_keeps_the_fence_on_every_node() {
         .unwrap()
         .expect("held by this token");
     assert_eq!(again.fence(), first.fence(), "a renewal keeps the token");
-    for n in &nodes {
-        assert_eq!(node_fence(n, "res"), Some(first.fence()));
-    }
+    let after: Vec<Option<i64>> = nodes.iter().map(|n| node_fence(n, "res")).collect();
+    assert_eq!(after, before, "every node keeps its token");
     std::mem::forget(first);
     assert!(again.release().await.unwrap());
 }

@@ -460,7 +460,10 @@ pub(super) fn scan_lists_every_held_lock(step: usize, model: &Reference, h: &Har
         .filter(served)
         .filter(|key| model.leader(*key, now) > 0)
         .collect();
-    assert_eq!(listed, held, "step {step}: LOCK.SCAN's locks against the model's");
+    assert_eq!(
+        listed, held,
+        "step {step}: LOCK.SCAN's locks against the model's"
+    );
 }
 
 /// The waiters both sides answered in a step, and how.
