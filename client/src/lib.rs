@@ -143,8 +143,8 @@
 //! for the whole group (**quorum fencing**):
 //!
 //! 1. acquire on every node and collect the tokens of the granting nodes;
-//!    T = the token a majority of all nodes granted, if one did, else their
-//!    maximum;
+//!    T = the smallest token a majority can hold: the majority's when a
+//!    majority granted one token, else the quorum-th smallest granted;
 //! 2. only when no majority granted T: send `LOCK.ACQUIRE key token ttl
 //!    MINFENCE T` to the granting nodes below it: each raises this lock's
 //!    token, and its node-wide high-water mark, to at least T, so every
@@ -163,15 +163,15 @@
 //! skipped (one round trip, as without fencing). A node that granted more
 //! (its clock ahead, or a mark raised) keeps its own larger token, which a
 //! later grant there exceeds; only when no majority agreed are the nodes
-//! raised in step 2. T is never a token only a minority holds: an observer
+//! below T raised in step 2 (those above keep theirs). T is never a token only a minority holds: an observer
 //! of the group (an election's) sees a majority agree on the leader's own
 //! fence, never on another on the way to it. No client's clock moves the
 //! tokens: they rest on the nodes alone.
 //!
-//! Any two majorities of the N nodes share a node.
-//! A later Redlock grant of the same key needs a majority, so it includes a
-//! node that holds T, whose next token is above T; and T' is held by its
-//! majority, or is the maximum over it, so **T' > T**. The resource rejects
+//! Any two majorities of the N nodes share a node. A later Redlock grant of
+//! the same key gets a token T' that a majority holds too, so one of the
+//! nodes holding T' held T before: its token in the later grant is above
+//! T, and T' is at least that token, so **T' > T**. The resource rejects
 //! the older holder.
 //!
 //! Assumptions: each node keeps its high-water mark across restarts (only

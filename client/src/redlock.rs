@@ -54,19 +54,23 @@ const NODE_CLOCK_MAX_AGE: Duration = Duration::from_secs(30);
 /// answer or asking to try again later ([`Error::is_busy`]): a TTL above
 /// `lock.max-ttl-ms`, a token too long, an ACL refusal, no module.
 /// The group's token for a first phase's grants (node index, token): the
-/// token a majority granted, when one did, else the largest, which the
-/// second phase raises the nodes behind to. Not simply the largest: a node
-/// ahead of the others (its clock, or a raised mark) would cost a second
-/// round trip, and between the two an observer sees a majority agree on a
-/// leader's fence that is not the one it leads with. Either way a majority
-/// holds the token, which is all the order argument needs: any later
-/// majority shares a node with it, whose next token is larger.
+/// smallest a majority can hold, the `quorum`-th smallest granted (the
+/// second phase raises the nodes below it). When a majority granted one
+/// token (usually every node granted the floor), that is it, and there is
+/// no second phase. Not simply the largest: a node ahead of the others
+/// (its clock, a mark raised by `MINFENCE`) would drag every node to its
+/// tokens and cost a second round trip, and between the two phases an
+/// observer would see a majority agree on a leader's fence that is not the
+/// one it leads with. A majority holds the token either way, which is all
+/// the order argument needs: any later majority shares a node with it,
+/// whose next token is larger. `granted` holds at least `quorum` grants.
 fn group_fence(granted: &[(usize, i64)], quorum: usize) -> i64 {
-    granted
-        .iter()
-        .map(|(_, f)| *f)
-        .find(|t| granted.iter().filter(|(_, f)| f == t).count() >= quorum)
-        .or_else(|| granted.iter().map(|(_, f)| *f).max())
+    let mut tokens: Vec<i64> = granted.iter().map(|(_, f)| *f).collect();
+    tokens.sort_unstable();
+    tokens
+        .get(quorum.saturating_sub(1))
+        .or(tokens.last())
+        .copied()
         .unwrap_or(0)
 }
 
@@ -507,7 +511,7 @@ impl LockClient {
                 // the confirmation there is to have.
                 confirmed = granted.iter().filter(|(_, f)| *f == t).count();
                 if confirmed < quorum {
-                    // No majority agreed: t is the largest; raise the rest.
+                    // No majority agreed: raise those below t to it.
                     let behind = granted.iter().filter(|(_, f)| *f < t);
                     confirmed += join_all(
                         behind.map(|&(i, _)| nodes[i].acquire(keys, token, ttl, Some(t), limit)),
@@ -556,14 +560,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_groups_fence_is_the_majoritys_token_else_the_largest() {
+    fn the_groups_fence_is_the_smallest_a_majority_can_hold() {
         // One node ahead: the two that granted g are the majority.
         assert_eq!(group_fence(&[(0, 7), (1, 7), (2, 9)], 2), 7);
-        // No two agree: the largest, which the others are raised to.
-        assert_eq!(group_fence(&[(0, 7), (1, 8), (2, 9)], 2), 9);
+        assert_eq!(group_fence(&[(0, 9), (1, 7), (2, 7)], 2), 7);
+        // No two agree: the middle one, which the one below is raised to;
+        // the one above keeps its own.
+        assert_eq!(group_fence(&[(0, 7), (1, 8), (2, 9)], 2), 8);
+        // Two of three granted: both must hold it.
         assert_eq!(group_fence(&[(0, 9), (2, 7)], 2), 9);
         assert_eq!(group_fence(&[(0, 5), (1, 5), (2, 5), (3, 6), (4, 7)], 3), 5);
-        assert_eq!(group_fence(&[(0, 5), (1, 5), (3, 6), (4, 7)], 3), 7);
+        assert_eq!(group_fence(&[(0, 5), (1, 5), (3, 6), (4, 7)], 3), 6);
+        // An hour ahead on one node, the others' clocks apart: not dragged.
+        let hour = 3_600_000_000;
+        assert_eq!(
+            group_fence(&[(0, 10), (1, 12), (2, 11), (3, 13), (4, hour)], 3),
+            12
+        );
     }
 
     fn urls() -> Vec<String> {
