@@ -699,18 +699,7 @@ fn a_cluster_url_is_read_on_each_master() {
     let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
     // A lock with a waiter on the master of its slot (the one node that
     // grants it; the others answer MOVED): listed there, by key.
-    let owner = cluster
-        .nodes
-        .iter()
-        .find(|n| {
-            redis::cmd("LOCK.ACQUIRE")
-                .arg("hot")
-                .arg("holder")
-                .arg(60_000)
-                .query::<Option<i64>>(&mut n.conn())
-                .is_ok()
-        })
-        .expect("a master takes hot");
+    let owner = cluster.acquire_on_owner("hot", "holder", 60_000);
     let _waiter = RawConn::block_acquire(owner, "hot", "next", 60_000, 0);
     common::wait_until(Duration::from_secs(10), || owner.info_field("waiters") == 1);
     let (_exporter, port) = start_exporter(&[url]);

@@ -100,18 +100,7 @@ fn a_group_and_a_cluster_are_read_node_by_node() {
         assert!(rows.iter().any(|r| r.contains(&node)), "{node}: {frame}");
     }
     let cluster = common::cluster::Cluster::start(false);
-    let owner = cluster
-        .nodes
-        .iter()
-        .find(|n| {
-            redis::cmd("LOCK.ACQUIRE")
-                .arg("hot")
-                .arg("t")
-                .arg(60_000)
-                .query::<Option<i64>>(&mut n.conn())
-                .is_ok()
-        })
-        .expect("a master takes hot");
+    let owner = cluster.acquire_on_owner("hot", "t", 60_000);
     let url = format!("redis-cluster://127.0.0.1:{}/", cluster.nodes[0].port);
     let (frame, code) = once(&[url], &[]);
     assert_eq!(code, Some(0), "{frame}");

@@ -86,6 +86,22 @@ impl Cluster {
         cluster
     }
 
+    /// Acquires `key` for `token` on the master that serves its slot (the
+    /// others answer MOVED), and returns that master.
+    pub fn acquire_on_owner(&self, key: &str, token: &str, ttl_ms: i64) -> &Server {
+        self.nodes
+            .iter()
+            .find(|n| {
+                redis::cmd("LOCK.ACQUIRE")
+                    .arg(key)
+                    .arg(token)
+                    .arg(ttl_ms)
+                    .query::<Option<i64>>(&mut n.conn())
+                    .is_ok()
+            })
+            .unwrap_or_else(|| panic!("no master takes {key}"))
+    }
+
     pub fn wait_healthy(&self) {
         wait_until(Duration::from_secs(30), || {
             self.nodes.iter().all(|n| {
