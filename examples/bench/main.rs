@@ -20,6 +20,7 @@ mod shared_repl;
 mod stats;
 mod svg;
 mod sweep;
+mod wire;
 
 use redis_lock_testkit as common;
 use std::fmt::Write as _;

@@ -100,6 +100,19 @@ impl RawConn {
         w
     }
 
+    /// The socket, for a caller that waits on many connections at once
+    /// with `poll(2)`.
+    pub fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.reader.get_ref().as_raw_fd()
+    }
+
+    /// Whether reply bytes were read off the socket but not yet parsed (a
+    /// poll of the socket does not see them).
+    pub fn has_buffered(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
+
     pub fn send(&mut self, args: &[&str]) {
         self.pipeline(&[args]);
     }
