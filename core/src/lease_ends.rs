@@ -34,6 +34,11 @@ const _: () = assert!(SLOT_MS.count_ones() == 1, "a power of two");
 /// A lock held for an hour is looked at about twice a minute.
 pub const LOOK_AHEAD_MS: i64 = 30_000;
 
+/// The most keys a new hot slot is sized for ahead (a slot grows past it
+/// as a `Vec` does): what the busiest node files in 64 ms, so a quiet
+/// node's slots stay small.
+const MAX_PRESIZE: usize = 1 << 16;
+
 /// The bits of a `LOCK.SCAN` cursor that hold the position in its slot
 /// (the rest is the slot): 16 million entries, and slots of 64 ms for a
 /// thousand years of a monotonic clock.
@@ -100,9 +105,21 @@ impl<K: Ord + Clone> LeaseEnds<K> {
                 }
             }
             hot => {
+                // The next slot is sized for as many keys as this one took
+                // (grants come at about the same rate from one 64 ms to
+                // the next), so filing a burst does not regrow and copy
+                // its slot a dozen times.
+                let mut next = Vec::with_capacity(
+                    hot.as_ref()
+                        .map_or(1, |(_, k)| k.len())
+                        .clamp(1, MAX_PRESIZE),
+                );
                 if let Some((at, mut keys)) = hot.take() {
-                    // It is cold now: only its exact size is kept.
-                    keys.shrink_to_fit();
+                    // It is cold now: its spare room is given back unless
+                    // small (a quarter), which costs a copy to give.
+                    if keys.capacity() - keys.len() > keys.len() / 4 {
+                        keys.shrink_to_fit();
+                    }
                     match self.slots.entry(at) {
                         Entry::Vacant(e) => {
                             e.insert(keys);
@@ -110,7 +127,8 @@ impl<K: Ord + Clone> LeaseEnds<K> {
                         Entry::Occupied(mut e) => e.get_mut().append(&mut keys),
                     }
                 }
-                *hot = Some((slot, vec![key.clone()]));
+                next.push(key.clone());
+                *hot = Some((slot, next));
                 self.len += 1;
             }
         }
