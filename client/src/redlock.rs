@@ -518,7 +518,7 @@ impl LockClient {
                     )
                     .await
                     .into_iter()
-                    .filter(|r| matches!(r, Ok(Some(f)) if *f >= t))
+                    .filter(|r| confirms(r, t))
                     .count();
                 }
             }
@@ -555,9 +555,27 @@ impl LockClient {
     }
 }
 
+/// Whether a node raised in phase 2 now holds the group's token `t`: it
+/// granted exactly `t`. A node that issued `t` or more to another holder
+/// between the phases grants above it (MINFENCE draws past its mark) and
+/// holds a token the leader does not lead with: counted, it could make a
+/// majority that holds no `t`, and observers would name a fence the leader
+/// never had.
+fn confirms(reply: &Result<Option<i64>>, t: i64) -> bool {
+    matches!(reply, Ok(Some(f)) if *f == t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn phase_two_confirms_only_the_groups_token() {
+        assert!(confirms(&Ok(Some(5)), 5));
+        assert!(!confirms(&Ok(Some(6)), 5), "raised past t: holds another token");
+        assert!(!confirms(&Ok(None), 5));
+        assert!(!confirms(&Err(Error::Timeout), 5));
+    }
 
     #[test]
     fn the_groups_fence_is_the_smallest_a_majority_can_hold() {
