@@ -158,12 +158,18 @@ where
     Fut: std::future::Future<Output = Result<redis::Value>>,
 {
     let (mut cursor, mut all) = ("0".to_string(), Vec::<ListedLock>::new());
+    // Where each key is in `all` (a linear search would make a listing of
+    // 100,000 locks take billions of comparisons).
+    let mut at: std::collections::HashMap<Vec<u8>, usize> = std::collections::HashMap::new();
     for _ in 0..MAX_PAGES {
         let (next, listed) = parse_page(read(&cursor).await?)?;
         for l in listed {
-            match all.iter_mut().find(|seen| seen.key == l.key) {
-                Some(seen) => *seen = l, // the later reading
-                None => all.push(l),
+            match at.get(&l.key) {
+                Some(&i) => all[i] = l, // the later reading
+                None => {
+                    at.insert(l.key.clone(), all.len());
+                    all.push(l);
+                }
             }
         }
         if next == "0" {
