@@ -572,7 +572,10 @@ mod tests {
     #[test]
     fn phase_two_confirms_only_the_groups_token() {
         assert!(confirms(&Ok(Some(5)), 5));
-        assert!(!confirms(&Ok(Some(6)), 5), "raised past t: holds another token");
+        assert!(
+            !confirms(&Ok(Some(6)), 5),
+            "raised past t: holds another token"
+        );
         assert!(!confirms(&Ok(None), 5));
         assert!(!confirms(&Err(Error::Timeout), 5));
     }

@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, RawConn, Server};
+use common::{free_port, RawConn, Resp, Server};
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
@@ -86,6 +86,9 @@ fn parse_exposition(text: &str) -> BTreeMap<String, Family> {
     let mut helps: BTreeSet<String> = BTreeSet::new();
     let mut current: Option<String> = None;
     let mut closed: BTreeSet<String> = BTreeSet::new();
+    // Each series (name and labels) once: Prometheus refuses a scrape that
+    // has one twice.
+    let mut series: BTreeSet<(String, BTreeMap<String, String>)> = BTreeSet::new();
     assert!(text.ends_with('\n'), "the exposition ends with a newline");
     for line in text.lines() {
         assert!(!line.is_empty(), "no empty lines");
@@ -136,6 +139,10 @@ fn parse_exposition(text: &str) -> BTreeMap<String, Family> {
             "{line}: not a sample of {family} (its TYPE line is missing, or the families interleave)"
         );
         assert!(!closed.contains(family));
+        assert!(
+            series.insert((sample.name.clone(), sample.labels.clone())),
+            "{line}: the same series twice"
+        );
         f.samples.push(sample);
     }
     for (name, f) in &families {
@@ -688,6 +695,82 @@ fn top_exports_the_locks_with_the_most_waiters_by_key() {
         [("three \"q\"".to_string(), 3.0), ("two".to_string(), 2.0)].into();
     assert_eq!(by_key, wanted);
     assert!(body.contains("key=\"three \\\"q\\\"\"}"), "escaped: {body}");
+}
+
+/// Key names are any bytes: two that differ only in bytes that are not
+/// UTF-8, and one with a backslash, each get a series of their own, and a
+/// server given twice (two URLs) has its series once.
+#[test]
+fn binary_keys_and_a_server_under_two_urls_give_each_series_once() {
+    let s = Server::start();
+    let mut raw = RawConn::connect(&s);
+    let keys: [&[u8]; 3] = [b"a\xff", b"a\xfe", b"back\\slash"];
+    let mut waiters = Vec::new();
+    for key in keys {
+        let granted = raw.call_binary(&[b"LOCK.ACQUIRE", key, b"holder", b"60000"]);
+        assert!(matches!(granted, Resp::Int(_)), "{granted:?}");
+        let mut w = RawConn::connect(&s);
+        w.send_binary(&[vec![
+            b"LOCK.ACQUIRE".to_vec(),
+            key.to_vec(),
+            b"waiter".to_vec(),
+            b"60000".to_vec(),
+            b"BLOCK".to_vec(),
+            b"0".to_vec(),
+        ]]);
+        waiters.push(w);
+    }
+    common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 3);
+    let port = free_port();
+    let _exporter = Running(
+        Command::new(BIN)
+            .args([
+                "exporter",
+                "--url",
+                &s.url(),
+                "--url",
+                &s.url(),
+                "--top",
+                "10",
+            ])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env_remove("REDIS_LOCK_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-lock exporter"),
+    );
+    common::wait_until(Duration::from_secs(20), || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let (_, _, body) = http_get(port, "/metrics");
+    let families = parse_exposition(&body); // panics on a series twice
+    let labels: BTreeSet<String> = families["redis_lock_key_waiters"]
+        .samples
+        .iter()
+        .map(|s| s.labels["key"].clone())
+        .collect();
+    let wanted: BTreeSet<String> = [r"a\xff", r"a\xfe", r"back\\slash"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(labels, wanted, "{body}");
+}
+
+/// Connections that send nothing cannot keep a scrape out: with every
+/// slot taken by one, a new connection takes the oldest one's place.
+#[test]
+fn idle_connections_do_not_keep_a_scrape_out() {
+    let s = Server::start();
+    let (_exporter, port) = start_exporter(&[s.url()]);
+    let idle: Vec<TcpStream> = (0..300)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    let (status, _, body) = http_get(port, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    assert!(body.contains("redis_lock_up{"), "{body}");
+    drop(idle);
 }
 
 #[test]

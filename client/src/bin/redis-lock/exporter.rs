@@ -143,6 +143,7 @@ pub(crate) async fn exporter(
         last: Mutex::new(HashMap::new()),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let reading = Arc::new(Mutex::new(Reading::default()));
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(c) => c,
@@ -153,15 +154,64 @@ pub(crate) async fn exporter(
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue; // dropped: closed at once
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            // Every slot taken: the connection that has waited longest
+            // without sending its request gives way (clients that open
+            // connections and send nothing cannot keep a scrape out),
+            // unless every one is being answered.
+            Err(_) => {
+                let Some(oldest) = lock(&reading).oldest() else {
+                    continue; // dropped: closed at once
+                };
+                oldest.notify_one();
+                match tokio::time::timeout(Duration::from_secs(1), slots.clone().acquire_owned())
+                    .await
+                {
+                    Ok(Ok(slot)) => slot,
+                    _ => continue,
+                }
+            }
         };
-        let state = state.clone();
+        let (id, gone) = lock(&reading).enter();
+        let (state, reading) = (state.clone(), reading.clone());
         tokio::spawn(async move {
-            serve(stream, &state).await;
+            serve(stream, &state, &gone, || lock(&reading).leave(id)).await;
+            lock(&reading).leave(id);
             drop(slot);
         });
     }
+}
+
+/// The connections still sending their request head, oldest first, each
+/// with the signal that makes it give its slot away.
+#[derive(Default)]
+struct Reading {
+    next: u64,
+    waiting: std::collections::BTreeMap<u64, Arc<tokio::sync::Notify>>,
+}
+
+impl Reading {
+    fn enter(&mut self) -> (u64, Arc<tokio::sync::Notify>) {
+        let id = self.next;
+        self.next += 1;
+        let gone = Arc::new(tokio::sync::Notify::new());
+        self.waiting.insert(id, gone.clone());
+        (id, gone)
+    }
+
+    fn leave(&mut self, id: u64) {
+        self.waiting.remove(&id);
+    }
+
+    /// The oldest one's signal, taken out (it is leaving).
+    fn oldest(&mut self) -> Option<Arc<tokio::sync::Notify>> {
+        self.waiting.pop_first().map(|(_, gone)| gone)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Exporter {
@@ -174,9 +224,21 @@ struct Exporter {
     last: Mutex<HashMap<String, Option<String>>>,
 }
 
-/// One connection: one request, one answer, closed.
-async fn serve(mut stream: TcpStream, state: &Exporter) {
-    let Ok(Some(head)) = tokio::time::timeout(CLIENT_DEADLINE, read_head(&mut stream)).await else {
+/// One connection: one request, one answer, closed. Told `gone` while it
+/// is still reading the request, it gives up; `read` is called once the
+/// request is in.
+async fn serve(
+    mut stream: TcpStream,
+    state: &Exporter,
+    gone: &tokio::sync::Notify,
+    read: impl FnOnce(),
+) {
+    let head = tokio::select! {
+        head = tokio::time::timeout(CLIENT_DEADLINE, read_head(&mut stream)) => head,
+        _ = gone.notified() => return, // made way for a newer connection
+    };
+    read();
+    let Ok(Some(head)) = head else {
         return; // slow, half-open, too long or not HTTP: dropped
     };
     let mut words = head.lines().next().unwrap_or("").split_whitespace();
@@ -274,17 +336,23 @@ impl Exporter {
         let mut out = render(&nodes);
         // A node that cannot list (an older module, no LOCK.SCAN in its
         // ACL) exports its INFO fields without the per-key series.
-        let hottest: Vec<(String, Vec<ListedLock>)> = listed
-            .into_iter()
-            .filter_map(|(node, l)| Some((node, hottest(l.ok()?, self.top))))
-            .collect();
+        let mut hottest_by_node: Vec<(String, Vec<ListedLock>)> = Vec::new();
+        for (node, listing) in listed {
+            if hottest_by_node.iter().any(|(seen, _)| *seen == node) {
+                continue; // one server under two URLs: the first one's
+            }
+            if let Ok(locks) = listing {
+                hottest_by_node.push((node, hottest(locks, self.top)));
+            }
+        }
+        let hottest = hottest_by_node;
         render_hottest(&mut out, &hottest);
         out
     }
 
     /// Says on stderr when a node goes down (and why) or comes back.
     fn log_change(&self, node: &str, why: Option<&String>) {
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = lock(&self.last);
         let before = last.get(node);
         if before.map(|b| b.as_ref()) == Some(why) {
             return;
@@ -495,7 +563,7 @@ fn render_hottest(out: &mut String, nodes: &[(String, Vec<ListedLock>)]) {
         family_head(out, metric, "gauge", help);
         for (node, locks) in nodes {
             for l in locks {
-                let key = label(&String::from_utf8_lossy(&l.key));
+                let key = label(&key_label(&l.key));
                 let _ = writeln!(
                     out,
                     "{metric}{{node=\"{}\",key=\"{key}\"}} {}",
@@ -505,6 +573,21 @@ fn render_hottest(out: &mut String, nodes: &[(String, Vec<ListedLock>)]) {
             }
         }
     }
+}
+
+/// A key name as a label value, one to one: label values are UTF-8 and a
+/// key is any bytes, so a byte that is not UTF-8 is written `\xNN` and a
+/// backslash `\\` (a lossy decoding would give two keys one series, and
+/// Prometheus refuses a scrape with a series twice).
+fn key_label(key: &[u8]) -> String {
+    let mut out = String::with_capacity(key.len());
+    for chunk in key.utf8_chunks() {
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
 }
 
 /// A label value escaped as the text format asks.
@@ -518,6 +601,15 @@ fn label(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_label_is_one_to_one() {
+        assert_eq!(key_label(b"orders:1"), "orders:1");
+        assert_eq!(key_label("é".as_bytes()), "é");
+        assert_eq!(key_label(b"a\xff"), r"a\xff");
+        assert_eq!(key_label(br"a\xff"), r"a\\xff", "a backslash is doubled");
+        assert_ne!(key_label(b"a\xfe"), key_label(b"a\xff"));
+    }
 
     #[test]
     fn milliseconds_become_exact_seconds() {
