@@ -199,3 +199,68 @@ fn live_in_a_terminal_it_sorts_filters_and_shows_a_lock() {
         "the terminal restored: {after}"
     );
 }
+
+/// An interval too short to be a refresh (a tight loop on the nodes) or too
+/// long to add to the clock is refused as a usage error, before anything
+/// is read.
+#[test]
+fn an_interval_out_of_bounds_is_refused() {
+    let s = Server::start();
+    for interval in ["0s", "10ms", "1000000000000s"] {
+        let (frame, code) = once(&[s.url()], &["--interval", interval]);
+        assert_eq!(code, Some(64), "--interval {interval}: {frame}");
+    }
+}
+
+/// SIGINT or SIGTERM from another process (a supervisor, `kill`) ends the
+/// live view like `q`: the terminal is put back.
+#[test]
+fn a_signal_from_outside_puts_the_terminal_back() {
+    if !Tmux::available() {
+        common::skip(
+            Skip::Missing,
+            "tmux is not installed (apt-get install -y tmux)",
+        );
+        return;
+    }
+    let s = Server::start();
+    let _waiting = busy(&s);
+    for signal in ["INT", "TERM"] {
+        let shell = format!(
+            "{BIN} top --url {} --interval 300ms; rc=$?; stty -a; echo top-exited-$rc",
+            s.url()
+        );
+        let t = Tmux::start(&shell, 160, 20);
+        let limit = Duration::from_secs(20);
+        t.wait_for(limit, "the locks", |p| p.contains("orders:1"));
+        let pid = top_pid(&s.url()).expect("top is running");
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(sent.success(), "kill -{signal} {pid}");
+        let after = t.wait_for(limit, "the shell after top", |p| p.contains("top-exited-"));
+        let modes: Vec<&str> = after.split_whitespace().collect();
+        assert!(
+            modes.contains(&"icanon") && modes.contains(&"echo"),
+            "SIG{signal}: the terminal restored: {after}"
+        );
+        assert!(after.contains("top-exited-0"), "SIG{signal}: {after}");
+    }
+}
+
+/// The pid of the `redis-lock top` reading `url` (by /proc: the process
+/// named redis-lock whose arguments name it; not the shell or tmux, whose
+/// command lines hold the same words).
+fn top_pid(url: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        let args = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = args.split(|&b| b == 0).collect();
+        let named = comm.trim() == "redis-lock"
+            && args.get(1) == Some(&&b"top"[..])
+            && args.contains(&url.as_bytes());
+        named.then_some(pid)
+    })
+}

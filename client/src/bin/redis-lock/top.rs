@@ -442,6 +442,16 @@ pub(crate) async fn top(
     interval: Duration,
     once: bool,
 ) -> ExitCode {
+    if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&interval) {
+        return crate::fail(
+            exit::USAGE,
+            &format!(
+                "--interval must be from {}ms to {}h",
+                MIN_INTERVAL.as_millis(),
+                MAX_INTERVAL.as_secs() / 3600
+            ),
+        );
+    }
     let timeout = interval.max(Duration::from_millis(500));
     let mut view = View {
         sort,
@@ -453,7 +463,10 @@ pub(crate) async fn top(
     let interactive = !once && stdout.is_terminal() && std::io::stdin().is_terminal();
     if !interactive {
         let nodes = read_frame(&locks, view.filter.as_deref(), timeout, &mut before).await;
-        print!("{}", draw(&view, &nodes, wall_ms(), usize::MAX, usize::MAX));
+        let frame = printable(&draw(&view, &nodes, wall_ms(), usize::MAX, usize::MAX));
+        // A closed pipe (`top --once | head`) is not an error worth a panic.
+        let _ = stdout.lock().write_all(frame.as_bytes());
+        let _ = stdout.lock().flush();
         let any = nodes.iter().any(|n| n.counters.is_ok());
         return if any {
             ExitCode::SUCCESS
@@ -461,12 +474,9 @@ pub(crate) async fn top(
             ExitCode::from(exit::UNAVAILABLE)
         };
     }
-    let stdin = std::io::stdin();
-    let Some(mode) = sys::raw_mode(stdin.as_fd()) else {
+    let Some(_screen) = Screen::enter() else {
         return crate::fail(exit::UNAVAILABLE, "cannot put the terminal in raw mode");
     };
-    // The alternate screen, cursor hidden; both undone on the way out.
-    let _ = stdout.lock().write_all(b"\x1b[?1049h\x1b[?25l");
     let (keys_tx, mut keys_rx) = tokio::sync::mpsc::unbounded_channel();
     std::thread::spawn(move || {
         let mut buf = [0u8; 64];
@@ -482,14 +492,40 @@ pub(crate) async fn top(
         }
     });
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).ok();
-    let mut hup = signal(SignalKind::hangup()).ok();
-    let mut nodes = read_frame(&locks, view.filter.as_deref(), timeout, &mut before).await;
+    // Each signal that would end the process ends the view instead, so
+    // the terminal is put back (SIGINT, SIGQUIT: sent by another process;
+    // the keys are read raw).
+    let mut stops: Vec<_> = [
+        SignalKind::terminate(),
+        SignalKind::hangup(),
+        SignalKind::interrupt(),
+        SignalKind::quit(),
+    ]
+    .into_iter()
+    .filter_map(|kind| signal(kind).ok())
+    .collect();
+    let filter = view.filter.clone();
+    let Some(mut nodes) = reading(
+        read_frame(&locks, filter.as_deref(), timeout, &mut before),
+        &mut keys_rx,
+        any_signal(&mut stops),
+        (&mut view, &[]),
+    )
+    .await
+    else {
+        return ExitCode::SUCCESS;
+    };
     let mut next_read = Instant::now() + interval;
     let mut filter_read = view.filter.clone();
     'run: loop {
         let (width, height) = sys::window_size(stdout.as_fd()).unwrap_or((120, 40));
-        let frame = draw(&view, &nodes, wall_ms(), width as usize, height as usize);
+        let frame = printable(&draw(
+            &view,
+            &nodes,
+            wall_ms(),
+            width as usize,
+            height as usize,
+        ));
         let mut screen = String::from("\x1b[H\x1b[2J");
         // No newline after the last line: on a full screen it would scroll
         // the header away.
@@ -501,34 +537,133 @@ pub(crate) async fn top(
             _ = wait => {}
             bytes = keys_rx.recv() => {
                 let Some(bytes) = bytes else { break 'run };
-                let count = rows(&nodes, view.sort, wall_ms()).len();
-                for key in keys_of(&bytes) {
-                    if key == Key::Enter && view.typing.is_none() && view.detail.is_none() {
-                        let all = rows(&nodes, view.sort, wall_ms());
-                        if let Some((node, l)) = all.get(view.selected) {
-                            view.detail = Some((node.to_string(), l.key.clone()));
-                        }
-                        continue;
-                    }
-                    if !press(&mut view, key, count) {
-                        break 'run;
-                    }
+                if !apply_keys(&mut view, &nodes, &bytes) {
+                    break 'run;
                 }
                 if view.filter == filter_read {
                     continue;
                 }
             }
-            _ = async { match term.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => break 'run,
-            _ = async { match hup.as_mut() { Some(s) => { s.recv().await; } None => std::future::pending().await } } => break 'run,
+            _ = any_signal(&mut stops) => break 'run,
         }
-        nodes = read_frame(&locks, view.filter.as_deref(), timeout, &mut before).await;
-        filter_read = view.filter.clone();
+        let filter = view.filter.clone();
+        let read = read_frame(&locks, filter.as_deref(), timeout, &mut before);
+        match reading(
+            read,
+            &mut keys_rx,
+            any_signal(&mut stops),
+            (&mut view, &nodes),
+        )
+        .await
+        {
+            Some(read) => nodes = read,
+            None => break 'run,
+        }
+        filter_read = filter;
         next_read = Instant::now() + interval;
     }
-    let _ = stdout.lock().write_all(b"\x1b[?25h\x1b[?1049l");
-    let _ = stdout.lock().flush();
-    sys::restore_mode(stdin.as_fd(), &mode);
     ExitCode::SUCCESS
+}
+
+/// The shortest and longest `--interval`.
+const MIN_INTERVAL: Duration = Duration::from_millis(100);
+const MAX_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+
+/// Waits for `read` (the nodes, which may take a timeout per node) while
+/// the keys still work on the frame shown (`view` over `shown`): None when
+/// one quits or a signal stops the view.
+async fn reading<T>(
+    read: impl std::future::Future<Output = T>,
+    keys: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    stopped: impl std::future::Future<Output = ()>,
+    (view, shown): (&mut View, &[NodeView]),
+) -> Option<T> {
+    tokio::pin!(read, stopped);
+    loop {
+        tokio::select! {
+            done = &mut read => return Some(done),
+            _ = &mut stopped => return None,
+            bytes = keys.recv() => match bytes {
+                Some(bytes) if apply_keys(view, shown, &bytes) => {}
+                _ => return None,
+            },
+        }
+    }
+}
+
+/// Applies the keys in `bytes` to `view` over the frame's `nodes`; false
+/// when one of them quits.
+fn apply_keys(view: &mut View, nodes: &[NodeView], bytes: &[u8]) -> bool {
+    let count = rows(nodes, view.sort, wall_ms()).len();
+    for key in keys_of(bytes) {
+        if key == Key::Enter && view.typing.is_none() && view.detail.is_none() {
+            let all = rows(nodes, view.sort, wall_ms());
+            if let Some((node, l)) = all.get(view.selected) {
+                view.detail = Some((node.to_string(), l.key.clone()));
+            }
+            continue;
+        }
+        if !press(view, key, count) {
+            return false;
+        }
+    }
+    true
+}
+
+/// When the first of `stops` is received (never, if there are none).
+async fn any_signal(stops: &mut [tokio::signal::unix::Signal]) {
+    if stops.is_empty() {
+        std::future::pending::<()>().await;
+    }
+    std::future::poll_fn(|cx| {
+        for s in stops.iter_mut() {
+            if s.poll_recv(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await
+}
+
+/// The terminal as `top` uses it (raw input, the alternate screen, no
+/// cursor), put back when dropped: on every way out, a panic included.
+struct Screen {
+    mode: sys::TermMode,
+}
+
+impl Screen {
+    fn enter() -> Option<Screen> {
+        let mode = sys::raw_mode(std::io::stdin().as_fd())?;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(b"\x1b[?1049h\x1b[?25l");
+        let _ = out.flush();
+        Some(Screen { mode })
+    }
+}
+
+impl Drop for Screen {
+    fn drop(&mut self) {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(b"\x1b[?25h\x1b[?1049l");
+        let _ = out.flush();
+        sys::restore_mode(std::io::stdin().as_fd(), &self.mode);
+    }
+}
+
+/// A frame with every control character but the newline written out
+/// (`\x1b` and so on): what a server sends (a node's name, an error's
+/// text) never reaches the terminal as an escape sequence.
+fn printable(frame: &str) -> String {
+    let mut out = String::with_capacity(frame.len());
+    for c in frame.chars() {
+        match c {
+            '\n' => out.push('\n'),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -571,6 +706,13 @@ mod tests {
         press(&mut v, Key::Down, 3);
         assert_eq!(v.selected, 2, "the selection stays on the rows");
         assert!(!press(&mut v, Key::Char('q'), 3));
+    }
+
+    #[test]
+    fn a_frame_reaches_the_terminal_without_control_characters() {
+        assert_eq!(printable("a\nb"), "a\nb");
+        assert_eq!(printable("node\x1b[2J\r"), "node\\u{1b}[2J\\r");
+        assert_eq!(printable("é ok"), "é ok");
     }
 
     #[test]
