@@ -24,7 +24,7 @@ use crate::client::LockClient;
 use crate::error::{Error, Result};
 use crate::group::Group;
 use crate::guard::{Lease, LockGuard, LostSignal};
-use crate::node::{Conn, Node};
+use crate::node::{within, Conn, Node};
 
 /// How long one campaign round waits in the line before it queues again
 /// (a campaign waits until it wins or is dropped).
@@ -136,8 +136,15 @@ impl Election<'_> {
         let group = &self.client.inner.group;
         let limit = group.options.node_timeout.unwrap_or(Duration::from_secs(5));
         let reads = group.nodes.iter().map(|n| async move {
-            let mut conn = n.open(limit).await?;
-            observe_once(&mut conn, &self.key, None).await
+            let read = within(limit, async {
+                let mut conn = n.open(limit).await?;
+                observe_once(&mut conn, &self.key, None).await
+            })
+            .await;
+            if matches!(&read, Err(e) if e.is_transient()) {
+                n.ask_sentinels_again();
+            }
+            read
         });
         let seen: Vec<Observed> = futures_util::future::join_all(reads)
             .await
@@ -159,12 +166,17 @@ impl Election<'_> {
     /// now, then each new leader, each new value a leader proclaims, and
     /// each vacancy (a release, or a lease that ended with no command). One
     /// connection per node, blocked in the server (`LOCK.OBSERVE ... AFTER
-    /// fence VALUE v BLOCK 0`); after a reconnect the stream reads the state again
+    /// fence VALUE v BLOCK 30000`, sent again after each nil, so a
+    /// connection that went quiet without closing is found and replaced
+    /// within about 35 s); after a reconnect the stream reads the state again
     /// and goes on from what it last told, so no change is repeated and the
     /// newest is never missed (changes in between are seen as the newest).
-    /// On a Redlock group a state is told once a majority agree on it. An
-    /// error the node gives (NOPERM, WRONGTYPE) ends the stream with it;
-    /// lost connections are retried. Dropping the stream closes its
+    /// On a Redlock group a state is told once a majority agree on it (a
+    /// node that is reconnecting counts for nothing meanwhile). An error a
+    /// node gives (NOPERM, WRONGTYPE) ends the stream with it, on a group
+    /// once the nodes left are no longer a majority; lost connections are
+    /// retried (for Sentinel, through the sentinels: the master they name
+    /// now). Dropping the stream closes its
     /// connections.
     pub fn observe(&self) -> Observer {
         let group = Arc::clone(&self.client.inner.group);
@@ -248,15 +260,19 @@ fn majority(seen: &[Observed], quorum: usize) -> Option<Observed> {
 }
 
 /// Runs one observer per node and tells `tx` each state a majority of
-/// them agree on, when it differs from the last one told.
+/// them agree on, when it differs from the last one told. A node that is
+/// reconnecting counts for nothing until it reads the state again; one
+/// that refuses (NOPERM, WRONGTYPE) is left out, and the stream ends with
+/// its error only when the nodes left are no longer a majority.
 async fn follow(group: Arc<Group>, key: String, tx: mpsc::Sender<Result<Observed>>) {
-    let (seen_tx, mut seen_rx) = mpsc::channel::<(usize, Result<Observed>)>(64);
+    let (seen_tx, mut seen_rx) = mpsc::channel::<(usize, Result<Option<Observed>>)>(64);
     for i in 0..group.nodes.len() {
         let (group, key, seen_tx) = (Arc::clone(&group), key.clone(), seen_tx.clone());
         tokio::spawn(async move { follow_node(&group.nodes[i], &key, i, seen_tx).await });
     }
     drop(seen_tx);
     let mut states: Vec<Option<Observed>> = vec![None; group.nodes.len()];
+    let mut refused = 0;
     let mut told: Option<Observed> = None;
     loop {
         let next = tokio::select! {
@@ -266,14 +282,18 @@ async fn follow(group: Arc<Group>, key: String, tx: mpsc::Sender<Result<Observed
         let Some((i, seen)) = next else {
             return;
         };
-        let seen = match seen {
+        states[i] = match seen {
             Ok(seen) => seen,
             Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
+                refused += 1;
+                if group.nodes.len() - refused < group.quorum() {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                tracing::warn!(key, error = %e, "a node refuses to be observed: left out");
+                None
             }
         };
-        states[i] = Some(seen);
         let known: Vec<Observed> = states.iter().flatten().cloned().collect();
         if let Some(now) = majority(&known, group.quorum()) {
             if told.as_ref() != Some(&now) {
@@ -294,7 +314,7 @@ async fn follow_node(
     node: &Node,
     key: &str,
     index: usize,
-    seen_tx: mpsc::Sender<(usize, Result<Observed>)>,
+    seen_tx: mpsc::Sender<(usize, Result<Option<Observed>>)>,
 ) {
     let limit = Duration::from_secs(5);
     let mut last: Option<Observed> = None;
@@ -306,16 +326,23 @@ async fn follow_node(
             // each wait names the fence and the value's bytes last seen.
             let mut after: Option<(i64, Vec<u8>)> = None;
             loop {
-                let seen = observe_once(&mut conn, key, after.as_ref()).await?;
+                // Bounded on this side too: a connection that went quiet
+                // without closing (the host gone, a NAT that forgot the
+                // flow) answers nothing, and is replaced.
+                let seen = within(
+                    OBSERVE_BLOCK + limit,
+                    observe_once(&mut conn, key, after.as_ref()),
+                )
+                .await?;
                 let Some((seen, raw_value)) = seen else {
-                    // Nil: the wait was let go (CLIENT UNBLOCK ... TIMEOUT):
-                    // read the state again.
-                    after = None;
+                    // Nil: nothing changed within OBSERVE_BLOCK (or the
+                    // wait was let go, CLIENT UNBLOCK ... TIMEOUT): wait
+                    // again from what was seen.
                     continue;
                 };
                 if last.as_ref() != Some(&seen) {
                     last = Some(seen.clone());
-                    if seen_tx.send((index, Ok(seen.clone()))).await.is_err() {
+                    if seen_tx.send((index, Ok(Some(seen.clone())))).await.is_err() {
                         return Ok(());
                     }
                 }
@@ -334,6 +361,12 @@ async fn follow_node(
             }
             Err(e) => {
                 tracing::debug!(key, error = %e, "an observer reconnects");
+                // Unknown until read again (then told again, so the group
+                // counts it), and for Sentinel from the master it names now.
+                node.ask_sentinels_again();
+                if last.take().is_some() && seen_tx.send((index, Ok(None))).await.is_err() {
+                    return;
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(pause) => {}
                     _ = seen_tx.closed() => return,
@@ -344,9 +377,14 @@ async fn follow_node(
     }
 }
 
+/// How long one wait for a change lasts in the server before it answers
+/// nil and is sent again: what a connection that went quiet costs at most,
+/// on top of the node timeout.
+const OBSERVE_BLOCK: Duration = Duration::from_secs(30);
+
 /// `LOCK.OBSERVE key` (None: the state now) or `LOCK.OBSERVE key AFTER f
-/// VALUE v BLOCK 0` (the next state that differs from "led by fence f with
-/// value v", or from a vacancy for f 0); None for nil.
+/// VALUE v BLOCK 30000` (the next state that differs from "led by fence f
+/// with value v", or from a vacancy for f 0); None for nil.
 async fn observe_once(
     conn: &mut Conn,
     key: &str,
@@ -359,7 +397,8 @@ async fn observe_once(
         if *fence > 0 {
             cmd.arg(command::VALUE).arg(value.as_slice());
         }
-        cmd.arg(command::BLOCK).arg(0);
+        cmd.arg(command::BLOCK)
+            .arg(OBSERVE_BLOCK.as_millis() as u64);
     }
     let reply: redis::Value = cmd.query_async(conn).await?;
     parse_observed(reply)

@@ -332,6 +332,17 @@ impl Node {
         Ok(fresh)
     }
 
+    /// For Sentinel, the master's address is asked for again at the next
+    /// connection: a connection of its own (an observer's) found the one
+    /// it had gone.
+    pub(crate) fn ask_sentinels_again(&self) {
+        if let Some(sentinel) = &self.sentinel {
+            sentinel
+                .stale
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
     /// Drops the shared connection (and, for Sentinel, the master's
     /// address), so the next call connects afresh.
     async fn forget_connection(&self) {

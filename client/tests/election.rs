@@ -290,3 +290,27 @@ async fn a_redlock_group_elects_with_the_groups_fence() {
     assert_eq!(next(&mut o).await, leader(b.fence(), "two"));
     b.resign().await.unwrap();
 }
+
+/// One node of three refuses to be observed (its user lost LOCK.OBSERVE):
+/// the group's stream goes on with the two that remain a majority, and
+/// tells the next leader and the vacancy after it. Before, the one node's
+/// NOPERM ended the whole stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_observer_outlives_one_node_that_refuses() {
+    let ttl = Duration::from_secs(2);
+    let nodes = Server::redlock_nodes(3, ttl.as_millis());
+    let locks = LockClient::new(&common::urls(&nodes)).unwrap();
+    let election = locks.election("g");
+    let mut o = election.observe();
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("-lock.observe")
+        .query(&mut nodes[2].conn())
+        .unwrap();
+    let a = election.campaign("one", ttl).await.unwrap();
+    assert_eq!(next(&mut o).await, leader(a.fence(), "one"));
+    assert!(a.resign().await.unwrap());
+    assert_eq!(next(&mut o).await, Observed::Vacant);
+}

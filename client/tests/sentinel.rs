@@ -204,3 +204,41 @@ fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
     assert!(guard.is_valid());
     std::mem::forget(guard);
 }
+
+/// A follower behind Sentinel whose master is killed: its observer's
+/// reconnects ask the sentinels again, so it follows the promoted replica
+/// and is told the leader elected there. Before, it reconnected to the
+/// dead address forever and told nothing more.
+#[test]
+fn a_follower_finds_the_new_master_after_its_master_dies() {
+    if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
+        return;
+    }
+    let mut master = Server::start();
+    let replica = Server::start();
+    replica.replicate_from(&master);
+    let sentinel = Sentinel::start(&master);
+    sentinel.wait_knows_a_replica();
+    let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        use futures_util::StreamExt;
+        use redis_lock_client::Observed;
+        let locks = LockClient::new(&[url.as_str()]).unwrap();
+        let election = locks.election("s:e");
+        let mut o = election.observe();
+        let first = tokio::time::timeout(Duration::from_secs(10), o.next()).await;
+        assert!(matches!(first, Ok(Some(Ok(Observed::Vacant)))), "{first:?}");
+        master.kill9();
+        wait_until(Duration::from_secs(40), || {
+            sentinel.master_port() == Some(replica.port)
+        });
+        let fence = common::acquire(&mut replica.conn(), "s:e", "there", 60_000)
+            .expect("granted on the promoted replica");
+        let told = tokio::time::timeout(Duration::from_secs(20), o.next()).await;
+        match told {
+            Ok(Some(Ok(Observed::Leader(l)))) => assert_eq!(l.fence, fence),
+            other => panic!("not told the new master's leader: {other:?}"),
+        }
+    });
+}
