@@ -230,30 +230,87 @@ impl Node {
     ) -> Vec<(String, Result<String>)> {
         let mut info = redis::cmd("INFO");
         info.arg(section);
-        let read = async {
-            if self.cluster.is_none() {
-                let text: String = self.run(info, limit).await?;
-                return Ok(vec![(self.addr().to_string(), Ok(text))]);
-            }
-            use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-            let Conn::Cluster(mut conn) = self.connection(limit).await? else {
+        if self.cluster.is_none() {
+            // The connection's own set-up waits too: bounded as a whole.
+            let text = within(limit, self.run(info, limit)).await;
+            return vec![(self.addr().to_string(), text)];
+        }
+        // Every step by one deadline: each master's read ends by it on its
+        // own, so one master that does not answer (down, as in a failover)
+        // is its own error, not every master's.
+        let deadline = tokio::time::Instant::now() + limit;
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let slot_map = tokio::time::timeout_at(deadline, async {
+            let Conn::Cluster(conn) = self.connection(limit).await? else {
                 return Err(Error::Config("not a cluster connection".into()));
             };
-            let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-            let reply = within(limit, async { Ok(conn.route_command(&info, all).await?) });
-            let per_master: std::collections::BTreeMap<String, redis::Value> =
-                redis::from_redis_value(&reply.await?)?;
-            Ok(per_master
-                .into_iter()
-                .map(|(addr, v)| (addr, redis::from_redis_value(&v).map_err(Error::from)))
-                .collect())
+            // The masters, from the slot map any node gives: a random node
+            // each time (one that is down fails, the next try is likely
+            // another).
+            let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
+            loop {
+                let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                let asked = within(limit / 4, async {
+                    Ok(conn.clone().route_command(&slots, any).await?)
+                });
+                if let Ok(map) = asked.await {
+                    return Ok((conn, masters_in(&map)?));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or(Err(Error::Timeout));
+        let (conn, masters): (redis::cluster_async::ClusterConnection, _) = match slot_map {
+            Ok(found) => found,
+            Err(e) => return vec![(self.addr().to_string(), Err(e))],
         };
-        // The connection's own set-up waits too: bounded as a whole.
-        match within(limit, read).await {
-            Ok(texts) => texts,
-            Err(e) => vec![(self.addr().to_string(), Err(e))],
-        }
+        let reads = masters.into_iter().map(|(host, port)| {
+            let (info, mut conn) = (info.clone(), conn.clone());
+            async move {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port,
+                });
+                let text = tokio::time::timeout_at(deadline, async {
+                    let v = conn.route_command(&info, route).await?;
+                    Ok(redis::from_redis_value::<String>(&v)?)
+                })
+                .await
+                .unwrap_or(Err(Error::Timeout));
+                (format!("{host}:{port}"), text)
+            }
+        });
+        futures_util::future::join_all(reads).await
     }
+}
+
+/// The masters a `CLUSTER SLOTS` reply names, as (host, port), each once
+/// and sorted: each slot range's first node is its master.
+fn masters_in(reply: &redis::Value) -> Result<Vec<(String, u16)>> {
+    let unexpected = || Error::Config(format!("CLUSTER SLOTS answered {reply:?}"));
+    let redis::Value::Array(ranges) = reply else {
+        return Err(unexpected());
+    };
+    let mut masters = std::collections::BTreeSet::new();
+    for range in ranges {
+        let redis::Value::Array(parts) = range else {
+            return Err(unexpected());
+        };
+        let Some(redis::Value::Array(master)) = parts.get(2) else {
+            return Err(unexpected());
+        };
+        let host: String = master
+            .first()
+            .and_then(|h| redis::from_redis_value(h).ok())
+            .ok_or_else(unexpected)?;
+        let port: u16 = master
+            .get(1)
+            .and_then(|p| redis::from_redis_value(p).ok())
+            .ok_or_else(unexpected)?;
+        masters.insert((host, port));
+    }
+    Ok(masters.into_iter().collect())
 }
 
 /// `lock.restart-delay-ms`, as CONFIG GET names it.

@@ -810,6 +810,41 @@ fn a_cluster_url_is_read_on_each_master() {
         hot,
         [(format!("127.0.0.1:{}", owner.port), "hot".into(), 1.0)]
     );
+    // One master down (as in a failover): it reads 0, the others still 1
+    // with their series. Before, one master's error was every master's.
+    let owner_port = owner.port;
+    let mut cluster = cluster;
+    // Neither the owner of "hot" nor the seed the URL names (a client
+    // with one seed cannot start while it is down).
+    let down = cluster
+        .nodes
+        .iter()
+        .enumerate()
+        .position(|(i, n)| i != 0 && n.port != owner_port)
+        .expect("a third master");
+    cluster.nodes[down].kill9();
+    // (The cluster client may take a scrape or two to stop trying the dead
+    // node first, as Prometheus' next scrapes would.)
+    let hot = format!("redis_lock_key_waiters{{node=\"127.0.0.1:{owner_port}\",key=\"hot\"}} 1");
+    let started = Instant::now();
+    let body = loop {
+        let (_, _, body) = http_get(port, "/metrics");
+        let families = parse_exposition(&body);
+        let each = cluster.nodes.iter().enumerate().all(|(i, master)| {
+            let node = format!("127.0.0.1:{}", master.port);
+            let up = if i == down { 0.0 } else { 1.0 };
+            value(&families, "redis_lock_up", &node) == Some(up)
+        });
+        if each && body.contains(&hot) {
+            break body;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "each live master with its series, the dead one 0: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(!body.contains("node=\"cluster:"), "{body}");
 }
 
 // ---- a real Prometheus ----
