@@ -210,6 +210,12 @@ fn short(ms: i64) -> String {
     }
 }
 
+/// The first of the rows shown when `room` fit and row `selected` is
+/// chosen: the list scrolls so the chosen row is the last that fits.
+fn first_shown(selected: usize, room: usize) -> usize {
+    (selected + 1).saturating_sub(room.max(1))
+}
+
 /// A key as shown: its bytes, non-printable ones escaped.
 fn shown(bytes: &[u8]) -> String {
     bytes.escape_ascii().to_string()
@@ -291,7 +297,11 @@ pub(crate) fn draw(
         if rows.is_empty() {
             lines.push("  (no locks held)".into());
         }
-        for (i, (node, l)) in rows.iter().enumerate() {
+        // The rows that fit below the header, scrolled so the chosen one
+        // is among them.
+        let room = height.saturating_sub(lines.len()).max(1);
+        let first = first_shown(view.selected, room);
+        for (i, (node, l)) in rows.iter().enumerate().skip(first).take(room) {
             let mark = if i == view.selected { '>' } else { ' ' };
             lines.push(format!(
                 "{mark} {:<28} {:<21} {:<9} {:>7} {:>16} {:>8} {:>8} {:>7} {:>9}",
@@ -713,6 +723,15 @@ mod tests {
         assert_eq!(printable("a\nb"), "a\nb");
         assert_eq!(printable("node\x1b[2J\r"), "node\\u{1b}[2J\\r");
         assert_eq!(printable("é ok"), "é ok");
+    }
+
+    #[test]
+    fn the_list_scrolls_to_the_chosen_lock() {
+        assert_eq!(first_shown(0, 5), 0);
+        assert_eq!(first_shown(4, 5), 0, "the fifth of five rows fits");
+        assert_eq!(first_shown(5, 5), 1, "the sixth scrolls one");
+        assert_eq!(first_shown(20, 5), 16);
+        assert_eq!(first_shown(3, 1), 3, "one row: the chosen one");
     }
 
     #[test]
