@@ -773,6 +773,33 @@ fn idle_connections_do_not_keep_a_scrape_out() {
     drop(idle);
 }
 
+/// Twenty scrapes at once are answered by fewer reads of the node: one
+/// scrape runs at a time and those that came meanwhile take its answer,
+/// so clients that ask in a burst cannot multiply the load on Redis.
+#[test]
+fn scrapes_at_once_share_one_read_of_the_nodes() {
+    let s = Server::start();
+    let (_exporter, port) = start_exporter(&[s.url()]);
+    http_get(port, "/metrics"); // connections made, one scrape done
+    let before = s.command_calls("lock.scan");
+    let mut conns: Vec<TcpStream> = (0..20)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    for c in &mut conns {
+        write!(c, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
+    }
+    for c in &mut conns {
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut raw = String::new();
+        c.read_to_string(&mut raw).expect("an answer");
+        assert!(raw.starts_with("HTTP/1.1 200 OK"), "{raw}");
+        assert!(raw.contains("redis_lock_up{"), "{raw}");
+    }
+    let scrapes = s.command_calls("lock.scan") - before;
+    assert!(scrapes >= 1, "the nodes were read");
+    assert!(scrapes < 20, "{scrapes} reads for 20 scrapes at once");
+}
+
 #[test]
 fn a_cluster_url_is_read_on_each_master() {
     if common::skip_unless(common::Needs::OwnServer, "starts a cluster") {

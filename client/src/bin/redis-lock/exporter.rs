@@ -141,6 +141,7 @@ pub(crate) async fn exporter(
         timeout,
         top,
         last: Mutex::new(HashMap::new()),
+        latest: tokio::sync::Mutex::new(None),
     });
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let reading = Arc::new(Mutex::new(Reading::default()));
@@ -222,6 +223,9 @@ struct Exporter {
     top: usize,
     /// Each node's last state (None: up, Some: why not), logged on change.
     last: Mutex<HashMap<String, Option<String>>>,
+    /// The last scrape's exposition and when it was done: one scrape runs
+    /// at a time, and a request that came while it ran takes its answer.
+    latest: tokio::sync::Mutex<Option<(tokio::time::Instant, Arc<String>)>>,
 }
 
 /// One connection: one request, one answer, closed. Told `gone` while it
@@ -246,7 +250,7 @@ async fn serve(
     let path = target.split('?').next().unwrap_or("");
     let answer = match (method, path) {
         ("GET" | "HEAD", "/metrics") => {
-            let body = state.scrape().await;
+            let body = state.shared_scrape().await;
             response(
                 "200 OK",
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -304,6 +308,22 @@ fn response(status: &str, content_type: &str, body: &str, head_only: bool) -> St
 type Fields = Vec<(String, i64)>;
 
 impl Exporter {
+    /// The exposition for a request that came now: a scrape of its own, or
+    /// the one that was under way when it came (so however many clients
+    /// ask at once, the nodes are read by one scrape at a time).
+    async fn shared_scrape(&self) -> Arc<String> {
+        let asked = tokio::time::Instant::now();
+        let mut latest = self.latest.lock().await;
+        if let Some((done, body)) = latest.as_ref() {
+            if *done >= asked {
+                return body.clone();
+            }
+        }
+        let body = Arc::new(self.scrape().await);
+        *latest = Some((tokio::time::Instant::now(), body.clone()));
+        body
+    }
+
     /// Reads every node now and renders the exposition.
     async fn scrape(&self) -> String {
         let listing = async {
