@@ -240,28 +240,10 @@ impl Node {
         // is its own error, not every master's.
         let deadline = tokio::time::Instant::now() + limit;
         use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let slot_map = tokio::time::timeout_at(deadline, async {
-            let Conn::Cluster(conn) = self.connection(limit).await? else {
-                return Err(Error::Config("not a cluster connection".into()));
-            };
-            // The masters, from the slot map any node gives: a random node
-            // each time (one that is down fails, the next try is likely
-            // another).
-            let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
-            loop {
-                let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-                let asked = within(limit / 4, async {
-                    Ok(conn.clone().route_command(&slots, any).await?)
-                });
-                if let Ok(map) = asked.await {
-                    return Ok((conn, masters_in(&map)?));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .unwrap_or(Err(Error::Timeout));
-        let (conn, masters): (redis::cluster_async::ClusterConnection, _) = match slot_map {
+        let found = tokio::time::timeout_at(deadline, self.cluster_masters(limit))
+            .await
+            .unwrap_or(Err(Error::Timeout));
+        let (conn, masters) = match found {
             Ok(found) => found,
             Err(e) => return vec![(self.addr().to_string(), Err(e))],
         };
@@ -282,6 +264,33 @@ impl Node {
             }
         });
         futures_util::future::join_all(reads).await
+    }
+}
+
+impl Node {
+    /// This cluster node's connection and its masters as (host, port),
+    /// from the slot map any node gives: a random node each time (one that
+    /// is down fails, the next try is likely another), until one answers.
+    /// The caller bounds it.
+    pub(crate) async fn cluster_masters(
+        &self,
+        limit: Duration,
+    ) -> Result<(redis::cluster_async::ClusterConnection, Vec<(String, u16)>)> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let Conn::Cluster(conn) = self.connection(limit).await? else {
+            return Err(Error::Config("not a cluster connection".into()));
+        };
+        let slots = redis::cmd("CLUSTER").arg("SLOTS").clone();
+        loop {
+            let any = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let asked = within(limit / 4, async {
+                Ok(conn.clone().route_command(&slots, any).await?)
+            });
+            if let Ok(map) = asked.await {
+                return Ok((conn, masters_in(&map)?));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 

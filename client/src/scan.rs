@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use redis_lock_core::protocol::{command, info_field};
 
-use crate::node::{within, Conn, Node};
+use crate::node::{within, Node};
 use crate::{Error, LockClient, Result};
 
 /// A held lock as `LOCK.SCAN` lists it (its `LOCK.INFO` fields with its key).
@@ -112,39 +112,32 @@ impl Node {
             .map_err(|e| self.named(e));
             return vec![(self.addr().to_string(), listed)];
         }
-        // A cluster: each master in turn, found as INFO finds them.
-        let masters: Vec<String> = self
-            .info_texts("server", limit)
-            .await
-            .into_iter()
-            .map(|(addr, _)| addr)
-            .collect();
-        // All at once: the listing takes the slowest master's time, not
-        // the sum of theirs.
-        let reads = masters.into_iter().map(|addr| async move {
-            let listed = within(limit, async {
-                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-                let Conn::Cluster(conn) = self.connection(limit).await? else {
-                    return Err(Error::Config("not a cluster connection".into()));
-                };
-                let (host, port) = addr
-                    .rsplit_once(':')
-                    .and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
-                    .ok_or_else(|| Error::Config(format!("no address in {addr}")))?;
-                pages(|cursor| {
-                    let cmd = page(cursor);
-                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port,
-                    });
-                    let mut conn = conn.clone();
-                    async move { Ok(conn.route_command(&cmd, route).await?) }
-                })
+        // A cluster: each master (from the slot map), all at once, so the
+        // listing takes the slowest master's time, not the sum of theirs.
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let (conn, masters) = match within(limit, self.cluster_masters(limit)).await {
+            Ok(found) => found,
+            Err(e) => return vec![(self.addr().to_string(), Err(self.named(e)))],
+        };
+        let reads = masters.into_iter().map(|(host, port)| {
+            let conn = conn.clone();
+            async move {
+                let listed = within(
+                    limit,
+                    pages(|cursor| {
+                        let cmd = page(cursor);
+                        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                            host: host.clone(),
+                            port,
+                        });
+                        let mut conn = conn.clone();
+                        async move { Ok(conn.route_command(&cmd, route).await?) }
+                    }),
+                )
                 .await
-            })
-            .await
-            .map_err(|e| self.named(e));
-            (addr, listed)
+                .map_err(|e| self.named(e));
+                (format!("{host}:{port}"), listed)
+            }
         });
         futures_util::future::join_all(reads).await
     }
