@@ -27,6 +27,12 @@ impl Drop for Running {
 
 /// The exporter over `urls` on a free port, waited for until it answers.
 fn start_exporter(urls: &[String]) -> (Running, u16) {
+    start_exporter_with(urls, &["--timeout", "1s"])
+}
+
+/// The exporter over `urls` with `args` besides, on a free port, waited
+/// for until it answers.
+fn start_exporter_with(urls: &[String], args: &[&str]) -> (Running, u16) {
     let port = free_port();
     let mut cmd = Command::new(BIN);
     cmd.arg("exporter");
@@ -34,7 +40,8 @@ fn start_exporter(urls: &[String]) -> (Running, u16) {
         cmd.args(["--url", u]);
     }
     let child = cmd
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--timeout", "1s"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
         .env_remove("REDIS_LOCK_URL")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -669,21 +676,7 @@ fn top_exports_the_locks_with_the_most_waiters_by_key() {
         }
     }
     common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 6);
-    let port = free_port();
-    let _exporter = Running(
-        Command::new(BIN)
-            .args(["exporter", "--url", &s.url(), "--top", "2"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env_remove("REDIS_LOCK_URL")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-lock exporter"),
-    );
-    common::wait_until(Duration::from_secs(20), || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let (_exporter, port) = start_exporter_with(&[s.url()], &["--top", "2"]);
     let (_, _, body) = http_get(port, "/metrics");
     let families = parse_exposition(&body);
     let by_key: BTreeMap<String, f64> = families["redis_lock_key_waiters"]
@@ -721,29 +714,7 @@ fn binary_keys_and_a_server_under_two_urls_give_each_series_once() {
         waiters.push(w);
     }
     common::wait_until(Duration::from_secs(10), || s.info_field("waiters") == 3);
-    let port = free_port();
-    let _exporter = Running(
-        Command::new(BIN)
-            .args([
-                "exporter",
-                "--url",
-                &s.url(),
-                "--url",
-                &s.url(),
-                "--top",
-                "10",
-            ])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env_remove("REDIS_LOCK_URL")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-lock exporter"),
-    );
-    common::wait_until(Duration::from_secs(20), || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    let (_exporter, port) = start_exporter_with(&[s.url(), s.url()], &["--top", "10"]);
     let (_, _, body) = http_get(port, "/metrics");
     let families = parse_exposition(&body); // panics on a series twice
     let labels: BTreeSet<String> = families["redis_lock_key_waiters"]

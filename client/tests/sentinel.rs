@@ -11,16 +11,23 @@ use redis_lock_client::LockClient;
 
 const BIN: &str = env!("CARGO_BIN_EXE_redis-lock");
 
-#[test]
-fn locks_follow_the_master_that_sentinel_reports() {
-    if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
-        return;
-    }
+/// A master, its replica, and a sentinel watching them (service `m`) that
+/// has heard of the replica.
+fn watched_pair() -> (Server, Server, Sentinel) {
     let master = Server::start();
     let replica = Server::start();
     replica.replicate_from(&master);
     let sentinel = Sentinel::start(&master);
     sentinel.wait_knows_a_replica();
+    (master, replica, sentinel)
+}
+
+#[test]
+fn locks_follow_the_master_that_sentinel_reports() {
+    if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
+        return;
+    }
+    let (master, replica, sentinel) = watched_pair();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
 
     // The command finds the master through the sentinel.
@@ -104,11 +111,7 @@ fn a_wait_rides_through_a_sentinel_failover() {
     if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
         return;
     }
-    let mut master = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let sentinel = Sentinel::start(&master);
-    sentinel.wait_knows_a_replica();
+    let (mut master, replica, sentinel) = watched_pair();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     // Another holder, on the master and (acknowledged) on the replica.
     let mut m = master.conn();
@@ -160,11 +163,7 @@ fn replica_acknowledgement_behind_sentinel_survives_a_failover() {
     if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
         return;
     }
-    let master = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let sentinel = Sentinel::start(&master);
-    sentinel.wait_knows_a_replica();
+    let (master, replica, sentinel) = watched_pair();
     master.wait_acknowledged(1, "test:acked");
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     let options =
@@ -214,11 +213,7 @@ fn a_follower_finds_the_new_master_after_its_master_dies() {
     if common::skip_unless(common::Needs::LocalProcess, "starts a sentinel process") {
         return;
     }
-    let mut master = Server::start();
-    let replica = Server::start();
-    replica.replicate_from(&master);
-    let sentinel = Sentinel::start(&master);
-    sentinel.wait_knows_a_replica();
+    let (mut master, replica, sentinel) = watched_pair();
     let url = format!("redis-sentinel://127.0.0.1:{}/m", sentinel.port);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {

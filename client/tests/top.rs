@@ -31,6 +31,28 @@ fn once(urls: &[String], extra: &[&str]) -> (String, Option<i32>) {
     )
 }
 
+/// Whether tmux is here; if not, the test is counted as skipped.
+fn tmux_or_skip() -> bool {
+    if Tmux::available() {
+        return true;
+    }
+    common::skip(
+        Skip::Missing,
+        "tmux is not installed (apt-get install -y tmux)",
+    );
+    false
+}
+
+/// `redis-lock top` on `s` in a tmux pane 160 wide and `height` high; after
+/// it the shell prints `stty -a` and `top-exited-<its exit code>`.
+fn live_top(s: &Server, height: u16) -> Tmux {
+    let shell = format!(
+        "{BIN} top --url {} --interval 300ms; rc=$?; stty -a; echo top-exited-$rc",
+        s.url()
+    );
+    Tmux::start(&shell, 160, height)
+}
+
 /// The rows of a frame that name `key`.
 fn rows_of<'a>(frame: &'a str, key: &str) -> Vec<&'a str> {
     frame
@@ -140,21 +162,13 @@ fn what_it_cannot_read_it_says() {
 /// (canonical mode and echo back on).
 #[test]
 fn live_in_a_terminal_it_sorts_filters_and_shows_a_lock() {
-    if !Tmux::available() {
-        common::skip(
-            Skip::Missing,
-            "tmux is not installed (apt-get install -y tmux)",
-        );
+    if !tmux_or_skip() {
         return;
     }
     let s = Server::start();
     let _waiting = busy(&s);
-    let shell = format!(
-        "{BIN} top --url {} --interval 300ms; rc=$?; stty -a; echo top-exited-$rc",
-        s.url()
-    );
     // Seven rows: the frame fills the screen, whose header must stay.
-    let t = Tmux::start(&shell, 160, 7);
+    let t = live_top(&s, 7);
     let limit = Duration::from_secs(20);
     let first = t.wait_for(limit, "the locks", |p| {
         p.contains("orders:2") && p.contains("jobs:7")
@@ -216,21 +230,13 @@ fn an_interval_out_of_bounds_is_refused() {
 /// live view like `q`: the terminal is put back.
 #[test]
 fn a_signal_from_outside_puts_the_terminal_back() {
-    if !Tmux::available() {
-        common::skip(
-            Skip::Missing,
-            "tmux is not installed (apt-get install -y tmux)",
-        );
+    if !tmux_or_skip() {
         return;
     }
     let s = Server::start();
     let _waiting = busy(&s);
     for signal in ["INT", "TERM"] {
-        let shell = format!(
-            "{BIN} top --url {} --interval 300ms; rc=$?; stty -a; echo top-exited-$rc",
-            s.url()
-        );
-        let t = Tmux::start(&shell, 160, 20);
+        let t = live_top(&s, 20);
         let limit = Duration::from_secs(20);
         t.wait_for(limit, "the locks", |p| p.contains("orders:1"));
         let pid = top_pid(&s.url()).expect("top is running");
