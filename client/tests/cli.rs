@@ -913,6 +913,15 @@ fn what_the_command_left_running_is_stopped_before_the_lock_is_released() {
 fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
     let s = Server::start();
     for round in 0..3 {
+        let dir = scratch(&format!("stopped-{round}"));
+        let pid_file = dir.join("pid");
+        // The command says it started: a stop that came after the grant
+        // but before redis-lock read its answer would time the acquire
+        // out (69, the command never run), which is not this test's case.
+        let script = format!(
+            "echo $$ > {p}.tmp && mv {p}.tmp {p}; exec sleep 1",
+            p = pid_file.display()
+        );
         let child = Command::new(BIN)
             .args([
                 "run",
@@ -924,14 +933,12 @@ fn a_validity_run_out_while_redis_lock_was_stopped_exits_76() {
                 "500ms",
                 "--",
             ])
-            .args(["sleep", "1"])
+            .args(["sh", "-c", &script])
             .env_remove("REDIS_LOCK_URL")
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        common::wait_until(Duration::from_secs(10), || {
-            common::fence(&mut s.conn(), "k").is_some()
-        });
+        pid_in(&pid_file);
         // SIGSTOP. The lease lapses and another holder takes the lock; the
         // command ends meanwhile.
         unsafe { libc_kill(child.id() as i32, 19) };
