@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 
-use redis_lock_core::protocol::{code, command, MAX_BLOCK_MS};
+use redis_lock_core::protocol::{code, command, MAX_BLOCK_MS, OBSERVE_GRACE_MS, OBSERVE_WAIT_MS};
 
 /// (name, value) of every shared string, in the order the copies list them.
 fn strings() -> Vec<(&'static str, &'static str)> {
@@ -43,8 +43,8 @@ fn strings() -> Vec<(&'static str, &'static str)> {
 const HEADER: [&str; 4] = [
     "Generated from core/src/protocol.rs by tests/client_protocol.rs",
     "(CLIENT_PROTOCOL_BLESS=1 cargo test --test client_protocol rewrites it):",
-    "the command names, option words and error codes the module and every",
-    "client share. Do not edit.",
+    "the command names, option words, error codes and waits the module and",
+    "every client share. Do not edit.",
 ];
 
 fn python() -> String {
@@ -53,6 +53,8 @@ fn python() -> String {
         s += &format!("{name} = \"{value}\"\n");
     }
     s += &format!("MAX_BLOCK_MS = {MAX_BLOCK_MS}\n");
+    s += &format!("OBSERVE_WAIT_MS = {OBSERVE_WAIT_MS}\n");
+    s += &format!("OBSERVE_GRACE_MS = {OBSERVE_GRACE_MS}\n");
     s
 }
 
@@ -62,6 +64,8 @@ fn typescript() -> String {
         s += &format!("export const {name} = '{value}';\n");
     }
     s += &format!("export const MAX_BLOCK_MS = {MAX_BLOCK_MS};\n");
+    s += &format!("export const OBSERVE_WAIT_MS = {OBSERVE_WAIT_MS};\n");
+    s += &format!("export const OBSERVE_GRACE_MS = {OBSERVE_GRACE_MS};\n");
     s
 }
 

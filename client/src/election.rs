@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::Stream;
-use redis_lock_core::protocol::{command, info_field};
+use redis_lock_core::protocol::{command, info_field, OBSERVE_GRACE_MS, OBSERVE_WAIT_MS};
 use tokio::sync::mpsc;
 
 use crate::client::LockClient;
@@ -330,7 +330,7 @@ async fn follow_node(
                 // without closing (the host gone, a NAT that forgot the
                 // flow) answers nothing, and is replaced.
                 let seen = within(
-                    OBSERVE_BLOCK + limit,
+                    OBSERVE_BLOCK + OBSERVE_GRACE,
                     observe_once(&mut conn, key, after.as_ref()),
                 )
                 .await?;
@@ -378,9 +378,13 @@ async fn follow_node(
 }
 
 /// How long one wait for a change lasts in the server before it answers
-/// nil and is sent again: what a connection that went quiet costs at most,
-/// on top of the node timeout.
-const OBSERVE_BLOCK: Duration = Duration::from_secs(30);
+/// nil and is sent again: with [`OBSERVE_GRACE`], what a connection that
+/// went quiet costs at most (the clients' shared defaults).
+const OBSERVE_BLOCK: Duration = Duration::from_millis(OBSERVE_WAIT_MS as u64);
+
+/// How long past its wait an answer may take before the connection counts
+/// as gone.
+const OBSERVE_GRACE: Duration = Duration::from_millis(OBSERVE_GRACE_MS as u64);
 
 /// `LOCK.OBSERVE key` (None: the state now) or `LOCK.OBSERVE key AFTER f
 /// VALUE v BLOCK 30000` (the next state that differs from "led by fence f

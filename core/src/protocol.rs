@@ -160,6 +160,18 @@ pub const MODULE_NAME: &str = "lock";
 /// The longest BLOCK timeout (and lease) the module accepts at all.
 pub const MAX_BLOCK_MS: i64 = MAX_DURATION_MS;
 
+/// How long an observer's wait (`LOCK.OBSERVE ... BLOCK`) lasts in the
+/// server, by default, before it answers nil and the client sends it again:
+/// with [`OBSERVE_GRACE_MS`], the longest a follower stays on a connection
+/// that went quiet without closing (a host gone, a NAT that forgot the
+/// flow) before it is replaced. Every client's default.
+pub const OBSERVE_WAIT_MS: i64 = 30_000;
+
+/// How long past its wait (or, for a read of the state now, at all) an
+/// observer waits for the server's answer before its connection counts
+/// as gone: closed, opened again, and the stream resumed.
+pub const OBSERVE_GRACE_MS: i64 = 5_000;
+
 /// One option, as it may follow the module path or be set at runtime
 /// (`CONFIG SET lock.<name>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,6 +3,7 @@ import { Arg, Client, Conn, RedisLike, WaitConn, wrap } from './client.js';
 import { LockLostError, NotAcquiredError, translate } from './errors.js';
 import { checkMs, checkValue, Keys, Leader, leaderOf, observeArgs, randomToken, sameLeader } from './keys.js';
 import { Lease } from './lease.js';
+import * as p from './protocol.js';
 
 /** How to take a lock. */
 export interface AcquireOptions {
@@ -39,6 +40,12 @@ export interface ObserveOptions {
   /** Ends the stream: its connection is closed, and the loop throws the
    * abort's reason (as `events.on` does). */
   signal?: AbortSignal;
+  /** How long each wait lasts in the server (ms; default 30 000) before it
+   * is sent again. A connection that answers nothing for that and 5 s
+   * more counts as lost and is replaced: one that went quiet without
+   * closing (a host gone, a NAT that forgot the flow) is not waited on
+   * for ever. */
+  checkIntervalMs?: number;
 }
 
 /** `locks.observe(key)`: the leaders of a key as they change. */
@@ -143,10 +150,11 @@ export class Locks {
    * was, without a repeat or a miss. Other server errors end it, thrown. */
   observe(key: string, options: ObserveOptions = {}): Observer {
     new Keys([key]);
-    return this.observing(key, options.signal);
+    const waitMs = checkMs(options.checkIntervalMs ?? p.OBSERVE_WAIT_MS, 'checkIntervalMs');
+    return this.observing(key, waitMs, options.signal);
   }
 
-  private async *observing(key: string, signal?: AbortSignal): Observer {
+  private async *observing(key: string, waitMs: number, signal?: AbortSignal): Observer {
     let conn: WaitConn | undefined;
     // The last item given; undefined: none yet.
     let last: Leader | null | undefined;
@@ -171,7 +179,7 @@ export class Locks {
           if (fresh) {
             // First, and after a reconnect: the state now, given if it is
             // not the last one given.
-            const state = leaderOf(await conn.send(observeArgs(key)));
+            const state = leaderOf(await within(conn.send(observeArgs(key)), p.OBSERVE_GRACE_MS));
             if (last === undefined || !sameLeader(state, last)) next = state;
           } else {
             if (!pending) {
@@ -180,14 +188,15 @@ export class Locks {
               // change made since (a proclaim keeps the fence) is answered
               // at once.
               const seen = last as Leader | null;
-              const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, seen, exact));
+              const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, seen, exact, waitMs));
               pending = wait;
               wait.catch(() => {}); // read below, or dropped with the connection
-              const state = leaderOf(await now);
+              const state = leaderOf(await within(now, p.OBSERVE_GRACE_MS));
               if (!sameLeader(state, last as Leader | null)) next = state;
             }
             if (next === undefined) {
-              const reply = await pending;
+              // Bounded here too: the server answers nil when the wait ends.
+              const reply = await within(pending, waitMs + p.OBSERVE_GRACE_MS);
               pending = undefined;
               if (reply !== null && reply !== undefined) {
                 const state = leaderOf(reply);
@@ -336,6 +345,20 @@ function passing(e: unknown): boolean {
   if (!(e instanceof Error) || e instanceof TypeError || e instanceof RangeError || e instanceof ReferenceError) return false;
   if (!isReply(e)) return true;
   return PASSING.has(e.message.split(' ', 1)[0]);
+}
+
+/** No answer came within an observer's bound: its connection counts as
+ * lost (and is replaced, as a lost one is). */
+class SilentConnectionError extends Error {}
+
+/** `promise`, or a `SilentConnectionError` if it has not settled within
+ * `ms`. */
+function within<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const silent = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new SilentConnectionError(`no answer within ${ms} ms: the connection counts as lost`)), ms);
+  });
+  return Promise.race([promise, silent]).finally(() => clearTimeout(timer));
 }
 
 /** Waits `ms`, or until `signal` aborts. */

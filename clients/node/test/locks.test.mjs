@@ -13,7 +13,7 @@ import {
 } from 'redis-lock-client';
 
 import { CLIENTS } from './clients.mjs';
-import { Server } from './server.mjs';
+import { Proxy, Server } from './server.mjs';
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
@@ -322,6 +322,50 @@ each('a break closes the observer: no blocked client is left; an abort ends it t
     'no blocked client left');
   await lease.release();
 });
+
+for (const kind of CLIENTS) {
+  // Its connection stays open but carries nothing (a host gone, a NAT that
+  // forgot the flow): without a bound of its own the observer waited for
+  // ever and missed the leader.
+  test(`an observer replaces a connection that went quiet (${kind.name})`, async () => {
+    const server = await Server.start();
+    const proxy = await Proxy.start(server.port);
+    const direct = await kind.open(server.port);
+    const via = await kind.open(proxy.port);
+    const locks = new Locks(direct);
+    const quietLocks = new Locks(via);
+    // Ends the observer whatever happened (a failed assertion leaves it
+    // waiting, which would keep the test process alive).
+    const stop = new AbortController();
+    try {
+      const changes = reader(quietLocks.observe('election', { checkIntervalMs: 200, signal: stop.signal }));
+      assert.equal(await changes.next(), null, 'vacant at first');
+      const waiting = changes.next(20_000);
+      await eventually(async () => (await blockedClients(server)) === 1, 'the observer waits in the server');
+      proxy.silence();
+      const a = await locks.campaign('election', 'v1');
+      // The wait (0.2 s) and the grace (5 s), then a new connection.
+      assert.deepEqual(await waiting, { fence: a.fence, value: 'v1' }, 'told through a new connection');
+      assert.ok(proxy.connections >= 2);
+      await a.release();
+      assert.equal(await changes.next(), null);
+      await changes.return();
+      assert.throws(() => quietLocks.observe('election', { checkIntervalMs: 0 }), RangeError);
+      assert.throws(() => quietLocks.observe('election', { checkIntervalMs: Infinity }), /checkIntervalMs/);
+    } finally {
+      stop.abort();
+      // The proxy first: what still goes through it (a quit on a silenced
+      // connection) fails then rather than waiting.
+      await proxy.close();
+      await quietLocks.close().catch(() => {});
+      await locks.close();
+      await kind.close(direct).catch(() => {});
+      if (via.disconnect) via.disconnect();
+      else await kind.close(via).catch(() => {});
+      await server.stop();
+    }
+  });
+}
 
 each('an observer resumes after its connection is killed, without a repeat or a miss', async (locks, server) => {
   const a = await locks.campaign('election', 'v1');

@@ -130,3 +130,50 @@ export class Server {
     rmSync(this.dir, { recursive: true, force: true });
   }
 }
+
+/** A TCP proxy on 127.0.0.1 in front of `upstream` (a port), for a
+ * connection that goes quiet: `silence()` keeps every connection it
+ * carries open but lets no byte through either way (a host gone, a NAT
+ * that forgot the flow: nothing is closed or reset); connections made
+ * after it pass. `close()` ends everything. */
+export class Proxy {
+  static start(upstream) {
+    const proxy = new Proxy();
+    proxy.pairs = [];
+    proxy.server = createServer((client) => {
+      const up = connect(upstream, '127.0.0.1');
+      const pair = { client, up, quiet: false };
+      proxy.pairs.push(pair);
+      client.on('data', (d) => pair.quiet || up.write(d));
+      up.on('data', (d) => pair.quiet || client.write(d));
+      for (const [a, b] of [[client, up], [up, client]]) {
+        a.on('end', () => b.end());
+        a.on('error', () => b.destroy());
+      }
+    });
+    return new Promise((resolve, reject) => {
+      proxy.server.listen(0, '127.0.0.1', () => {
+        proxy.port = proxy.server.address().port;
+        resolve(proxy);
+      });
+      proxy.server.on('error', reject);
+    });
+  }
+
+  /** How many connections it has accepted. */
+  get connections() {
+    return this.pairs.length;
+  }
+
+  silence() {
+    for (const pair of this.pairs) pair.quiet = true;
+  }
+
+  close() {
+    for (const { client, up } of this.pairs) {
+      client.destroy();
+      up.destroy();
+    }
+    return new Promise((resolve) => this.server.close(() => resolve()));
+  }
+}

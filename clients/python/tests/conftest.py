@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -109,3 +110,71 @@ def plain_server() -> Iterator[Server]:
         yield s
     finally:
         s.stop()
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 in front of ``upstream`` (a port), for a
+    connection that goes quiet: :meth:`silence` keeps every connection it
+    carries open but lets no byte through either way (a host gone, a NAT
+    that forgot the flow: nothing is closed or reset); connections made
+    after it pass. Plain threads; :meth:`close` closes everything."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._conns: List[tuple] = []  # (client, upstream, quiet)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def connections(self) -> int:
+        """How many connections it has accepted."""
+        with self._lock:
+            return len(self._conns)
+
+    def silence(self) -> None:
+        with self._lock:
+            for _, _, quiet in self._conns:
+                quiet.set()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:
+                return
+            quiet = threading.Event()
+            with self._lock:
+                self._conns.append((client, upstream, quiet))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b, quiet), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, quiet: threading.Event) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            if quiet.is_set():
+                continue  # lost on the way, for good
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            for client, upstream, _ in self._conns:
+                client.close()
+                upstream.close()

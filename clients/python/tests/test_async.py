@@ -340,6 +340,35 @@ def test_async_closing_or_cancelling_an_observer_leaves_no_blocked_client(server
     run(main())
 
 
+def test_async_observer_replaces_a_connection_that_went_quiet(server):
+    # As the sync one: the wait is bounded by the observer, not by the
+    # client's socket_timeout (none here).
+    from conftest import Proxy
+
+    proxy = Proxy(server.port)
+    r = server.client()
+
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        async with Locks(aredis.Redis(port=proxy.port)).observe("election", check_interval=0.2) as observer:
+            assert await asyncio.wait_for(observer.__anext__(), 5) is None, "vacant at first"
+            waiting = asyncio.ensure_future(observer.__anext__())
+            await eventually(lambda: blocked_clients(r) == 1, what="the observer waits in the server")
+            proxy.silence()
+            a = await locks.campaign("election", "v1")
+            assert await asyncio.wait_for(waiting, 20) == Leader(a.fence, b"v1"), "told through a new connection"
+            assert proxy.connections() >= 2
+            await a.release()
+        with pytest.raises(ValueError, match="check_interval"):
+            locks.observe("election", check_interval=0)
+        await locks.aclose()
+
+    try:
+        run(main())
+    finally:
+        proxy.close()
+
+
 def test_async_observer_resumes_after_its_connection_is_killed(server):
     r = server.client()
 

@@ -472,6 +472,40 @@ def test_closing_an_observer_leaves_no_blocked_client(server):
     lease.release()
 
 
+def test_an_observer_replaces_a_connection_that_went_quiet(server):
+    # Its connection stays open but carries nothing (a host gone, a NAT
+    # that forgot the flow): redis-py's default socket_timeout is none, so
+    # without a bound of its own it waited for ever and missed the leader.
+    from conftest import Proxy
+
+    proxy = Proxy(server.port)
+    try:
+        r = server.client()
+        locks = Locks(r)
+        with Locks(redis.Redis(port=proxy.port)).observe("election", check_interval=0.2) as observer:
+            pump = Pump(observer)
+            assert pump.get() is None, "vacant at first"
+            eventually(lambda: blocked_clients(r) == 1, what="the observer waits in the server")
+            proxy.silence()
+            a = locks.campaign("election", "v1")
+            # The wait (0.2 s) and the grace (5 s), then a new connection.
+            assert pump.get(within=20) == Leader(a.fence, b"v1"), "told through a new connection"
+            assert proxy.connections() >= 2
+            a.release()
+            assert pump.get() is None
+    finally:
+        proxy.close()
+
+
+def test_an_observers_check_interval_is_checked(server):
+    locks = Locks(server.client())
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="check_interval"):
+            locks.observe("election", check_interval=bad)
+    with pytest.raises(TypeError, match="check_interval"):
+        locks.observe("election", check_interval="30")  # type: ignore[arg-type]
+
+
 def test_an_observer_resumes_after_its_connection_is_killed_without_a_repeat_or_a_miss(server):
     r = server.client()
     locks = Locks(r)

@@ -34,6 +34,12 @@ export interface ObserveOptions {
     /** Ends the stream: its connection is closed, and the loop throws the
      * abort's reason (as `events.on` does). */
     signal?: AbortSignal;
+    /** How long each wait lasts in the server (ms; default 30 000) before it
+     * is sent again. A connection that answers nothing for that and 5 s
+     * more counts as lost and is replaced: one that went quiet without
+     * closing (a host gone, a NAT that forgot the flow) is not waited on
+     * for ever. */
+    checkIntervalMs?: number;
 }
 /** `locks.observe(key)`: the leaders of a key as they change. */
 export type Observer = AsyncGenerator<Leader | null, void, undefined>;

@@ -1,4 +1,37 @@
 "use strict";
+var __createBinding = (this && this.__createBinding) || (Object.create ? (function(o, m, k, k2) {
+    if (k2 === undefined) k2 = k;
+    var desc = Object.getOwnPropertyDescriptor(m, k);
+    if (!desc || ("get" in desc ? !m.__esModule : desc.writable || desc.configurable)) {
+      desc = { enumerable: true, get: function() { return m[k]; } };
+    }
+    Object.defineProperty(o, k2, desc);
+}) : (function(o, m, k, k2) {
+    if (k2 === undefined) k2 = k;
+    o[k2] = m[k];
+}));
+var __setModuleDefault = (this && this.__setModuleDefault) || (Object.create ? (function(o, v) {
+    Object.defineProperty(o, "default", { enumerable: true, value: v });
+}) : function(o, v) {
+    o["default"] = v;
+});
+var __importStar = (this && this.__importStar) || (function () {
+    var ownKeys = function(o) {
+        ownKeys = Object.getOwnPropertyNames || function (o) {
+            var ar = [];
+            for (var k in o) if (Object.prototype.hasOwnProperty.call(o, k)) ar[ar.length] = k;
+            return ar;
+        };
+        return ownKeys(o);
+    };
+    return function (mod) {
+        if (mod && mod.__esModule) return mod;
+        var result = {};
+        if (mod != null) for (var k = ownKeys(mod), i = 0; i < k.length; i++) if (k[i] !== "default") __createBinding(result, mod, k[i]);
+        __setModuleDefault(result, mod);
+        return result;
+    };
+})();
 Object.defineProperty(exports, "__esModule", { value: true });
 exports.Locks = void 0;
 // Taking locks: `Locks` over the user's own client.
@@ -6,6 +39,7 @@ const client_js_1 = require("./client.js");
 const errors_js_1 = require("./errors.js");
 const keys_js_1 = require("./keys.js");
 const lease_js_1 = require("./lease.js");
+const p = __importStar(require("./protocol.js"));
 /** An observer that lost its connection tries again after these waits
  * (doubling from the first up to the second, ms), for ever until stopped. */
 const OBSERVE_BACKOFF_MS = [50, 1000];
@@ -89,9 +123,10 @@ class Locks {
      * was, without a repeat or a miss. Other server errors end it, thrown. */
     observe(key, options = {}) {
         new keys_js_1.Keys([key]);
-        return this.observing(key, options.signal);
+        const waitMs = (0, keys_js_1.checkMs)(options.checkIntervalMs ?? p.OBSERVE_WAIT_MS, 'checkIntervalMs');
+        return this.observing(key, waitMs, options.signal);
     }
-    async *observing(key, signal) {
+    async *observing(key, waitMs, signal) {
         let conn;
         // The last item given; undefined: none yet.
         let last;
@@ -117,7 +152,7 @@ class Locks {
                     if (fresh) {
                         // First, and after a reconnect: the state now, given if it is
                         // not the last one given.
-                        const state = (0, keys_js_1.leaderOf)(await conn.send((0, keys_js_1.observeArgs)(key)));
+                        const state = (0, keys_js_1.leaderOf)(await within(conn.send((0, keys_js_1.observeArgs)(key)), p.OBSERVE_GRACE_MS));
                         if (last === undefined || !(0, keys_js_1.sameLeader)(state, last))
                             next = state;
                     }
@@ -128,15 +163,16 @@ class Locks {
                             // change made since (a proclaim keeps the fence) is answered
                             // at once.
                             const seen = last;
-                            const [now, wait] = conn.sendPair((0, keys_js_1.observeArgs)(key), (0, keys_js_1.observeArgs)(key, seen, exact));
+                            const [now, wait] = conn.sendPair((0, keys_js_1.observeArgs)(key), (0, keys_js_1.observeArgs)(key, seen, exact, waitMs));
                             pending = wait;
                             wait.catch(() => { }); // read below, or dropped with the connection
-                            const state = (0, keys_js_1.leaderOf)(await now);
+                            const state = (0, keys_js_1.leaderOf)(await within(now, p.OBSERVE_GRACE_MS));
                             if (!(0, keys_js_1.sameLeader)(state, last))
                                 next = state;
                         }
                         if (next === undefined) {
-                            const reply = await pending;
+                            // Bounded here too: the server answers nil when the wait ends.
+                            const reply = await within(pending, waitMs + p.OBSERVE_GRACE_MS);
                             pending = undefined;
                             if (reply !== null && reply !== undefined) {
                                 const state = (0, keys_js_1.leaderOf)(reply);
@@ -292,6 +328,19 @@ function passing(e) {
     if (!isReply(e))
         return true;
     return PASSING.has(e.message.split(' ', 1)[0]);
+}
+/** No answer came within an observer's bound: its connection counts as
+ * lost (and is replaced, as a lost one is). */
+class SilentConnectionError extends Error {
+}
+/** `promise`, or a `SilentConnectionError` if it has not settled within
+ * `ms`. */
+function within(promise, ms) {
+    let timer;
+    const silent = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new SilentConnectionError(`no answer within ${ms} ms: the connection counts as lost`)), ms);
+    });
+    return Promise.race([promise, silent]).finally(() => clearTimeout(timer));
 }
 /** Waits `ms`, or until `signal` aborts. */
 function pause(ms, signal) {

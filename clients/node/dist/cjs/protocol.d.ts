@@ -25,3 +25,5 @@ export declare const NOT_HELD = "NOTHELD";
 export declare const STALE_FENCE = "STALEFENCE";
 export declare const NOT_GUARDABLE = "NOTGUARDABLE";
 export declare const MAX_BLOCK_MS = 316224000000;
+export declare const OBSERVE_WAIT_MS = 30000;
+export declare const OBSERVE_GRACE_MS = 5000;

@@ -7,10 +7,11 @@ export interface Leader {
     readonly value: string | null;
 }
 /** `LOCK.OBSERVE key` (the state now), or given what was `seen`, `AFTER
- * fence VALUE v BLOCK 0`: wait until the key is no longer led by it with
- * its value (`null`: until it is no longer vacant, `AFTER 0`). Without
- * `withValue`, the wait names the fence alone (the holder's value now). */
-export declare const observeArgs: (key: string, seen?: Leader | null, withValue?: boolean) => Arg[];
+ * fence VALUE v BLOCK waitMs`: wait until the key is no longer led by it
+ * with its value (`null`: until it is no longer vacant, `AFTER 0`), nil
+ * after `waitMs`. Without `withValue`, the wait names the fence alone (the
+ * holder's value now). */
+export declare const observeArgs: (key: string, seen?: Leader | null, withValue?: boolean, waitMs?: number) => Arg[];
 /** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
  * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */
 export declare function leaderOf(reply: unknown): Leader | null;

@@ -1,16 +1,17 @@
 import * as p from './protocol.js';
 const { OBSERVE, AFTER, VALUE } = p;
 /** `LOCK.OBSERVE key` (the state now), or given what was `seen`, `AFTER
- * fence VALUE v BLOCK 0`: wait until the key is no longer led by it with
- * its value (`null`: until it is no longer vacant, `AFTER 0`). Without
- * `withValue`, the wait names the fence alone (the holder's value now). */
-export const observeArgs = (key, seen, withValue = true) => {
+ * fence VALUE v BLOCK waitMs`: wait until the key is no longer led by it
+ * with its value (`null`: until it is no longer vacant, `AFTER 0`), nil
+ * after `waitMs`. Without `withValue`, the wait names the fence alone (the
+ * holder's value now). */
+export const observeArgs = (key, seen, withValue = true, waitMs = p.OBSERVE_WAIT_MS) => {
     if (seen === undefined)
         return [OBSERVE, key];
     if (seen === null)
-        return [OBSERVE, key, AFTER, 0, p.BLOCK, 0];
+        return [OBSERVE, key, AFTER, 0, p.BLOCK, waitMs];
     const named = withValue ? [VALUE, seen.value ?? ''] : [];
-    return [OBSERVE, key, AFTER, seen.fence, ...named, p.BLOCK, 0];
+    return [OBSERVE, key, AFTER, seen.fence, ...named, p.BLOCK, waitMs];
 };
 /** `LOCK.OBSERVE`'s reply (a flat array on RESP2, a map or an object on
  * RESP3) as a `Leader`, or null when nobody holds the key (fence 0). */

@@ -3,6 +3,7 @@ import { wrap } from './client.js';
 import { LockLostError, NotAcquiredError, translate } from './errors.js';
 import { checkMs, checkValue, Keys, leaderOf, observeArgs, randomToken, sameLeader } from './keys.js';
 import { Lease } from './lease.js';
+import * as p from './protocol.js';
 /** An observer that lost its connection tries again after these waits
  * (doubling from the first up to the second, ms), for ever until stopped. */
 const OBSERVE_BACKOFF_MS = [50, 1000];
@@ -86,9 +87,10 @@ export class Locks {
      * was, without a repeat or a miss. Other server errors end it, thrown. */
     observe(key, options = {}) {
         new Keys([key]);
-        return this.observing(key, options.signal);
+        const waitMs = checkMs(options.checkIntervalMs ?? p.OBSERVE_WAIT_MS, 'checkIntervalMs');
+        return this.observing(key, waitMs, options.signal);
     }
-    async *observing(key, signal) {
+    async *observing(key, waitMs, signal) {
         let conn;
         // The last item given; undefined: none yet.
         let last;
@@ -114,7 +116,7 @@ export class Locks {
                     if (fresh) {
                         // First, and after a reconnect: the state now, given if it is
                         // not the last one given.
-                        const state = leaderOf(await conn.send(observeArgs(key)));
+                        const state = leaderOf(await within(conn.send(observeArgs(key)), p.OBSERVE_GRACE_MS));
                         if (last === undefined || !sameLeader(state, last))
                             next = state;
                     }
@@ -125,15 +127,16 @@ export class Locks {
                             // change made since (a proclaim keeps the fence) is answered
                             // at once.
                             const seen = last;
-                            const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, seen, exact));
+                            const [now, wait] = conn.sendPair(observeArgs(key), observeArgs(key, seen, exact, waitMs));
                             pending = wait;
                             wait.catch(() => { }); // read below, or dropped with the connection
-                            const state = leaderOf(await now);
+                            const state = leaderOf(await within(now, p.OBSERVE_GRACE_MS));
                             if (!sameLeader(state, last))
                                 next = state;
                         }
                         if (next === undefined) {
-                            const reply = await pending;
+                            // Bounded here too: the server answers nil when the wait ends.
+                            const reply = await within(pending, waitMs + p.OBSERVE_GRACE_MS);
                             pending = undefined;
                             if (reply !== null && reply !== undefined) {
                                 const state = leaderOf(reply);
@@ -288,6 +291,19 @@ function passing(e) {
     if (!isReply(e))
         return true;
     return PASSING.has(e.message.split(' ', 1)[0]);
+}
+/** No answer came within an observer's bound: its connection counts as
+ * lost (and is replaced, as a lost one is). */
+class SilentConnectionError extends Error {
+}
+/** `promise`, or a `SilentConnectionError` if it has not settled within
+ * `ms`. */
+function within(promise, ms) {
+    let timer;
+    const silent = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new SilentConnectionError(`no answer within ${ms} ms: the connection counts as lost`)), ms);
+    });
+    return Promise.race([promise, silent]).finally(() => clearTimeout(timer));
 }
 /** Waits `ms`, or until `signal` aborts. */
 function pause(ms, signal) {

@@ -1,7 +1,7 @@
 // Generated from core/src/protocol.rs by tests/client_protocol.rs
 // (CLIENT_PROTOCOL_BLESS=1 cargo test --test client_protocol rewrites it):
-// the command names, option words and error codes the module and every
-// client share. Do not edit.
+// the command names, option words, error codes and waits the module and
+// every client share. Do not edit.
 export const ACQUIRE = 'LOCK.ACQUIRE';
 export const RELEASE = 'LOCK.RELEASE';
 export const EXTEND = 'LOCK.EXTEND';
@@ -29,3 +29,5 @@ export const NOT_HELD = 'NOTHELD';
 export const STALE_FENCE = 'STALEFENCE';
 export const NOT_GUARDABLE = 'NOTGUARDABLE';
 export const MAX_BLOCK_MS = 316224000000;
+export const OBSERVE_WAIT_MS = 30000;
+export const OBSERVE_GRACE_MS = 5000;

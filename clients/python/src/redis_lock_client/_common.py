@@ -49,20 +49,21 @@ def check_value(value: Any) -> Value:
 
 
 def observe_args(
-    key: Any, seen: Optional["Leader"] = None, wait: bool = False, with_value: bool = True
+    key: Any, seen: Optional["Leader"] = None, wait_ms: int = 0, with_value: bool = True
 ) -> List[Any]:
-    """``LOCK.OBSERVE key`` (the state now), or with ``wait``, ``AFTER fence
-    VALUE v BLOCK 0``: wait until the key is no longer led by ``seen`` with
-    its value (``None``: until it is no longer vacant, ``AFTER 0``); without
-    ``with_value``, on the fence alone (the holder's value now)."""
-    if not wait:
+    """``LOCK.OBSERVE key`` (the state now), or with ``wait_ms``, ``AFTER
+    fence VALUE v BLOCK wait_ms``: wait until the key is no longer led by
+    ``seen`` with its value (``None``: until it is no longer vacant, ``AFTER
+    0``), nil after ``wait_ms``; without ``with_value``, on the fence alone
+    (the holder's value now)."""
+    if not wait_ms:
         return [OBSERVE, key]
     if seen is None:
-        return [OBSERVE, key, AFTER, 0, p.BLOCK, 0]
+        return [OBSERVE, key, AFTER, 0, p.BLOCK, wait_ms]
     if not with_value:
-        return [OBSERVE, key, AFTER, seen.fence, p.BLOCK, 0]
+        return [OBSERVE, key, AFTER, seen.fence, p.BLOCK, wait_ms]
     value = b"" if seen.value is None else seen.value
-    return [OBSERVE, key, AFTER, seen.fence, p.VALUE, value, p.BLOCK, 0]
+    return [OBSERVE, key, AFTER, seen.fence, p.VALUE, value, p.BLOCK, wait_ms]
 
 
 def leader_of(reply: Any) -> Optional[Leader]:
@@ -84,6 +85,21 @@ def leader_of(reply: Any) -> Optional[Leader]:
 #: An observer that lost its connection tries again after these waits
 #: (doubling from the first up to the last), for ever, until closed.
 OBSERVE_BACKOFF_S = (0.05, 1.0)
+
+#: How long each wait of an observer lasts in the server before it answers
+#: nil and is sent again (``observe(check_interval=...)``'s default, s).
+OBSERVE_WAIT_S = p.OBSERVE_WAIT_MS / 1000
+
+#: How long past its wait (or, for the state now, at all) an observer waits
+#: for an answer before its connection counts as gone and is replaced: a
+#: connection that went quiet without closing (a host gone, a NAT that
+#: forgot the flow) costs a follower at most the wait and this.
+OBSERVE_GRACE_S = p.OBSERVE_GRACE_MS / 1000
+
+
+class Silent(RedisConnectionError):
+    """No answer came within an observer's bound: its connection counts as
+    gone (a lost connection, ridden out like one)."""
 
 #: Server errors that pass (a restart loading its data, a failover): an
 #: observer retries them as it does a lost connection.

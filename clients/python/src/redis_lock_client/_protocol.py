@@ -1,7 +1,7 @@
 # Generated from core/src/protocol.rs by tests/client_protocol.rs
 # (CLIENT_PROTOCOL_BLESS=1 cargo test --test client_protocol rewrites it):
-# the command names, option words and error codes the module and every
-# client share. Do not edit.
+# the command names, option words, error codes and waits the module and
+# every client share. Do not edit.
 ACQUIRE = "LOCK.ACQUIRE"
 RELEASE = "LOCK.RELEASE"
 EXTEND = "LOCK.EXTEND"
@@ -29,3 +29,5 @@ NOT_HELD = "NOTHELD"
 STALE_FENCE = "STALEFENCE"
 NOT_GUARDABLE = "NOTGUARDABLE"
 MAX_BLOCK_MS = 316224000000
+OBSERVE_WAIT_MS = 30000
+OBSERVE_GRACE_MS = 5000

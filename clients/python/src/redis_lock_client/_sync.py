@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from . import _common as c
+from . import _protocol as p
 from ._common import Leader
 from .errors import LockLost, NotAcquired
 
@@ -481,15 +482,19 @@ class Locks:
         c.Keys.of([key], False, None)
         return c.leader_of(self._call(*c.observe_args(key)))
 
-    def observe(self, key: str) -> "Observer":
+    def observe(self, key: str, *, check_interval: float = c.OBSERVE_WAIT_S) -> "Observer":
         """The leaders of ``key`` as they change: an iterator of
         :class:`Leader` (None: vacant), the state now first, then one item
         per change (a new leader, a vacancy, a proclaim). It holds one
         connection of its own; ``close()`` it (or use ``with``). A lost
         connection is opened again and the stream resumes where it was,
-        without a repeat or a miss."""
+        without a repeat or a miss. Each wait lasts ``check_interval``
+        seconds in the server (then it is sent again); a connection that
+        answers nothing for that and 5 s more counts as lost, so one that
+        went quiet without closing is replaced, whatever the client's
+        ``socket_timeout``."""
         c.Keys.of([key], False, None)
-        return Observer(self, key)
+        return Observer(self, key, c.to_ms(check_interval, "check_interval"))
 
     @contextmanager
     def _held(self, keys: c.Keys, ttl: float, timeout: Optional[float]) -> Iterator[Lease]:
@@ -645,9 +650,10 @@ class Observer:
     ``WRONGTYPE``, :class:`ModuleMissing`) close it and are raised.
     """
 
-    def __init__(self, locks: "Locks", key: str) -> None:
+    def __init__(self, locks: "Locks", key: str, wait_ms: int = p.OBSERVE_WAIT_MS) -> None:
         self._locks = locks
         self.key = key
+        self._wait_ms = wait_ms
         self._conn: Any = None
         self._pending = False  # a blocked OBSERVE's reply is still to come
         self._last: Any = _UNSEEN
@@ -703,17 +709,18 @@ class Observer:
         if not self._pending:
             if self._last is _UNSEEN:
                 conn.send_command(*c.observe_args(self.key))
-                return c.leader_of(conn.read_response())
+                return c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S))
             # The state now, and a wait for the next change, in one write;
             # the wait names the fence and the value last told, so a change
             # made since (a proclaim keeps the fence) is answered at once.
-            conn.send_packed_command(conn.pack_commands(
-                [c.observe_args(self.key), c.observe_args(self.key, self._last, wait=True, with_value=self._exact)]))
+            wait = c.observe_args(self.key, self._last, wait_ms=self._wait_ms, with_value=self._exact)
+            conn.send_packed_command(conn.pack_commands([c.observe_args(self.key), wait]))
             self._pending = True
-            now = c.leader_of(conn.read_response())
+            now = c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S))
             if now != self._last:
                 return now  # the wait's reply is the change after it
-        reply = conn.read_response()
+        # Bounded here too: the server answers nil when the wait ends.
+        reply = _read_within(conn, self._wait_ms / 1000 + c.OBSERVE_GRACE_S)
         self._pending = False
         if reply is None:
             return _NOTHING
@@ -754,3 +761,11 @@ class Observer:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _read_within(conn: Any, seconds: float) -> Any:
+    """The next reply on ``conn``, or :class:`Silent` when none began
+    within ``seconds``."""
+    if not conn.can_read(timeout=seconds):
+        raise c.Silent(f"no answer within {seconds:g} s: the connection counts as lost")
+    return conn.read_response()

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
     from redis.retry import Retry  # type: ignore[assignment]
 
 from . import _common as c
+from . import _protocol as p
 from ._common import Leader
 from .errors import (LockError, LockLost, ModuleMissing, NotAcquired, NotHeld,  # noqa: F401
                      StaleFence)
@@ -256,13 +257,14 @@ class Locks:
         c.Keys.of([key], False, None)
         return c.leader_of(await self._call(*c.observe_args(key)))
 
-    def observe(self, key: str) -> "Observer":
+    def observe(self, key: str, *, check_interval: float = c.OBSERVE_WAIT_S) -> "Observer":
         """``async for leader in locks.observe(key):`` the leaders of
         ``key`` as they change (None: vacant), the state now first. One
         connection of its own: ``await observer.aclose()``, or ``async
-        with``."""
+        with``. ``check_interval``: as the sync client's (a connection
+        silent for it and 5 s more is replaced)."""
         c.Keys.of([key], False, None)
-        return Observer(self, key)
+        return Observer(self, key, c.to_ms(check_interval, "check_interval"))
 
     @asynccontextmanager
     async def _held(self, keys: c.Keys, ttl: float,
@@ -432,9 +434,10 @@ class Observer:
     and resumes). Lost connections are retried with a short backoff and
     resume without a repeat or a miss."""
 
-    def __init__(self, locks: Locks, key: str) -> None:
+    def __init__(self, locks: Locks, key: str, wait_ms: int = p.OBSERVE_WAIT_MS) -> None:
         self._locks = locks
         self.key = key
+        self._wait_ms = wait_ms
         self._conn: Any = None
         self._pending = False
         self._last: Any = _UNSEEN
@@ -488,16 +491,17 @@ class Observer:
         if not self._pending:
             if self._last is _UNSEEN:
                 await conn.send_command(*c.observe_args(self.key))
-                return c.leader_of(await conn.read_response())
+                return c.leader_of(await _read_within(conn, c.OBSERVE_GRACE_S))
             # The state now and a wait for the next change in one write
             # (see redis_lock_client.Observer).
-            await conn.send_packed_command(conn.pack_commands(
-                [c.observe_args(self.key), c.observe_args(self.key, self._last, wait=True, with_value=self._exact)]))
+            wait = c.observe_args(self.key, self._last, wait_ms=self._wait_ms, with_value=self._exact)
+            await conn.send_packed_command(conn.pack_commands([c.observe_args(self.key), wait]))
             self._pending = True
-            now = c.leader_of(await conn.read_response())
+            now = c.leader_of(await _read_within(conn, c.OBSERVE_GRACE_S))
             if now != self._last:
                 return now
-        reply = await conn.read_response()
+        # Bounded here too: the server answers nil when the wait ends.
+        reply = await _read_within(conn, self._wait_ms / 1000 + c.OBSERVE_GRACE_S)
         self._pending = False
         if reply is None:
             return _NOTHING
@@ -533,3 +537,14 @@ class Observer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+async def _read_within(conn: Any, seconds: float) -> Any:
+    """The next reply on ``conn``, or :class:`Silent` when none came within
+    ``seconds`` (the read cut short: the connection is dropped). Not the
+    read's own ``timeout``: redis-py answers None then, which a wait's nil
+    cannot be told from."""
+    try:
+        return await asyncio.wait_for(conn.read_response(), seconds)
+    except asyncio.TimeoutError:
+        raise c.Silent(f"no answer within {seconds:g} s: the connection counts as lost") from None
