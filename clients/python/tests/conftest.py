@@ -112,69 +112,94 @@ def plain_server() -> Iterator[Server]:
         s.stop()
 
 
-class Proxy:
-    """A TCP proxy on 127.0.0.1 in front of ``upstream`` (a port), for a
-    connection that goes quiet: :meth:`silence` keeps every connection it
-    carries open but lets no byte through either way (a host gone, a NAT
-    that forgot the flow: nothing is closed or reset); connections made
-    after it pass. Plain threads; :meth:`close` closes everything."""
 
-    def __init__(self, upstream: int) -> None:
-        self.upstream = upstream
-        self._listener = socket.socket()
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(64)
-        self.port = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
-        self._conns: List[tuple] = []  # (client, upstream, quiet)
+class Stall:
+    """A TCP relay to a server on loopback that can be made to hang: once
+    stalled it forwards nothing either way and accepts no connection (the
+    kernel still completes the handshake, so a connect succeeds and the
+    reply never comes), as a server behind a broken network does. Once
+    silenced, the connections it carries then go quiet for good (open,
+    nothing closed or reset: a host gone, a NAT that forgot the flow) while
+    new ones pass. Closed: every connection ends."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.closed = False
+        self.socks: List[socket.socket] = []
+        # One per connection accepted: set, its bytes go nowhere.
+        self.quiet: List[threading.Event] = []
+        self.guard = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
-
-    def connections(self) -> int:
-        """How many connections it has accepted."""
-        with self._lock:
-            return len(self._conns)
-
-    def silence(self) -> None:
-        with self._lock:
-            for _, _, quiet in self._conns:
-                quiet.set()
 
     def _accept(self) -> None:
         while True:
+            self.flowing.wait()
             try:
-                client, _ = self._listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.upstream))
+                near, _ = self.listener.accept()
             except OSError:
                 return
+            try:
+                far = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                near.close()
+                continue
             quiet = threading.Event()
-            with self._lock:
-                self._conns.append((client, upstream, quiet))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b, quiet), daemon=True).start()
+            with self.guard:
+                self.socks += [near, far]
+                self.quiet.append(quiet)
+            for src, dst in ((near, far), (far, near)):
+                threading.Thread(target=self._pump, args=(src, dst, quiet), daemon=True).start()
 
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket, quiet: threading.Event) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, quiet: threading.Event) -> None:
         while True:
             try:
                 data = src.recv(65536)
             except OSError:
-                return
+                break
             if not data:
-                try:
-                    dst.shutdown(socket.SHUT_WR)
-                except OSError:
-                    pass
-                return
+                break
+            self.flowing.wait()  # stalled: the bytes go nowhere
+            if self.closed:
+                break
             if quiet.is_set():
-                continue  # lost on the way, for good
+                continue  # silenced: lost on the way, for good
             try:
                 dst.sendall(data)
             except OSError:
-                return
+                break
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def stall(self) -> None:
+        self.flowing.clear()
+
+    def silence(self) -> None:
+        with self.guard:
+            for quiet in self.quiet:
+                quiet.set()
+
+    def connections(self) -> int:
+        """How many connections it has accepted."""
+        with self.guard:
+            return len(self.quiet)
 
     def close(self) -> None:
-        self._listener.close()
-        with self._lock:
-            for client, upstream, _ in self._conns:
-                client.close()
-                upstream.close()
+        self.closed = True
+        self.listener.close()
+        with self.guard:
+            for s in self.socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+        self.flowing.set()

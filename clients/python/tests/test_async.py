@@ -343,9 +343,9 @@ def test_async_closing_or_cancelling_an_observer_leaves_no_blocked_client(server
 def test_async_observer_replaces_a_connection_that_went_quiet(server):
     # As the sync one: the wait is bounded by the observer, not by the
     # client's socket_timeout (none here).
-    from conftest import Proxy
+    from conftest import Stall
 
-    proxy = Proxy(server.port)
+    proxy = Stall(server.port)
     r = server.client()
 
     async def main():

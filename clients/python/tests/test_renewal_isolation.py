@@ -7,95 +7,19 @@ by every lease of the process, the asyncio one in a task per lease."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
-from typing import List
 
 import redis
 import redis.asyncio as aredis
 
-from conftest import Server
+from conftest import Server, Stall
 from redis_lock_client import Locks
 from redis_lock_client.asyncio import Locks as AsyncLocks
 
 #: How long the healthy lease is watched while the other server hangs: a
 #: dozen of its renewal periods (a third of its 1 s TTL).
 WATCH_S = 4.0
-
-
-class Stall:
-    """A TCP relay to a server on loopback that can be made to hang: once
-    stalled it forwards nothing either way and accepts no connection (the
-    kernel still completes the handshake, so a connect succeeds and the
-    reply never comes), as a server behind a broken network does. Closed:
-    every connection ends."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.flowing = threading.Event()
-        self.flowing.set()
-        self.closed = False
-        self.socks: List[socket.socket] = []
-        self.guard = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            self.flowing.wait()
-            try:
-                near, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                far = socket.create_connection(("127.0.0.1", self.target))
-            except OSError:
-                near.close()
-                continue
-            with self.guard:
-                self.socks += [near, far]
-            for src, dst in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                break
-            if not data:
-                break
-            self.flowing.wait()  # stalled: the bytes go nowhere
-            if self.closed:
-                break
-            try:
-                dst.sendall(data)
-            except OSError:
-                break
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def stall(self) -> None:
-        self.flowing.clear()
-
-    def close(self) -> None:
-        self.closed = True
-        self.listener.close()
-        with self.guard:
-            for s in self.socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-        self.flowing.set()
 
 
 def test_a_renewal_hung_on_one_server_delays_no_other_lease(server):

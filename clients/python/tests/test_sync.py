@@ -476,9 +476,9 @@ def test_an_observer_replaces_a_connection_that_went_quiet(server):
     # Its connection stays open but carries nothing (a host gone, a NAT
     # that forgot the flow): redis-py's default socket_timeout is none, so
     # without a bound of its own it waited for ever and missed the leader.
-    from conftest import Proxy
+    from conftest import Stall
 
-    proxy = Proxy(server.port)
+    proxy = Stall(server.port)
     try:
         r = server.client()
         locks = Locks(r)

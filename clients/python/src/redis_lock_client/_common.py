@@ -98,8 +98,11 @@ OBSERVE_GRACE_S = p.OBSERVE_GRACE_MS / 1000
 
 
 class Silent(RedisConnectionError):
-    """No answer came within an observer's bound: its connection counts as
-    gone (a lost connection, ridden out like one)."""
+    """No answer came within an observer's bound of ``seconds``: its
+    connection counts as gone (a lost connection, ridden out like one)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer within {seconds:g} s: the connection counts as lost")
 
 #: Server errors that pass (a restart loading its data, a failover): an
 #: observer retries them as it does a lost connection.

@@ -767,5 +767,5 @@ def _read_within(conn: Any, seconds: float) -> Any:
     """The next reply on ``conn``, or :class:`Silent` when none began
     within ``seconds``."""
     if not conn.can_read(timeout=seconds):
-        raise c.Silent(f"no answer within {seconds:g} s: the connection counts as lost")
+        raise c.Silent(seconds)
     return conn.read_response()

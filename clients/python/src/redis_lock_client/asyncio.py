@@ -547,4 +547,4 @@ async def _read_within(conn: Any, seconds: float) -> Any:
     try:
         return await asyncio.wait_for(conn.read_response(), seconds)
     except asyncio.TimeoutError:
-        raise c.Silent(f"no answer within {seconds:g} s: the connection counts as lost") from None
+        raise c.Silent(seconds) from None
