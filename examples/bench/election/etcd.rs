@@ -465,34 +465,44 @@ pub(super) fn etcd_side(etcd: &Etcd, r: &Rounds, variant: usize) -> Result<Measu
         }
     }
 
-    // 3. A change → every one of 16 observers told.
-    for round in 0..r.observe {
-        let e = name("observe", round);
-        let (la, lb) = (a.grant()?, b.grant()?);
-        let leader = a.campaign(&e, &la)?;
-        let mut observers = Vec::new();
-        for _ in 0..OBSERVERS {
-            observers.push(EtcdClient::observer(etcd, &e)?);
+    // 3. A change → every one of 16 observers told; again with the CPUs
+    // kept from idling.
+    for (no_idle, what, out) in [
+        (false, "observe", &mut m.observers),
+        (true, "observe-no-idle", &mut m.observers_no_idle),
+    ] {
+        let held = no_idle.then(NoIdle::hold);
+        if held.as_ref().is_some_and(Option::is_none) {
+            continue; // not to be had: the row stays empty
         }
-        b.send_campaign(&e, &lb)?;
-        admin.until_candidates(&e, 2)?;
-        std::thread::sleep(SETTLE);
-        let t0 = Instant::now();
-        a.send_resign(&leader)?;
-        let mut campaign = Campaign(&mut b.http);
-        let mut told: Vec<NextLeader> = observers
-            .iter_mut()
-            .map(|(h, old)| NextLeader { h, old })
-            .collect();
-        let mut waited: Vec<&mut dyn Awaited> = vec![&mut campaign];
-        waited.extend(told.iter_mut().map(|t| t as &mut dyn Awaited));
-        let at = until_each(&mut waited, None)?;
-        for t in since(t0, &at[1..]) {
-            m.observers.push(t.ok_or("an observer's stream failed")?);
+        for round in 0..r.observe {
+            let e = name(what, round);
+            let (la, lb) = (a.grant()?, b.grant()?);
+            let leader = a.campaign(&e, &la)?;
+            let mut observers = Vec::new();
+            for _ in 0..OBSERVERS {
+                observers.push(EtcdClient::observer(etcd, &e)?);
+            }
+            b.send_campaign(&e, &lb)?;
+            admin.until_candidates(&e, 2)?;
+            std::thread::sleep(SETTLE);
+            let t0 = Instant::now();
+            a.send_resign(&leader)?;
+            let mut campaign = Campaign(&mut b.http);
+            let mut told: Vec<NextLeader> = observers
+                .iter_mut()
+                .map(|(h, old)| NextLeader { h, old })
+                .collect();
+            let mut waited: Vec<&mut dyn Awaited> = vec![&mut campaign];
+            waited.extend(told.iter_mut().map(|t| t as &mut dyn Awaited));
+            let at = until_each(&mut waited, None)?;
+            for t in since(t0, &at[1..]) {
+                out.push(t.ok_or("an observer's stream failed")?);
+            }
+            a.http.response()?;
+            a.revoke(&la);
+            b.revoke(&lb);
         }
-        a.http.response()?;
-        a.revoke(&la);
-        b.revoke(&lb);
     }
 
     // 4a. Vacancy: the leader resigns with nobody in line.
@@ -515,23 +525,33 @@ pub(super) fn etcd_side(etcd: &Etcd, r: &Rounds, variant: usize) -> Result<Measu
 
     // 2. Leader killed → next leader: the leader renews its lease once
     // more, then stops (no resign, no revoke); the next candidate keeps its
-    // own lease alive while it waits, as a client session does.
-    for round in 0..r.killed {
-        let e = name("killed", round);
-        let (la, lb) = (a.grant()?, b.grant()?);
-        a.campaign(&e, &la)?;
-        let (stop, keeper) = keep_alive(etcd, lb.clone())?;
-        b.send_campaign(&e, &lb)?;
-        let elapsed = admin.until_candidates(&e, 2).and_then(|()| {
-            let t0 = Instant::now();
-            a.keepalive(&la)?;
-            let at = until_each(&mut [&mut Campaign(&mut b.http)], None)?;
-            since(t0, &at)[0].ok_or("no campaign answer".to_string())
-        });
-        let _ = stop.send(());
-        let _ = keeper.join();
-        m.killed.push(elapsed?);
-        b.revoke(&lb);
+    // own lease alive while it waits, as a client session does. Again with
+    // the CPUs kept from idling.
+    for (no_idle, what, out) in [
+        (false, "killed", &mut m.killed),
+        (true, "killed-no-idle", &mut m.killed_no_idle),
+    ] {
+        let held = no_idle.then(NoIdle::hold);
+        if held.as_ref().is_some_and(Option::is_none) {
+            continue; // not to be had: the row stays empty
+        }
+        for round in 0..r.killed {
+            let e = name(what, round);
+            let (la, lb) = (a.grant()?, b.grant()?);
+            a.campaign(&e, &la)?;
+            let (stop, keeper) = keep_alive(etcd, lb.clone())?;
+            b.send_campaign(&e, &lb)?;
+            let elapsed = admin.until_candidates(&e, 2).and_then(|()| {
+                let t0 = Instant::now();
+                a.keepalive(&la)?;
+                let at = until_each(&mut [&mut Campaign(&mut b.http)], None)?;
+                since(t0, &at)[0].ok_or("no campaign answer".to_string())
+            });
+            let _ = stop.send(());
+            let _ = keeper.join();
+            out.push(elapsed?);
+            b.revoke(&lb);
+        }
     }
 
     // 4b. Vacancy: the lease runs out with nobody in line.

@@ -121,24 +121,31 @@ pub(super) fn module_side(server: &Server, r: &Rounds) -> Measured {
         }
     }
 
-    // 3. A change → every one of 16 observers told.
+    // 3. A change → every one of 16 observers told; again with the CPUs
+    // kept from idling.
     let mut observers: Vec<RawConn> = (0..OBSERVERS).map(|_| RawConn::connect(server)).collect();
-    for _ in 0..r.observe {
-        let fa = acquire(&mut a, "candidate-a");
-        send_campaign(&mut b, "candidate-b");
-        for o in &mut observers {
-            send_observe(o, fa);
+    for (no_idle, out) in [(false, &mut m.observers), (true, &mut m.observers_no_idle)] {
+        let held = no_idle.then(NoIdle::hold);
+        if held.as_ref().is_some_and(Option::is_none) {
+            continue; // not to be had: the row stays empty
         }
-        until_blocked(&mut admin, 1 + OBSERVERS as u64);
-        std::thread::sleep(SETTLE);
-        let t0 = Instant::now();
-        send_release(&mut a, "candidate-a");
-        let mut waited: Vec<&mut RawConn> = vec![&mut b];
-        waited.extend(observers.iter_mut());
-        let told = answers(t0, &mut waited);
-        m.observers.extend(told[1..].iter().map(|(at, _)| *at));
-        assert_eq!(a.read(), Resp::Int(1), "LOCK.RELEASE");
-        release(&mut b, "candidate-b");
+        for _ in 0..r.observe {
+            let fa = acquire(&mut a, "candidate-a");
+            send_campaign(&mut b, "candidate-b");
+            for o in &mut observers {
+                send_observe(o, fa);
+            }
+            until_blocked(&mut admin, 1 + OBSERVERS as u64);
+            std::thread::sleep(SETTLE);
+            let t0 = Instant::now();
+            send_release(&mut a, "candidate-a");
+            let mut waited: Vec<&mut RawConn> = vec![&mut b];
+            waited.extend(observers.iter_mut());
+            let told = answers(t0, &mut waited);
+            out.extend(told[1..].iter().map(|(at, _)| *at));
+            assert_eq!(a.read(), Resp::Int(1), "LOCK.RELEASE");
+            release(&mut b, "candidate-b");
+        }
     }
 
     // 4a. Vacancy: the leader resigns with nobody in line.
@@ -158,20 +165,27 @@ pub(super) fn module_side(server: &Server, r: &Rounds) -> Measured {
 
     // 2. Leader killed → next leader: the leader renews, then its
     // connection is dropped without a release; the lease must run out.
-    for _ in 0..r.killed {
-        let mut leader = RawConn::connect(server);
-        acquire(&mut leader, "candidate-a");
-        send_campaign(&mut b, "candidate-b");
-        until_blocked(&mut admin, 1);
-        let t0 = Instant::now();
-        let extended = leader.call(&["LOCK.EXTEND", KEY, "candidate-a", &TTL_MS.to_string()]);
-        assert!(
-            matches!(extended, Resp::Int(_)),
-            "LOCK.EXTEND: {extended:?}"
-        );
-        drop(leader);
-        m.killed.push(answers(t0, &mut [&mut b])[0].0);
-        release(&mut b, "candidate-b");
+    // Again with the CPUs kept from idling.
+    for (no_idle, out) in [(false, &mut m.killed), (true, &mut m.killed_no_idle)] {
+        let held = no_idle.then(NoIdle::hold);
+        if held.as_ref().is_some_and(Option::is_none) {
+            continue; // not to be had: the row stays empty
+        }
+        for _ in 0..r.killed {
+            let mut leader = RawConn::connect(server);
+            acquire(&mut leader, "candidate-a");
+            send_campaign(&mut b, "candidate-b");
+            until_blocked(&mut admin, 1);
+            let t0 = Instant::now();
+            let extended = leader.call(&["LOCK.EXTEND", KEY, "candidate-a", &TTL_MS.to_string()]);
+            assert!(
+                matches!(extended, Resp::Int(_)),
+                "LOCK.EXTEND: {extended:?}"
+            );
+            drop(leader);
+            out.push(answers(t0, &mut [&mut b])[0].0);
+            release(&mut b, "candidate-b");
+        }
     }
 
     // 4b. Vacancy: the lease runs out with nobody in line and no command.
