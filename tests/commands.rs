@@ -94,7 +94,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Array(items) = lock_info_reply(&mut c, "k") else {
         panic!("RESP2 LOCK.INFO must be an array");
     };
-    assert_eq!(items.len(), 20);
+    assert_eq!(items.len(), 22);
     let fields: Vec<(String, Value)> = items
         .chunks(2)
         .map(|p| {
@@ -147,6 +147,11 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     assert_eq!(fields[8], ("value".into(), Value::Nil));
     assert_eq!(fields[9], ("longest_wait".into(), Value::Nil));
     assert_eq!(
+        fields[10],
+        ("grants".into(), Value::Int(1)),
+        "its one grant"
+    );
+    assert_eq!(
         holder[8..],
         [Value::BulkString(b"value".to_vec()), Value::Nil]
     );
@@ -162,7 +167,7 @@ fn info_is_a_flat_array_in_resp2_and_a_map_in_resp3() {
     let Value::Map(map) = lock_info_reply(&mut c3, "k") else {
         panic!("RESP3 LOCK.INFO must be a map");
     };
-    assert_eq!(map.len(), 10);
+    assert_eq!(map.len(), 11);
     assert_eq!(
         map[1],
         (Value::BulkString(b"fence".to_vec()), Value::Int(f))

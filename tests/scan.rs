@@ -386,3 +386,52 @@ fn a_burst_in_one_slot_is_paged_by_count() {
     assert_eq!(seen.len(), 2_000);
     assert!(pages >= 20, "{pages} pages");
 }
+
+/// `grants`: every grant of the key on this node, freed between them or
+/// not (a released lock's key leaves the keyspace, its count does not), a
+/// hand-off included; a renewal is not a grant; another key and another
+/// db count apart. `LOCK.INFO` and `LOCK.SCAN` show the same count.
+#[test]
+fn a_locks_grants_are_counted_across_its_frees() {
+    let s = Server::start();
+    let mut c = s.conn();
+    let info_grants = |c: &mut Connection, key: &str| {
+        let Value::Array(items) = lock_info_reply(c, key) else {
+            panic!("{key} is held")
+        };
+        let fields: Entry = entry_of(&Value::Array(items));
+        int(&fields, "grants")
+    };
+    for _ in 0..3 {
+        acquire(&mut c, "hot", "t", 60_000).unwrap();
+        assert_eq!(release(&mut c, "hot", "t"), 1);
+    }
+    acquire(&mut c, "hot", "t", 60_000).unwrap();
+    assert_eq!(info_grants(&mut c, "hot"), Some(4));
+    assert_eq!(extend(&mut c, "hot", "t", 60_000), 1);
+    acquire(&mut c, "hot", "t", 60_000).unwrap(); // the holder again: a renewal
+    assert_eq!(
+        info_grants(&mut c, "hot"),
+        Some(4),
+        "renewals are not grants"
+    );
+    // A hand-off is a grant.
+    let mut waiter = RawConn::block_acquire(&s, "hot", "w", 60_000, 0);
+    wait_until(std::time::Duration::from_secs(10), || {
+        s.info_field("waiters") == 1
+    });
+    assert_eq!(release(&mut c, "hot", "t"), 1);
+    assert!(
+        matches!(waiter.read(), Resp::Int(_)),
+        "the waiter was handed it"
+    );
+    assert_eq!(info_grants(&mut c, "hot"), Some(5));
+    let (_, entries) = page(&mut c, "0", &["MATCH", "hot"]).unwrap();
+    assert_eq!(int(&entries[0], "grants"), Some(5), "LOCK.SCAN's the same");
+    // Another key, and the same name in another db, count apart.
+    acquire(&mut c, "cold", "t", 60_000).unwrap();
+    assert_eq!(info_grants(&mut c, "cold"), Some(1));
+    let _: () = redis::cmd("SELECT").arg(1).query(&mut c).unwrap();
+    acquire(&mut c, "hot", "t", 60_000).unwrap();
+    assert_eq!(info_grants(&mut c, "hot"), Some(1));
+}

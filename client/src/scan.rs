@@ -27,6 +27,11 @@ pub struct ListedLock {
     pub waiters: i64,
     /// How long the first in line has waited, ms (None: nobody waits).
     pub longest_wait_ms: Option<i64>,
+    /// The grants the key has had on its server since that started, freed
+    /// between them or not (never fewer; more only where the server's
+    /// fixed-size tally gives other keys the same counters). None from a
+    /// module that does not count them. Two listings apart give a rate.
+    pub grants: Option<u64>,
     /// Every live holder, in grant order.
     pub holders: Vec<ListedHolder>,
     /// The newest holder's public value.
@@ -224,6 +229,7 @@ fn parse_entry(v: &redis::Value) -> Result<ListedLock> {
         ttl_ms: 0,
         waiters: 0,
         longest_wait_ms: None,
+        grants: None,
         holders: Vec::new(),
         value: None,
     };
@@ -236,6 +242,7 @@ fn parse_entry(v: &redis::Value) -> Result<ListedLock> {
             info_field::TTL => l.ttl_ms = redis::from_redis_value(v)?,
             info_field::WAITERS => l.waiters = redis::from_redis_value(v)?,
             info_field::LONGEST_WAIT => l.longest_wait_ms = redis::from_redis_value(v)?,
+            info_field::GRANTS => l.grants = redis::from_redis_value(v)?,
             info_field::VALUE => l.value = redis::from_redis_value(v)?,
             info_field::HOLDERS => {
                 let redis::Value::Array(holders) = v else {
@@ -307,17 +314,21 @@ mod tests {
             Array(vec![holder]),
             word("longest_wait"),
             Int(40),
+            word("grants"),
+            Int(12),
         ]);
         let (cursor, locks) = parse_page(Array(vec![word("123"), Array(vec![entry])])).unwrap();
         assert_eq!(cursor, "123");
         assert_eq!(locks[0].key, b"orders:1");
         assert_eq!(locks[0].waiters, 2);
         assert_eq!(locks[0].longest_wait_ms, Some(40));
+        assert_eq!(locks[0].grants, Some(12));
         assert_eq!(locks[0].holders[0].token.as_deref(), Some(&b"t"[..]));
         let resp3 = Map(vec![(word("key"), word("k")), (word("longest_wait"), Nil)]);
         let (_, locks) = parse_page(Array(vec![word("0"), Array(vec![resp3])])).unwrap();
         assert_eq!(locks[0].key, b"k");
         assert_eq!(locks[0].longest_wait_ms, None);
+        assert_eq!(locks[0].grants, None, "a module that does not count them");
         assert!(parse_page(Int(3)).is_err());
         assert!(parse_page(Array(vec![word("0")])).is_err());
     }

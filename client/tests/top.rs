@@ -270,3 +270,58 @@ fn top_pid(url: &str) -> Option<u32> {
         named.then_some(pid)
     })
 }
+
+/// A lock taken again and again shows its grants a second, though its key
+/// leaves the keyspace at every release (the server counts the key's
+/// grants, not the lock's); a lock nobody takes again shows 0.0; `s` sorts
+/// by it.
+#[test]
+fn a_lock_taken_again_and_again_shows_its_grants_a_second() {
+    if !tmux_or_skip() {
+        return;
+    }
+    let s = Server::start();
+    let mut c = s.conn();
+    common::acquire(&mut c, "idle", "holder", 60_000).expect("granted");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let churn = {
+        let (stop, mut c) = (stop.clone(), s.conn());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                common::acquire(&mut c, "hot", "churn", 60_000).expect("granted");
+                std::thread::sleep(Duration::from_millis(20));
+                assert_eq!(common::release(&mut c, "hot", "churn"), 1);
+            }
+        })
+    };
+    let t = live_top(&s, 12);
+    let limit = Duration::from_secs(30);
+    let rate = |pane: &str, key: &str| -> Option<f64> {
+        rows_of(pane, key)
+            .first()?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    };
+    let pane = t.wait_for(limit, "a rate for both locks", |p| {
+        p.contains("GRANTS/S")
+            && rate(p, "hot").is_some_and(|r| r > 0.0)
+            && rate(p, "idle").is_some()
+    });
+    assert_eq!(rate(&pane, "idle"), Some(0.0), "{pane}");
+    t.keys(&["s", "s"]);
+    let sorted = t.wait_for(limit, "sorted by grants", |p| {
+        p.contains("sort: grants") && rate(p, "hot").is_some_and(|r| r > 0.0)
+    });
+    let order: Vec<&str> = sorted
+        .lines()
+        .filter(|l| l.contains("exclusive"))
+        .filter_map(|l| l.get(2..)?.split_whitespace().next())
+        .collect();
+    assert_eq!(order.first(), Some(&"hot"), "{sorted}");
+    t.keys(&["q"]);
+    t.wait_for(limit, "the shell after top", |p| p.contains("top-exited-"));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().expect("the churn thread");
+}

@@ -12,6 +12,7 @@
 //! * `lock`    — the per-key lock state machine (acquire, release, extend, take-back)
 //! * `waiters` — FIFO waiter lines, BLOCK timeouts, the order of hand-offs
 //! * `fence`   — the fencing high-water mark
+//! * `grant_tally` — grants by key (a fixed-size sketch), for `LOCK.INFO`
 //! * `time`    — the two clocks (monotonic for leases, wall for fences)
 //! * `histogram` — power-of-two buckets of wait and hold times
 //! * `cluster` — hash slots, and where a key that left this node went
@@ -37,6 +38,7 @@ mod fence;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod glob;
+mod grant_tally;
 pub mod guarded;
 pub mod histogram;
 mod lease_ends;

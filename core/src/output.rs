@@ -11,8 +11,10 @@
 
 use std::collections::VecDeque;
 use std::ffi::CStr;
+use std::hash::Hash;
 
 use crate::error::LockError;
+use crate::grant_tally::GrantTally;
 use crate::lease_ends::LeaseEnds;
 use crate::lock::{holders, Ledger, Lock, LockRead, LockStore, Mode, NewHolder, Removal};
 use crate::waiters::{Outcome, Wake};
@@ -112,7 +114,11 @@ pub enum Stat {
 }
 
 /// The counters and event of one waiter's outcome, then the wake itself.
-pub(crate) fn push_wake<K: Clone, C>(out: &mut VecDeque<Output<K, C>>, wake: Wake<K, C>) {
+pub(crate) fn push_wake<K: Clone + Hash, C>(
+    out: &mut VecDeque<Output<K, C>>,
+    tally: &mut GrantTally,
+    wake: Wake<K, C>,
+) {
     // A multi-key waiter's grant counts on every key, and is handed off
     // once.
     let keys = || std::iter::once(&wake.key).chain(wake.also.iter().map(|(k, _)| k));
@@ -128,6 +134,7 @@ pub(crate) fn push_wake<K: Clone, C>(out: &mut VecDeque<Output<K, C>>, wake: Wak
                 waited_us: wake.waited_us,
             }));
             for key in keys() {
+                tally.record(key);
                 out.push_back(Output::Count(Stat::Grant));
                 out.push_back(Output::Event(key.clone(), Event::Handoff));
             }

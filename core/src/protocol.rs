@@ -104,10 +104,14 @@ pub mod info_field {
     pub const VALUE: &str = "value";
     /// How long the first in line has waited, ms (nil: nobody waits).
     pub const LONGEST_WAIT: &str = "longest_wait";
+    /// The grants the key has had on this node since it started, whether
+    /// its lock was freed between them or not (never fewer; more only
+    /// when other keys share its counters): a rate is two readings apart.
+    pub const GRANTS: &str = "grants";
     /// `LOCK.SCAN`'s entries only, first: the lock's key.
     pub const KEY: &str = "key";
     /// Every field, in reply order.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         TOKEN,
         FENCE,
         TTL,
@@ -118,6 +122,7 @@ pub mod info_field {
         HOLDERS,
         VALUE,
         LONGEST_WAIT,
+        GRANTS,
     ];
     /// The fields of each map of HOLDERS, in reply order.
     pub const HOLDER: [&str; 5] = [TOKEN, FENCE, TTL, GRANTED, VALUE];

@@ -92,6 +92,8 @@ pub(super) struct Reference {
     pub(super) writes_paused: bool,
     /// New holders so far (grants and hand-offs, not renewals).
     pub(super) grants: u64,
+    /// The same by key (`LOCK.INFO`'s `grants`).
+    pub(super) grants_by_key: BTreeMap<u8, u64>,
     /// A pause ended, and the node has not run its timer since: what it
     /// held back waits for that run (within `RETRY_MS`).
     pub(super) resume_pending: bool,
@@ -379,6 +381,7 @@ impl Reference {
     ) {
         self.leases += 1;
         self.grants += 1;
+        *self.grants_by_key.entry(key).or_default() += 1;
         let h = Held {
             token: token.to_vec(),
             value: Vec::new(),

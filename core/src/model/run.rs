@@ -452,8 +452,14 @@ pub(super) fn scan_lists_every_held_lock(step: usize, model: &Reference, h: &Har
         .into_iter()
         .filter(served)
         .filter(|key| {
-            let store = h.stores.get(key);
-            store.is_some_and(|s| h.node.info(key, s, now).is_some())
+            let Some(held) = h.stores.get(key).and_then(|s| h.node.info(key, s, now)) else {
+                return false;
+            };
+            // Its grants, freed between them or not (the keys here are
+            // few: the sketch counts them exactly).
+            let granted = model.grants_by_key.get(key).copied().unwrap_or(0);
+            assert_eq!(held.grants, granted, "step {step}: key {key}'s grants");
+            true
         })
         .collect();
     let held: BTreeSet<u8> = (0..=u8::MAX)

@@ -121,6 +121,9 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         match event {
             Some(event) => {
                 for key in keys {
+                    if event == Event::Acquire {
+                        self.grant_tally.record(key);
+                    }
                     self.outputs.push_back(Output::Count(stat));
                     self.outputs.push_back(Output::Event(key.clone(), event));
                 }

@@ -120,7 +120,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             renewed: renews.is_some(),
         };
         if let Some(wake) = self.waiters.answer(id, outcome, also, now.mono_us) {
-            push_wake(&mut self.outputs, wake);
+            push_wake(&mut self.outputs, &mut self.grant_tally, wake);
         }
         true
     }
@@ -128,7 +128,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// A multi-key waiter's answer, when it is not a grant.
     pub(super) fn answer(&mut self, id: WaiterId, outcome: Outcome, now: Now) -> bool {
         if let Some(wake) = self.waiters.answer(id, outcome, Vec::new(), now.mono_us) {
-            push_wake(&mut self.outputs, wake);
+            push_wake(&mut self.outputs, &mut self.grant_tally, wake);
         }
         true
     }
@@ -155,7 +155,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// Every waiter on `key` fails with `err`.
     pub(super) fn fail_line(&mut self, key: &K, err: &LockError, now: Now) {
         for wake in self.waiters.fail_all(key, err, now.mono_us) {
-            push_wake(&mut self.outputs, wake);
+            push_wake(&mut self.outputs, &mut self.grant_tally, wake);
         }
     }
 
@@ -194,7 +194,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         loop {
             match self.waiters.head(key, now_ms, now_us) {
                 Head::Empty | Head::Group => return,
-                Head::TimedOut(wake) => push_wake(&mut self.outputs, wake),
+                Head::TimedOut(wake) => push_wake(&mut self.outputs, &mut self.grant_tally, wake),
                 Head::One(id, asked) => {
                     let keys = std::slice::from_ref(key);
                     let stores = std::slice::from_mut(store);

@@ -46,6 +46,7 @@ use std::hash::Hash;
 
 use crate::error::LockError;
 use crate::fence::FenceCounter;
+use crate::grant_tally::GrantTally;
 use crate::lease_ends::LeaseEnds;
 use crate::lock::LockStore;
 use crate::observers::Observers;
@@ -131,6 +132,8 @@ pub struct Node<K, C> {
     /// The keys of the locks here by when their lease ends: the timer
     /// reclaims ended ones ([`Node::run_timer`]).
     lease_ends: LeaseEnds<K>,
+    /// Grants by key, kept past the key's life ([`Held::grants`]).
+    grant_tally: GrantTally,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Default for Node<K, C> {
@@ -150,6 +153,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Default for Node<K, C> {
             outputs: VecDeque::new(),
             leases: 0,
             lease_ends: LeaseEnds::default(),
+            grant_tally: GrantTally::default(),
         }
     }
 }

@@ -194,6 +194,6 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             waited_us: 0,
             also: Vec::new(),
         };
-        push_wake(&mut self.outputs, wake);
+        push_wake(&mut self.outputs, &mut self.grant_tally, wake);
     }
 }

@@ -20,6 +20,10 @@ pub struct Held<'s> {
     pub waiters: usize,
     /// How long the first in line has waited, ms (None: nobody waits).
     pub longest_wait_ms: Option<i64>,
+    /// The grants the key has had here since the node started, whether
+    /// its lock was freed between them or not: never fewer than the truth,
+    /// more only where other keys share its cells (`grant_tally`).
+    pub grants: u64,
 }
 
 impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
@@ -80,6 +84,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
                 .waiters
                 .first_since_us(key)
                 .map(|since_us| (now_ms.saturating_mul(1000) - since_us).max(0) / 1000),
+            grants: self.grant_tally.grants(key),
         })
     }
 

@@ -271,7 +271,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     pub(super) fn timer(&mut self, cond: Conditions, now: Now) -> TimerWork<K> {
         let now_ms = now.mono_ms();
         for wake in self.waiters.poll_timeouts(now_ms, now.mono_us) {
-            push_wake(&mut self.outputs, wake);
+            push_wake(&mut self.outputs, &mut self.grant_tally, wake);
         }
         let acting = acts_alone(cond);
         // The first run that acts alone after a hold (a pause, a replica's

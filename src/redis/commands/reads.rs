@@ -65,6 +65,7 @@ fn lock_fields(held: Held<'_>, now: i64, show_tokens: bool) -> Vec<(&'static str
     };
     let waiters = held.waiters;
     let longest_wait = held.longest_wait_ms.map_or(Value::Null, Value::Integer);
+    let grants = Value::Integer(held.grants.min(i64::MAX as u64) as i64);
     let live = held.live;
     vec![
         token,
@@ -80,6 +81,7 @@ fn lock_fields(held: Held<'_>, now: i64, show_tokens: bool) -> Vec<(&'static str
         ),
         value,
         (info_field::LONGEST_WAIT, longest_wait),
+        (info_field::GRANTS, grants),
     ]
 }
 

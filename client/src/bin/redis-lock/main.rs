@@ -324,7 +324,7 @@ enum Command {
     /// A live view of the nodes' locks, redrawn every --interval: each
     /// node's counters (grants and hand-offs a second), then its locks
     /// (LOCK.SCAN), the most waited for first, with holders, fence, lease
-    /// left, hold time and the line. Keys: s sorts, / filters (a glob), j/k
+    /// left, hold time, the line and grants a second. Keys: s sorts, / filters (a glob), j/k
     /// or the arrows choose, Enter shows every holder, q quits. Without a
     /// terminal, or with --once, one frame is printed and it exits.
     Top {

@@ -1,7 +1,8 @@
 //! `redis-lock top`: a live view of the nodes' locks, redrawn every
 //! `--interval`: each node's counters (locks, waiters, observers, grants
 //! and hand-offs a second), then its locks (`LOCK.SCAN`), the most waited
-//! for first, with holders, fence, lease left, hold time and the line.
+//! for first, with holders, fence, lease left, hold time, the line and its
+//! grants a second.
 //! Keys: `s` sorts by the next column, `/` filters by a glob (`LOCK.SCAN
 //! MATCH`), `j`/`k` or the arrows choose a lock, Enter shows its every
 //! holder (Enter or Esc goes back), `q` or Ctrl-C quits. Without a terminal
@@ -29,6 +30,8 @@ pub(crate) enum Sort {
     Waiters,
     /// The longest wait of the first in line first.
     Wait,
+    /// The most grants a second first.
+    Grants,
     /// The longest held first.
     Held,
     /// The least lease left first.
@@ -43,7 +46,8 @@ impl Sort {
     fn next(self) -> Sort {
         match self {
             Sort::Waiters => Sort::Wait,
-            Sort::Wait => Sort::Held,
+            Sort::Wait => Sort::Grants,
+            Sort::Grants => Sort::Held,
             Sort::Held => Sort::Ttl,
             Sort::Ttl => Sort::Fence,
             Sort::Fence => Sort::Key,
@@ -55,6 +59,7 @@ impl Sort {
         match self {
             Sort::Waiters => "waiters",
             Sort::Wait => "wait",
+            Sort::Grants => "grants",
             Sort::Held => "held",
             Sort::Ttl => "ttl",
             Sort::Fence => "fence",
@@ -73,6 +78,12 @@ pub(crate) struct NodeView {
     pub rates: Option<(f64, f64, f64)>,
     /// Its locks, or why they could not be listed.
     pub locks: Result<Vec<ListedLock>, String>,
+    /// Each listed lock's grants a second since the last frame, where both
+    /// listed it (its server's count of the key's grants, `LOCK.INFO`'s
+    /// `grants`, goes on while the key is free).
+    pub key_rates: HashMap<Vec<u8>, f64>,
+    /// Each listed lock's count of grants, kept for the next frame's rates.
+    pub counted: HashMap<Vec<u8>, u64>,
 }
 
 /// What the person watching chose.
@@ -169,20 +180,27 @@ pub(crate) fn press(view: &mut View, key: Key, rows: usize) -> bool {
     true
 }
 
+/// One lock of a frame: its node, the lock, its grants a second (None:
+/// not listed in the frame before).
+pub(crate) type Row<'a> = (&'a str, &'a ListedLock, Option<f64>);
+
 /// Every lock of the frame in the view's order, with its node.
-pub(crate) fn rows(nodes: &[NodeView], sort: Sort, now_ms: i64) -> Vec<(&str, &ListedLock)> {
-    let mut rows: Vec<(&str, &ListedLock)> = nodes
+pub(crate) fn rows(nodes: &[NodeView], sort: Sort, now_ms: i64) -> Vec<Row<'_>> {
+    let mut rows: Vec<Row<'_>> = nodes
         .iter()
         .flat_map(|n| {
             let locks = n.locks.as_ref().map(|l| l.as_slice()).unwrap_or(&[]);
-            locks.iter().map(move |l| (n.name.as_str(), l))
+            locks
+                .iter()
+                .map(move |l| (n.name.as_str(), l, n.key_rates.get(&l.key).copied()))
         })
         .collect();
     let held = |l: &ListedLock| held_ms(l, now_ms).unwrap_or(0);
-    rows.sort_by(|(na, a), (nb, b)| {
+    rows.sort_by(|(na, a, ra), (nb, b, rb)| {
         let by = match sort {
             Sort::Waiters => (b.waiters, b.longest_wait_ms).cmp(&(a.waiters, a.longest_wait_ms)),
             Sort::Wait => b.longest_wait_ms.cmp(&a.longest_wait_ms),
+            Sort::Grants => rb.unwrap_or(-1.0).total_cmp(&ra.unwrap_or(-1.0)),
             Sort::Held => held(b).cmp(&held(a)),
             Sort::Ttl => a.ttl_ms.cmp(&b.ttl_ms),
             Sort::Fence => b.fence.cmp(&a.fence),
@@ -282,8 +300,8 @@ pub(crate) fn draw(
     }
     let rows = rows(nodes, view.sort, now_ms);
     if let Some((node, key)) = &view.detail {
-        match rows.iter().find(|(n, l)| n == node && &l.key == key) {
-            Some((node, l)) => detail(&mut lines, node, l, now_ms),
+        match rows.iter().find(|(n, l, _)| n == node && &l.key == key) {
+            Some((node, l, rate)) => detail(&mut lines, node, l, *rate, now_ms),
             None => lines.push(format!(
                 "{} on {node}: no longer held (Enter goes back)",
                 shown(key)
@@ -291,8 +309,17 @@ pub(crate) fn draw(
         }
     } else {
         lines.push(format!(
-            "  {:<28} {:<21} {:<9} {:>7} {:>16} {:>8} {:>8} {:>7} {:>9}",
-            "KEY", "NODE", "MODE", "HOLDERS", "FENCE", "TTL", "HELD", "WAITERS", "WAITED"
+            "  {:<28} {:<21} {:<9} {:>7} {:>16} {:>8} {:>8} {:>7} {:>9} {:>8}",
+            "KEY",
+            "NODE",
+            "MODE",
+            "HOLDERS",
+            "FENCE",
+            "TTL",
+            "HELD",
+            "WAITERS",
+            "WAITED",
+            "GRANTS/S"
         ));
         if rows.is_empty() {
             lines.push("  (no locks held)".into());
@@ -301,10 +328,10 @@ pub(crate) fn draw(
         // is among them.
         let room = height.saturating_sub(lines.len()).max(1);
         let first = first_shown(view.selected, room);
-        for (i, (node, l)) in rows.iter().enumerate().skip(first).take(room) {
+        for (i, (node, l, rate)) in rows.iter().enumerate().skip(first).take(room) {
             let mark = if i == view.selected { '>' } else { ' ' };
             lines.push(format!(
-                "{mark} {:<28} {:<21} {:<9} {:>7} {:>16} {:>8} {:>8} {:>7} {:>9}",
+                "{mark} {:<28} {:<21} {:<9} {:>7} {:>16} {:>8} {:>8} {:>7} {:>9} {:>8}",
                 shown(&l.key),
                 node,
                 l.mode,
@@ -314,6 +341,7 @@ pub(crate) fn draw(
                 held_ms(l, now_ms).map_or("-".into(), short),
                 l.waiters,
                 l.longest_wait_ms.map_or("-".into(), short),
+                per_second(*rate),
             ));
         }
     }
@@ -325,16 +353,24 @@ pub(crate) fn draw(
     out
 }
 
+/// A rate as shown: `12.5`, `-` when unknown.
+fn per_second(rate: Option<f64>) -> String {
+    rate.map_or("-".into(), |r| format!("{r:.1}"))
+}
+
 /// One lock's every holder.
-fn detail(lines: &mut Vec<String>, node: &str, l: &ListedLock, now_ms: i64) {
+fn detail(lines: &mut Vec<String>, node: &str, l: &ListedLock, rate: Option<f64>, now_ms: i64) {
     lines.push(format!(
-        "{} on {node}: {}{}, {} waiting{} (Enter goes back)",
+        "{} on {node}: {}{}, {} waiting{}, grants/s {}{} (Enter goes back)",
         shown(&l.key),
         l.mode,
         l.limit.map_or(String::new(), |n| format!(" of {n}")),
         l.waiters,
         l.longest_wait_ms
-            .map_or(String::new(), |w| format!(", the first for {}", short(w)))
+            .map_or(String::new(), |w| format!(", the first for {}", short(w))),
+        per_second(rate),
+        l.grants
+            .map_or(String::new(), |g| format!(", {g} grants here in all")),
     ));
     lines.push(format!(
         "  {:<36} {:>16} {:>8} {:>8}  VALUE",
@@ -400,7 +436,9 @@ async fn read_frame(
                 name,
                 counters,
                 rates: None,
+                counted: counted(&locks),
                 locks,
+                key_rates: HashMap::new(),
             }
         })
         .collect();
@@ -419,18 +457,49 @@ async fn read_frame(
             };
             n.rates = Some((rate("grants"), rate("handoffs"), rate("contended")));
         }
+        for n in &mut nodes {
+            let Some(p) = prev.iter().find(|p| p.name == n.name) else {
+                continue;
+            };
+            n.key_rates = key_rates(&n.counted, &p.counted, secs);
+        }
     }
-    // Only the counters are kept for the next rates.
+    // Only the counters and each lock's grants are kept for the next rates.
     let kept = nodes
         .iter()
         .map(|n| NodeView {
             name: n.name.clone(),
             counters: n.counters.clone(),
+            counted: n.counted.clone(),
             ..NodeView::default()
         })
         .collect();
     *before = Some((now, kept));
     nodes
+}
+
+/// Each listed lock's count of grants (where its server counts them).
+fn counted(locks: &Result<Vec<ListedLock>, String>) -> HashMap<Vec<u8>, u64> {
+    let locks = locks.as_ref().map(|l| l.as_slice()).unwrap_or(&[]);
+    locks
+        .iter()
+        .filter_map(|l| Some((l.key.clone(), l.grants?)))
+        .collect()
+}
+
+/// Each lock's grants a second between two frames `secs` apart: only locks
+/// both counted (a count that went down is a restarted server: no rate).
+pub(crate) fn key_rates(
+    now: &HashMap<Vec<u8>, u64>,
+    before: &HashMap<Vec<u8>, u64>,
+    secs: f64,
+) -> HashMap<Vec<u8>, f64> {
+    now.iter()
+        .filter_map(|(key, &g1)| {
+            let g0 = *before.get(key)?;
+            (g1 >= g0).then(|| (key.clone(), (g1 - g0) as f64 / secs.max(0.001)))
+        })
+        .collect()
 }
 
 impl Default for NodeView {
@@ -440,6 +509,8 @@ impl Default for NodeView {
             counters: Err(String::new()),
             rates: None,
             locks: Ok(Vec::new()),
+            key_rates: HashMap::new(),
+            counted: HashMap::new(),
         }
     }
 }
@@ -608,7 +679,7 @@ fn apply_keys(view: &mut View, nodes: &[NodeView], bytes: &[u8]) -> bool {
     for key in keys_of(bytes) {
         if key == Key::Enter && view.typing.is_none() && view.detail.is_none() {
             let all = rows(nodes, view.sort, wall_ms());
-            if let Some((node, l)) = all.get(view.selected) {
+            if let Some((node, l, _)) = all.get(view.selected) {
                 view.detail = Some((node.to_string(), l.key.clone()));
             }
             continue;
@@ -732,6 +803,22 @@ mod tests {
         assert_eq!(first_shown(5, 5), 1, "the sixth scrolls one");
         assert_eq!(first_shown(20, 5), 16);
         assert_eq!(first_shown(3, 1), 3, "one row: the chosen one");
+    }
+
+    #[test]
+    fn a_locks_rate_needs_two_counts() {
+        let before = HashMap::from([(b"a".to_vec(), 10), (b"b".to_vec(), 50)]);
+        let now = HashMap::from([(b"a".to_vec(), 30), (b"b".to_vec(), 5), (b"c".to_vec(), 9)]);
+        let rates = key_rates(&now, &before, 2.0);
+        assert_eq!(rates.get(&b"a"[..]), Some(&10.0), "20 grants in 2 s");
+        assert_eq!(
+            rates.get(&b"b"[..]),
+            None,
+            "a count that went down: restarted"
+        );
+        assert_eq!(rates.get(&b"c"[..]), None, "not counted the frame before");
+        assert_eq!(per_second(Some(2.25)), "2.2");
+        assert_eq!(per_second(None), "-");
     }
 
     #[test]
