@@ -614,15 +614,21 @@ fn metrics_of_two_nodes_match_info_lock_and_a_down_node_reads_zero() {
     assert!(waited >= 0.02, "{waited}");
     // The locks with the most waiters, by key (LOCK.SCAN WAITING): only
     // "held", the one lock with a waiter, on a.
-    for (metric, check) in [
-        ("redis_lock_key_waiters", (|v| v == 1.0) as fn(f64) -> bool),
-        ("redis_lock_key_holders", |v| v == 1.0),
-        ("redis_lock_key_longest_wait_seconds", |v| v > 0.0),
+    for (metric, kind, check) in [
+        (
+            "redis_lock_key_waiters",
+            "gauge",
+            (|v| v == 1.0) as fn(f64) -> bool,
+        ),
+        ("redis_lock_key_holders", "gauge", |v| v == 1.0),
+        ("redis_lock_key_longest_wait_seconds", "gauge", |v| v > 0.0),
+        // Its one grant so far (the waiter has not been handed it).
+        ("redis_lock_key_grants_total", "counter", |v| v == 1.0),
     ] {
         let f = families
             .get(metric)
             .unwrap_or_else(|| panic!("no {metric}"));
-        assert_eq!(f.kind, "gauge", "{metric}");
+        assert_eq!(f.kind, kind, "{metric}");
         let samples: Vec<_> = f.samples.iter().map(|s| (&s.labels, s.value)).collect();
         assert_eq!(samples.len(), 1, "{metric}: {samples:?}");
         assert_eq!(samples[0].0["node"], na, "{metric}");

@@ -558,37 +558,47 @@ fn hottest(mut locks: Vec<ListedLock>, n: usize) -> Vec<ListedLock> {
 
 /// The per-key families of each node's hottest locks.
 fn render_hottest(out: &mut String, nodes: &[(String, Vec<ListedLock>)]) {
-    type Read = fn(&ListedLock) -> String;
-    let families: [(&str, &str, Read); 3] = [
+    type Read = fn(&ListedLock) -> Option<String>;
+    let families: [(&str, &str, &str, Read); 4] = [
         (
             "redis_lock_key_waiters",
+            "gauge",
             "Clients waiting in the line of one of the node's locks with the most waiters (--top of them, by key).",
-            |l| l.waiters.to_string(),
+            |l| Some(l.waiters.to_string()),
         ),
         (
             "redis_lock_key_longest_wait_seconds",
+            "gauge",
             "How long the first in that lock's line has waited, in seconds.",
-            |l| seconds(l.longest_wait_ms.unwrap_or(0)),
+            |l| Some(seconds(l.longest_wait_ms.unwrap_or(0))),
         ),
         (
             "redis_lock_key_holders",
+            "gauge",
             "That lock's live holders (1 when exclusive).",
-            |l| l.holders.len().to_string(),
+            |l| Some(l.holders.len().to_string()),
+        ),
+        (
+            "redis_lock_key_grants_total",
+            "counter",
+            "That key's grants on the node since it started, across frees (LOCK.INFO grants: never fewer, more only where the node's sketch shares counters).",
+            |l| l.grants.map(|g| g.to_string()),
         ),
     ];
     if nodes.iter().all(|(_, locks)| locks.is_empty()) {
         return;
     }
-    for (metric, help, read) in families {
-        family_head(out, metric, "gauge", help);
+    for (metric, kind, help, read) in families {
+        family_head(out, metric, kind, help);
         for (node, locks) in nodes {
             for l in locks {
+                // A module that does not count a key's grants: no sample.
+                let Some(value) = read(l) else { continue };
                 let key = label(&key_label(&l.key));
                 let _ = writeln!(
                     out,
-                    "{metric}{{node=\"{}\",key=\"{key}\"}} {}",
+                    "{metric}{{node=\"{}\",key=\"{key}\"}} {value}",
                     label(node),
-                    read(l)
                 );
             }
         }
