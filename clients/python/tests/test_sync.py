@@ -319,6 +319,25 @@ class Pump:
         return item
 
 
+def test_closing_an_observer_from_another_thread_ends_its_wait_at_once(server):
+    # Closed at random moments of its rounds (the first read, the wait's
+    # send, the wait itself): the reading thread must end each time within
+    # a second, never by its 35 s bound (redis-py's can_read reopens a
+    # connection closed under it and would wait on that one).
+    r = server.client()
+    locks = Locks(r)
+    a = locks.campaign("closing", "v", ttl=5)
+    rng = random.Random(7)
+    for _ in range(30):
+        observer = locks.observe("closing")
+        pump = Pump(observer)
+        time.sleep(rng.uniform(0, 0.02))
+        observer.close()
+        pump.thread.join(1.0)
+        assert not pump.thread.is_alive(), "a close ends the iteration at once"
+    assert a.release() is True
+
+
 def test_a_campaign_waits_in_line_and_leads_when_the_leader_resigns(server):
     r = server.client()
     locks = Locks(r)

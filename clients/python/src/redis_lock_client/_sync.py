@@ -709,18 +709,18 @@ class Observer:
         if not self._pending:
             if self._last is _UNSEEN:
                 conn.send_command(*c.observe_args(self.key))
-                return c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S))
+                return c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S, self._closed))
             # The state now, and a wait for the next change, in one write;
             # the wait names the fence and the value last told, so a change
             # made since (a proclaim keeps the fence) is answered at once.
             wait = c.observe_args(self.key, self._last, wait_ms=self._wait_ms, with_value=self._exact)
             conn.send_packed_command(conn.pack_commands([c.observe_args(self.key), wait]))
             self._pending = True
-            now = c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S))
+            now = c.leader_of(_read_within(conn, c.OBSERVE_GRACE_S, self._closed))
             if now != self._last:
                 return now  # the wait's reply is the change after it
         # Bounded here too: the server answers nil when the wait ends.
-        reply = _read_within(conn, self._wait_ms / 1000 + c.OBSERVE_GRACE_S)
+        reply = _read_within(conn, self._wait_ms / 1000 + c.OBSERVE_GRACE_S, self._closed)
         self._pending = False
         if reply is None:
             return _NOTHING
@@ -763,9 +763,22 @@ class Observer:
             pass
 
 
-def _read_within(conn: Any, seconds: float) -> Any:
+#: How often a wait looks whether its observer was closed meanwhile (s).
+_CLOSE_CHECK_S = 0.25
+
+
+def _read_within(conn: Any, seconds: float, closed: threading.Event) -> Any:
     """The next reply on ``conn``, or :class:`Silent` when none began
-    within ``seconds``."""
-    if not conn.can_read(timeout=seconds):
-        raise c.Silent(seconds)
-    return conn.read_response()
+    within ``seconds``. Waits in slices, so a close from another thread
+    ends it within one: redis-py's ``can_read`` on a connection closed
+    meanwhile opens a new one and would wait on that for the whole bound."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if closed.is_set():
+            conn.disconnect()  # a connection reopened by a can_read
+            raise redis.ConnectionError("the observer is closed")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise c.Silent(seconds)
+        if conn.can_read(timeout=min(left, _CLOSE_CHECK_S)):
+            return conn.read_response()
