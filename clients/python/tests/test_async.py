@@ -340,6 +340,39 @@ def test_async_closing_or_cancelling_an_observer_leaves_no_blocked_client(server
     run(main())
 
 
+def test_async_closing_an_observer_at_random_moments_ends_it_and_leaves_no_connection(server):
+    # As the sync one: aclose from another task at random moments of the
+    # observer's rounds (connecting, the first read, the wait's send, the
+    # wait): the iterating task must end within a second each time, and no
+    # connection of a closed observer may stay open (a send reconnects a
+    # connection closed under it; the server would hold its wait).
+    r = server.client()
+
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        lease = await locks.campaign("closing", "v", ttl=5)
+        baseline = len(r.client_list())
+        rng = random.Random(7)
+
+        async def pump(observer):
+            async for _ in observer:
+                pass
+
+        for _ in range(30):
+            observer = locks.observe("closing")
+            task = asyncio.ensure_future(pump(observer))
+            await asyncio.sleep(rng.uniform(0, 0.02))
+            await observer.aclose()
+            await asyncio.wait_for(task, 1.0)
+        await eventually(lambda: blocked_clients(r) == 0 and observer_ids(r) == [],
+                         what="no closed observer's connection left open")
+        assert len(r.client_list()) <= baseline
+        await lease.release()
+        await locks.aclose()
+
+    run(main())
+
+
 def test_async_observer_replaces_a_connection_that_went_quiet(server):
     # As the sync one: the wait is bounded by the observer, not by the
     # client's socket_timeout (none here).

@@ -320,8 +320,8 @@ class Pump:
 
 
 def test_closing_an_observer_from_another_thread_ends_its_wait_at_once(server):
-    # Closed at random moments of its rounds (the first read, the wait's
-    # send, the wait itself): the reading thread must end each time within
+    # Closed at random moments of its rounds (connecting, the first read,
+    # the wait's send, the wait itself): the reading thread must end each time within
     # a second, never by its 35 s bound (redis-py's can_read reopens a
     # connection closed under it and would wait on that one).
     r = server.client()
@@ -335,6 +335,10 @@ def test_closing_an_observer_from_another_thread_ends_its_wait_at_once(server):
         observer.close()
         pump.thread.join(1.0)
         assert not pump.thread.is_alive(), "a close ends the iteration at once"
+    # Nor is a connection left open: one a close found still connecting
+    # (closed under it, it connected after) is closed by its round.
+    eventually(lambda: blocked_clients(r) == 0 and observer_ids(r) == [],
+               what="no closed observer's connection left open")
     assert a.release() is True
 
 

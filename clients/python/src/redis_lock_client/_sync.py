@@ -687,6 +687,9 @@ class Observer:
                 self._closed.wait(backoff)
                 backoff = min(backoff * 2, c.OBSERVE_BACKOFF_S[1])
                 continue
+            if self._closed.is_set():
+                # Closed while the round ran: nothing more is told.
+                raise StopIteration
             if state is not _NOTHING:
                 self._last = state
                 self._exact = True
@@ -706,6 +709,18 @@ class Observer:
     def _step(self) -> Any:
         """One round: the next item, or _NOTHING."""
         conn = self._connection()
+        try:
+            return self._round(conn)
+        finally:
+            with self._guard:
+                dropped = conn is not self._conn
+            if dropped:
+                # Closed under this round from another thread: a connect
+                # still under way then, or a send that reconnected, left it
+                # open, and nothing else holds it now.
+                _disconnect(conn)
+
+    def _round(self, conn: Any) -> Any:
         if not self._pending:
             if self._last is _UNSEEN:
                 conn.send_command(*c.observe_args(self.key))
@@ -739,10 +754,7 @@ class Observer:
             conn, self._conn = self._conn, None
             self._pending = False
         if conn is not None:
-            try:
-                conn.disconnect()
-            except Exception:  # noqa: BLE001 - gone already
-                pass
+            _disconnect(conn)
 
     def close(self) -> None:
         """Closes its connection (the server drops the blocked observe);
@@ -761,6 +773,13 @@ class Observer:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _disconnect(conn: Any) -> None:
+    try:
+        conn.disconnect()
+    except Exception:  # noqa: BLE001 - gone already
+        pass
 
 
 #: How often a wait looks whether its observer was closed meanwhile (s).

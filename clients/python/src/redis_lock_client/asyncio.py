@@ -475,6 +475,9 @@ class Observer:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, c.OBSERVE_BACKOFF_S[1])
                 continue
+            if self._closed:
+                # Closed while the round ran: nothing more is told.
+                raise StopAsyncIteration
             if state is not _NOTHING:
                 self._last = state
                 self._exact = True
@@ -488,6 +491,16 @@ class Observer:
 
     async def _step(self) -> Any:
         conn = self._connection()
+        try:
+            return await self._round(conn)
+        finally:
+            if conn is not self._conn:
+                # Dropped under this round (aclose from another task): a
+                # connect still under way then, or a send that reconnected,
+                # left it open, and nothing else holds it now.
+                await _disconnect(conn)
+
+    async def _round(self, conn: Any) -> Any:
         if not self._pending:
             if self._last is _UNSEEN:
                 await conn.send_command(*c.observe_args(self.key))
@@ -519,10 +532,7 @@ class Observer:
         conn, self._conn = self._conn, None
         self._pending = False
         if conn is not None:
-            try:
-                await conn.disconnect(nowait=True)
-            except Exception:  # noqa: BLE001
-                pass
+            await _disconnect(conn)
 
     async def aclose(self) -> None:
         """Closes its connection (the server drops the blocked observe);
@@ -537,6 +547,13 @@ class Observer:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+async def _disconnect(conn: Any) -> None:
+    try:
+        await conn.disconnect(nowait=True)
+    except Exception:  # noqa: BLE001 - gone already
+        pass
 
 
 async def _read_within(conn: Any, seconds: float) -> Any:
