@@ -12,6 +12,8 @@ import pytest
 import redis
 import redis.asyncio as aredis
 
+from redis_lock_client import _common as c
+
 from redis_lock_client.asyncio import (Leader, LockLost, Locks, ModuleMissing, NotAcquired,
                                        NotHeld, StaleFence)
 
@@ -183,6 +185,35 @@ def test_a_cancelled_wait_leaves_no_lock_and_no_place_in_line(server):
         assert cancelled > 0
         await locks.aclose()
         await r.aclose()
+
+    run(main())
+
+
+def test_aclose_ends_the_background_releases_of_cancelled_waits(server):
+    """Cancelled waits leave releases due later (in case a grant was on its
+    way); closing the Locks right after, and the client with it, must not
+    let them run on: they would open a new connection on the closed client
+    and leave it open. Each token is released once more at the close."""
+    sync = server.client()
+
+    async def main():
+        r = aredis.Redis(port=server.port)
+        locks = Locks(r)
+        keys = [f"undo:{i}" for i in range(10)]
+        for key in keys:
+            holder = await locks.acquire(key, ttl=30)
+            waiter = asyncio.create_task(locks.acquire(key, ttl=30, timeout=5))
+            await eventually(lambda: server.info("waiters") == 1, what="the waiter waits")
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await holder.release()
+        await locks.aclose()
+        await r.aclose()
+        await asyncio.sleep(max(c.UNDO_AGAIN_S) + 0.5)
+        left = [cl for cl in sync.client_list() if cl.get("cmd") != "client|list"]
+        assert left == [], f"connections left after aclose: {left}"
+        assert all(holder_of(sync, key) is None for key in keys)
 
     run(main())
 

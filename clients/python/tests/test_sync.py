@@ -319,6 +319,44 @@ class Pump:
         return item
 
 
+def test_close_ends_the_background_releases_of_failed_waits(server):
+    """A wait whose connection is killed fails, and leaves releases due
+    later (a grant may have been on its way); closing the Locks right
+    after, and the client with it, must not let them run on: they would
+    open a new connection on the closed client and leave it open. Each
+    token is released once more at the close."""
+    from redis_lock_client import _common as c
+
+    sync = server.client()
+    r = server.client()
+    locks = Locks(r)
+    keys = [f"undo:{i}" for i in range(5)]
+    for key in keys:
+        holder = locks.acquire(key, ttl=30)
+        failed = queue.Queue()
+
+        def wait(key=key):
+            try:
+                locks.acquire(key, ttl=30, timeout=5)
+                failed.put(None)
+            except Exception as e:  # noqa: BLE001
+                failed.put(e)
+
+        t = threading.Thread(target=wait)
+        t.start()
+        eventually(lambda: server.info("waiters") == 1, what="the waiter waits")
+        sync.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        t.join(5)
+        assert isinstance(failed.get(timeout=1), redis.ConnectionError)
+        holder.release()
+    locks.close()
+    r.close()
+    time.sleep(max(c.UNDO_AGAIN_S) + 0.5)
+    left = [cl for cl in sync.client_list() if cl.get("cmd") != "client|list"]
+    assert left == [], f"connections left after close: {left}"
+    assert all(holder_of(sync, key) is None for key in keys)
+
+
 def test_closing_an_observer_from_another_thread_ends_its_wait_at_once(server):
     # Closed at random moments of its rounds (connecting, the first read,
     # the wait's send, the wait itself): the reading thread must end each time within

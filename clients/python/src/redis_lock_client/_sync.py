@@ -402,6 +402,9 @@ class Locks:
         self._server = c.server_name(client)
         self._waits: Dict[Any, Any] = {}
         self._waits_lock = threading.Lock()
+        # The releases due later of interrupted acquisitions: timer -> what
+        # it releases (ended by close, which releases each once more).
+        self._undoing: Dict[threading.Timer, Tuple[c.Keys, str]] = {}
 
     # ---- acquiring ----
 
@@ -551,9 +554,19 @@ class Locks:
         time.sleep(c.UNDO_SETTLE_S)
         self._release_quietly(keys, token)
         for delay in c.UNDO_AGAIN_S:
-            t = threading.Timer(delay, self._release_quietly, (keys, token))
+            t = threading.Timer(delay, self._release_later, (keys, token))
             t.daemon = True
+            with self._waits_lock:
+                self._undoing[t] = (keys, token)
             t.start()
+
+    def _release_later(self, keys: c.Keys, token: str) -> None:
+        """A release due later (a timer of :meth:`_undo`), unless close()
+        ended it."""
+        with self._waits_lock:
+            due = self._undoing.pop(threading.current_thread(), None) is not None
+        if due:
+            self._release_quietly(keys, token)
 
     def _release_quietly(self, keys: c.Keys, token: str) -> None:
         try:
@@ -615,7 +628,17 @@ class Locks:
             pool.release(conn)
 
     def close(self) -> None:
-        """Closes the pools of blocking waits (the user's client is theirs)."""
+        """Closes the pools of blocking waits (the user's client is theirs),
+        and ends the releases an interrupted acquisition left due later,
+        each released once more now: nothing of these Locks runs after it (a
+        release due later would reopen a connection on a client the caller
+        closes next)."""
+        with self._waits_lock:
+            undoing, self._undoing = self._undoing, {}
+        for t in undoing:
+            t.cancel()
+        for token, keys in {token: keys for keys, token in undoing.values()}.items():
+            self._release_quietly(keys, token)
         with self._waits_lock:
             for w in self._waits.values():
                 w.close()

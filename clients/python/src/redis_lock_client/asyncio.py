@@ -11,7 +11,7 @@ import functools
 import inspect
 import time
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Dict, Generator, Optional, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Dict, Generator, Optional, Sequence, Tuple, TypeVar
 
 import redis.asyncio as aredis
 from redis.backoff import NoBackoff
@@ -197,7 +197,9 @@ class Locks:
         self._cluster = hasattr(client, "get_node_from_key")
         self._server = c.server_name(client)
         self._waits: Dict[Any, Any] = {}
-        self._undoing: set = set()
+        # The releases due later of cancelled acquisitions: task -> what
+        # it releases (ended by aclose, which releases each once more).
+        self._undoing: Dict[Any, Tuple[c.Keys, str]] = {}
 
     async def acquire(self, key: str, ttl: float = 30, timeout: float = 0, *,
                       shared: bool = False, limit: Optional[int] = None,
@@ -320,13 +322,15 @@ class Locks:
                 await self._release_quietly(keys, token)
 
         task = asyncio.get_running_loop().create_task(later())
-        self._undoing.add(task)
-        task.add_done_callback(self._undoing.discard)
+        self._undoing[task] = (keys, token)
+        task.add_done_callback(lambda t: self._undoing.pop(t, None))
 
     async def _release_quietly(self, keys: c.Keys, token: str) -> None:
         try:
             await self._call(*keys.release(token))
-        except BaseException:  # noqa: BLE001 - best effort
+        except Exception:  # noqa: BLE001 - best effort
+            # Not a cancel: aclose ends a release due later with one, and
+            # one swallowed here would let its next release run on.
             pass
 
     async def _call(self, *args: Any) -> Any:
@@ -383,7 +387,16 @@ class Locks:
             await pool.release(conn)
 
     async def aclose(self) -> None:
-        """Closes the pools of blocking waits (the user's client is theirs)."""
+        """Closes the pools of blocking waits (the user's client is theirs),
+        and ends the releases a cancelled acquisition left due later, each
+        released once more now: nothing of these Locks runs after it (a
+        release due later would reopen a connection on a client the caller
+        closes next)."""
+        undoing, self._undoing = self._undoing, {}
+        for task in undoing:
+            task.cancel()
+        for keys, token in undoing.values():
+            await self._release_quietly(keys, token)
         for w in self._waits.values():
             await w.aclose() if hasattr(w, "aclose") else await w.close()
         self._waits.clear()
