@@ -367,6 +367,29 @@ for (const kind of CLIENTS) {
   });
 }
 
+each('observers aborted at random moments end at once and leave no connection', async (locks, server) => {
+  // Aborted while connecting, reading the state, sending the wait or in
+  // it: each loop ends within a second, and no observer's connection is
+  // left open behind it.
+  const lease = await locks.campaign('closing', 'v', 5000);
+  const before = (await server.command('CLIENT', 'LIST')).trim().split('\n').length;
+  for (let round = 0; round < 30; round++) {
+    const controller = new AbortController();
+    const loop = (async () => {
+      for await (const _ of locks.observe('closing', { signal: controller.signal }));
+    })();
+    await sleep(Math.random() * 20);
+    controller.abort();
+    const ended = await Promise.race([loop.then(() => 'done', () => 'done'), sleep(1000).then(() => 'waiting')]);
+    assert.equal(ended, 'done', `round ${round}: an abort ends the loop at once`);
+  }
+  await eventually(async () => (await blockedClients(server)) === 0 && (await observerIds(server)).length === 0,
+    "no aborted observer's connection left open");
+  const after = (await server.command('CLIENT', 'LIST')).trim().split('\n').length;
+  assert.ok(after <= before, `connections: ${before} before, ${after} after`);
+  await lease.release();
+});
+
 each('an observer resumes after its connection is killed, without a repeat or a miss', async (locks, server) => {
   const a = await locks.campaign('election', 'v1');
   const changes = reader(locks.observe('election'));
