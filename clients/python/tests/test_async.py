@@ -189,6 +189,28 @@ def test_a_cancelled_wait_leaves_no_lock_and_no_place_in_line(server):
     run(main())
 
 
+def test_a_release_cancelled_while_it_stops_the_renewals_is_cancelled(server):
+    """A cancel that comes while release() waits for the renewal task to
+    stop is the caller's (asyncio.timeout, a TaskGroup): it propagates,
+    nothing is released, and release() may be called again."""
+    sync = server.client()
+
+    async def main():
+        locks = Locks(aredis.Redis(port=server.port))
+        lease = await locks.acquire("cancel-release", ttl=30)
+        task = asyncio.ensure_future(lease.release())
+        await asyncio.sleep(0)  # in release, waiting for the renewals to stop
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert holder_of(sync, "cancel-release") == (lease.token, lease.fence)
+        assert await lease.release() is True
+        assert holder_of(sync, "cancel-release") is None
+        await locks.aclose()
+
+    run(main())
+
+
 def test_aclose_ends_the_background_releases_of_cancelled_waits(server):
     """Cancelled waits leave releases due later (in case a grant was on its
     way); closing the Locks right after, and the client with it, must not

@@ -164,10 +164,9 @@ class Lease:
             return False
         self._stopping = True
         self._keeper.cancel()
-        try:
-            await self._keeper
-        except (asyncio.CancelledError, Exception):  # noqa: BLE001
-            pass
+        # Waits for it to end without taking on its outcome: a cancel that
+        # comes meanwhile is the caller's, and propagates.
+        await asyncio.wait({self._keeper})
         reply = await self._locks._call(*self._keys.release(self.token))
         # Only now: a release cut short (cancelled) may be called again.
         self._released = True
