@@ -73,6 +73,9 @@ const UNDO_AGAIN_MS = [250, 1000];
 export class Locks {
   private readonly client: Client;
   private readonly renew: boolean;
+  /** The releases an aborted acquisition left due later, by timer: what
+   * each releases (ended by `close`, which releases each once more). */
+  private readonly undoing = new Map<ReturnType<typeof setTimeout>, [Keys, string]>();
 
   constructor(client: RedisLike, options: { renew?: boolean } = {}) {
     this.client = wrap(client);
@@ -232,8 +235,15 @@ export class Locks {
     }
   }
 
-  /** Closes the idle wait connections (your client is yours). */
-  close(): Promise<void> {
+  /** Closes the idle wait connections (your client is yours), and ends
+   * the releases an aborted acquisition left due later, each released once
+   * more now: nothing of these locks runs on your client after it. */
+  async close(): Promise<void> {
+    const undoing = [...this.undoing];
+    this.undoing.clear();
+    for (const [timer] of undoing) clearTimeout(timer);
+    const tokens = new Map(undoing.map(([, [keys, token]]) => [token, keys]));
+    for (const [token, keys] of tokens) await this.call(this.client, keys.release(token)).catch(() => {});
     return this.client.close();
   }
 
@@ -291,7 +301,13 @@ export class Locks {
     // before the caller goes on, then in the background.
     await new Promise((r) => setTimeout(r, UNDO_SETTLE_MS));
     await release();
-    for (const ms of UNDO_AGAIN_MS) setTimeout(release, ms).unref?.();
+    for (const ms of UNDO_AGAIN_MS) {
+      const timer: ReturnType<typeof setTimeout> = setTimeout(() => {
+        if (this.undoing.delete(timer)) void release();
+      }, ms);
+      timer.unref?.();
+      this.undoing.set(timer, [keys, token]);
+    }
   }
 
   /** A BLOCK acquire on a wait connection; an abort closes it at once (the

@@ -155,6 +155,30 @@ each('an aborted wait leaves no lock and no place in line', async (locks, server
   assert.ok(aborted > 0);
 });
 
+each('close ends the releases an aborted wait left due later', async (locks, server) => {
+  // Each token is released once more at the close; after it nothing of
+  // these locks runs on the client (it is the caller's to close next).
+  const releases = async () => {
+    const text = await server.command('INFO', 'commandstats');
+    return Number(/cmdstat_lock\.release:calls=(\d+)/.exec(text)?.[1] ?? 0);
+  };
+  const keys = [0, 1, 2, 3, 4].map((i) => `undo:${i}`);
+  for (const key of keys) {
+    const holder = await locks.acquire(key, 30_000);
+    const controller = new AbortController();
+    const waiting = locks.acquire(key, 30_000, { timeoutMs: 5000, signal: controller.signal });
+    await eventually(async () => (await server.info('waiters')) === 1, 'the waiter waits');
+    controller.abort();
+    await assert.rejects(waiting, (e) => e?.name === 'AbortError');
+    await holder.release();
+  }
+  await locks.close();
+  const closed = await releases();
+  await sleep(Math.max(...[250, 1000]) + 500);
+  assert.equal(await releases(), closed, 'no release ran after close');
+  for (const key of keys) assert.equal(await server.command('LOCK.FENCE', key), null);
+});
+
 each(
   'a server without the module says how to load it',
   async (locks) => {

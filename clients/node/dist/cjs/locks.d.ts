@@ -53,6 +53,9 @@ export type Routine<T> = (signal: AbortSignal, lease: Lease) => Promise<T>;
 export declare class Locks {
     private readonly client;
     private readonly renew;
+    /** The releases an aborted acquisition left due later, by timer: what
+     * each releases (ended by `close`, which releases each once more). */
+    private readonly undoing;
     constructor(client: RedisLike, options?: {
         renew?: boolean;
     });
@@ -89,7 +92,9 @@ export declare class Locks {
      * was, without a repeat or a miss. Other server errors end it, thrown. */
     observe(key: string, options?: ObserveOptions): Observer;
     private observing;
-    /** Closes the idle wait connections (your client is yours). */
+    /** Closes the idle wait connections (your client is yours), and ends
+     * the releases an aborted acquisition left due later, each released once
+     * more now: nothing of these locks runs on your client after it. */
     close(): Promise<void>;
     private call;
     private take;

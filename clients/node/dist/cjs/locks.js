@@ -56,6 +56,9 @@ const UNDO_AGAIN_MS = [250, 1000];
 class Locks {
     client;
     renew;
+    /** The releases an aborted acquisition left due later, by timer: what
+     * each releases (ended by `close`, which releases each once more). */
+    undoing = new Map();
     constructor(client, options = {}) {
         this.client = (0, client_js_1.wrap)(client);
         this.renew = options.renew ?? true;
@@ -212,8 +215,17 @@ class Locks {
             conn?.destroy();
         }
     }
-    /** Closes the idle wait connections (your client is yours). */
-    close() {
+    /** Closes the idle wait connections (your client is yours), and ends
+     * the releases an aborted acquisition left due later, each released once
+     * more now: nothing of these locks runs on your client after it. */
+    async close() {
+        const undoing = [...this.undoing];
+        this.undoing.clear();
+        for (const [timer] of undoing)
+            clearTimeout(timer);
+        const tokens = new Map(undoing.map(([, [keys, token]]) => [token, keys]));
+        for (const [token, keys] of tokens)
+            await this.call(this.client, keys.release(token)).catch(() => { });
         return this.client.close();
     }
     async call(conn, args) {
@@ -273,8 +285,14 @@ class Locks {
         // before the caller goes on, then in the background.
         await new Promise((r) => setTimeout(r, UNDO_SETTLE_MS));
         await release();
-        for (const ms of UNDO_AGAIN_MS)
-            setTimeout(release, ms).unref?.();
+        for (const ms of UNDO_AGAIN_MS) {
+            const timer = setTimeout(() => {
+                if (this.undoing.delete(timer))
+                    void release();
+            }, ms);
+            timer.unref?.();
+            this.undoing.set(timer, [keys, token]);
+        }
     }
     /** A BLOCK acquire on a wait connection; an abort closes it at once (the
      * server drops the place in line, or takes back a grant it could not
