@@ -46,6 +46,11 @@ def free_port(cluster: bool = False) -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
+#: An ACL user's rules with the lock commands alone (no INFO, no CLIENT).
+LOCK_ONLY_USER = ["~app:*", "+lock.acquire", "+lock.release", "+lock.extend", "+lock.info",
+                  "+lock.fence", "+lock.acquireall", "+lock.releaseall", "+lock.observe"]
+
+
 class Server:
     """One redis-server on loopback; ``with_module=False`` for one without."""
 

@@ -189,6 +189,35 @@ def test_a_cancelled_wait_leaves_no_lock_and_no_place_in_line(server):
     run(main())
 
 
+def test_async_a_user_with_only_the_lock_commands_locks_waits_renews_and_observes(server):
+    from conftest import LOCK_ONLY_USER
+
+    server.client().execute_command("ACL", "SETUSER", "app", "on", ">pw", *LOCK_ONLY_USER)
+
+    async def main():
+        r = aredis.Redis(port=server.port, username="app", password="pw")
+        locks = Locks(r)
+        first = await locks.acquire("app:k", ttl=5)
+        waiter = asyncio.ensure_future(locks.acquire("app:k", ttl=5, timeout=5))
+        await eventually(lambda: server.info("waiters") == 1, what="the waiter waits in line")
+        assert await first.release() is True
+        second = await asyncio.wait_for(waiter, 5)
+        assert second.fence > first.fence
+        assert await second.release() is True
+        async with locks.lock("app:renewed", ttl=0.6) as lease:
+            await asyncio.sleep(1.0)  # renewals ran
+            assert lease.is_valid()
+        lead = await locks.campaign("app:leader", "v1", ttl=5)
+        assert await locks.leader("app:leader") == Leader(lead.fence, b"v1")
+        async with locks.observe("app:leader") as changes:
+            assert await changes.__anext__() == Leader(lead.fence, b"v1")
+        assert await lead.release() is True
+        await locks.aclose()
+        await r.aclose()
+
+    run(main())
+
+
 def test_a_release_cancelled_while_it_stops_the_renewals_is_cancelled(server):
     """A cancel that comes while release() waits for the renewal task to
     stop is the caller's (asyncio.timeout, a TaskGroup): it propagates,

@@ -319,6 +319,37 @@ class Pump:
         return item
 
 
+def test_a_user_with_only_the_lock_commands_locks_waits_renews_and_observes(server):
+    """The library sends nothing but LOCK.* commands: an ACL user with only
+    those (no INFO, no CLIENT) can use every part it is given."""
+    from conftest import LOCK_ONLY_USER
+
+    admin = server.client()
+    admin.execute_command("ACL", "SETUSER", "app", "on", ">pw", *LOCK_ONLY_USER)
+    locks = Locks(server.client(username="app", password="pw"))
+    first = locks.acquire("app:k", ttl=5)
+    got = queue.Queue()
+    t = threading.Thread(target=lambda: got.put(locks.acquire("app:k", ttl=5, timeout=5)))
+    t.start()
+    eventually(lambda: server.info("waiters") == 1, what="the waiter waits in line")
+    assert first.release() is True
+    t.join(5)
+    second = got.get(timeout=1)
+    assert second.fence > first.fence
+    assert second.release() is True
+    with locks.lock("app:renewed", ttl=0.6) as lease:
+        time.sleep(1.0)  # renewals ran
+        assert lease.is_valid()
+    both = locks.acquire_all(["app:a", "app:b"], ttl=5)
+    assert both.release() is True
+    with locks.campaign("app:leader", "v1", ttl=5) as lead:
+        assert locks.leader("app:leader") == Leader(lead.fence, b"v1")
+        with locks.observe("app:leader") as changes:
+            assert next(changes) == Leader(lead.fence, b"v1")
+    locks.close()
+    assert not any("NOPERM" in line for line in server.log().splitlines())
+
+
 def test_close_ends_the_background_releases_of_failed_waits(server):
     """A wait whose connection is killed fails, and leaves releases due
     later (a grant may have been on its way); closing the Locks right
