@@ -467,6 +467,77 @@ each('a user with only the lock commands locks, waits, renews and observes', asy
   assert.ok(!/NOPERM/.test(server.log()));
 });
 
+/** Three masters on loopback, slots split between them, ready on each. */
+async function startCluster() {
+  const nodes = [];
+  for (let i = 0; i < 3; i++) {
+    // A cluster node's bus is its port + 10000: ports below 55536 only.
+    let s;
+    do {
+      if (s) await s.stop();
+      s = await Server.start({ args: ['--cluster-enabled', 'yes', '--cluster-node-timeout', '5000'] });
+    } while (s.port > 55535);
+    nodes.push(s);
+  }
+  const ranges = [[0, 5460], [5461, 10922], [10923, 16383]];
+  for (const [i, s] of nodes.entries()) await s.command('CLUSTER', 'ADDSLOTSRANGE', ...ranges[i].map(String));
+  for (const s of nodes.slice(1)) await nodes[0].command('CLUSTER', 'MEET', '127.0.0.1', String(s.port));
+  await eventually(async () => {
+    for (const s of nodes) {
+      if (!/cluster_state:ok/.test(await s.command('CLUSTER', 'INFO'))) return false;
+      if (!/cluster_known_nodes:3/.test(await s.command('CLUSTER', 'INFO'))) return false;
+    }
+    return true;
+  }, 'the cluster did not come up', 20000);
+  return nodes;
+}
+
+test('on a three-node ioredis Cluster each key locks, waits and observes on its node', async () => {
+  const { default: Redis } = await import('ioredis');
+  const nodes = await startCluster();
+  const client = new Redis.Cluster([{ host: '127.0.0.1', port: nodes[0].port }]);
+  const locks = new Locks(client);
+  try {
+    // A key served by each node (CLUSTER KEYSLOT, then the node's range).
+    const keys = [];
+    const bounds = [5460, 10922, 16383];
+    for (let i = 0; keys.filter(Boolean).length < 3; i++) {
+      const slot = Number(await nodes[0].command('CLUSTER', 'KEYSLOT', `job:${i}`));
+      const at = bounds.findIndex((hi) => slot <= hi);
+      keys[at] ??= `job:${i}`;
+    }
+    for (const [i, key] of keys.entries()) {
+      const first = await locks.acquire(key, 5000);
+      const waiting = locks.acquire(key, 5000, { timeoutMs: 5000 });
+      await eventually(async () => (await nodes[i].info('waiters')) === 1, `${key} waits on its node`);
+      assert.equal(await first.release(), true);
+      const second = await waiting;
+      assert.ok(second.fence > first.fence);
+      assert.equal(await second.exec(['SET', `{${key}}data`, 'x']), 'OK');
+      assert.equal(await nodes[i].command('GET', `{${key}}data`), 'x');
+      assert.equal(await second.release(), true);
+    }
+    const renewed = await locks.acquire('{t}renewed', 600);
+    await sleep(1000);
+    assert.equal(await renewed.release(), true, 'renewed on its node');
+    const both = await locks.acquireAll(['{t}a', '{t}b'], 5000);
+    assert.equal(await both.release(), true);
+    const lead = await locks.campaign(keys[2], 'v1', 5000);
+    const seen = [];
+    for await (const change of locks.observe(keys[2])) {
+      seen.push(change);
+      if (seen.length === 1) await lead.proclaim('v2');
+      else break;
+    }
+    assert.deepEqual(seen, [{ fence: lead.fence, value: 'v1' }, { fence: lead.fence, value: 'v2' }]);
+    assert.equal(await lead.release(), true);
+  } finally {
+    await locks.close();
+    client.disconnect();
+    for (const s of nodes) await s.stop();
+  }
+});
+
 each('an observer resumes after its connection is killed, without a repeat or a miss', async (locks, server) => {
   const a = await locks.campaign('election', 'v1');
   const changes = reader(locks.observe('election'));

@@ -109,6 +109,32 @@ def server() -> Iterator[Server]:
 
 
 @pytest.fixture
+def cluster() -> Iterator[List[Server]]:
+    """Three masters on loopback, slots split between them, the cluster
+    ready on each."""
+    nodes = [Server(args=["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+             for _ in range(3)]
+    try:
+        ranges = [(0, 5460), (5461, 10922), (10923, 16383)]
+        for node, (lo, hi) in zip(nodes, ranges):
+            redis.Redis(port=node.port).execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
+        first = redis.Redis(port=nodes[0].port)
+        for node in nodes[1:]:
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        deadline = time.monotonic() + 20
+        for node in nodes:
+            r = redis.Redis(port=node.port)
+            while (b"cluster_state:ok" not in r.execute_command("CLUSTER", "INFO")
+                   or len(r.execute_command("CLUSTER", "SLOTS")) < 3):
+                assert time.monotonic() < deadline, "the cluster did not come up"
+                time.sleep(0.05)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
 def plain_server() -> Iterator[Server]:
     s = Server(with_module=False)
     try:

@@ -218,6 +218,44 @@ def test_async_a_user_with_only_the_lock_commands_locks_waits_renews_and_observe
     run(main())
 
 
+def test_async_on_a_three_node_cluster_each_key_locks_waits_and_observes_on_its_node(cluster):
+    from test_sync import keys_on_each_node
+
+    sync_rc = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    keys = keys_on_each_node(sync_rc, cluster, "job")
+    leader_key = keys_on_each_node(sync_rc, cluster, "leader")[1]
+    sync_rc.close()
+
+    async def main():
+        rc = aredis.RedisCluster(host="127.0.0.1", port=cluster[0].port)
+        locks = Locks(rc)
+        for node, key in zip(cluster, keys):
+            first = await locks.acquire(key, ttl=5)
+            waiter = asyncio.ensure_future(locks.acquire(key, ttl=5, timeout=5))
+            await eventually(lambda: node.info("waiters") == 1, what=f"{key} waits on its node")
+            assert await first.release() is True
+            second = await asyncio.wait_for(waiter, 5)
+            assert second.fence > first.fence
+            data = "{" + key + "}data"
+            assert await second.exec("SET", data, "x") == b"OK"
+            assert redis.Redis(port=node.port).get(data) == b"x"
+            assert await second.release() is True
+        async with locks.lock("{t}renewed", ttl=0.6) as lease:
+            await asyncio.sleep(1.0)
+            assert lease.is_valid()
+        lead = await locks.campaign(leader_key, "v1", ttl=5)
+        assert await locks.leader(leader_key) == Leader(lead.fence, b"v1")
+        async with locks.observe(leader_key) as changes:
+            assert await changes.__anext__() == Leader(lead.fence, b"v1")
+            await lead.proclaim("v2")
+            assert await asyncio.wait_for(changes.__anext__(), 5) == Leader(lead.fence, b"v2")
+        assert await lead.release() is True
+        await locks.aclose()
+        await rc.aclose()
+
+    run(main())
+
+
 def test_a_release_cancelled_while_it_stops_the_renewals_is_cancelled(server):
     """A cancel that comes while release() waits for the renewal task to
     stop is the caller's (asyncio.timeout, a TaskGroup): it propagates,

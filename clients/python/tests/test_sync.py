@@ -271,6 +271,54 @@ def test_a_cluster_client_locks_and_writes_guarded(server_factory=None):
         node.stop()
 
 
+def keys_on_each_node(rc, nodes, prefix):
+    """A key for each node of the cluster (by the port that serves its
+    slot), in the order of ``nodes``."""
+    found = {}
+    i = 0
+    while len(found) < len(nodes):
+        key = f"{prefix}:{i}"
+        found.setdefault(rc.get_node_from_key(key).port, key)
+        i += 1
+    return [found[n.port] for n in nodes]
+
+
+def test_on_a_three_node_cluster_each_key_locks_waits_and_observes_on_its_node(cluster):
+    """Every key on its own master: the grant, the wait in line (on that
+    node's server), the renewal, the guarded write and the observer all go
+    to the key's node; a lock's keys share a slot."""
+    rc = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port)
+    locks = Locks(rc)
+    for node, key in zip(cluster, keys_on_each_node(rc, cluster, "job")):
+        first = locks.acquire(key, ttl=5)
+        got = queue.Queue()
+        t = threading.Thread(target=lambda: got.put(locks.acquire(key, ttl=5, timeout=5)))
+        t.start()
+        eventually(lambda: node.info("waiters") == 1, what=f"{key} waits on its node")
+        assert first.release() is True
+        t.join(5)
+        second = got.get(timeout=1)
+        assert second.fence > first.fence
+        data = "{" + key + "}data"
+        assert second.exec("SET", data, "x") == b"OK"
+        assert redis.Redis(port=node.port).get(data) == b"x"
+        assert second.release() is True
+    with locks.lock("{t}renewed", ttl=0.6) as lease:
+        time.sleep(1.0)  # renewals ran on the key's node
+        assert lease.is_valid()
+    both = locks.acquire_all(["{t}a", "{t}b"], ttl=5)
+    assert both.release() is True
+    leader_key = keys_on_each_node(rc, cluster, "leader")[2]
+    with locks.campaign(leader_key, "v1", ttl=5) as lead:
+        assert locks.leader(leader_key) == Leader(lead.fence, b"v1")
+        with locks.observe(leader_key) as changes:
+            assert next(changes) == Leader(lead.fence, b"v1")
+            lead.proclaim("v2")
+            assert next(changes) == Leader(lead.fence, b"v2")
+    locks.close()
+    rc.close()
+
+
 # ---- leader election ----
 
 

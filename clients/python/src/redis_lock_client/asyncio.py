@@ -342,9 +342,12 @@ class Locks:
         if self._cluster:
             node = self._client.get_node_from_key(key)
             ident: Any = (node.host, node.port)
-            kwargs = dict(self._client.connection_kwargs)
+            # The node's own connection settings, as it makes its
+            # connections (the cluster client's also hold its response
+            # callbacks, which a connection does not take).
+            kwargs = dict(node.connection_kwargs)
             kwargs.update(host=node.host, port=node.port)
-            connection_class = kwargs.pop("connection_class", aredis.Connection)
+            connection_class = node.connection_class
         else:
             ident = None
             pool = self._client.connection_pool
