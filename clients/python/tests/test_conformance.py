@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import signal
 import threading
@@ -432,3 +433,22 @@ async def run_async_steps(server, scenario, checks, plain, observers, campaigns)
                 await task
         else:
             raise AssertionError(f"unknown step {do}")
+
+
+def test_the_clients_speak_the_protocol_asked(server):
+    # PY_PROTOCOL=2 (see conftest) must reach every client the scenarios
+    # make, or their RESP2 run would be a second RESP3 one.
+    asked = os.environ.get("PY_PROTOCOL")
+    r = server.client()
+    spoken = str(r.client_info()["resp"])
+    assert spoken == asked if asked else spoken in ("2", "3")
+    import redis.asyncio as aredis
+
+    async def main():
+        ar = aredis.Redis(port=server.port)
+        try:
+            return str((await ar.client_info())["resp"])
+        finally:
+            await ar.aclose()
+
+    assert asyncio.run(main()) == spoken
