@@ -398,6 +398,33 @@ def test_a_user_with_only_the_lock_commands_locks_waits_renews_and_observes(serv
     assert not any("NOPERM" in line for line in server.log().splitlines())
 
 
+def test_fenced_writes_to_a_gate_on_another_server(server):
+    """The lock on one server, the protected data behind a gate on
+    another: ``fenced(..., client=)`` sends the write there, with this
+    grant's fence; an older grant's write is refused there."""
+    from conftest import Server
+
+    store = Server()
+    try:
+        data = store.client()
+        locks = Locks(server.client())
+        old = locks.acquire("doc", ttl=30)
+        assert old.fenced("doc:gate", "SET", "doc:copy", "v1", client=data) == b"OK"
+        assert old.release() is True
+        new = locks.acquire("doc", ttl=30)
+        assert new.fence > old.fence
+        assert new.fenced("doc:gate", "SET", "doc:copy", "v2", client=data) == b"OK"
+        with pytest.raises(StaleFence) as refused:
+            old.fenced("doc:gate", "SET", "doc:copy", "stale", client=data)
+        assert (refused.value.fence, refused.value.mark) == (old.fence, new.fence)
+        assert data.get("doc:copy") == b"v2"
+        assert server.client().get("doc:copy") is None, "nothing written beside the lock"
+        assert new.release() is True
+        locks.close()
+    finally:
+        store.stop()
+
+
 def test_close_ends_the_background_releases_of_failed_waits(server):
     """A wait whose connection is killed fails, and leaves releases due
     later (a grant may have been on its way); closing the Locks right
