@@ -5,8 +5,11 @@ import { createClient } from 'redis';
 export const CLIENTS = [
   {
     name: 'ioredis',
-    async open(port) {
-      const c = new Redis(port, '127.0.0.1', { lazyConnect: true });
+    // `user`: { username, password } of an ACL user (its ready check runs
+    // INFO, which such a user may not: skipped rather than logged).
+    async open(port, user) {
+      const auth = user ? { ...user, enableReadyCheck: false } : {};
+      const c = new Redis(port, '127.0.0.1', { lazyConnect: true, ...auth });
       await c.connect();
       return c;
     },
@@ -14,8 +17,9 @@ export const CLIENTS = [
   },
   {
     name: 'node-redis',
-    async open(port) {
-      const c = createClient({ url: `redis://127.0.0.1:${port}` });
+    async open(port, user) {
+      const auth = user ? `${user.username}:${user.password}@` : '';
+      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}` });
       c.on('error', () => {});
       await c.connect();
       return c;

@@ -418,27 +418,9 @@ each('observers aborted at random moments end at once and leave no connection', 
 // package sends nothing else, so every part of it works for that user.
 const LOCK_ONLY_USER = ['~app:*', '+lock.acquire', '+lock.release', '+lock.extend', '+lock.info', '+lock.fence',
   '+lock.acquireall', '+lock.releaseall', '+lock.observe'];
-const AS_APP = {
-  ioredis: async (port) => {
-    const { default: Redis } = await import('ioredis');
-    // Its ready check runs INFO, which this user may not: skipped, as the
-    // README says, rather than logged for every connection.
-    const c = new Redis({ port, host: '127.0.0.1', username: 'app', password: 'pw', lazyConnect: true,
-      enableReadyCheck: false });
-    await c.connect();
-    return c;
-  },
-  'node-redis': async (port) => {
-    const { createClient } = await import('redis');
-    const c = createClient({ url: `redis://app:pw@127.0.0.1:${port}` });
-    c.on('error', () => {});
-    await c.connect();
-    return c;
-  },
-};
 each('a user with only the lock commands locks, waits, renews and observes', async (_, server, __, kind) => {
   await server.command('ACL', 'SETUSER', 'app', 'on', '>pw', ...LOCK_ONLY_USER);
-  const client = await AS_APP[kind.name](server.port);
+  const client = await kind.open(server.port, { username: 'app', password: 'pw' });
   const locks = new Locks(client);
   try {
     const first = await locks.acquire('app:k', 5000);

@@ -134,6 +134,18 @@ def cluster() -> Iterator[List[Server]]:
             node.stop()
 
 
+def keys_on_each_node(rc, nodes, prefix):
+    """A key for each node of the cluster (by the port that serves its
+    slot), in the order of ``nodes``."""
+    found = {}
+    i = 0
+    while len(found) < len(nodes):
+        key = f"{prefix}:{i}"
+        found.setdefault(rc.get_node_from_key(key).port, key)
+        i += 1
+    return [found[n.port] for n in nodes]
+
+
 @pytest.fixture
 def plain_server() -> Iterator[Server]:
     s = Server(with_module=False)

@@ -219,7 +219,7 @@ def test_async_a_user_with_only_the_lock_commands_locks_waits_renews_and_observe
 
 
 def test_async_on_a_three_node_cluster_each_key_locks_waits_and_observes_on_its_node(cluster):
-    from test_sync import keys_on_each_node
+    from conftest import keys_on_each_node
 
     sync_rc = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port)
     keys = keys_on_each_node(sync_rc, cluster, "job")

@@ -271,22 +271,12 @@ def test_a_cluster_client_locks_and_writes_guarded(server_factory=None):
         node.stop()
 
 
-def keys_on_each_node(rc, nodes, prefix):
-    """A key for each node of the cluster (by the port that serves its
-    slot), in the order of ``nodes``."""
-    found = {}
-    i = 0
-    while len(found) < len(nodes):
-        key = f"{prefix}:{i}"
-        found.setdefault(rc.get_node_from_key(key).port, key)
-        i += 1
-    return [found[n.port] for n in nodes]
-
-
 def test_on_a_three_node_cluster_each_key_locks_waits_and_observes_on_its_node(cluster):
     """Every key on its own master: the grant, the wait in line (on that
     node's server), the renewal, the guarded write and the observer all go
     to the key's node; a lock's keys share a slot."""
+    from conftest import keys_on_each_node
+
     rc = redis.RedisCluster(host="127.0.0.1", port=cluster[0].port)
     locks = Locks(rc)
     for node, key in zip(cluster, keys_on_each_node(rc, cluster, "job")):
