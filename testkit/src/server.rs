@@ -234,8 +234,13 @@ impl Server {
         assert!(!self.is_external(), "cannot restart the external server");
         for attempt in 0..3 {
             if attempt > 0 {
-                // The port was taken between choosing and binding: pick another.
+                // A port was taken between choosing and binding: pick others,
+                // the cluster bus's too (it is a port of its own, fixed in
+                // the arguments, and the one a retry kept failing on).
                 self.port = free_port();
+                if self.args.iter().any(|a| a == "--cluster-port") {
+                    set_arg(&mut self.args, "cluster-port", &free_port().to_string());
+                }
             }
             if let Mode::Docker(image) = mode() {
                 if let Err(e) = self.boot_container(&image) {

@@ -78,23 +78,40 @@ function parse(s) {
 export class Server {
   static async start({ module = true, args = [] } = {}) {
     const s = new Server();
-    s.port = await freePort();
     s.dir = mkdtempSync(join(tmpdir(), 'redis-lock-node-'));
-    const argv = ['--port', String(s.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
-      '--dir', s.dir, '--logfile', join(s.dir, 'server.log'), ...args];
-    if (module) argv.push('--loadmodule', modulePath());
-    s.proc = spawn(process.env.REDIS_SERVER || 'redis-server', argv, { stdio: 'ignore' });
+    const cluster = args.includes('--cluster-enabled');
+    // A port chosen free can be taken before the server binds it (by a
+    // server another test starts): a server that exits gets new ports.
+    for (let attempt = 0; ; attempt++) {
+      s.port = await freePort();
+      s.busPort = cluster ? await freePort() : undefined;
+      const extra = cluster ? ['--cluster-port', String(s.busPort)] : [];
+      const argv = ['--port', String(s.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no',
+        '--dir', s.dir, '--logfile', join(s.dir, 'server.log'), ...extra, ...args];
+      if (module) argv.push('--loadmodule', modulePath());
+      s.proc = spawn(process.env.REDIS_SERVER || 'redis-server', argv, { stdio: 'ignore' });
+      if (await s.#ready()) return s;
+      if (s.proc.exitCode === null || attempt === 2) {
+        const log = s.log();
+        await s.stop();
+        throw new Error(`redis-server did not start: ${log}`);
+      }
+    }
+  }
+
+  /** Whether the server answers; false as soon as it has exited. */
+  async #ready() {
     const deadline = Date.now() + 20000;
-    for (;;) {
+    while (Date.now() < deadline) {
       try {
-        if ((await raw(s.port, ['PING'])) === 'PONG') break;
+        if ((await raw(this.port, ['PING'])) === 'PONG') return true;
       } catch {
         // not up yet
       }
-      if (s.proc.exitCode !== null || Date.now() > deadline) throw new Error(`redis-server did not start: ${s.log()}`);
+      if (this.proc.exitCode !== null) return false;
       await sleep(20);
     }
-    return s;
+    return false;
   }
 
   get url() {

@@ -25,25 +25,11 @@ def module_path() -> str:
     return os.environ.get("REDIS_LOCK_MODULE") or str(ROOT / "target/release/libredis_lock.so")
 
 
-def free_port(cluster: bool = False) -> int:
-    """A free port; for a cluster node one at most 55535 whose bus port
-    (+10000) is free too."""
-    if not cluster:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    import random
-
-    for _ in range(1000):
-        port = random.randint(20000, 55535)
-        try:
-            for p in (port, port + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair for a cluster node")
+def free_port() -> int:
+    """A port of 127.0.0.1 free when asked (see ``Server`` for the race)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 #: An ACL user's rules with the lock commands alone (no INFO, no CLIENT).
@@ -55,24 +41,44 @@ class Server:
     """One redis-server on loopback; ``with_module=False`` for one without."""
 
     def __init__(self, with_module: bool = True, args: Optional[List[str]] = None) -> None:
-        self.port = free_port(cluster="--cluster-enabled" in (args or []))
         self.dir = tempfile.mkdtemp(prefix="redis-lock-py-")
-        cmd = [os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(self.port),
-               "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
-               "--logfile", os.path.join(self.dir, "server.log"), "--enable-debug-command", "yes"]
-        cmd += args or []
-        if with_module:
-            cmd += ["--loadmodule", module_path()]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cluster = "--cluster-enabled" in (args or [])
+        # A port chosen free can be taken before the server binds it (by a
+        # server another test starts): a server that exits gets new ports.
+        for attempt in range(3):
+            self.port = free_port()
+            # A cluster node's bus port is its own, not port + 10000 (which
+            # may be past 65535 or taken).
+            self.bus_port = free_port() if cluster else None
+            cmd = [os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(self.port),
+                   "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", self.dir,
+                   "--logfile", os.path.join(self.dir, "server.log"),
+                   "--enable-debug-command", "yes"]
+            if cluster:
+                cmd += ["--cluster-port", str(self.bus_port)]
+            cmd += args or []
+            if with_module:
+                cmd += ["--loadmodule", module_path()]
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            if self._wait_ready():
+                return
+            if self.proc.poll() is None or attempt == 2:
+                log = self.log()
+                self.stop()
+                raise RuntimeError(f"redis-server did not start: {log}")
+
+    def _wait_ready(self) -> bool:
+        """Whether the server answers; False as soon as it has exited."""
         deadline = time.monotonic() + 20
-        while True:
+        while time.monotonic() < deadline:
             try:
                 redis.Redis(port=self.port, socket_timeout=1).ping()
-                break
+                return True
             except redis.ConnectionError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start: {self.log()}")
+                if self.proc.poll() is not None:
+                    return False
                 time.sleep(0.02)
+        return False
 
     @property
     def url(self) -> str:
@@ -120,7 +126,7 @@ def cluster() -> Iterator[List[Server]]:
             redis.Redis(port=node.port).execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
         first = redis.Redis(port=nodes[0].port)
         for node in nodes[1:]:
-            first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            first.execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, node.bus_port)
         deadline = time.monotonic() + 20
         for node in nodes:
             r = redis.Redis(port=node.port)
