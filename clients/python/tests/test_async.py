@@ -549,3 +549,31 @@ def test_async_observer_resumes_after_its_connection_is_killed(server):
         await locks.aclose()
 
     run(main())
+
+
+def test_one_locks_serves_one_event_loop_after_another(server):
+    """A Locks kept across event loops (a second ``asyncio.run``, a test
+    framework's loop per test): its own wait connections are made again in
+    each loop, so a blocking acquire works in every one. (The user's client
+    is redis-py's: the test gives it fresh connections in each loop, as
+    redis-py wants.)"""
+    sync = server.client()
+    r = aredis.Redis(port=server.port)
+    locks = Locks(r)
+
+    async def one_round(i):
+        r.connection_pool.reset()  # redis-py's connections die with their loop
+        sync.execute_command("LOCK.ACQUIRE", "loops", "other", 30000)
+        waiter = asyncio.create_task(locks.acquire("loops", ttl=30, timeout=10))
+        while server.info("waiters") != 1:
+            await asyncio.sleep(0.01)
+        assert sync.execute_command("LOCK.RELEASE", "loops", "other") == 1
+        lease = await waiter
+        assert lease is not None and holder_of(sync, "loops") == (lease.token, lease.fence)
+        assert await lease.release() is True
+        if i == 2:
+            await locks.aclose()
+
+    for i in range(3):
+        run(one_round(i))
+    assert server.info("handoffs") == 3

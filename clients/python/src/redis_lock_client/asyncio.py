@@ -195,7 +195,8 @@ class Locks:
         self._renew = renew
         self._cluster = hasattr(client, "get_node_from_key")
         self._server = c.server_name(client)
-        self._waits: Dict[Any, Any] = {}
+        # Each node's client for blocking waits, and the loop it was made in.
+        self._waits: Dict[Any, Tuple[Any, Any]] = {}
         # The releases due later of cancelled acquisitions: task -> what
         # it releases (ended by aclose, which releases each once more).
         self._undoing: Dict[Any, Tuple[c.Keys, str]] = {}
@@ -353,13 +354,19 @@ class Locks:
             pool = self._client.connection_pool
             kwargs = dict(pool.connection_kwargs)
             connection_class = pool.connection_class
-        waits = self._waits.get(ident)
-        if waits is None:
-            kwargs = c.wait_kwargs(kwargs)
-            kwargs["retry"] = Retry(NoBackoff(), 0)
-            pool = aredis.ConnectionPool(connection_class=connection_class, **kwargs)
-            waits = aredis.Redis(connection_pool=pool)
-            self._waits[ident] = waits
+        # A connection belongs to the event loop it was made in: the same
+        # Locks used from another loop (a second asyncio.run, a test
+        # framework's loop per test) gets wait connections of its own; the
+        # earlier loop's are dropped unclosed (closing needs that loop).
+        loop = asyncio.get_running_loop()
+        made = self._waits.get(ident)
+        if made is not None and made[0] is loop:
+            return made[1]
+        kwargs = c.wait_kwargs(kwargs)
+        kwargs["retry"] = Retry(NoBackoff(), 0)
+        pool = aredis.ConnectionPool(connection_class=connection_class, **kwargs)
+        waits = aredis.Redis(connection_pool=pool)
+        self._waits[ident] = (loop, waits)
         return waits
 
     async def _wait(self, keys: c.Keys, args: list) -> Any:
@@ -396,12 +403,17 @@ class Locks:
         closes next)."""
         undoing, self._undoing = self._undoing, {}
         for task in undoing:
-            task.cancel()
+            # One of an earlier loop ended with it (cancelling it would
+            # schedule on that closed loop): it is released below too.
+            if task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
         for keys, token in undoing.values():
             await self._release_quietly(keys, token)
-        for w in self._waits.values():
-            await w.aclose() if hasattr(w, "aclose") else await w.close()
-        self._waits.clear()
+        waits, self._waits = self._waits, {}
+        loop = asyncio.get_running_loop()
+        for made_in, w in waits.values():
+            if made_in is loop:
+                await w.aclose() if hasattr(w, "aclose") else await w.close()
 
 
 class _Campaign:
