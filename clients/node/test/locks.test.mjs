@@ -539,3 +539,77 @@ each('an observer resumes after its connection is killed, without a repeat or a 
   await changes.return();
   await eventually(async () => (await observerIds(server)).length === 0);
 });
+
+test("ioredis's keyPrefix names every key the lock commands touch, as the client's own commands", async () => {
+  const { default: Redis } = await import('ioredis');
+  const server = await Server.start();
+  const client = new Redis({ port: server.port, keyPrefix: 'app:' });
+  const other = new Redis({ port: server.port, keyPrefix: 'app:' });
+  const locks = new Locks(client);
+  const rivals = new Locks(other);
+  try {
+    const lease = await locks.acquire('orders:1', 30_000);
+    assert.ok(lease);
+    assert.deepEqual(await server.command('KEYS', '*'), ['app:orders:1']);
+    assert.equal(await rivals.acquire('orders:1', 30_000), null, 'the same lock through the same prefix');
+    // A wait (its own connection, a duplicate of the client) names it too.
+    const waiting = rivals.acquire('orders:1', 30_000, { timeoutMs: 10_000 });
+    while ((await server.info('waiters')) !== 1) await sleep(10);
+    // The command run under the lock: its keys as ioredis prefixes them.
+    assert.equal(await lease.exec(['SET', 'stock', '5']), 'OK');
+    assert.equal(await client.get('stock'), '5', 'written where the client reads');
+    assert.equal(await lease.exec(['MSET', 'a', '1', Buffer.from('b'), '2']), 'OK');
+    assert.deepEqual(await client.mget('a', 'b'), ['1', '2']);
+    assert.equal(await lease.fenced('gate', ['INCR', 'count']), 1);
+    assert.equal(await client.get('count'), '1');
+    assert.equal(Number(await server.command('LOCK.FENCE', 'app:gate')), lease.fence, 'the gate is prefixed');
+    assert.equal(await lease.release(), true);
+    const second = await waiting;
+    assert.ok(second.fence > lease.fence);
+    assert.deepEqual((await server.command('KEYS', '*')).sort(), ['app:a', 'app:b', 'app:count', 'app:gate', 'app:orders:1', 'app:stock']);
+    assert.equal(await second.fenced('gate', ['INCR', 'count']), 2);
+    await assert.rejects(lease.fenced('gate', ['INCR', 'count']), StaleFenceError);
+    assert.equal(await client.get('count'), '2', 'the stale write made nothing');
+    await second.release();
+    const both = await locks.acquireAll(['x', 'y'], 30_000);
+    assert.deepEqual((await server.command('KEYS', 'app:[xy]')).sort(), ['app:x', 'app:y']);
+    assert.equal(await both.release(), true);
+    const lead = await locks.campaign('leader', 'v1', 30_000);
+    assert.deepEqual(await rivals.leader('leader'), { fence: lead.fence, value: 'v1' });
+    const changes = reader(rivals.observe('leader'));
+    assert.deepEqual(await changes.next(), { fence: lead.fence, value: 'v1' });
+    await lead.release();
+    assert.equal(await changes.next(), null, 'observed through the prefix');
+    await changes.return();
+    assert.deepEqual(await server.command('KEYS', '*orders*'), [], 'nothing bare');
+    assert.deepEqual(await server.command('KEYS', 'leader'), []);
+  } finally {
+    await locks.close();
+    await rivals.close();
+    client.disconnect();
+    other.disconnect();
+    await server.stop();
+  }
+});
+
+test("ioredis's keyPrefix on a Cluster: the lock and its guarded write on the prefixed key's node", async () => {
+  const { default: Redis } = await import('ioredis');
+  const nodes = await startCluster();
+  const client = new Redis.Cluster([{ host: '127.0.0.1', port: nodes[0].port }], { keyPrefix: '{t}' });
+  const locks = new Locks(client);
+  try {
+    const lease = await locks.acquire('job', 30_000);
+    assert.ok(lease);
+    assert.equal(await lease.exec(['SET', 'data', 'x']), 'OK');
+    assert.equal(await client.get('data'), 'x');
+    const slot = Number(await nodes[0].command('CLUSTER', 'KEYSLOT', '{t}job'));
+    const owner = nodes[[5460, 10922, 16383].findIndex((hi) => slot <= hi)];
+    assert.equal(Number(await owner.command('LOCK.FENCE', '{t}job')), lease.fence);
+    assert.equal(await owner.command('GET', '{t}data'), 'x');
+    assert.equal(await lease.release(), true);
+  } finally {
+    await locks.close();
+    client.disconnect();
+    for (const s of nodes) await s.stop();
+  }
+});

@@ -2,6 +2,7 @@
 // `Cluster`) or node-redis (`createClient`, `createCluster`), told apart by
 // their shape. A command is an array of arguments; a reply comes back as
 // the client gives it (numbers, strings, null).
+import * as p from './protocol.js';
 const text = (a) => (typeof a === 'number' ? String(a) : a);
 function isNodeRedis(client) {
     return typeof client?.sendCommand === 'function' && typeof client?.isOpen === 'boolean';
@@ -18,11 +19,13 @@ function nameOf(client) {
 }
 /** One connection: the user's client, or a wait connection made from it. */
 function conn(client, nodeRedis, name) {
+    if (nodeRedis)
+        return { name, send: (args) => client.sendCommand(args.map(text)) };
+    const prefix = keyPrefixOf(client);
+    const call = (args) => client.call(...args.map(text));
     return {
         name,
-        send: nodeRedis
-            ? (args) => client.sendCommand(args.map(text))
-            : (args) => client.call(...args.map(text)),
+        send: prefix === undefined ? call : (args) => call(withKeyPrefix(client, prefix, args)),
     };
 }
 /** The user's client; wait connections are duplicates of it, kept idle
@@ -102,4 +105,79 @@ export function wrap(client) {
                 destroy(idle.pop());
         },
     };
+}
+// ---- ioredis's `keyPrefix` ----
+// ioredis prefixes the keys of the commands it knows; the LOCK.* commands
+// are not among them, so without this a lock, a gate and a guarded write
+// would name the bare key while the user's own commands name the prefixed
+// one (a fenced `SET stock` written where `get('stock')` never reads).
+/** The key prefix of an ioredis client (`Redis` or `Cluster`), if it has
+ * one. node-redis has none. */
+function keyPrefixOf(client) {
+    const prefix = client?.options?.keyPrefix;
+    return prefix === undefined || prefix === null || prefix.length === 0 ? undefined : prefix;
+}
+/** `command` with its keys prefixed as ioredis prefixes them when the
+ * client sends it itself: read from an ioredis pipeline the command is put
+ * into and that is never sent (ioredis has no other way to it; its key
+ * positions are its own table's). None if the client has no pipelines. */
+function asIoredisSends(client, command) {
+    const pipeline = typeof client?.pipeline === 'function' ? client.pipeline() : undefined;
+    if (typeof pipeline?.call !== 'function')
+        return undefined;
+    pipeline.call(...command.map(text));
+    const args = pipeline._queue?.[0]?.args;
+    return Array.isArray(args) ? [command[0], ...args] : undefined;
+}
+const prefixed = (prefix, key) => {
+    if (typeof prefix === 'string' && !Buffer.isBuffer(key))
+        return prefix + String(key);
+    const bytes = (a) => (Buffer.isBuffer(a) ? a : Buffer.from(String(a)));
+    return Buffer.concat([bytes(prefix), bytes(key)]);
+};
+/** `args` (a module command) with `client`'s key prefix on every key it
+ * names: the lock's keys, a gate, and the keys of the command it runs
+ * (`LOCK.EXEC`, `LOCK.FENCED`) as ioredis prefixes that command's own. */
+function withKeyPrefix(client, prefix, args) {
+    const out = [...args];
+    const key = (i) => {
+        if (i < out.length)
+            out[i] = prefixed(prefix, out[i]);
+    };
+    let inner;
+    switch (String(args[0]).toUpperCase()) {
+        case p.ACQUIRE_ALL:
+        case p.RELEASE_ALL: {
+            const n = Number(args[1]);
+            for (let i = 0; i < n; i++)
+                key(2 + i);
+            break;
+        }
+        case p.EXEC:
+            key(1);
+            inner = 5; // LOCK.EXEC key token FENCE fence command...
+            break;
+        case p.FENCED:
+            key(1);
+            inner = 3; // LOCK.FENCED gate fence command...
+            break;
+        case p.ACQUIRE:
+        case p.RELEASE:
+        case p.EXTEND:
+        case p.FENCE:
+        case p.INFO:
+        case p.OBSERVE:
+            key(1);
+            break;
+        default:
+            return args; // not a module command: ioredis's own
+    }
+    if (inner !== undefined && out.length > inner) {
+        const command = asIoredisSends(client, out.slice(inner));
+        if (!command) {
+            throw new TypeError('the client has a keyPrefix, but it makes no ioredis pipeline to prefix the keys of the command run under the lock');
+        }
+        out.splice(inner, out.length - inner, ...command);
+    }
+    return out;
 }
