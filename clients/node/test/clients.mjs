@@ -26,4 +26,16 @@ export const CLIENTS = [
     },
     close: (c) => (c.close ? c.close() : c.quit()),
   },
+  {
+    // node-redis 5 speaks RESP3 when asked: maps come back as objects.
+    name: 'node-redis RESP3',
+    async open(port, user) {
+      const auth = user ? `${user.username}:${user.password}@` : '';
+      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, RESP: 3 });
+      c.on('error', () => {});
+      await c.connect();
+      return c;
+    },
+    close: (c) => (c.close ? c.close() : c.quit()),
+  },
 ];
