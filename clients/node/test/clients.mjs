@@ -6,10 +6,11 @@ export const CLIENTS = [
   {
     name: 'ioredis',
     // `user`: { username, password } of an ACL user (its ready check runs
-    // INFO, which such a user may not: skipped rather than logged).
-    async open(port, user) {
+    // INFO, which such a user may not: skipped rather than logged); `db`:
+    // the database, if not 0.
+    async open(port, user, db = 0) {
       const auth = user ? { ...user, enableReadyCheck: false } : {};
-      const c = new Redis(port, '127.0.0.1', { lazyConnect: true, ...auth });
+      const c = new Redis(port, '127.0.0.1', { lazyConnect: true, db, ...auth });
       await c.connect();
       return c;
     },
@@ -17,9 +18,9 @@ export const CLIENTS = [
   },
   {
     name: 'node-redis',
-    async open(port, user) {
+    async open(port, user, db = 0) {
       const auth = user ? `${user.username}:${user.password}@` : '';
-      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}` });
+      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, database: db });
       c.on('error', () => {});
       await c.connect();
       return c;
@@ -29,9 +30,9 @@ export const CLIENTS = [
   {
     // node-redis 5 speaks RESP3 when asked: maps come back as objects.
     name: 'node-redis RESP3',
-    async open(port, user) {
+    async open(port, user, db = 0) {
       const auth = user ? `${user.username}:${user.password}@` : '';
-      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, RESP: 3 });
+      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, database: db, RESP: 3 });
       c.on('error', () => {});
       await c.connect();
       return c;

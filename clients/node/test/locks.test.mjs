@@ -613,3 +613,27 @@ test("ioredis's keyPrefix on a Cluster: the lock and its guarded write on the pr
     for (const s of nodes) await s.stop();
   }
 });
+
+for (const kind of CLIENTS) {
+  test(`a client on another database waits in that database's line (${kind.name})`, async () => {
+    const server = await Server.start();
+    const client = await kind.open(server.port, undefined, 3);
+    const locks = new Locks(client);
+    try {
+      const first = await locks.acquire('k', 30_000);
+      assert.equal(await locks.acquire('k', 30_000, { timeoutMs: 300 }), null, "waited in db 3's line");
+      const waiting = locks.acquire('k', 30_000, { timeoutMs: 10_000 });
+      while ((await server.info('waiters')) !== 1) await sleep(10);
+      assert.equal(await first.release(), true);
+      const second = await waiting;
+      assert.ok(second.fence > first.fence);
+      assert.deepEqual(await server.command('KEYS', '*'), [], 'nothing in db 0');
+      assert.equal(Number(await server.command('EVAL', "redis.call('SELECT', 3) return redis.call('LOCK.FENCE', 'k')", 0)), second.fence);
+      assert.equal(await second.release(), true);
+    } finally {
+      await locks.close();
+      await kind.close(client).catch(() => {});
+      await server.stop();
+    }
+  });
+}

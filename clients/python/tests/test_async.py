@@ -577,3 +577,25 @@ def test_one_locks_serves_one_event_loop_after_another(server):
     for i in range(3):
         run(one_round(i))
     assert server.info("handoffs") == 3
+
+
+def test_a_client_on_another_database_waits_in_that_databases_line(server):
+    """As the blocking client's: ``db=3`` holds for the waits too."""
+
+    async def main():
+        r = aredis.Redis(port=server.port, db=3)
+        locks = Locks(r)
+        first = await locks.acquire("k", ttl=30)
+        assert await locks.acquire("k", ttl=30, timeout=0.3) is None, "waited in db 3's line"
+        waiter = asyncio.create_task(locks.acquire("k", ttl=30, timeout=10))
+        while server.info("waiters") != 1:
+            await asyncio.sleep(0.01)
+        assert await first.release() is True
+        lease = await waiter
+        assert lease.fence > first.fence
+        assert server.client(db=0).keys() == [] and await r.keys() == [b"k"]
+        assert await lease.release() is True
+        await locks.aclose()
+        await r.aclose()
+
+    run(main())

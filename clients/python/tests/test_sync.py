@@ -687,3 +687,25 @@ def test_an_observer_resumes_after_its_connection_is_killed_without_a_repeat_or_
         assert pump.get() == Leader(b.fence, b"v3")
         b.release()
         assert pump.get() is None
+
+
+def test_a_client_on_another_database_waits_in_that_databases_line(server):
+    """A client with ``db=3``: the lock, its wait (on a connection of its
+    own) and the hand-off are db 3's; db 0 is never touched."""
+    r = server.client(db=3)
+    locks = Locks(r)
+    first = locks.acquire("k", ttl=30)
+    assert locks.acquire("k", ttl=30, timeout=0.3) is None, "waited in db 3's line"
+    got = {}
+    waiter = threading.Thread(target=lambda: got.setdefault("lease", locks.acquire("k", ttl=30, timeout=10)))
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while server.info("waiters") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert first.release() is True
+    waiter.join()
+    assert got["lease"].fence > first.fence
+    assert server.client(db=0).keys() == [] and r.keys() == [b"k"]
+    assert got["lease"].release() is True
+    locks.close()
