@@ -783,3 +783,39 @@ async fn every_call_works_over_resp3() {
     assert!(guard.release().await.unwrap());
     assert!(locks.info("r3").await.remove(0).unwrap().is_none());
 }
+
+/// A URL naming database 3: the lock, a wait (on a connection of its own)
+/// and the hand-off are db 3's; db 0 is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_with_a_database_waits_in_that_databases_line() {
+    let s = Server::start();
+    let url = format!("{}3", s.url());
+    let locks = LockClient::new(&[url]).unwrap();
+    let ttl = Duration::from_secs(30);
+    let first = locks.try_acquire("k", ttl).await.unwrap().unwrap();
+    let refused = locks
+        .acquire("k", ttl)
+        .wait(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(refused.is_none(), "waited in db 3's line");
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("k", ttl).wait(Duration::from_secs(10)).await })
+    };
+    let mut c = s.conn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::info_number(&mut c, "lock", "lock_waiters") != 1 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        sleep(Duration::from_millis(10)).await;
+    }
+    let first_fence = first.fence();
+    assert!(first.release().await.unwrap());
+    let second = waiter.await.unwrap().unwrap().unwrap();
+    assert!(second.fence() > first_fence);
+    let in_db0: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut c).unwrap();
+    assert!(in_db0.is_empty(), "{in_db0:?}");
+    let _: () = redis::cmd("SELECT").arg(3).query(&mut c).unwrap();
+    assert_eq!(common::fence(&mut c, "k"), Some(second.fence()));
+    assert!(second.release().await.unwrap());
+}
