@@ -155,7 +155,7 @@ bench:
 # (the Redlock one for this client only: no npm or pip here).
 bench-smoke:
 	cargo run --release --example bench -- --smoke --out target/bench-smoke.md
-	cargo run --release -p redis-lock-client --example redlock_bench -- --smoke --out target/redlock-bench-smoke.md
+	cargo run -p redis-lock-client --example redlock_bench -- --smoke --out target/redlock-bench-smoke.md
 
 # Coverage-guided fuzzing (cargo fuzz, nightly Rust; not part of `make
 # test`): each target in fuzz/ runs FUZZ_SECONDS (default 60). New inputs go

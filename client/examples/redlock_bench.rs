@@ -9,8 +9,8 @@
 //! The peers run as subprocesses (`bench/peers/redlock.js`,
 //! `bench/peers/pottery_bench.py`) printing JSON; they are installed into
 //! target/bench-peers/ on first use (`npm install --prefix`, `pip install
-//! --target`). `--smoke` (run by `make test`) measures only this client, a
-//! few operations of each kind, and never touches npm or pip.
+//! --target`). `--smoke` (run by `make test`, in a debug build) measures only
+//! this client, a few operations of each kind, and never touches npm or pip.
 
 use redis_lock_testkit as common;
 
@@ -728,8 +728,11 @@ async fn main() {
 
     // The report.
     let mut s = String::new();
+    // The smoke run is a debug build (make test compiles the client so for
+    // its tests anyway): its figures say only that every path runs.
     let command = format!(
-        "cargo run --release -p redis-lock-client --example redlock_bench -- {}--out {}",
+        "cargo run {}-p redis-lock-client --example redlock_bench -- {}--out {}",
+        if a.smoke { "" } else { "--release " },
         if a.smoke { "--smoke " } else { "" },
         a.out
     );
@@ -743,11 +746,16 @@ async fn main() {
         "Written by {by}. Five local redis-server {} processes with the module on \
          127.0.0.1, the same five for every client, in one run; each client talks to all five \
          (node-redlock and pottery with their own `SET NX PX` keys and Lua scripts, this \
-         client with the module's commands). Release build of this client; node-redlock's \
+         client with the module's commands). {} build of this client; node-redlock's \
          clients share one Node.js process (its event loop), pottery's are one Python process \
          each (threads would share the GIL). 2 cores shared by the servers and the clients: \
          compare within the tables, not with other machines.\n",
-        version
+        version,
+        if cfg!(debug_assertions) {
+            "Debug"
+        } else {
+            "Release"
+        },
     )
     .unwrap();
     writeln!(
