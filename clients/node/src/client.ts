@@ -61,7 +61,9 @@ function conn(client: RedisLike, nodeRedis: boolean, name: string): Conn {
   const call = (args: Arg[]) => client.call(...(args.map(text) as [string, ...Arg[]]));
   return {
     name,
-    send: prefix === undefined ? call : (args) => call(withKeyPrefix(client, prefix, args)),
+    // Async: a command that cannot be prefixed is a rejected promise, as
+    // every other failure of a send.
+    send: prefix === undefined ? call : async (args) => call(withKeyPrefix(client, prefix, args)),
   };
 }
 
@@ -181,7 +183,7 @@ function withKeyPrefix(client: RedisLike, prefix: string | Buffer, args: Arg[]):
   switch (String(args[0]).toUpperCase()) {
     case p.ACQUIRE_ALL:
     case p.RELEASE_ALL: {
-      const n = Number(args[1]);
+      const n = Math.min(Number(args[1]), out.length - 2);
       for (let i = 0; i < n; i++) key(2 + i);
       break;
     }

@@ -61,7 +61,9 @@ function conn(client, nodeRedis, name) {
     const call = (args) => client.call(...args.map(text));
     return {
         name,
-        send: prefix === undefined ? call : (args) => call(withKeyPrefix(client, prefix, args)),
+        // Async: a command that cannot be prefixed is a rejected promise, as
+        // every other failure of a send.
+        send: prefix === undefined ? call : async (args) => call(withKeyPrefix(client, prefix, args)),
     };
 }
 /** The user's client; wait connections are duplicates of it, kept idle
@@ -184,7 +186,7 @@ function withKeyPrefix(client, prefix, args) {
     switch (String(args[0]).toUpperCase()) {
         case p.ACQUIRE_ALL:
         case p.RELEASE_ALL: {
-            const n = Number(args[1]);
+            const n = Math.min(Number(args[1]), out.length - 2);
             for (let i = 0; i < n; i++)
                 key(2 + i);
             break;
