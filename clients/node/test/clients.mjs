@@ -1,4 +1,4 @@
-// The two clients every test runs with: ioredis and node-redis.
+// The clients every test runs with: ioredis, and node-redis over RESP2 and RESP3.
 import Redis from 'ioredis';
 import { createClient } from 'redis';
 
@@ -16,27 +16,22 @@ export const CLIENTS = [
     },
     close: (c) => c.quit(),
   },
-  {
-    name: 'node-redis',
-    async open(port, user, db = 0) {
-      const auth = user ? `${user.username}:${user.password}@` : '';
-      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, database: db });
-      c.on('error', () => {});
-      await c.connect();
-      return c;
-    },
-    close: (c) => (c.close ? c.close() : c.quit()),
-  },
-  {
-    // node-redis 5 speaks RESP3 when asked: maps come back as objects.
-    name: 'node-redis RESP3',
-    async open(port, user, db = 0) {
-      const auth = user ? `${user.username}:${user.password}@` : '';
-      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, database: db, RESP: 3 });
-      c.on('error', () => {});
-      await c.connect();
-      return c;
-    },
-    close: (c) => (c.close ? c.close() : c.quit()),
-  },
+  nodeRedis('node-redis', {}),
+  // node-redis 5 speaks RESP3 when asked: maps come back as objects.
+  nodeRedis('node-redis RESP3', { RESP: 3 }),
 ];
+
+/** node-redis, with `options` beside the URL. */
+function nodeRedis(name, options) {
+  return {
+    name,
+    async open(port, user, db = 0) {
+      const auth = user ? `${user.username}:${user.password}@` : '';
+      const c = createClient({ url: `redis://${auth}127.0.0.1:${port}`, database: db, ...options });
+      c.on('error', () => {});
+      await c.connect();
+      return c;
+    },
+    close: (c) => (c.close ? c.close() : c.quit()),
+  };
+}
