@@ -401,16 +401,16 @@ class Locks:
         released once more now: nothing of these Locks runs after it (a
         release due later would reopen a connection on a client the caller
         closes next)."""
+        loop = asyncio.get_running_loop()
         undoing, self._undoing = self._undoing, {}
         for task in undoing:
             # One of an earlier loop ended with it (cancelling it would
             # schedule on that closed loop): it is released below too.
-            if task.get_loop() is asyncio.get_running_loop():
+            if task.get_loop() is loop:
                 task.cancel()
         for keys, token in undoing.values():
             await self._release_quietly(keys, token)
         waits, self._waits = self._waits, {}
-        loop = asyncio.get_running_loop()
         for made_in, w in waits.values():
             if made_in is loop:
                 await w.aclose() if hasattr(w, "aclose") else await w.close()
