@@ -51,6 +51,7 @@ fn nameable(slot: i64) -> bool {
 }
 
 /// When a key whose lease ends at `end_ms` is looked at, filed at `now_ms`.
+#[inline(always)] // on every grant: part of one inlined path (callgrind)
 pub fn look_at(end_ms: i64, now_ms: i64) -> i64 {
     end_ms.min(now_ms.saturating_add(LOOK_AHEAD_MS))
 }
@@ -88,11 +89,13 @@ fn slot_of(end_ms: i64) -> i64 {
 impl<K: Ord + Clone> LeaseEnds<K> {
     /// Files `key`, whose lease (started or seen at `now_ms`) ends at
     /// `end_ms`: in its end's slot, or [`LOOK_AHEAD_MS`] on if sooner.
+    #[inline(always)] // on every grant: part of one inlined path (callgrind)
     pub fn file_lease(&mut self, key: &K, end_ms: i64, now_ms: i64) {
         self.file(key, look_at(end_ms, now_ms));
     }
 
     /// Files `key` to be looked at at `at_ms`.
+    #[inline(always)] // on every grant: part of one inlined path (callgrind)
     pub fn file(&mut self, key: &K, at_ms: i64) {
         let slot = slot_of(at_ms);
         match &mut self.hot {
@@ -104,34 +107,41 @@ impl<K: Ord + Clone> LeaseEnds<K> {
                     self.len += 1;
                 }
             }
-            hot => {
-                // The next slot is sized for as many keys as this one took
-                // (grants come at about the same rate from one 64 ms to
-                // the next), so filing a burst does not regrow and copy
-                // its slot a dozen times.
-                let mut next = Vec::with_capacity(
-                    hot.as_ref()
-                        .map_or(1, |(_, k)| k.len())
-                        .clamp(1, MAX_PRESIZE),
-                );
-                if let Some((at, mut keys)) = hot.take() {
-                    // It is cold now: its spare room is given back unless
-                    // small (a quarter), which costs a copy to give.
-                    if keys.capacity() - keys.len() > keys.len() / 4 {
-                        keys.shrink_to_fit();
-                    }
-                    match self.slots.entry(at) {
-                        Entry::Vacant(e) => {
-                            e.insert(keys);
-                        }
-                        Entry::Occupied(mut e) => e.get_mut().append(&mut keys),
-                    }
+            _ => self.file_in_new_slot(key, slot),
+        }
+    }
+
+    /// [`file`](Self::file) past the hot slot: the slot filed into before
+    /// goes cold, and `slot` is the hot one.
+    #[cold]
+    #[inline(never)]
+    fn file_in_new_slot(&mut self, key: &K, slot: i64) {
+        let hot = &mut self.hot;
+        // The next slot is sized for as many keys as this one took
+        // (grants come at about the same rate from one 64 ms to
+        // the next), so filing a burst does not regrow and copy
+        // its slot a dozen times.
+        let mut next = Vec::with_capacity(
+            hot.as_ref()
+                .map_or(1, |(_, k)| k.len())
+                .clamp(1, MAX_PRESIZE),
+        );
+        if let Some((at, mut keys)) = hot.take() {
+            // It is cold now: its spare room is given back unless
+            // small (a quarter), which costs a copy to give.
+            if keys.capacity() - keys.len() > keys.len() / 4 {
+                keys.shrink_to_fit();
+            }
+            match self.slots.entry(at) {
+                Entry::Vacant(e) => {
+                    e.insert(keys);
                 }
-                next.push(key.clone());
-                *hot = Some((slot, next));
-                self.len += 1;
+                Entry::Occupied(mut e) => e.get_mut().append(&mut keys),
             }
         }
+        next.push(key.clone());
+        *hot = Some((slot, next));
+        self.len += 1;
     }
 
     /// When the first slot comes due (monotonic ms); None when empty.

@@ -67,6 +67,7 @@ pub trait Effects<K, C> {
 
 /// Carries out `outputs` in order, each popped before its effect: a panic
 /// in one leaves the rest queued (and that one not retried).
+#[inline(always)] // on every grant: part of one inlined path (callgrind)
 pub fn execute<K, C, E>(outputs: &mut VecDeque<Output<K, C>>, shape: Shape<'_, K>, effects: &mut E)
 where
     K: Eq + Hash,
@@ -132,7 +133,7 @@ where
 /// The place of `key` at a site of this shape, or None for a key the site
 /// does not have (no decision names one: nothing is done rather than the
 /// wrong key).
-#[inline]
+#[inline(always)] // on every grant: part of one inlined path (callgrind)
 fn place<'k, K: Eq + Hash>(
     shape: &Shape<'_, K>,
     index: Option<&HashMap<&K, usize>>,

@@ -4,6 +4,7 @@ use super::*;
 
 /// Whether module-class keyspace events are on (`notify-keyspace-events`
 /// with `d`, or `A`): the cheap check before any notification work.
+#[inline(always)] // on every grant: part of one inlined path (callgrind)
 pub fn lock_events_on() -> bool {
     match optional_api!(RedisModule_GetNotifyKeyspaceEvents) {
         // SAFETY: takes no argument.
@@ -13,6 +14,7 @@ pub fn lock_events_on() -> bool {
 }
 
 /// Emits `event` for `key` (in the context's selected db), if enabled.
+#[inline(always)] // on every grant: part of one inlined path (callgrind)
 pub fn notify_lock_event(ctx: Ctx, event: &CStr, key: RString) {
     if !lock_events_on() {
         return;
