@@ -144,3 +144,42 @@ fn the_keyevent_channel_names_the_key_and_the_class_can_be_off() {
     assert_eq!(release(&mut c, "jobs:7", "a"), 1);
     assert_eq!(next_event(&mut sub, Duration::from_millis(300)), None);
 }
+
+/// The node queues lock events only while the server emits them, and reads
+/// that at every entry: turned on at runtime, the very next command's
+/// events and the timer's arrive; turned off again, none does.
+#[test]
+fn lock_events_follow_notify_keyspace_events_as_it_changes() {
+    let s = Server::builder()
+        .config("notify-keyspace-events", "")
+        .start();
+    let mut c = s.conn();
+    let mut sub = subscribe(&s, "__keyevent@0__:lock.*");
+    let set_events = |c: &mut redis::Connection, flags: &str| {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg(flags)
+            .query(c)
+            .unwrap();
+    };
+    acquire(&mut c, "jobs:1", "a", 60_000).unwrap();
+    assert_eq!(next_event(&mut sub, Duration::from_millis(300)), None);
+
+    set_events(&mut c, "Ed");
+    acquire(&mut c, "jobs:2", "a", 300).unwrap();
+    assert_eq!(
+        next_event(&mut sub, Duration::from_secs(2)),
+        Some(("__keyevent@0__:lock.acquire".into(), "jobs:2".into()))
+    );
+    // jobs:2's lease ends with nobody touching it: the timer reclaims it.
+    assert_eq!(
+        next_event(&mut sub, Duration::from_secs(5)),
+        Some(("__keyevent@0__:lock.expire".into(), "jobs:2".into()))
+    );
+
+    set_events(&mut c, "");
+    assert_eq!(release(&mut c, "jobs:1", "a"), 1);
+    acquire(&mut c, "jobs:3", "a", 100).unwrap();
+    assert_eq!(next_event(&mut sub, Duration::from_millis(600)), None);
+}

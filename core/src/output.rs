@@ -113,9 +113,63 @@ pub enum Stat {
     GatePutBack,
 }
 
+/// The node's queue of outputs, in the order decided. A keyspace event is
+/// queued only while the server emits them (the glue says so at each entry
+/// into the node, [`Node::set_events`](crate::node::Node::set_events)): on
+/// a server without them, a grant queues no event to drop later.
+#[derive(Debug)]
+pub(crate) struct Outputs<K, C> {
+    queue: VecDeque<Output<K, C>>,
+    events: bool,
+}
+
+impl<K, C> Default for Outputs<K, C> {
+    fn default() -> Self {
+        Outputs {
+            queue: VecDeque::new(),
+            events: true,
+        }
+    }
+}
+
+impl<K, C> Outputs<K, C> {
+    #[inline]
+    pub fn push_back(&mut self, output: Output<K, C>) {
+        self.queue.push_back(output);
+    }
+
+    /// Queues `event` on `key`, if events are wanted.
+    #[inline]
+    pub fn event(&mut self, key: &K, event: Event)
+    where
+        K: Clone,
+    {
+        if self.events {
+            self.queue.push_back(Output::Event(key.clone(), event));
+        }
+    }
+
+    pub fn pop_front(&mut self) -> Option<Output<K, C>> {
+        self.queue.pop_front()
+    }
+
+    /// Whether keyspace events are queued (until the end of the entry).
+    pub fn set_events(&mut self, on: bool) {
+        self.events = on;
+    }
+
+    /// Everything queued, swapped with `buffer` (empty); events are
+    /// queued again from here on, until the next entry says otherwise.
+    pub fn swap(&mut self, buffer: &mut VecDeque<Output<K, C>>) {
+        debug_assert!(buffer.is_empty());
+        std::mem::swap(&mut self.queue, buffer);
+        self.events = true;
+    }
+}
+
 /// The counters and event of one waiter's outcome, then the wake itself.
 pub(crate) fn push_wake<K: Clone + Hash, C>(
-    out: &mut VecDeque<Output<K, C>>,
+    out: &mut Outputs<K, C>,
     tally: &mut GrantTally,
     wake: Wake<K, C>,
 ) {
@@ -126,7 +180,7 @@ pub(crate) fn push_wake<K: Clone + Hash, C>(
         Outcome::Granted { renewed: true, .. } => {
             for key in keys() {
                 out.push_back(Output::Count(Stat::Extend));
-                out.push_back(Output::Event(key.clone(), Event::Extend));
+                out.event(key, Event::Extend);
             }
         }
         Outcome::Granted { renewed: false, .. } => {
@@ -136,7 +190,7 @@ pub(crate) fn push_wake<K: Clone + Hash, C>(
             for key in keys() {
                 tally.record(key);
                 out.push_back(Output::Count(Stat::Grant));
-                out.push_back(Output::Event(key.clone(), Event::Handoff));
+                out.event(key, Event::Handoff);
             }
         }
         Outcome::TimedOut => out.push_back(Output::Count(Stat::BlockTimeout)),
@@ -154,7 +208,7 @@ pub(crate) fn push_wake<K: Clone + Hash, C>(
 pub(crate) struct Recorder<'a, S, K, C> {
     pub store: &'a mut S,
     pub key: &'a K,
-    pub out: &'a mut VecDeque<Output<K, C>>,
+    pub out: &'a mut Outputs<K, C>,
     /// The node's lease counter.
     pub leases: &'a mut u64,
     /// The node's locks by lease end: every lease started here is filed.
@@ -177,14 +231,14 @@ impl<S: LockStore, K: Ord + Clone, C> Recorder<'_, S, K, C> {
 /// What [`Recorder::expired`] queues (a function of the fields, so the
 /// store can be read meanwhile).
 fn expired<K: Clone, C>(
-    out: &mut VecDeque<Output<K, C>>,
+    out: &mut Outputs<K, C>,
     key: &K,
     deadline_ms: i64,
     granted_ms: Option<i64>,
 ) {
     let held_ms = granted_ms.map(|g| deadline_ms - g);
     out.push_back(Output::Count(Stat::Expiration { held_ms }));
-    out.push_back(Output::Event(key.clone(), Event::Expire));
+    out.event(key, Event::Expire);
 }
 
 impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
@@ -197,6 +251,7 @@ impl<S: LockStore, K, C> LockRead for Recorder<'_, S, K, C> {
 }
 
 impl<S: LockStore, K: Ord + Clone, C> Ledger for Recorder<'_, S, K, C> {
+    #[inline(always)] // on every grant: part of one inlined path (callgrind)
     fn put(&mut self, mode: Mode, h: NewHolder<'_>) {
         let now_ms = self.now_ms;
         for l in holders(&*self.store).filter(|l| !l.is_live(now_ms)) {

@@ -31,8 +31,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         let released = lock::release(&mut ledger, token, now_ms);
         if released {
             self.outputs.push_back(Output::Count(Stat::Release));
-            self.outputs
-                .push_back(Output::Event(key.clone(), Event::Release));
+            self.outputs.event(key, Event::Release);
         }
         // Ended leases still stored (another holder's, on a shared key)
         // are reclaimed when touched.
@@ -109,8 +108,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
         let delay = self.limits.lock_delay_ms;
         if extended {
             self.outputs.push_back(Output::Count(Stat::Extend));
-            self.outputs
-                .push_back(Output::Event(key.clone(), Event::Extend));
+            self.outputs.event(key, Event::Extend);
             self.waiters.schedule(key, now_ms.saturating_add(ttl_ms));
             // An exclusive key just extended has no ended lease to reclaim.
             if store.mode() == Some(Mode::Exclusive) {

@@ -159,6 +159,33 @@ fn the_lock_goes_to_the_first_in_line_when_its_lease_ends() {
     );
 }
 
+/// With the server's keyspace events off for an entry, its decisions queue
+/// every output but the events (a grant, a hand-off at a lease's end, a
+/// release); from the next swap on, events are queued again.
+#[test]
+fn an_entry_without_keyspace_events_queues_everything_else() {
+    let run = |events: bool| {
+        let (mut node, mut store) = (N::default(), MemStore::default());
+        node.set_events(events);
+        hold(&mut node, &mut store, b"h", Mode::Exclusive, 100, T0);
+        wait(&mut node, &mut store, 1, req(b"a", 1000, Some(0)), T0);
+        tick(&mut node, &mut store, T0 + 100);
+        release(&mut node, &mut store, b"a", T0 + 200);
+        let mut taken = std::collections::VecDeque::new();
+        node.swap_outputs(&mut taken);
+        (node, store, Vec::from(taken))
+    };
+    let (_, _, with) = run(true);
+    let (mut node, mut store, without) = run(false);
+    let is_event = |o: &Out| matches!(o, Output::Event(..));
+    assert!(with.iter().filter(|o| is_event(o)).count() >= 4, "{with:?}");
+    assert!(!without.iter().any(is_event), "{without:?}");
+    let rest: Vec<_> = with.into_iter().filter(|o| !is_event(o)).collect();
+    assert_eq!(without, rest);
+    hold(&mut node, &mut store, b"b", Mode::Exclusive, 100, T0 + 300);
+    assert!(outputs(&mut node).contains(&Output::Event("k", Event::Acquire)));
+}
+
 /// A waiter whose timeout comes in the millisecond the lock frees is
 /// answered timed out, never granted; the next in line gets the lock.
 #[test]

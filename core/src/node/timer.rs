@@ -195,7 +195,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
             });
             if took {
                 self.outputs.push_back(Output::Count(Stat::TakeBack));
-                self.outputs.push_back(Output::Event(key, Event::Release));
+                self.outputs.event(&key, Event::Release);
             }
         }
         let Some(due_by) = work.due_by else {
