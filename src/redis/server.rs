@@ -70,14 +70,14 @@ pub type Key = (i32, KeyName);
 /// A key's name, kept inline up to [`INLINE`] bytes: a command makes its
 /// key's identity on every call, and the node's outputs copy it, so a copy
 /// is a few register moves (no call, no allocation). Compared, ordered and
-/// hashed as its bytes.
-#[derive(Clone)]
+/// hashed as its bytes. A name of at most [`INLINE`] bytes is always
+/// inline, with the rest of its array zero, so two inline names are equal
+/// exactly when their lengths and arrays are: compared without a call.
 pub struct KeyName(Repr);
 
 /// The longest name kept inline (the whole is 32 bytes).
 pub const INLINE: usize = 30;
 
-#[derive(Clone)]
 enum Repr {
     Inline { len: u8, bytes: [u8; INLINE] },
     Heap(Box<[u8]>),
@@ -115,9 +115,28 @@ impl std::ops::Deref for KeyName {
     }
 }
 
+impl Clone for KeyName {
+    #[inline(always)] // every output and lease index entry copies one
+    fn clone(&self) -> Self {
+        KeyName(match &self.0 {
+            Repr::Inline { len, bytes } => Repr::Inline {
+                len: *len,
+                bytes: *bytes,
+            },
+            Repr::Heap(bytes) => Repr::Heap(bytes.clone()),
+        })
+    }
+}
+
 impl PartialEq for KeyName {
+    #[inline(always)] // the lease index compares each grant's key with the last
     fn eq(&self, other: &Self) -> bool {
-        **self == **other
+        match (&self.0, &other.0) {
+            (Repr::Inline { len: a, bytes: x }, Repr::Inline { len: b, bytes: y }) => {
+                a == b && x == y
+            }
+            _ => **self == **other,
+        }
     }
 }
 
@@ -321,5 +340,11 @@ mod tests {
         assert!(a < b && a != b);
         assert!(KeyName::from(&b"ab"[..]) < KeyName::from(&b"b"[..]));
         assert_eq!(KeyName::default(), KeyName::from(&b""[..]));
+        // Equal exactly when the bytes are: a trailing zero byte, a prefix,
+        // one byte apart, the same bytes made twice.
+        let eq = |a: &[u8], b: &[u8]| KeyName::from(a) == KeyName::from(b);
+        assert!(!eq(b"a\0", b"a") && !eq(b"ab", b"abc") && !eq(b"jobs:1", b"jobs:2"));
+        assert!(eq(b"jobs:1", b"jobs:1") && eq(&long[..INLINE], &long[..INLINE]));
+        assert!(eq(&long, &long) && !eq(&long[..INLINE], &long));
     }
 }
