@@ -19,6 +19,7 @@
 //!   holder's lease end.
 
 use crate::checks::Checks;
+use crate::time;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::Hash;
 
@@ -189,10 +190,7 @@ impl<K: Ord + Clone, C: Hash + Eq + Ord + Copy> Observers<K, C> {
     pub fn next_wakeup(&self) -> Option<i64> {
         let check = self.checks.next();
         let timeout = self.timeouts.first().map(|(at, _)| *at);
-        match (check, timeout) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        time::earliest(check, timeout)
     }
 
     /// The keys due to be looked at by `now_ms`, in key order; their checks

@@ -45,6 +45,15 @@ impl Now {
     }
 }
 
+/// The earlier of two optional instants (None: not scheduled).
+#[inline(always)] // the node's next wake-up is taken after every decision
+pub fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The wall-clock deadline (Unix ms) a lease ending at `deadline_ms` on the
 /// monotonic clock is persisted and replicated as.
 pub fn wall_deadline(deadline_ms: i64, now: Now) -> i64 {

@@ -27,6 +27,7 @@
 //!   its lock can next be handed on.
 
 use crate::checks::Checks;
+use crate::time;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::hash::Hash;
 
@@ -411,10 +412,7 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Copy> Waiters<K, C> {
     pub fn next_wakeup(&self) -> Option<i64> {
         let timeout = self.timeouts.first().map(|(at, _)| *at);
         let check = self.checks.next();
-        [timeout, check, self.groups_at_ms]
-            .into_iter()
-            .flatten()
-            .min()
+        time::earliest(time::earliest(timeout, check), self.groups_at_ms)
     }
 
     /// Have `key` settled at `at_ms` at the latest (no-op without waiters).

@@ -225,34 +225,22 @@ impl<K: Hash + Ord + Clone, C: Hash + Eq + Ord + Copy> Node<K, C> {
     /// time the node schedules).
     #[inline(always)] // on every grant: part of one inlined path (callgrind)
     pub fn next_wakeup(&self) -> Option<i64> {
-        match (
+        time::earliest(
             self.next_wakeup_but_lease_ends(),
             self.lease_ends.next_due(),
-        ) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        )
     }
 
     /// [`next_wakeup`](Self::next_wakeup) but the lease ends filed: what
     /// the lines, take-backs, gates and observers ask for.
     #[inline(always)] // on every grant: part of one inlined path (callgrind)
     pub(crate) fn next_wakeup_but_lease_ends(&self) -> Option<i64> {
-        let at = match (self.waiters.next_wakeup(), self.undelivered_at_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let at = match (at, self.gates_due_at_ms) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let at = time::earliest(self.waiters.next_wakeup(), self.undelivered_at_ms);
+        let at = time::earliest(at, self.gates_due_at_ms);
         if self.observers.is_empty() {
             return at;
         }
-        match (at, self.observers.next_wakeup()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        time::earliest(at, self.observers.next_wakeup())
     }
 
     // ---- node-wide events ----

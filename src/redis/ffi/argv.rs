@@ -1,5 +1,7 @@
 //! Reading a command's arguments as bytes, and the strings the module owns.
 
+use std::mem::MaybeUninit;
+
 use super::*;
 
 /// One more than the longest argv of a command read through
@@ -15,7 +17,9 @@ pub const MAX_ARGS: usize = 14;
 /// The command's arguments as byte slices borrowed from Redis's strings.
 pub struct Argv<'a> {
     raw: &'a [RString],
-    bytes: [&'a [u8]; MAX_ARGS],
+    /// The first `len` are set; the rest never are (filling all of them
+    /// cost every command as much as reading its arguments).
+    bytes: [MaybeUninit<&'a [u8]>; MAX_ARGS],
     len: usize,
 }
 
@@ -31,17 +35,20 @@ impl<'a> Argv<'a> {
             // for `'a`.
             unsafe { std::slice::from_raw_parts(argv, argc as usize) }
         };
-        let mut bytes: [&[u8]; MAX_ARGS] = [&[]; MAX_ARGS];
+        let mut bytes = [MaybeUninit::uninit(); MAX_ARGS];
         let len = raw.len().min(MAX_ARGS);
         for (slot, s) in bytes.iter_mut().zip(raw) {
             // SAFETY: each string is valid for `'a` (the caller's contract).
-            *slot = unsafe { string_bytes(*s) };
+            slot.write(unsafe { string_bytes(*s) });
         }
         Argv { raw, bytes, len }
     }
 
     pub fn bytes(&self) -> &[&'a [u8]] {
-        &self.bytes[..self.len]
+        // SAFETY: the first `len` slots were written in `new` (`len` is at
+        // most both the argument count and the array's length), and
+        // MaybeUninit<T> has T's layout.
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<&'a [u8]>(), self.len) }
     }
 
     /// The key name (argv[1]); the parsers have checked arity before this
@@ -51,7 +58,7 @@ impl<'a> Argv<'a> {
     }
 
     pub fn key_bytes(&self) -> &'a [u8] {
-        self.bytes[1]
+        self.bytes().get(1).copied().unwrap_or_default()
     }
 
     /// Every argument, also those past [`MAX_ARGS`] (a guarded command's).
